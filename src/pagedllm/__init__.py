@@ -1,0 +1,1 @@
+"""pagedllm: high-throughput LLM inference with a paged KV cache and continuous batching."""

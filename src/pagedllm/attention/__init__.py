@@ -1,0 +1,1 @@
+"""Attention over the paged KV cache: metadata, backends and their registry."""

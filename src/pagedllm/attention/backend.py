@@ -1,0 +1,82 @@
+"""AttentionBackend interface and the metadata every backend starts from.
+
+The model runner builds one `CommonAttentionMetadata` per step (torch tensors on the model's
+device). The active backend turns it once per step into its own metadata object (for example
+padding indices and masks), which every attention layer then reuses. Backends never see the
+scheduler; they see block tables and slot mappings only.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass
+class CommonAttentionMetadata:
+    """Batch layout of one step: requests are contiguous runs of tokens.
+
+    Attributes:
+        num_reqs: requests in the batch.
+        num_tokens: tokens in the batch (sum of query lengths).
+        query_start_loc: [num_reqs + 1] int64, where each request's tokens start.
+        query_lens: [num_reqs] int64, tokens computed this step per request.
+        context_lens: [num_reqs] int64, tokens already in the cache before this step.
+        seq_lens: [num_reqs] int64, context_lens + query_lens.
+        max_query_len: largest query length.
+        max_seq_len: largest sequence length.
+        block_tables: [num_reqs, max_num_blocks] int64, block ids, padded with 0.
+        slot_mapping: [num_tokens] int64, cache slot of each new token.
+        query_lens_cpu / seq_lens_cpu: the same lengths as Python lists (no device sync).
+    """
+
+    num_reqs: int
+    num_tokens: int
+    query_start_loc: torch.Tensor
+    query_lens: torch.Tensor
+    context_lens: torch.Tensor
+    seq_lens: torch.Tensor
+    max_query_len: int
+    max_seq_len: int
+    block_tables: torch.Tensor
+    slot_mapping: torch.Tensor
+    query_lens_cpu: list[int]
+    seq_lens_cpu: list[int]
+
+
+class AttentionBackend(ABC):
+    """One implementation of attention over the paged KV cache.
+
+    Contract: `build_metadata` is called once per step before the forward pass;
+    `forward` is called once per layer with that step's metadata and the layer's cache.
+    `forward` writes the new tokens' K/V into the cache at `slot_mapping` and returns the
+    attention output; it must not change anything else in the cache.
+    """
+
+    name: str = "abstract"
+
+    @staticmethod
+    @abstractmethod
+    def get_kv_cache_shape(
+        num_blocks: int, block_size: int, num_kv_heads: int, head_size: int
+    ) -> tuple[int, ...]:
+        """Shape of one layer's KV cache tensor."""
+
+    @abstractmethod
+    def build_metadata(self, common: CommonAttentionMetadata, block_size: int) -> Any:
+        """Per-step metadata for this backend, computed once and shared by all layers."""
+
+    @abstractmethod
+    def forward(
+        self,
+        query: torch.Tensor,  # [num_tokens, num_heads, head_size]
+        key: torch.Tensor,  # [num_tokens, num_kv_heads, head_size]
+        value: torch.Tensor,  # [num_tokens, num_kv_heads, head_size]
+        kv_cache: torch.Tensor,
+        metadata: Any,
+        scale: float,
+    ) -> torch.Tensor:  # [num_tokens, num_heads, head_size]
+        """Store K/V of the new tokens, then attend each query to its request's context."""

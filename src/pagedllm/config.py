@@ -1,0 +1,121 @@
+"""Frozen engine configuration: model, cache, scheduler and device sub-configs.
+
+Every value here is resolved before the engine starts (paths found, `max_model_len` read from
+the model, dtype chosen) so that no layer mutates configuration at run time. Values that are
+only known after the model is loaded, such as the number of KV blocks, travel separately
+(see `worker.worker.KVCacheSpec`). This module must not import torch or transformers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+SUPPORTED_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Which model to run and how.
+
+    Attributes:
+        model: the name the user gave (a folder, a .gguf file, or the default model's name).
+        model_dir: folder holding config/tokenizer files (for GGUF: the file's folder).
+        gguf_file: the GGUF file's name inside `model_dir`, or None for a safetensors folder.
+        dtype: resolved torch dtype name: "float32", "bfloat16" or "float16".
+        max_model_len: longest prompt + output, in tokens.
+        seed: seed of the engine's default random generator.
+        architecture: HF `architectures[0]`, e.g. "LlamaForCausalLM".
+        hf_config: the transformers `PretrainedConfig` (not compared, not printed).
+    """
+
+    model: str
+    model_dir: str
+    gguf_file: str | None
+    dtype: str
+    max_model_len: int
+    seed: int
+    architecture: str
+    hf_config: Any = field(compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """Paged KV cache settings.
+
+    Attributes:
+        block_size: tokens per KV block.
+        kv_cache_memory_bytes: KV cache budget in bytes (None: the device's default).
+        num_gpu_blocks_override: exact number of KV blocks (vLLM's name; wins over the budget).
+        gpu_memory_utilization: share of CUDA memory the engine may use (CUDA only).
+    """
+
+    block_size: int = 16
+    kv_cache_memory_bytes: int | None = None
+    num_gpu_blocks_override: int | None = None
+    gpu_memory_utilization: float = 0.9
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be at least 1, got {self.block_size}.")
+        if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes <= 0:
+            raise ValueError(
+                f"kv_cache_memory_bytes must be positive, got {self.kv_cache_memory_bytes}."
+            )
+        if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 1:
+            raise ValueError(
+                f"num_gpu_blocks_override must be at least 1, got {self.num_gpu_blocks_override}."
+            )
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}."
+            )
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Continuous-batching limits.
+
+    Attributes:
+        max_num_seqs: most requests in one step.
+        max_num_batched_tokens: token budget of one step.
+        max_model_len: longest prompt + output, in tokens (copied from ModelConfig).
+        enable_chunked_prefill: split prompts longer than the budget left across steps.
+    """
+
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    max_model_len: int = 2048
+    enable_chunked_prefill: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be at least 1, got {self.max_num_seqs}.")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(
+                f"max_num_batched_tokens must be at least 1, got {self.max_num_batched_tokens}."
+            )
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) is smaller than "
+                f"max_model_len ({self.max_model_len}) with chunked prefill disabled: long "
+                "prompts could never be scheduled. Raise max_num_batched_tokens or enable "
+                "chunked prefill."
+            )
+
+
+@dataclass(frozen=True)
+class DeviceConfig:
+    """Where the model runs: "cpu" or "cuda"."""
+
+    device: str = "cpu"
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """All sub-configs of one engine."""
+
+    model_config: ModelConfig
+    cache_config: CacheConfig
+    scheduler_config: SchedulerConfig
+    device_config: DeviceConfig

@@ -1,0 +1,80 @@
+"""The scheduler → worker contract: what to run this step, as plain data.
+
+New requests are sent in full once; requests the worker already knows are sent as a diff
+(new block ids, how many tokens to compute). The worker keeps its own copy of each request's
+token ids and appends what it samples, so output tokens never travel back down.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pagedllm.sampling_params import SamplingParams
+
+
+@dataclass
+class NewRequestData:
+    """A request the worker has not seen (or must rebuild after preemption).
+
+    Attributes:
+        request_id: id.
+        prompt_token_ids: the prompt.
+        output_token_ids: tokens already generated (non-empty when resumed after preemption).
+        sampling_params: how to sample.
+        eos_token_id: the model's EOS id (masked until `min_tokens` are out), or None.
+        block_ids: the request's whole block table.
+        num_computed_tokens: tokens already in the KV cache before this step.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    sampling_params: SamplingParams
+    eos_token_id: int | None
+    block_ids: list[int]
+    num_computed_tokens: int
+
+
+@dataclass
+class CachedRequestData:
+    """Diffs for requests the worker already holds, one entry per request (parallel lists).
+
+    Attributes:
+        request_ids: ids.
+        new_block_ids: blocks appended to each block table this step.
+        num_computed_tokens: tokens in the KV cache before this step.
+    """
+
+    request_ids: list[str] = field(default_factory=list)
+    new_block_ids: list[list[int]] = field(default_factory=list)
+    num_computed_tokens: list[int] = field(default_factory=list)
+
+    @property
+    def num_requests(self) -> int:
+        """How many cached requests are scheduled."""
+        return len(self.request_ids)
+
+
+@dataclass
+class SchedulerOutput:
+    """Everything the worker needs for one step.
+
+    Attributes:
+        scheduled_new_reqs: requests sent in full.
+        scheduled_cached_reqs: diffs for known requests.
+        num_scheduled_tokens: request id → tokens to compute this step.
+        total_num_scheduled_tokens: sum of the above.
+        finished_request_ids: requests that ended (or were preempted) since the last step;
+            the worker drops their state.
+    """
+
+    scheduled_new_reqs: list[NewRequestData]
+    scheduled_cached_reqs: CachedRequestData
+    num_scheduled_tokens: dict[str, int]
+    total_num_scheduled_tokens: int
+    finished_request_ids: set[str]
+
+    @property
+    def is_empty(self) -> bool:
+        """True when nothing is to be computed this step."""
+        return self.total_num_scheduled_tokens == 0

@@ -1,0 +1,54 @@
+"""Wire types between the frontend and the engine core, declared once as msgspec Structs.
+
+They are the only objects that cross the frontend/core boundary, in-process today and over
+ZMQ + msgpack when the core runs in its own process.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+
+import msgspec
+
+from pagedllm.request import FinishReason
+from pagedllm.sampling_params import SamplingParams
+
+
+class EngineCoreRequestType(enum.Enum):
+    """Message kinds the core accepts (one byte on the wire)."""
+
+    ADD = b"\x00"
+    ABORT = b"\x01"
+    UTILITY = b"\x02"
+
+
+class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """A tokenized request for the core. `sampling_params.max_tokens` is resolved."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    eos_token_id: int | None
+    arrival_time: float = msgspec.field(default_factory=time.time)
+
+
+class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """New tokens of one request in one step; `finish_reason` set when it ended."""
+
+    request_id: str
+    new_token_ids: list[int]
+    finish_reason: FinishReason | None = None
+    stop_reason: int | str | None = None
+
+    @property
+    def finished(self) -> bool:
+        """True when the request ended this step."""
+        return self.finish_reason is not None
+
+
+class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """Everything one core step produced."""
+
+    outputs: list[EngineCoreOutput] = []
+    timestamp: float = msgspec.field(default_factory=time.monotonic)

