@@ -1,1 +1,36 @@
-"""pagedllm: high-throughput LLM inference with a paged KV cache and continuous batching."""
+"""pagedllm: high-throughput LLM inference with a paged KV cache and continuous batching.
+
+The public API mirrors vLLM's: `LLM`, `SamplingParams`, `RequestOutput`, `LLMEngine`.
+"""
+
+from pagedllm.config import EngineConfig
+from pagedllm.engine.arg_utils import EngineArgs
+from pagedllm.outputs import CompletionOutput, RequestOutput
+from pagedllm.sampling_params import RequestOutputKind, SamplingParams
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "LLM",
+    "LLMEngine",
+    "CompletionOutput",
+    "EngineArgs",
+    "EngineConfig",
+    "RequestOutput",
+    "RequestOutputKind",
+    "SamplingParams",
+    "__version__",
+]
+
+
+def __getattr__(name: str):  # noqa: ANN202 - lazy re-exports
+    # LLM and LLMEngine pull in torch and transformers; import them only when asked for.
+    if name == "LLM":
+        from pagedllm.entrypoints.llm import LLM
+
+        return LLM
+    if name == "LLMEngine":
+        from pagedllm.engine.llm_engine import LLMEngine
+
+        return LLMEngine
+    raise AttributeError(f"module 'pagedllm' has no attribute {name!r}")

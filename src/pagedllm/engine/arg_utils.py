@@ -1,0 +1,103 @@
+"""EngineArgs: the flat, vLLM-named arguments users pass, resolved into a frozen EngineConfig.
+
+Resolution reads the model's config (no weights): where its files are, its architecture,
+its context length and the dtype to run in. Invalid values raise ValueError naming the field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pagedllm.config import (
+    SUPPORTED_DTYPES,
+    CacheConfig,
+    DeviceConfig,
+    EngineConfig,
+    ModelConfig,
+    SchedulerConfig,
+)
+
+# A CPU step of this many tokens already keeps the matmuls efficient; larger steps only
+# lengthen the time new requests wait for their first token.
+_DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
+
+
+@dataclass
+class EngineArgs:
+    """Engine arguments with vLLM's names (see `LLM` for their meaning)."""
+
+    model: str | None = None
+    dtype: str = "auto"
+    seed: int = 0
+    max_model_len: int | None = None
+    block_size: int = 16
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None
+    enable_chunked_prefill: bool = True
+    kv_cache_memory_bytes: int | None = None
+    num_gpu_blocks_override: int | None = None
+    gpu_memory_utilization: float = 0.9
+    device: str = "auto"
+
+    def create_engine_config(self) -> EngineConfig:
+        """Validate the arguments and resolve everything the engine needs to start."""
+        device = self._resolve_device()
+        model_config = self._create_model_config(device)
+        max_len = model_config.max_model_len
+        budget = self.max_num_batched_tokens
+        if budget is None:
+            budget = _DEFAULT_MAX_NUM_BATCHED_TOKENS
+            if not self.enable_chunked_prefill:
+                budget = max(budget, max_len)
+        return EngineConfig(
+            model_config=model_config,
+            cache_config=CacheConfig(
+                block_size=self.block_size,
+                kv_cache_memory_bytes=self.kv_cache_memory_bytes,
+                num_gpu_blocks_override=self.num_gpu_blocks_override,
+                gpu_memory_utilization=self.gpu_memory_utilization,
+            ),
+            scheduler_config=SchedulerConfig(
+                max_num_seqs=self.max_num_seqs,
+                max_num_batched_tokens=budget,
+                max_model_len=max_len,
+                enable_chunked_prefill=self.enable_chunked_prefill,
+            ),
+            device_config=DeviceConfig(device),
+        )
+
+    def _resolve_device(self) -> str:
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {self.device!r}.")
+        if self.device != "auto":
+            return self.device
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+    def _create_model_config(self, device: str) -> ModelConfig:
+        from pagedllm.model_loader.hf_config import (
+            get_architecture,
+            get_max_model_len,
+            load_hf_config,
+            resolve_dtype,
+        )
+        from pagedllm.model_loader.source import resolve_model_source
+        from pagedllm.models.registry import verify_model_support
+
+        if self.dtype not in SUPPORTED_DTYPES:
+            raise ValueError(f"dtype must be one of {SUPPORTED_DTYPES}, got {self.dtype!r}.")
+        model_dir, gguf_file = resolve_model_source(self.model)
+        hf_config = load_hf_config(model_dir, gguf_file)
+        max_model_len = get_max_model_len(hf_config, self.max_model_len)
+        verify_model_support(hf_config, max_model_len)
+        return ModelConfig(
+            model=self.model or model_dir,
+            model_dir=model_dir,
+            gguf_file=gguf_file,
+            dtype=resolve_dtype(self.dtype, hf_config, device, gguf_file is not None),
+            max_model_len=max_model_len,
+            seed=self.seed,
+            architecture=get_architecture(hf_config),
+            hf_config=hf_config,
+        )

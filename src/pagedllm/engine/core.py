@@ -1,0 +1,84 @@
+"""EngineCore: the synchronous heart of the engine. Token ids in, token ids out.
+
+`step()` is schedule → execute → update. It owns the Scheduler and the Executor and never
+sees text. Wrapped in-process by `InprocClient` (offline `LLM`); a process wrapper reuses it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from pagedllm.config import EngineConfig
+from pagedllm.core.scheduler import Scheduler
+from pagedllm.engine.protocol import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
+from pagedllm.request import Request
+from pagedllm.worker.executor import UniProcExecutor
+
+
+class EngineCore:
+    """Schedules requests and runs the model, one step at a time."""
+
+    def __init__(self, engine_config: EngineConfig) -> None:
+        self.config = engine_config
+        self.executor = UniProcExecutor(engine_config)
+        spec = self.executor.kv_cache_spec
+        self._check_kv_capacity(spec.num_blocks, spec.block_size)
+        self.scheduler = Scheduler(
+            engine_config.scheduler_config, engine_config.cache_config, spec.num_blocks
+        )
+
+    def _check_kv_capacity(self, num_blocks: int, block_size: int) -> None:
+        # Block 0 is the null block; one request must always fit alone or it could never run.
+        capacity = (num_blocks - 1) * block_size
+        max_model_len = self.config.model_config.max_model_len
+        if capacity < max_model_len:
+            raise ValueError(
+                f"The model's max_model_len ({max_model_len}) is larger than the number of "
+                f"tokens the KV cache can hold ({capacity}). Raise kv_cache_memory_bytes "
+                "(or num_gpu_blocks_override), or lower max_model_len."
+            )
+
+    def add_request(self, request: EngineCoreRequest) -> None:
+        """Queue a tokenized request."""
+        self.scheduler.add_request(
+            Request(
+                request_id=request.request_id,
+                prompt_token_ids=request.prompt_token_ids,
+                sampling_params=request.sampling_params,
+                eos_token_id=request.eos_token_id,
+                arrival_time=request.arrival_time,
+            )
+        )
+
+    def abort_requests(self, request_ids: Iterable[str]) -> None:
+        """Stop requests wherever they are and free their KV blocks."""
+        self.scheduler.abort_requests(request_ids)
+
+    def has_unfinished_requests(self) -> bool:
+        """True while any request waits or runs."""
+        return self.scheduler.has_unfinished_requests()
+
+    def step(self) -> EngineCoreOutputs:
+        """Schedule, run the model, and report new tokens and finished requests."""
+        scheduler = self.scheduler
+        # A step with only finished requests still tells the worker to drop their state.
+        if not (scheduler.has_unfinished_requests() or scheduler.has_finished_requests()):
+            return EngineCoreOutputs()
+        scheduler_output = self.scheduler.schedule()
+        model_output = self.executor.execute_model(scheduler_output)
+        updates = self.scheduler.update_from_output(scheduler_output, model_output)
+        return EngineCoreOutputs(
+            outputs=[
+                EngineCoreOutput(
+                    request_id=request.request_id,
+                    new_token_ids=new_token_ids,
+                    finish_reason=request.get_finished_reason(),
+                    stop_reason=request.stop_reason,
+                )
+                for request, new_token_ids in updates
+            ]
+        )
+
+    def shutdown(self) -> None:
+        """Release the executor."""
+        self.executor.shutdown()

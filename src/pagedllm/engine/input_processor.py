@@ -1,0 +1,119 @@
+"""InputProcessor: prompt (text, token ids) + SamplingParams → validated EngineCoreRequest.
+
+Runs in the frontend: it tokenizes, checks lengths and token ids against the model, and
+resolves defaults (`max_tokens`), so the core receives only requests it can run.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from pagedllm.engine.protocol import EngineCoreRequest
+from pagedllm.sampling_params import SamplingParams
+
+# What `LLM.generate` and `LLMEngine.add_request` accept as one prompt.
+PromptType = str | dict[str, Any]
+
+
+@dataclass
+class ProcessedPrompt:
+    """A prompt after tokenization: the text (if given as text) and its token ids."""
+
+    prompt: str | None
+    prompt_token_ids: list[int]
+
+
+class InputProcessor:
+    """Validates and tokenizes prompts for one model.
+
+    Args:
+        tokenizer: the model's HF tokenizer.
+        max_model_len: longest prompt + output.
+        vocab_size: number of token ids the model accepts.
+        eos_token_id: the model's EOS id, or None.
+    """
+
+    def __init__(
+        self, tokenizer: Any, max_model_len: int, vocab_size: int, eos_token_id: int | None
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
+        self.vocab_size = vocab_size
+        self.eos_token_id = eos_token_id
+
+    def process(
+        self,
+        request_id: str,
+        prompt: PromptType,
+        params: SamplingParams,
+        arrival_time: float | None = None,
+        add_special_tokens: bool = True,
+    ) -> tuple[EngineCoreRequest, ProcessedPrompt]:
+        """Tokenize and validate one prompt; returns the core request and the prompt."""
+        if not isinstance(params, SamplingParams):
+            raise ValueError(
+                f"sampling_params must be a SamplingParams, got {type(params).__name__}."
+            )
+        processed = self.tokenize(prompt, add_special_tokens)
+        self._check_prompt(processed.prompt_token_ids)
+        params = self._resolve_params(params, len(processed.prompt_token_ids))
+        request = EngineCoreRequest(
+            request_id=request_id,
+            prompt_token_ids=processed.prompt_token_ids,
+            sampling_params=params,
+            eos_token_id=self.eos_token_id,
+            arrival_time=arrival_time if arrival_time is not None else time.time(),
+        )
+        return request, processed
+
+    def tokenize(self, prompt: PromptType, add_special_tokens: bool = True) -> ProcessedPrompt:
+        """Turn a text prompt, `{"prompt": text}` or `{"prompt_token_ids": ids}` into ids."""
+        if isinstance(prompt, str):
+            ids = self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
+            return ProcessedPrompt(prompt, list(ids))
+        if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
+            ids = prompt["prompt_token_ids"]
+            if not isinstance(ids, list) or any(
+                isinstance(t, bool) or not isinstance(t, int) for t in ids
+            ):
+                raise ValueError("prompt_token_ids must be a list of integers.")
+            return ProcessedPrompt(prompt.get("prompt"), list(ids))
+        if isinstance(prompt, dict) and isinstance(prompt.get("prompt"), str):
+            return self.tokenize(prompt["prompt"], add_special_tokens)
+        raise ValueError(
+            "A prompt must be a string, {'prompt': str} or {'prompt_token_ids': list[int]}, "
+            f"got {type(prompt).__name__}."
+        )
+
+    def _check_prompt(self, prompt_token_ids: list[int]) -> None:
+        if not prompt_token_ids:
+            raise ValueError("The prompt cannot be empty.")
+        bad = [t for t in prompt_token_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(
+                f"Token id(s) {bad[:8]} in the prompt are out of vocabulary "
+                f"(vocabulary size: {self.vocab_size})."
+            )
+        if len(prompt_token_ids) >= self.max_model_len:
+            raise ValueError(
+                f"The prompt (length {len(prompt_token_ids)}) is longer than the maximum model "
+                f"length of {self.max_model_len} minus one token of output. Make sure that "
+                "`max_model_len` is larger than the number of prompt tokens."
+            )
+
+    def _resolve_params(self, params: SamplingParams, num_prompt_tokens: int) -> SamplingParams:
+        bad = [t for t in params.stop_token_ids or [] if t >= self.vocab_size]
+        if bad:
+            raise ValueError(
+                f"token_id(s) {bad} in stop_token_ids contain out-of-vocab token ids. "
+                f"Vocabulary size: {self.vocab_size}"
+            )
+        params = params.clone()
+        room = self.max_model_len - num_prompt_tokens
+        if params.max_tokens is None or params.max_tokens > room:
+            # The scheduler also caps at max_model_len; resolving here keeps them in sync.
+            params.max_tokens = room
+            params.min_tokens = min(params.min_tokens, room)
+        return params

@@ -1,0 +1,116 @@
+"""LLMEngine: the synchronous engine for offline use (`add_request` / `step`).
+
+It ties the frontend pieces (tokenizer, InputProcessor, OutputProcessor) to an engine core
+through an EngineCoreClient. Text stays here; the core only sees token ids.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pagedllm.config import EngineConfig
+from pagedllm.engine.arg_utils import EngineArgs
+from pagedllm.engine.core_client import EngineCoreClient, InprocClient
+from pagedllm.engine.input_processor import InputProcessor, PromptType
+from pagedllm.engine.output_processor import OutputProcessor
+from pagedllm.engine.protocol import EngineCoreRequest
+from pagedllm.outputs import RequestOutput
+from pagedllm.sampling_params import SamplingParams
+from pagedllm.tokenizer.tokenizer import get_eos_token_id, get_tokenizer
+
+
+class LLMEngine:
+    """Add requests, call `step()` until `has_unfinished_requests()` is False.
+
+    Example:
+        engine = LLMEngine.from_engine_args(EngineArgs(model=path))
+        engine.add_request("0", "Hello", SamplingParams(max_tokens=8))
+        while engine.has_unfinished_requests():
+            for output in engine.step():
+                if output.finished:
+                    print(output.outputs[0].text)
+    """
+
+    def __init__(self, engine_config: EngineConfig) -> None:
+        model_config = engine_config.model_config
+        self.engine_config = engine_config
+        self.tokenizer = get_tokenizer(model_config.model_dir, model_config.gguf_file)
+        eos_token_id = get_eos_token_id(self.tokenizer, model_config.hf_config)
+        vocab_size = model_config.hf_config.vocab_size
+        self.input_processor = InputProcessor(
+            self.tokenizer, model_config.max_model_len, vocab_size, eos_token_id
+        )
+        self.output_processor = OutputProcessor(self.tokenizer)
+        self.engine_core: EngineCoreClient = InprocClient(engine_config)
+
+    @classmethod
+    def from_engine_args(cls, engine_args: EngineArgs) -> LLMEngine:
+        """Resolve the arguments and build the engine."""
+        return cls(engine_args.create_engine_config())
+
+    def get_tokenizer(self) -> Any:
+        """The model's tokenizer."""
+        return self.tokenizer
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: PromptType,
+        params: SamplingParams,
+        arrival_time: float | None = None,
+        add_special_tokens: bool = True,
+    ) -> None:
+        """Tokenize, validate and queue a request (raises ValueError on bad input)."""
+        if request_id in self.output_processor.requests:
+            raise ValueError(f"Request id {request_id!r} is already running.")
+        request, processed = self.input_processor.process(
+            request_id, prompt, params, arrival_time, add_special_tokens
+        )
+        core_params = request.sampling_params
+        n = core_params.n
+        core_ids = [request_id] if n == 1 else [f"{i}_{request_id}" for i in range(n)]
+        self.output_processor.add_request(
+            request_id, processed.prompt, processed.prompt_token_ids, core_params, core_ids
+        )
+        for index, core_id in enumerate(core_ids):
+            self.engine_core.add_request(self._child_request(request, core_id, index, n))
+
+    @staticmethod
+    def _child_request(
+        request: EngineCoreRequest, core_id: str, index: int, n: int
+    ) -> EngineCoreRequest:
+        if n == 1:
+            return request
+        params = request.sampling_params.clone()
+        params.n = 1
+        # Distinct but reproducible samples for each of the n sequences.
+        if params.seed is not None:
+            params.seed += index
+        return EngineCoreRequest(
+            request_id=core_id,
+            prompt_token_ids=request.prompt_token_ids,
+            sampling_params=params,
+            eos_token_id=request.eos_token_id,
+            arrival_time=request.arrival_time,
+        )
+
+    def abort_request(self, request_ids: str | list[str]) -> None:
+        """Abort user requests wherever they are; their KV blocks are freed at once."""
+        if isinstance(request_ids, str):
+            request_ids = [request_ids]
+        self.engine_core.abort_requests(self.output_processor.abort_requests(request_ids))
+
+    def step(self) -> list[RequestOutput]:
+        """Run one engine step and return the outputs it produced."""
+        core_outputs = self.engine_core.get_output()
+        outputs, to_abort = self.output_processor.process_outputs(core_outputs.outputs)
+        self.engine_core.abort_requests(to_abort)
+        return outputs
+
+    def has_unfinished_requests(self) -> bool:
+        """True while any request is waiting or running."""
+        return self.output_processor.has_unfinished_requests()
+
+    def get_num_unfinished_requests(self) -> int:
+        """Requests waiting or running."""
+        return self.output_processor.get_num_unfinished_requests()

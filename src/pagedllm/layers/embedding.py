@@ -1,0 +1,53 @@
+"""Token embedding and the LM head (optionally tied to the embedding).
+
+The LM head is applied only to the hidden states the caller selected (the positions to
+sample), never to the whole batch: for small models the vocabulary projection is the largest
+matmul of a step.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pagedllm.layers.linear import default_weight_loader
+
+
+class VocabEmbedding(nn.Module):
+    """Lookup table [num_embeddings, embedding_dim]: token ids → vectors."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int) -> None:
+        super().__init__()
+        self.num_embeddings = num_embeddings
+        self.embedding_dim = embedding_dim
+        self.weight = nn.Parameter(torch.empty(num_embeddings, embedding_dim), requires_grad=False)
+        self.weight.weight_loader = default_weight_loader  # type: ignore[attr-defined]
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """[T] int64 → [T, embedding_dim]."""
+        return F.embedding(input_ids, self.weight)
+
+
+class LMHead(nn.Module):
+    """Hidden states → vocabulary logits; `tie_to` shares the embedding's weight."""
+
+    def __init__(
+        self, num_embeddings: int, embedding_dim: int, tie_to: VocabEmbedding | None = None
+    ) -> None:
+        super().__init__()
+        self.num_embeddings = num_embeddings
+        self.embedding_dim = embedding_dim
+        self.is_tied = tie_to is not None
+        if tie_to is not None:
+            # The same Parameter object: loading or casting one updates both.
+            self.weight = tie_to.weight
+        else:
+            self.weight = nn.Parameter(
+                torch.empty(num_embeddings, embedding_dim), requires_grad=False
+            )
+            self.weight.weight_loader = default_weight_loader  # type: ignore[attr-defined]
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """[N, embedding_dim] → [N, num_embeddings] logits."""
+        return F.linear(hidden_states, self.weight)

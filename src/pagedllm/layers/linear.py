@@ -1,0 +1,118 @@
+"""Linear layers whose parameters know how to load (possibly fused) checkpoint shards.
+
+Each parameter carries a `weight_loader` hook, so a model's `load_weights` is pure data
+mapping: HF names in, hook calls out. Fused layers (QKV, gate-up) keep one matmul per step
+instead of three or two. Tensor-parallel sharding would be added here; nothing in this file
+knows about models, attention or the KV cache.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def default_weight_loader(param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
+    """Copy a checkpoint tensor into `param` (same shape; dtype converted)."""
+    if param.shape != loaded_weight.shape:
+        raise ValueError(
+            f"Shape mismatch while loading weights: parameter {tuple(param.shape)} "
+            f"vs checkpoint {tuple(loaded_weight.shape)}."
+        )
+    with torch.no_grad():
+        param.copy_(loaded_weight)
+
+
+def _copy_shard(param: nn.Parameter, loaded_weight: torch.Tensor, offset: int, size: int) -> None:
+    """Copy `loaded_weight` into rows [offset, offset + size) of a fused parameter."""
+    if loaded_weight.shape[0] != size or loaded_weight.shape[1:] != param.shape[1:]:
+        raise ValueError(
+            f"Shard shape {tuple(loaded_weight.shape)} does not fit rows {offset}:{offset + size} "
+            f"of fused parameter {tuple(param.shape)}."
+        )
+    with torch.no_grad():
+        param.narrow(0, offset, size).copy_(loaded_weight)
+
+
+class Linear(nn.Module):
+    """y = x W^T (+ b), with W of shape [output_size, input_size] as in HF checkpoints."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
+        super().__init__()
+        self.input_size = input_size
+        self.output_size = output_size
+        # Uninitialised: every parameter is filled by load_weights.
+        self.weight = nn.Parameter(torch.empty(output_size, input_size), requires_grad=False)
+        self.weight.weight_loader = self.weight_loader  # type: ignore[attr-defined]
+        if bias:
+            self.bias: nn.Parameter | None = nn.Parameter(
+                torch.empty(output_size), requires_grad=False
+            )
+            self.bias.weight_loader = self.weight_loader  # type: ignore[attr-defined]
+        else:
+            self.register_parameter("bias", None)
+
+    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
+        """Load the whole parameter from one checkpoint tensor."""
+        default_weight_loader(param, loaded_weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """[..., input_size] → [..., output_size]."""
+        return F.linear(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in={self.input_size}, out={self.output_size}, bias={self.bias is not None}"
+
+
+class MergedColumnLinear(Linear):
+    """Several linears over the same input fused along the output dim (e.g. gate_up_proj).
+
+    Shard `i` of the checkpoint (e.g. gate_proj = 0, up_proj = 1) fills output rows
+    [sum(output_sizes[:i]), sum(output_sizes[:i + 1])).
+    """
+
+    def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False) -> None:
+        super().__init__(input_size, sum(output_sizes), bias)
+        self.output_sizes = list(output_sizes)
+
+    def weight_loader(  # type: ignore[override]
+        self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: int
+    ) -> None:
+        """Load shard `shard_id` (an index into output_sizes) of the fused parameter."""
+        offset = sum(self.output_sizes[:shard_id])
+        _copy_shard(param, loaded_weight, offset, self.output_sizes[shard_id])
+
+
+class QKVLinear(Linear):
+    """The q, k and v projections fused into one: output is [q | k | v] along the last dim."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        head_size: int,
+        num_heads: int,
+        num_kv_heads: int,
+        bias: bool = False,
+    ) -> None:
+        self.q_size = num_heads * head_size
+        self.kv_size = num_kv_heads * head_size
+        super().__init__(hidden_size, self.q_size + 2 * self.kv_size, bias)
+
+    def weight_loader(  # type: ignore[override]
+        self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: str
+    ) -> None:
+        """Load the "q", "k" or "v" shard of the fused parameter."""
+        offsets = {
+            "q": (0, self.q_size),
+            "k": (self.q_size, self.kv_size),
+            "v": (self.q_size + self.kv_size, self.kv_size),
+        }
+        if shard_id not in offsets:
+            raise ValueError(f"QKV shard_id must be 'q', 'k' or 'v', got {shard_id!r}.")
+        offset, size = offsets[shard_id]
+        _copy_shard(param, loaded_weight, offset, size)
+
+    def split(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """[T, q_size + 2 * kv_size] → views q [T, q_size], k and v [T, kv_size]."""
+        return qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)  # type: ignore[return-value]

@@ -1,0 +1,113 @@
+"""Rotary position embedding (RoPE), neox style, with cached cos/sin tables.
+
+Supports the default frequencies plus "linear" and "llama3" frequency scaling. Reads both
+config spellings: transformers 5 `rope_parameters` and the older `rope_theta` +
+`rope_scaling`. Applies rotations only; it knows nothing about attention or the KV cache.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def rope_config_of(hf_config: Any) -> tuple[float, dict[str, Any] | None]:
+    """(base theta, scaling dict or None) from an HF config, whichever spelling it uses."""
+    params = getattr(hf_config, "rope_parameters", None)
+    if isinstance(params, dict) and params:
+        theta = float(params.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0)))
+        rope_type = params.get("rope_type", params.get("type", "default"))
+        return theta, (None if rope_type in (None, "default") else dict(params))
+    theta = float(getattr(hf_config, "rope_theta", None) or 10000.0)
+    scaling = getattr(hf_config, "rope_scaling", None)
+    if scaling:
+        rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+        return theta, (None if rope_type in (None, "default") else dict(scaling))
+    return theta, None
+
+
+def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.Tensor:
+    """Llama 3.1 scaling: long wavelengths slowed by `factor`, short ones kept, smooth between."""
+    factor = float(scaling["factor"])
+    low_freq_factor = float(scaling["low_freq_factor"])
+    high_freq_factor = float(scaling["high_freq_factor"])
+    old_context_len = float(scaling["original_max_position_embeddings"])
+    wavelen = 2 * math.pi / inv_freq  # [rotary_dim / 2]
+    # 0 where the wavelength is short (keep), 1 where long (scale), linear ramp in between.
+    smooth = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smooth = smooth.clamp(0.0, 1.0)
+    return (1 - smooth) * inv_freq / factor + smooth * inv_freq
+
+
+def compute_inv_freq(rotary_dim: int, base: float, scaling: dict[str, Any] | None) -> torch.Tensor:
+    """[rotary_dim / 2] float32 inverse frequencies, after optional scaling."""
+    exponents = torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim
+    inv_freq = 1.0 / (base**exponents)
+    if scaling is None:
+        return inv_freq
+    rope_type = scaling.get("rope_type", scaling.get("type"))
+    if rope_type == "linear":
+        return inv_freq / float(scaling["factor"])
+    if rope_type == "llama3":
+        return _llama3_inv_freq(inv_freq, scaling)
+    raise ValueError(
+        f"Unsupported rope scaling type {rope_type!r}; supported: default, linear, llama3."
+    )
+
+
+class RotaryEmbedding(nn.Module):
+    """Neox-style RoPE: the first and second halves of each head's rotary dims form pairs.
+
+    One instance is shared by every layer of a model; it holds a [max_position, rotary_dim]
+    table of (cos | sin) computed once in float32.
+    """
+
+    cos_sin_cache: torch.Tensor
+
+    def __init__(
+        self,
+        head_size: int,
+        max_position: int,
+        base: float = 10000.0,
+        scaling: dict[str, Any] | None = None,
+        rotary_dim: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.head_size = head_size
+        self.rotary_dim = rotary_dim or head_size
+        self.max_position = max_position
+        inv_freq = compute_inv_freq(self.rotary_dim, base, scaling)  # [rotary_dim / 2]
+        positions = torch.arange(max_position, dtype=torch.float32)
+        freqs = torch.outer(positions, inv_freq)  # [max_position, rotary_dim / 2]
+        cos_sin = torch.cat([freqs.cos(), freqs.sin()], dim=-1)  # [max_position, rotary_dim]
+        # Not persistent: it is derived from the config, never read from checkpoints.
+        self.register_buffer("cos_sin_cache", cos_sin, persistent=False)
+
+    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x = x.view(shape[0], -1, self.head_size)  # [T, heads, head_size]
+        half = self.rotary_dim // 2
+        x1 = x[..., :half]
+        x2 = x[..., half : self.rotary_dim]
+        parts = [x1 * cos - x2 * sin, x2 * cos + x1 * sin]  # each [T, heads, half]
+        if self.rotary_dim < self.head_size:
+            parts.append(x[..., self.rotary_dim :])
+        return torch.cat(parts, dim=-1).view(shape)
+
+    def forward(
+        self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotate q [T, H*D] (or [T, H, D]) and k [T, Hkv*D] by their positions [T].
+
+        Returns new tensors of the input shapes; the inputs are not modified.
+        """
+        cos_sin = self.cos_sin_cache.index_select(0, positions)  # [T, rotary_dim]
+        cos_sin = cos_sin.to(query.dtype).unsqueeze(1)  # [T, 1, rotary_dim]
+        cos, sin = cos_sin.chunk(2, dim=-1)  # each [T, 1, rotary_dim / 2]
+        return self._rotate(query, cos, sin), self._rotate(key, cos, sin)
+
+    def extra_repr(self) -> str:
+        return f"head_size={self.head_size}, rotary_dim={self.rotary_dim}"

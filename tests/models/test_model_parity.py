@@ -1,0 +1,195 @@
+"""Our models against transformers on the same tiny checkpoints (float32).
+
+Covers full-prompt logits, incremental decoding through the paged cache (a prefill in two
+chunks, then one token per step), and batches mixing requests of different lengths.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from pagedllm.attention.backend import CommonAttentionMetadata
+from pagedllm.attention.torch_paged import TorchPagedBackend
+from pagedllm.layers.forward_context import ForwardContext, set_forward_context
+from pagedllm.models.llama import LlamaForCausalLM
+from pagedllm.models.qwen2 import Qwen2ForCausalLM
+
+BLOCK_SIZE = 4
+NUM_BLOCKS = 64
+ATOL = 1e-4
+
+
+def make_common_metadata(
+    requests: list[tuple[int, int, list[int]]], block_size: int
+) -> CommonAttentionMetadata:
+    """Metadata for requests given as (context_len, query_len, block_ids), as the runner does."""
+    context_lens = torch.tensor([r[0] for r in requests], dtype=torch.int64)
+    query_lens = torch.tensor([r[1] for r in requests], dtype=torch.int64)
+    seq_lens = context_lens + query_lens
+    query_start_loc = torch.zeros(len(requests) + 1, dtype=torch.int64)
+    query_start_loc[1:] = torch.cumsum(query_lens, 0)
+    block_tables = torch.zeros(len(requests), max(len(r[2]) for r in requests), dtype=torch.int64)
+    slots = []
+    for i, (context_len, query_len, block_ids) in enumerate(requests):
+        block_tables[i, : len(block_ids)] = torch.tensor(block_ids)
+        for pos in range(context_len, context_len + query_len):
+            slots.append(block_ids[pos // block_size] * block_size + pos % block_size)
+    return CommonAttentionMetadata(
+        num_reqs=len(requests),
+        num_tokens=int(query_lens.sum()),
+        query_start_loc=query_start_loc,
+        query_lens=query_lens,
+        context_lens=context_lens,
+        seq_lens=seq_lens,
+        max_query_len=int(query_lens.max()),
+        max_seq_len=int(seq_lens.max()),
+        block_tables=block_tables,
+        slot_mapping=torch.tensor(slots, dtype=torch.int64),
+        query_lens_cpu=query_lens.tolist(),
+        seq_lens_cpu=seq_lens.tolist(),
+    )
+
+
+class PagedRunner:
+    """A minimal model runner: per-request block tables, one forward per step."""
+
+    def __init__(self, model: torch.nn.Module, spec_dims: tuple[int, int, int]) -> None:
+        num_layers, num_kv_heads, head_dim = spec_dims
+        self.model = model
+        self.backend = TorchPagedBackend()
+        shape = self.backend.get_kv_cache_shape(NUM_BLOCKS, BLOCK_SIZE, num_kv_heads, head_dim)
+        self.kv_caches = [torch.zeros(shape) for _ in range(num_layers)]
+        # Non-contiguous block ids, never the null block 0.
+        self.free_blocks = (
+            torch.randperm(NUM_BLOCKS - 1, generator=torch.Generator().manual_seed(0)) + 1
+        ).tolist()
+        self.block_ids: dict[str, list[int]] = {}
+        self.num_computed: dict[str, int] = {}
+
+    def step(self, chunks: list[tuple[str, list[int]]]) -> list[torch.Tensor]:
+        """Run one step over (request_id, new token ids); return each chunk's logits."""
+        requests, input_ids, positions = [], [], []
+        for request_id, token_ids in chunks:
+            context_len = self.num_computed.get(request_id, 0)
+            blocks = self.block_ids.setdefault(request_id, [])
+            while len(blocks) * BLOCK_SIZE < context_len + len(token_ids):
+                blocks.append(self.free_blocks.pop())
+            requests.append((context_len, len(token_ids), list(blocks)))
+            input_ids += token_ids
+            positions += range(context_len, context_len + len(token_ids))
+            self.num_computed[request_id] = context_len + len(token_ids)
+        metadata = self.backend.build_metadata(
+            make_common_metadata(requests, BLOCK_SIZE), BLOCK_SIZE
+        )
+        with (
+            torch.no_grad(),
+            set_forward_context(ForwardContext(self.backend, metadata, self.kv_caches)),
+        ):
+            hidden = self.model(torch.tensor(input_ids), torch.tensor(positions))
+            logits = self.model.compute_logits(hidden)
+        return list(logits.split([len(t) for _, t in chunks]))
+
+
+MODELS = {
+    "llama": ("tiny_llama_dir", LlamaForCausalLM),
+    "llama3": ("tiny_llama3_dir", LlamaForCausalLM),
+    "qwen2": ("tiny_qwen2_dir", Qwen2ForCausalLM),
+}
+
+
+@pytest.fixture(params=list(MODELS), scope="module")
+def pair(request: pytest.FixtureRequest):
+    """(our model, transformers' model, vocab size) loaded from the same tiny checkpoint."""
+    fixture_name, cls = MODELS[request.param]
+    path = Path(request.getfixturevalue(fixture_name))
+    config = AutoConfig.from_pretrained(path)
+    ours = cls(config).eval()
+    loaded = ours.load_weights(load_file(path / "model.safetensors").items())
+    assert loaded == {name for name, _ in ours.named_parameters()}
+    theirs = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    return ours, theirs, config.vocab_size
+
+
+def _runner(model: torch.nn.Module) -> PagedRunner:
+    spec = model.spec
+    return PagedRunner(model, (spec.num_layers, spec.num_kv_heads, spec.head_dim))
+
+
+def _reference_logits(theirs: torch.nn.Module, token_ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return theirs(torch.tensor([token_ids])).logits[0]  # [T, vocab]
+
+
+def _tokens(vocab_size: int, n: int, seed: int) -> list[int]:
+    return torch.randint(
+        0, vocab_size, (n,), generator=torch.Generator().manual_seed(seed)
+    ).tolist()
+
+
+def test_full_prompt_logits(pair) -> None:
+    ours, theirs, vocab_size = pair
+    token_ids = _tokens(vocab_size, 37, seed=1)
+    (logits,) = _runner(ours).step([("a", token_ids)])
+    torch.testing.assert_close(logits, _reference_logits(theirs, token_ids), atol=ATOL, rtol=1e-4)
+
+
+def test_chunked_prefill_then_decode(pair) -> None:
+    ours, theirs, vocab_size = pair
+    token_ids = _tokens(vocab_size, 30, seed=2)
+    expected = _reference_logits(theirs, token_ids)
+    runner = _runner(ours)
+    got = runner.step([("a", token_ids[:9])]) + runner.step([("a", token_ids[9:20])])
+    for token in token_ids[20:]:
+        got += runner.step([("a", [token])])
+    torch.testing.assert_close(torch.cat(got), expected, atol=ATOL, rtol=1e-4)
+
+
+def test_mixed_batch_equals_requests_run_alone(pair) -> None:
+    ours, theirs, vocab_size = pair
+    seqs = {
+        name: _tokens(vocab_size, n, seed=i)
+        for i, (name, n) in enumerate([("a", 14), ("b", 21), ("c", 9)])
+    }
+    # Per step: (request, [start, end)) chunks; a mix of prefills, a chunked prefill and decodes.
+    schedule = [
+        [("a", 0, 12), ("b", 0, 5)],
+        [("a", 12, 13), ("b", 5, 18), ("c", 0, 8)],
+        [("a", 13, 14), ("b", 18, 19), ("c", 8, 9)],
+        [("b", 19, 21)],
+    ]
+    batched = _runner(ours)
+    got: dict[str, list[torch.Tensor]] = {name: [] for name in seqs}
+    for step in schedule:
+        outs = batched.step([(name, seqs[name][s:e]) for name, s, e in step])
+        for (name, _, _), logits in zip(step, outs, strict=True):
+            got[name].append(logits)
+    for name, token_ids in seqs.items():
+        alone = _runner(ours)
+        expected = [
+            alone.step([(n, token_ids[s:e])])[0]
+            for step in schedule
+            for n, s, e in step
+            if n == name
+        ]
+        torch.testing.assert_close(torch.cat(got[name]), torch.cat(expected), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            torch.cat(got[name]), _reference_logits(theirs, token_ids), atol=ATOL, rtol=1e-4
+        )
+
+
+def test_bfloat16_greedy_matches_float32(pair) -> None:
+    """The model runs in bfloat16 (cast by the caller) and stays close to float32."""
+    ours, _, vocab_size = pair
+    token_ids = _tokens(vocab_size, 16, seed=5)
+    (ref,) = _runner(ours).step([("a", token_ids)])
+    runner = _runner(copy.deepcopy(ours).to(torch.bfloat16))
+    runner.kv_caches = [c.bfloat16() for c in runner.kv_caches]
+    (logits,) = runner.step([("a", token_ids)])
+    assert logits.dtype == torch.bfloat16
+    assert (logits.float().argmax(-1) == ref.argmax(-1)).float().mean() >= 0.8

@@ -1,0 +1,59 @@
+"""The import-layering contract of ARCHITECTURE.md, checked on the source's import statements.
+
+core is pure Python (no torch, no worker/engine/tokenizer); the worker never reaches the
+scheduler; model code never reaches the engine or core; the tokenizer stays out of core and
+worker.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "pagedllm"
+
+FORBIDDEN = {
+    "core": ["torch", "numpy", "transformers", "pagedllm.worker", "pagedllm.engine",
+             "pagedllm.tokenizer", "pagedllm.models", "pagedllm.layers", "pagedllm.attention",
+             "pagedllm.entrypoints"],
+    "worker": ["pagedllm.core.scheduler", "pagedllm.core.kv_cache_manager",
+               "pagedllm.core.block_pool", "pagedllm.engine", "pagedllm.entrypoints",
+               "pagedllm.tokenizer"],
+    "models": ["pagedllm.core", "pagedllm.engine", "pagedllm.worker", "pagedllm.entrypoints"],
+    "layers": ["pagedllm.core", "pagedllm.engine", "pagedllm.worker", "pagedllm.entrypoints"],
+    "attention": ["pagedllm.core", "pagedllm.engine", "pagedllm.worker", "pagedllm.entrypoints"],
+    "engine": ["pagedllm.entrypoints"],
+}
+
+
+def _runtime_imports(path: Path) -> list[str]:
+    """Modules imported by a file, ignoring imports under `if TYPE_CHECKING:`."""
+    tree = ast.parse(path.read_text())
+    type_checking_nodes = {
+        id(n)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for n in ast.walk(node)
+    }
+    names = []
+    for node in ast.walk(tree):
+        if id(node) in type_checking_nodes:
+            continue
+        if isinstance(node, ast.Import):
+            names.extend(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.append(node.module)
+    return names
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_package_respects_layering(package: str):
+    violations = []
+    for path in sorted((SRC / package).rglob("*.py")):
+        for name in _runtime_imports(path):
+            for banned in FORBIDDEN[package]:
+                if name == banned or name.startswith(banned + "."):
+                    violations.append(f"{path.relative_to(SRC)} imports {name}")
+    assert not violations, "\n".join(violations)

@@ -1,0 +1,68 @@
+"""ModelRunner input preparation: positions, slot mappings and sampled rows of a mixed batch."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from pagedllm.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
+from pagedllm.sampling_params import SamplingParams
+from pagedllm.worker.block_table import compute_slot_mapping, make_block_table_array
+from pagedllm.worker.model_runner import ModelRunner
+
+
+def test_block_table_padding_points_at_null_block():
+    table = make_block_table_array([[5, 2], [7], []])
+    assert table.tolist() == [[5, 2], [7, 0], [0, 0]]
+
+
+def test_slot_mapping():
+    table = make_block_table_array([[5, 2], [7]])
+    slots = compute_slot_mapping(table, np.array([0, 0, 1]), np.array([3, 4, 1]), block_size=4)
+    assert slots.tolist() == [5 * 4 + 3, 2 * 4 + 0, 7 * 4 + 1]
+
+
+def _new(request_id: str, prompt: list[int], blocks: list[int], computed: int = 0) -> NewRequestData:
+    return NewRequestData(
+        request_id=request_id,
+        prompt_token_ids=prompt,
+        output_token_ids=[],
+        sampling_params=SamplingParams(temperature=0.0),
+        eos_token_id=None,
+        block_ids=blocks,
+        num_computed_tokens=computed,
+    )
+
+
+def test_mixed_prefill_chunk_and_decode():
+    runner = ModelRunner(model=None, backend=None, kv_caches=[], block_size=4,
+                         device=torch.device("cpu"))
+    step1 = SchedulerOutput(
+        scheduled_new_reqs=[_new("a", [10, 11, 12, 13, 14, 15], [3, 1]), _new("b", [20, 21], [2])],
+        scheduled_cached_reqs=CachedRequestData(),
+        num_scheduled_tokens={"a": 4, "b": 2},  # "a" is chunked: 4 of 6 prompt tokens
+        total_num_scheduled_tokens=6,
+        finished_request_ids=set(),
+    )
+    runner._update_states(step1)
+    inputs = runner._prepare_inputs(step1)
+    assert inputs.input_ids.tolist() == [10, 11, 12, 13, 20, 21]
+    assert inputs.positions.tolist() == [0, 1, 2, 3, 0, 1]
+    assert inputs.slot_mapping.tolist() == [12, 13, 14, 15, 8, 9]
+    assert inputs.sample_rows == [1]  # only "b" finished its prompt
+    assert inputs.logits_indices.tolist() == [5]
+    runner.requests["b"].token_ids.append(22)  # what _make_output does after sampling
+    step2 = SchedulerOutput(
+        scheduled_new_reqs=[],
+        scheduled_cached_reqs=CachedRequestData(["b", "a"], [[], []], [2, 4]),
+        num_scheduled_tokens={"b": 1, "a": 2},
+        total_num_scheduled_tokens=3,
+        finished_request_ids=set(),
+    )
+    runner._update_states(step2)
+    inputs = runner._prepare_inputs(step2)
+    assert inputs.input_ids.tolist() == [22, 14, 15]
+    assert inputs.positions.tolist() == [2, 4, 5]
+    assert inputs.slot_mapping.tolist() == [10, 4, 5]
+    assert inputs.sample_rows == [0, 1]
+    assert inputs.logits_indices.tolist() == [0, 2]
