@@ -1,4 +1,4 @@
-"""Helpers shared by the benchmarks: the default model, prompts, machine info, stats, JSON.
+"""Helpers shared by the benchmarks: default model, prompts, machine info, stats, JSON, CLI.
 
 Every benchmark feeds the same token ids to every system it measures, so prompts are built
 here once, deterministically (seeded), from English-like text cut to exact token lengths.
@@ -7,6 +7,7 @@ Nothing here imports pagedllm: the peers (transformers, ...) can be measured wit
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import hashlib
 import importlib.util
@@ -15,6 +16,7 @@ import os
 import platform
 import random
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -222,3 +224,28 @@ def write_json(path: str, data: dict[str, Any]) -> None:
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
+
+
+def comma_list(
+    item_type: Callable[[str], Any], choices: tuple[str, ...] | None = None
+) -> Callable[[str], list[Any]]:
+    """An argparse type for `a,b,c`, each item converted and optionally checked."""
+
+    def parse(text: str) -> list[Any]:
+        items = [t.strip() for t in text.split(",") if t.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError("empty list")
+        bad = [t for t in items if choices is not None and t not in choices]
+        if bad:
+            raise argparse.ArgumentTypeError(f"unknown {bad}; choose from {', '.join(choices)}")
+        return [item_type(t) for t in items]
+
+    return parse
+
+
+def positive_int_list(text: str) -> list[int]:
+    """`32` or `8,32`: positive integers."""
+    values = comma_list(int)(text)
+    if any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"values must be positive, got {text}")
+    return values

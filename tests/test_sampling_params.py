@@ -42,3 +42,43 @@ def test_defaults_and_normalisation():
     assert params.output_text_buffer_length == 2
     assert SamplingParams(stop="###", include_stop_str_in_output=True).output_text_buffer_length == 0
     assert SamplingParams().max_tokens == 16
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"logprobs": -2}, "logprobs must be non-negative or -1, got -2."),
+        ({"logprobs": 1.5}, "logprobs must be non-negative or -1"),
+        ({"logprobs": 21}, "Requested sample logprobs of 21, which is greater than max allowed"),
+        ({"prompt_logprobs": -3}, "prompt_logprobs must be non-negative or -1, got -3."),
+        ({"prompt_logprobs": 30}, "Requested prompt logprobs of 30, which is greater than max"),
+        ({"presence_penalty": 2.5}, r"presence_penalty must be in \[-2, 2\], got 2.5."),
+        ({"frequency_penalty": -2.1}, r"frequency_penalty must be in \[-2, 2\], got -2.1."),
+        ({"repetition_penalty": 0.0}, "repetition_penalty must be greater than zero, got 0.0."),
+        ({"repetition_penalty": float("inf")}, "repetition_penalty must be greater than zero"),
+        ({"allowed_token_ids": []}, "allowed_token_ids is not None and empty!"),
+        ({"allowed_token_ids": [-1]}, "allowed_token_ids must be non-negative integers"),
+        ({"logit_bias": {"x": 1.0}}, "logit_bias must map token ids to numbers"),
+        ({"logit_bias": {-1: 1.0}}, "logit_bias keys must be non-negative token ids"),
+        ({"bad_words": [""]}, "bad_words must be non-empty strings"),
+        ({"n": 3, "best_of": 2}, "best_of must be greater than or equal to n, got n=3 and best_of"),
+        ({"best_of": 2, "temperature": 0.0}, "best_of must be 1 when using greedy sampling, got 2"),
+        ({"best_of": "2"}, "best_of must be an int"),
+    ],
+)
+def test_invalid_logprobs_penalty_fields(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(**kwargs)
+
+
+def test_logprobs_penalty_fields_normalised():
+    params = SamplingParams(
+        logprobs=-1, prompt_logprobs=20, logit_bias={"7": 250, 3: -1000.0}, bad_words="darn",
+        allowed_token_ids=(1, 2), n=2, best_of=3,
+    )
+    assert params.logit_bias == {7: 100.0, 3: -100.0}  # keys parsed, values clamped
+    assert params.bad_words == ["darn"] and params.allowed_token_ids == [1, 2]
+    assert params.num_sequences == 3 and SamplingParams(n=2).num_sequences == 2
+    assert params.skip_reading_prefix_cache and not SamplingParams().skip_reading_prefix_cache
+    assert SamplingParams(repetition_penalty=1.1).has_penalties
+    assert not SamplingParams().has_penalties

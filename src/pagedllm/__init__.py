@@ -5,17 +5,21 @@ The public API mirrors vLLM's: `LLM`, `SamplingParams`, `RequestOutput`, `LLMEng
 
 from pagedllm.config import EngineConfig
 from pagedllm.engine.arg_utils import EngineArgs
-from pagedllm.outputs import CompletionOutput, RequestOutput
-from pagedllm.sampling_params import RequestOutputKind, SamplingParams
+from pagedllm.outputs import CompletionOutput, Logprob, RequestOutput
+from pagedllm.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
 __version__ = "0.1.0"
 
 __all__ = [
     "LLM",
+    "AsyncLLM",
+    "AsyncLLMEngine",
     "LLMEngine",
+    "BeamSearchParams",
     "CompletionOutput",
     "EngineArgs",
     "EngineConfig",
+    "Logprob",
     "RequestOutput",
     "RequestOutputKind",
     "SamplingParams",
@@ -29,6 +33,10 @@ def __getattr__(name: str):  # noqa: ANN202 - lazy re-exports
         from pagedllm.entrypoints.llm import LLM
 
         return LLM
+    if name in ("AsyncLLM", "AsyncLLMEngine"):
+        from pagedllm.engine import async_llm
+
+        return getattr(async_llm, name)
     if name == "LLMEngine":
         from pagedllm.engine.llm_engine import LLMEngine
 

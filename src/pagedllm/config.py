@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 SUPPORTED_DTYPES = ("auto", "float32", "bfloat16", "float16")
+PREEMPTION_MODES = ("recompute", "swap")
+SCHEDULING_POLICIES = ("fcfs", "priority")
 
 
 @dataclass(frozen=True)
@@ -48,12 +50,16 @@ class CacheConfig:
         kv_cache_memory_bytes: KV cache budget in bytes (None: the device's default).
         num_gpu_blocks_override: exact number of KV blocks (vLLM's name; wins over the budget).
         gpu_memory_utilization: share of CUDA memory the engine may use (CUDA only).
+        enable_prefix_caching: reuse the KV of cached full blocks across requests.
+        swap_space: host memory for KV blocks of requests preempted by swap, in GiB.
     """
 
     block_size: int = 16
     kv_cache_memory_bytes: int | None = None
     num_gpu_blocks_override: int | None = None
     gpu_memory_utilization: float = 0.9
+    enable_prefix_caching: bool = True
+    swap_space: float = 4
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
@@ -70,6 +76,8 @@ class CacheConfig:
             raise ValueError(
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}."
             )
+        if not self.swap_space >= 0:
+            raise ValueError(f"swap_space must be non-negative (GiB), got {self.swap_space}.")
 
 
 @dataclass(frozen=True)
@@ -81,12 +89,18 @@ class SchedulerConfig:
         max_num_batched_tokens: token budget of one step.
         max_model_len: longest prompt + output, in tokens (copied from ModelConfig).
         enable_chunked_prefill: split prompts longer than the budget left across steps.
+        preemption_mode: "recompute" (free the KV, recompute on resume) or "swap" (copy the
+            KV to host swap space and back).
+        scheduling_policy: "fcfs" (arrival order) or "priority" (lower priority value
+            first, then arrival; higher-priority requests preempt lower-priority ones).
     """
 
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
     max_model_len: int = 2048
     enable_chunked_prefill: bool = True
+    preemption_mode: str = "recompute"
+    scheduling_policy: str = "fcfs"
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -101,6 +115,15 @@ class SchedulerConfig:
                 f"max_model_len ({self.max_model_len}) with chunked prefill disabled: long "
                 "prompts could never be scheduled. Raise max_num_batched_tokens or enable "
                 "chunked prefill."
+            )
+        if self.preemption_mode not in PREEMPTION_MODES:
+            raise ValueError(
+                f"preemption_mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}."
+            )
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(
+                f"scheduling_policy must be one of {SCHEDULING_POLICIES}, "
+                f"got {self.scheduling_policy!r}."
             )
 
 

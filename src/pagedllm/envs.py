@@ -15,3 +15,8 @@ def num_threads() -> int | None:
     """PAGEDLLM_NUM_THREADS: torch intra-op threads on CPU (default: torch's choice)."""
     value = os.environ.get("PAGEDLLM_NUM_THREADS")
     return int(value) if value else None
+
+
+def api_key() -> str | None:
+    """PAGEDLLM_API_KEY: API key the OpenAI server requires when --api-key is not given."""
+    return os.environ.get("PAGEDLLM_API_KEY") or None

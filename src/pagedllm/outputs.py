@@ -6,6 +6,29 @@ from dataclasses import dataclass, field
 
 
 @dataclass
+class Logprob:
+    """One token's entry in a position's logprobs dict (vLLM's `Logprob`).
+
+    Attributes:
+        logprob: log-probability under the model's raw distribution (before penalties and
+            temperature).
+        rank: 1 for the most likely token; the top-k are ranked by position, the scored
+            (sampled or prompt) token by 1 + the number of strictly more likely tokens.
+        decoded_token: the token decoded on its own (`tokenizer.decode([token_id])`).
+    """
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+# Per position: token id -> Logprob, the scored token first, then the top-k.
+LogprobsDict = dict[int, Logprob]
+SampleLogprobs = list[LogprobsDict]
+PromptLogprobs = list[LogprobsDict | None]
+
+
+@dataclass
 class CompletionOutput:
     """One generated sequence of a request.
 
@@ -13,7 +36,9 @@ class CompletionOutput:
         index: which of the request's `n` sequences this is.
         text: generated text (stop string excluded unless include_stop_str_in_output).
         token_ids: generated token ids.
-        cumulative_logprob: sum of the sampled tokens' logprobs, or None when not computed.
+        cumulative_logprob: sum of the sampled tokens' logprobs, or None when not computed
+            (computed when `logprobs` is set, or for ranking when `best_of` > `n`).
+        logprobs: per generated token, its logprobs dict; None unless `logprobs` was set.
         finish_reason: "stop", "length" or "abort"; None while running.
         stop_reason: the stop string or stop token id that ended it; None for EOS or length.
     """
@@ -22,7 +47,7 @@ class CompletionOutput:
     text: str
     token_ids: list[int]
     cumulative_logprob: float | None = None
-    logprobs: list | None = None
+    logprobs: SampleLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
 
@@ -41,6 +66,8 @@ class RequestOutput:
         prompt_token_ids: prompt tokens.
         outputs: one CompletionOutput per sequence (`n` of them).
         finished: True once every sequence ended.
+        prompt_logprobs: per prompt token, its logprobs dict (None for the first token);
+            None unless `prompt_logprobs` was set.
     """
 
     request_id: str
@@ -48,7 +75,7 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput] = field(default_factory=list)
     finished: bool = False
-    prompt_logprobs: list | None = None
+    prompt_logprobs: PromptLogprobs | None = None
 
     def __repr__(self) -> str:
         return (

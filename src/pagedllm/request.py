@@ -29,6 +29,9 @@ class RequestStatus(enum.IntEnum):
 
     WAITING = enum.auto()
     RUNNING = enum.auto()
+    # Preempted with its KV copied to the host pool (swap mode); resumes without recompute.
+    SWAPPED = enum.auto()
+    # Preempted by recompute: waits again with num_computed_tokens reset.
     PREEMPTED = enum.auto()
     # Finished states come after PREEMPTED.
     FINISHED_STOPPED = enum.auto()
@@ -68,6 +71,9 @@ class Request:
         status: lifecycle state.
         stop_reason: the stop token id that ended it, if any.
         num_preemptions: how often it was preempted.
+        priority: scheduling priority under the "priority" policy (lower runs first).
+        num_cached_tokens: prefix-cache hits (in tokens) at its first admission.
+        block_hashes: chained hashes of its full blocks, in order (see core/block_hash.py).
     """
 
     request_id: str
@@ -81,6 +87,9 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     stop_reason: int | str | None = None
     num_preemptions: int = 0
+    priority: int = 0
+    num_cached_tokens: int | None = None
+    block_hashes: list[bytes] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.prompt_token_ids)

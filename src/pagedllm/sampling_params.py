@@ -15,6 +15,9 @@ from enum import IntEnum
 # Below this temperature sampling is greedy, as in vLLM.
 _SAMPLING_EPS = 1e-5
 _MAX_TEMPERATURE_CLAMP = 0.01
+# Most top logprobs a request may ask for, unless it asks for all (-1): vLLM's --max-logprobs.
+MAX_LOGPROBS = 20
+_MAX_LOGIT_BIAS = 100.0
 
 
 class RequestOutputKind(IntEnum):
@@ -31,6 +34,23 @@ class SamplingParams:
 
     `temperature=0` means greedy. `top_k` 0 or -1 disables top-k. `seed` makes sampling
     reproducible per request whatever the batch around it.
+
+    Logprobs: `logprobs=k` returns, for every generated token, its own logprob and rank plus
+    the k most likely tokens (`prompt_logprobs=k` the same for prompt tokens 2..P; the first
+    has none). -1 means the whole vocabulary; otherwise k <= MAX_LOGPROBS (vLLM's
+    `--max-logprobs` default). They are the model's *raw* distribution, log_softmax of the
+    logits before allowed_token_ids, bad_words, logit_bias, penalties, temperature and
+    top-k/top-p/min-p (vLLM v1's default "raw_logprobs" mode), so they do not depend on how
+    the token was chosen.
+
+    Penalties and biases apply to the logits before temperature, in vLLM's order:
+    allowed_token_ids, bad_words, min_tokens, logit_bias, then repetition_penalty (HF: a seen
+    token's logit is divided by it when positive, multiplied when not; prompt and output
+    tokens count as seen), then frequency/presence (OpenAI: output tokens only,
+    logit -= frequency * count + presence * (count > 0)).
+
+    `best_of` (vLLM v0): sample `best_of` sequences and return the `n` with the highest
+    cumulative logprob, once all are finished.
     """
 
     n: int = 1
@@ -49,8 +69,19 @@ class SamplingParams:
     spaces_between_special_tokens: bool = True
     detokenize: bool = True
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    best_of: int | None = None
     # Filled from the stop-string list: chars the detokenizer holds back while streaming.
     output_text_buffer_length: int = field(default=0, init=False)
+    # Filled by the input processor from `bad_words` (it has the tokenizer): token id sequences.
+    bad_words_token_ids: list[list[int]] | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         if self.stop is None:
@@ -62,7 +93,9 @@ class SamplingParams:
         self.stop_token_ids = list(self.stop_token_ids or [])
         if 0 < self.temperature < _MAX_TEMPERATURE_CLAMP:
             self.temperature = _MAX_TEMPERATURE_CLAMP
+        self._normalize_logits_fields()
         self._verify_args()
+        verify_logprobs_and_penalties(self)
         if self.stop and not self.include_stop_str_in_output:
             self.output_text_buffer_length = max(len(s) for s in self.stop) - 1
 
@@ -72,6 +105,29 @@ class SamplingParams:
         return self.temperature < _SAMPLING_EPS
 
     @property
+    def skip_reading_prefix_cache(self) -> bool:
+        """True when the prompt must be computed, not read from the prefix cache.
+
+        Prompt logprobs need the logits of every prompt position, which a prefix-cache hit
+        would skip (vLLM sets its field of this name the same way).
+        """
+        return self.prompt_logprobs is not None
+
+    @property
+    def num_sequences(self) -> int:
+        """Sequences to sample: `best_of` when set, else `n` (the best `n` are returned)."""
+        return self.best_of if self.best_of is not None else self.n
+
+    @property
+    def has_penalties(self) -> bool:
+        """True when any of presence, frequency or repetition penalty is active."""
+        return (
+            self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+            or self.repetition_penalty != 1.0
+        )
+
+    @property
     def all_stop_token_ids(self) -> set[int]:
         """Token ids that end the request (the EOS id is handled by the scheduler)."""
         return set(self.stop_token_ids or [])
@@ -79,6 +135,30 @@ class SamplingParams:
     def clone(self) -> SamplingParams:
         """A deep copy, so one request cannot change another's parameters."""
         return copy.deepcopy(self)
+
+    def _normalize_logits_fields(self) -> None:
+        """Copy the container fields and coerce logit_bias keys ("5" → 5) and value range."""
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict):
+                raise ValueError(f"logit_bias must be a dict, got {self.logit_bias!r}.")
+            bias: dict[int, float] = {}
+            for key, value in self.logit_bias.items():
+                try:
+                    token_id = int(key)
+                    value = float(value)
+                except (TypeError, ValueError):
+                    raise ValueError(
+                        f"logit_bias must map token ids to numbers, got {key!r}: {value!r}."
+                    ) from None
+                # OpenAI's range; vLLM clamps instead of rejecting.
+                bias[token_id] = min(max(value, -_MAX_LOGIT_BIAS), _MAX_LOGIT_BIAS)
+            self.logit_bias = bias
+        if self.allowed_token_ids is not None:
+            self.allowed_token_ids = list(self.allowed_token_ids)
+        if isinstance(self.bad_words, str):
+            self.bad_words = [self.bad_words]
+        elif self.bad_words is not None:
+            self.bad_words = list(self.bad_words)
 
     def _verify_args(self) -> None:
         self._verify_type("n", int)
@@ -126,3 +206,106 @@ class SamplingParams:
         value = getattr(self, name)
         if isinstance(value, bool) or not isinstance(value, expected):
             raise ValueError(f"{name} must be an {expected.__name__}, got {value!r}.")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _verify_num_logprobs(name: str, kind: str, value: int | None) -> None:
+    if value is None:
+        return
+    if not _is_int(value) or value < -1:
+        raise ValueError(f"{name} must be non-negative or -1, got {value!r}.")
+    if value > MAX_LOGPROBS:
+        raise ValueError(
+            f"Requested {kind} logprobs of {value}, which is greater than max allowed: "
+            f"{MAX_LOGPROBS}"
+        )
+
+
+def verify_logprobs_and_penalties(params: SamplingParams) -> None:
+    """Validate the logprobs, penalty, bias and best_of fields (vLLM's messages).
+
+    Vocabulary bounds of logit_bias / allowed_token_ids are checked by the input processor,
+    which knows the model.
+    """
+    _verify_num_logprobs("logprobs", "sample", params.logprobs)
+    _verify_num_logprobs("prompt_logprobs", "prompt", params.prompt_logprobs)
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = getattr(params, name)
+        if not isinstance(value, (int, float)) or not -2.0 <= value <= 2.0:
+            raise ValueError(f"{name} must be in [-2, 2], got {value}.")
+    penalty = params.repetition_penalty
+    if not isinstance(penalty, (int, float)) or not (math.isfinite(penalty) and penalty > 0.0):
+        raise ValueError(f"repetition_penalty must be greater than zero, got {penalty}.")
+    allowed = params.allowed_token_ids
+    if allowed is not None:
+        if not allowed:
+            raise ValueError("allowed_token_ids is not None and empty!")
+        if any(not _is_int(t) or t < 0 for t in allowed):
+            raise ValueError(
+                f"allowed_token_ids must be non-negative integers, got {allowed}."
+            )
+    if params.logit_bias is not None and any(t < 0 for t in params.logit_bias):
+        raise ValueError(
+            f"logit_bias keys must be non-negative token ids, got {params.logit_bias}."
+        )
+    if params.bad_words is not None and any(
+        not isinstance(w, str) or not w for w in params.bad_words
+    ):
+        raise ValueError(f"bad_words must be non-empty strings, got {params.bad_words!r}.")
+    _verify_best_of(params)
+
+
+def _verify_best_of(params: SamplingParams) -> None:
+    best_of = params.best_of
+    if best_of is None:
+        return
+    if not _is_int(best_of):
+        raise ValueError(f"best_of must be an int, got {best_of!r}.")
+    if best_of < params.n:
+        raise ValueError(
+            f"best_of must be greater than or equal to n, got n={params.n} and "
+            f"best_of={best_of}."
+        )
+    if params.is_greedy and best_of > 1:
+        raise ValueError(f"best_of must be 1 when using greedy sampling, got {best_of}.")
+
+
+@dataclass
+class BeamSearchParams:
+    """Parameters of `LLM.beam_search` (vLLM's names; transformers' scoring).
+
+    Attributes:
+        beam_width: beams kept per step, and sequences returned.
+        max_tokens: most generated tokens per beam.
+        ignore_eos: keep extending beams past EOS (no beam finishes early).
+        temperature: accepted for vLLM compatibility; beam search is deterministic and scores
+            the model's raw logprobs, so it changes nothing (as in transformers without
+            sampling).
+        length_penalty: a finished beam scores sum_logprobs / num_generated_tokens ** this.
+        include_stop_str_in_output: accepted for vLLM compatibility (no stop strings here).
+        early_stopping: transformers' `early_stopping`: False (its default heuristic), True
+            (stop once beam_width beams are finished) or "never".
+    """
+
+    beam_width: int
+    max_tokens: int
+    ignore_eos: bool = False
+    temperature: float = 0.0
+    length_penalty: float = 1.0
+    include_stop_str_in_output: bool = False
+    early_stopping: bool | str = False
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.beam_width) or self.beam_width < 1:
+            raise ValueError(f"beam_width must be at least 1, got {self.beam_width!r}.")
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens!r}.")
+        if not math.isfinite(self.length_penalty):
+            raise ValueError(f"length_penalty must be finite, got {self.length_penalty}.")
+        if self.early_stopping not in (True, False, "never"):
+            raise ValueError(
+                f"early_stopping must be True, False or 'never', got {self.early_stopping!r}."
+            )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from pagedllm.attention import torch_paged
 from pagedllm.attention.backend import CommonAttentionMetadata
 from pagedllm.attention.registry import get_attention_backend
 from pagedllm.attention.torch_paged import TorchPagedBackend
@@ -91,6 +92,7 @@ class _Case:
         )
 
     def expected(self, scale: float) -> torch.Tensor:
+        """Dense causal attention of every request, concatenated in batch order."""
         outs, start = [], 0
         for kv, (context_len, query_len, _) in zip(self.full_kv, self.requests, strict=True):
             q = self.query[start : start + query_len]
@@ -127,6 +129,32 @@ def test_matches_dense_attention(block_size: int, batch: str, heads: tuple[int, 
         for pos in range(kv.shape[1]):
             expected_cache[:, block_ids[pos // block_size], pos % block_size] = kv[:, pos]
     assert torch.equal(case.cache, expected_cache)
+
+
+@pytest.mark.parametrize("batch", ["mixed", "decodes", "prefills", "chunked", "single_prefill"])
+def test_matches_dense_attention_with_groups_and_chunks(
+    batch: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tiny budgets force several length groups and several prefill query chunks."""
+    monkeypatch.setattr(torch_paged, "_SCORES_PER_HEAD", 40)
+    monkeypatch.setattr(torch_paged, "_MIN_CHUNK_ROWS", 1)
+    monkeypatch.setattr(torch_paged, "_DECODE_GROUP_COST", 0)
+    monkeypatch.setattr(torch_paged, "_PREFILL_GROUP_COST", 0)
+    monkeypatch.setattr(torch_paged, "_MAX_DECODE_GATHER_TOKENS", 50)
+    case = _Case(BATCHES[batch], 4, 6, 2)
+    backend = TorchPagedBackend()
+    metadata = backend.build_metadata(make_common_metadata(case.requests, 4), 4)
+    groups = metadata.prefill_groups
+    if groups:
+        assert max(len(group.chunks) for group in groups) > 1
+    if batch in ("mixed", "prefills", "chunked"):
+        assert len(groups) > 1
+    if batch == "mixed":  # a fresh prompt alone in its group skips the cache read
+        assert any(group.kv is None for group in groups)
+    if batch in ("mixed", "decodes"):
+        assert len(metadata.decode_buckets) > 1
+    out = backend.forward(case.query, case.key, case.value, case.cache, metadata, 0.3)
+    torch.testing.assert_close(out, case.expected(0.3), atol=2e-5, rtol=1e-5)
 
 
 def test_metadata_is_shared_by_layers() -> None:

@@ -77,11 +77,15 @@ def test_shared_block_is_freed_only_at_zero_refs() -> None:
 def test_new_block_forgets_its_hash() -> None:
     pool = BlockPool(2)
     (block,) = pool.get_new_blocks(1)
-    block.block_hash = 1234
+    pool.cache_full_blocks([block], [b"h1"])
     pool.free_blocks([block])
-    assert block.block_hash == 1234  # kept while free, for a later prefix-cache hit
+    assert block.block_hash == b"h1"  # kept while free, for a later prefix-cache hit
+    assert pool.get_cached_block(b"h1") is block
+    pool.check_integrity()
     (again,) = pool.get_new_blocks(1)
     assert again is block and again.block_hash is None
+    assert pool.get_cached_block(b"h1") is None and pool.num_evictions == 1
+    pool.check_integrity()
 
 
 def test_integrity_catches_corruption() -> None:

@@ -1,18 +1,15 @@
 """Scheduler: budget, chunking, sequence cap, preemption, aborts, stop checks, invariants.
 
-Unit tests pin exact block ids with tiny blocks; a hypothesis test drives random workloads
-through a fake worker and checks every invariant after every step.
+Unit tests pin exact block ids with tiny blocks (prefix caching off, so identical prompts
+do not share blocks); test_scheduler_random.py drives random workloads through a fake
+worker and checks every invariant after every step.
 """
 
 from __future__ import annotations
 
 import logging
-import random
-from dataclasses import dataclass
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from pagedllm.config import CacheConfig, SchedulerConfig
 from pagedllm.core.sched_output import SchedulerOutput
@@ -33,14 +30,23 @@ def make_scheduler(
     block_size: int = 4,
     num_blocks: int = 64,
     enable_chunked_prefill: bool = True,
+    enable_prefix_caching: bool = False,
+    preemption_mode: str = "recompute",
+    scheduling_policy: str = "fcfs",
+    num_cpu_blocks: int = 0,
 ) -> Scheduler:
+    """A scheduler with tiny limits; prefix caching is off unless asked for, so that the
+    identical prompts of these tests do not share blocks."""
     scheduler_config = SchedulerConfig(
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens,
         max_model_len=max_model_len,
         enable_chunked_prefill=enable_chunked_prefill,
+        preemption_mode=preemption_mode,
+        scheduling_policy=scheduling_policy,
     )
-    return Scheduler(scheduler_config, CacheConfig(block_size=block_size), num_blocks)
+    cache_config = CacheConfig(block_size=block_size, enable_prefix_caching=enable_prefix_caching)
+    return Scheduler(scheduler_config, cache_config, num_blocks, num_cpu_blocks)
 
 
 def make_request(
@@ -324,169 +330,3 @@ def test_add_request_validation() -> None:
     small.add_request(make_request("d", 2, max_tokens=3))  # 4 tokens of KV at most
     with pytest.raises(ValueError, match="KV blocks"):
         small.add_request(make_request("e", 2, max_tokens=4))
-
-
-@dataclass
-class _WorkerRequest:
-    token_ids: list[int]
-    block_ids: list[int]
-    num_computed_tokens: int
-
-
-class FakeWorker:
-    """Applies SchedulerOutput diffs as a real worker would and samples random tokens."""
-
-    def __init__(self, scheduler: Scheduler, rng: random.Random, eos_prob: float) -> None:
-        self.scheduler = scheduler
-        self.rng = rng
-        self.eos_prob = eos_prob
-        self.requests: dict[str, _WorkerRequest] = {}
-
-    def execute(self, output: SchedulerOutput) -> ModelRunnerOutput:
-        for request_id in output.finished_request_ids:
-            self.requests.pop(request_id, None)
-        for new in output.scheduled_new_reqs:
-            assert new.request_id not in self.requests, "worker already holds this request"
-            token_ids = new.prompt_token_ids + new.output_token_ids
-            self.requests[new.request_id] = _WorkerRequest(
-                token_ids, list(new.block_ids), new.num_computed_tokens
-            )
-        cached = output.scheduled_cached_reqs
-        for request_id, block_ids, num_computed in zip(
-            cached.request_ids, cached.new_block_ids, cached.num_computed_tokens, strict=True
-        ):
-            state = self.requests[request_id]
-            assert state.num_computed_tokens == num_computed
-            state.block_ids += block_ids
-        return self._run(output)
-
-    def _run(self, output: SchedulerOutput) -> ModelRunnerOutput:
-        block_size = self.scheduler.cache_config.block_size
-        sampled: list[list[int]] = []
-        for request_id, num_tokens in output.num_scheduled_tokens.items():
-            state = self.requests[request_id]
-            assert state.block_ids == self.scheduler.kv_cache_manager.get_block_ids(request_id)
-            assert 0 not in state.block_ids, "the null block was handed out"
-            state.num_computed_tokens += num_tokens
-            assert state.num_computed_tokens <= len(state.token_ids)
-            assert state.num_computed_tokens <= self.scheduler.max_model_len
-            assert len(state.block_ids) * block_size >= state.num_computed_tokens
-            if state.num_computed_tokens < len(state.token_ids):
-                sampled.append([])  # partial prefill
-                continue
-            is_eos = self.rng.random() < self.eos_prob
-            token_id = EOS if is_eos else self.rng.randrange(3, 50)
-            state.token_ids.append(token_id)
-            sampled.append([token_id])
-        return ModelRunnerOutput(list(output.num_scheduled_tokens), sampled)
-
-
-def check_blocks(scheduler: Scheduler, all_requests: list[Request]) -> None:
-    """Ref counts equal holders; no block is both free and held; free + held == usable."""
-    manager = scheduler.kv_cache_manager
-    holders: dict[int, int] = {}
-    for request in all_requests:
-        block_ids = manager.get_block_ids(request.request_id)
-        if request.status != RequestStatus.RUNNING:
-            assert block_ids == [], f"{request.request_id} holds blocks while not running"
-        for block_id in block_ids:
-            holders[block_id] = holders.get(block_id, 0) + 1
-    free = {b.block_id for b in manager.block_pool.free_block_queue.get_all_free_blocks()}
-    assert free.isdisjoint(holders)
-    assert len(free) + len(holders) == manager.num_usable_blocks
-    for block in manager.block_pool.blocks:
-        assert block.ref_cnt == holders.get(block.block_id, 0)
-
-
-def check_output(scheduler: Scheduler, output: SchedulerOutput) -> None:
-    config = scheduler.scheduler_config
-    counts = output.num_scheduled_tokens
-    assert output.total_num_scheduled_tokens == sum(counts.values())
-    assert output.total_num_scheduled_tokens <= config.max_num_batched_tokens
-    assert len(counts) <= config.max_num_seqs
-    assert all(count > 0 for count in counts.values())
-    scheduled = new_ids(output) + output.scheduled_cached_reqs.request_ids
-    assert sorted(scheduled) == sorted(counts)
-
-
-@st.composite
-def workloads(draw: st.DrawFn) -> dict[str, object]:
-    block_size = draw(st.integers(1, 4))
-    max_model_len = draw(st.integers(2, 24))
-    min_usable = -(max_model_len // -block_size)  # one request must always fit alone
-    num_blocks = 1 + min_usable + draw(st.integers(0, 3))
-    chunked = draw(st.booleans())
-    budget = draw(st.integers(1 if chunked else max_model_len, 40))
-    requests = draw(
-        st.lists(
-            st.tuples(
-                st.integers(0, 4),  # arrival step
-                st.integers(1, max_model_len),  # prompt length
-                st.integers(1, 16),  # max_tokens
-                st.booleans(),  # ignore_eos
-                st.one_of(st.none(), st.integers(0, 30)),  # abort step
-                st.booleans(),  # abort between schedule and update
-            ),
-            min_size=2,
-            max_size=10,
-        )
-    )
-    return {
-        "scheduler": make_scheduler(
-            max_num_seqs=draw(st.integers(1, 6)),
-            max_num_batched_tokens=budget,
-            max_model_len=max_model_len,
-            block_size=block_size,
-            num_blocks=num_blocks,
-            enable_chunked_prefill=chunked,
-        ),
-        "requests": requests,
-        "seed": draw(st.integers(0, 2**16)),
-        "eos_prob": draw(st.sampled_from([0.0, 0.05, 0.3])),
-    }
-
-
-def _make_random_request(index: int, spec: tuple, rng: random.Random) -> Request:
-    _, prompt_len, max_tokens, ignore_eos, _, _ = spec
-    prompt = [rng.randrange(3, 50) for _ in range(prompt_len)]
-    params = SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos)
-    return Request(f"r{index}", prompt, params, eos_token_id=EOS)
-
-
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(workloads())
-def test_random_workloads_keep_invariants_and_finish(workload: dict) -> None:
-    scheduler: Scheduler = workload["scheduler"]
-    specs: list[tuple] = workload["requests"]
-    rng = random.Random(workload["seed"])
-    worker = FakeWorker(scheduler, rng, workload["eos_prob"])
-    requests = [_make_random_request(i, spec, rng) for i, spec in enumerate(specs)]
-    # Every step the oldest running request advances a token, or a request is admitted.
-    max_steps = max(s[0] for s in specs) + sum(s[1] + s[2] for s in specs) + 5
-    for step_index in range(max_steps):
-        for request, spec in zip(requests, specs, strict=True):
-            if spec[0] == step_index:
-                scheduler.add_request(request)
-            if spec[4] == step_index and not spec[5]:
-                scheduler.abort_requests([request.request_id])
-        output = scheduler.schedule()
-        scheduler.check_integrity()
-        check_output(scheduler, output)
-        check_blocks(scheduler, requests)
-        runner_output = worker.execute(output)
-        for request, spec in zip(requests, specs, strict=True):
-            if spec[4] == step_index and spec[5]:
-                scheduler.abort_requests([request.request_id])
-        scheduler.update_from_output(output, runner_output)
-        scheduler.check_integrity()
-        check_blocks(scheduler, requests)
-        for request in scheduler.running:
-            assert worker.requests[request.request_id].token_ids == request.all_token_ids
-        if step_index > max(s[0] for s in specs) and not scheduler.has_unfinished_requests():
-            break
-    assert not scheduler.has_unfinished_requests(), "a request starved or deadlocked"
-    assert all(request.is_finished() for request in requests)
-    assert scheduler.kv_cache_usage == 0.0
-    for request in requests:
-        assert request.num_output_tokens <= request.max_tokens
-        assert request.num_tokens <= max(scheduler.max_model_len, request.num_prompt_tokens + 1)

@@ -96,9 +96,33 @@ class PagedRunner:
         return list(logits.split([len(t) for _, t in chunks]))
 
 
+@pytest.fixture(scope="session")
+def tiny_llama_variant_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Llama with every bias on (random, not zero) and head_dim != hidden / num_heads."""
+    from transformers import LlamaConfig
+    from transformers import LlamaForCausalLM as HFLlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=200, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=24, attention_bias=True,
+        mlp_bias=True, max_position_embeddings=256, initializer_range=0.2,
+        tie_word_embeddings=False, rope_theta=10000.0,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = HFLlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(".bias"):
+                param.normal_(0.0, 0.5)
+    out = tmp_path_factory.mktemp("tiny_llama_variant")
+    model.save_pretrained(out, safe_serialization=True)
+    return out
+
+
 MODELS = {
     "llama": ("tiny_llama_dir", LlamaForCausalLM),
     "llama3": ("tiny_llama3_dir", LlamaForCausalLM),
+    "llama_variant": ("tiny_llama_variant_dir", LlamaForCausalLM),
     "qwen2": ("tiny_qwen2_dir", Qwen2ForCausalLM),
 }
 

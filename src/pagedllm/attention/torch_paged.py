@@ -1,15 +1,20 @@
 """Portable paged-attention backend in plain PyTorch: the CPU hot path and the test oracle.
 
 Per layer it writes the new tokens' K/V into the block-structured cache, gathers each
-request's context into a padded dense layout and attends with batched matmuls.
-Everything that depends only on the batch layout (gather indices, padding, masks) is
-computed once per step in `build_metadata` and shared by all layers, so a layer call is a
-handful of large tensor ops with no Python loop over requests or tokens. It imports no
-CUDA library and never touches cache slots other than the step's `slot_mapping`.
+request's context into a padded dense layout and attends with batched matmuls. Everything
+that depends only on the batch layout (gather indices, padding, masks, chunking) is computed
+once per step in `build_metadata` and shared by all layers, so a layer call is a handful of
+large tensor ops with no Python loop over requests or tokens. It imports no CUDA library
+and never writes cache slots other than the step's `slot_mapping`.
 
-Requests are split into two groups so that neither pays for the other's padding:
-decodes (one query token) and prefills (several query tokens, possibly after a cached
-context). A batch of one request without context skips the cache read entirely.
+Requests are grouped so that none pays much for another's padding: decodes (one query
+token) and prefills (several query tokens, possibly after a cached context) go into
+separate groups of similar lengths, each attended by one batch of padded tensor ops. A
+prefill group of one request without context attends to its own new K/V without reading
+the cache back.
+
+Why not `scaled_dot_product_attention`: on CPU its kernel is several times slower than
+matmul + softmax + matmul at these shapes (one query row per decode; head_dim 64 prefills).
 """
 
 from __future__ import annotations
@@ -21,19 +26,28 @@ import torch
 
 from pagedllm.attention.backend import AttentionBackend, CommonAttentionMetadata
 
-# Score-matrix elements per attention head in one prefill query chunk (x num_heads in all,
-# ~4.5M for 9 heads): small enough to stay in cache, large enough for efficient matmuls.
-_SCORES_PER_HEAD = 1 << 19
+# Score elements per attention head in one prefill query chunk (x num_heads in all, ~2.4M
+# for 9 heads): keeps the scores in cache between the matmuls and the softmax. Very long
+# contexts still get at least _MIN_CHUNK_ROWS query rows, or the matmuls get too thin.
+_SCORES_PER_HEAD = 1 << 17
+_MIN_CHUNK_ROWS = 64
+# Fixed cost of one more group of requests, in (query, key) pairs of padded work: decodes
+# are memory-bound (each key is gathered for one query), prefills compute-bound.
+_DECODE_GROUP_COST = 1024
+_PREFILL_GROUP_COST = 16384
+# Most context tokens one decode group gathers at once (~100 MB of bf16 K/V for 3 kv heads
+# of size 64): bounds the transient copy when many long requests decode together.
+_MAX_DECODE_GATHER_TOKENS = 1 << 17
 
 
 @dataclass
 class _KVGather:
-    """Where a group of requests' contexts live in the cache, padded to a common length.
+    """Where some requests' contexts live in the cache, padded to a common length.
 
     Attributes:
         slots: [n, max_seq_len] cache slot of each context position; padding reads slot 0
-            (the reserved null block, zero-initialised, so masked reads stay finite).
-        max_seq_len: padded context length of the group.
+            (in the reserved null block, zero-initialised, so masked reads stay finite).
+        max_seq_len: padded context length.
     """
 
     slots: torch.Tensor
@@ -41,11 +55,12 @@ class _KVGather:
 
 
 @dataclass
-class _DecodeGroup:
-    """Requests with exactly one query token.
+class _DecodeBucket:
+    """Decode requests (one query token each) of similar context length.
 
     Attributes:
-        token_indices: [n] their tokens in the batch; None when the batch is only decodes.
+        token_indices: [n] their tokens in the batch; None when the bucket is the whole
+            batch, in order.
         kv: their contexts.
         key_valid: [n, max_seq_len] bool, position < seq_len.
     """
@@ -56,10 +71,33 @@ class _DecodeGroup:
 
 
 @dataclass
+class _QueryChunk:
+    """A range of padded query rows of the prefill group, attended in one go.
+
+    Chunks bound the size of the score matrix. Keys before `mask_start` are visible to
+    every row of the chunk and keys from `key_end` on to none, so scores are computed up to
+    `key_end` and the mask is only stored and applied in between.
+
+    Attributes:
+        start, end: the rows [start, end) of the padded query layout.
+        mask_start, key_end: the masked key range.
+        allowed: [n, end - start, key_end - mask_start] bool: key position <= the query's
+            position (causal, shifted by the cached context) and < seq_len.
+    """
+
+    start: int
+    end: int
+    mask_start: int
+    key_end: int
+    allowed: torch.Tensor
+
+
+@dataclass
 class _PrefillGroup:
     """Requests with several query tokens, laid out as [n, max_query_len] padded queries.
 
     Attributes:
+        num_reqs: requests in the group.
         query_index: [n * max_query_len] batch token of each padded query row (padding
             repeats the request's last token, so it holds real values).
         valid_rows: [num_prefill_tokens] padded rows that hold real queries, in batch order.
@@ -67,20 +105,20 @@ class _PrefillGroup:
             is only prefills (then the valid rows are the batch, in order).
         max_query_len: padded query length.
         kv: their contexts (cached context plus this step's tokens); None for a single
-            request without cached context, whose keys are exactly the step's new tokens.
-        allowed: [n, max_query_len, max_seq_len] bool: key position <= the query's position
-            (causal, shifted by the cached context) and < seq_len.
-        chunks: (first row, end row, end key) of each query chunk: chunks bound the size of
-            the score matrix, and keys past every row's causal limit are skipped.
+            request without context, whose keys are exactly its new tokens in the batch,
+            from `first_token` on.
+        first_token: batch position of the group's first token.
+        chunks: the query chunks, in order.
     """
 
+    num_reqs: int
     query_index: torch.Tensor
     valid_rows: torch.Tensor
     token_indices: torch.Tensor | None
     max_query_len: int
     kv: _KVGather | None
-    allowed: torch.Tensor
-    chunks: list[tuple[int, int, int]]
+    first_token: int
+    chunks: list[_QueryChunk]
 
 
 @dataclass
@@ -90,17 +128,17 @@ class TorchPagedMetadata:
     Attributes:
         num_tokens: tokens in the batch.
         slot_mapping: [num_tokens] cache slot of each new token.
-        decode: the decode group, if any.
-        prefill: the prefill group, if any.
+        decode_buckets: the decode requests, grouped by context length.
+        prefill_groups: the prefill requests, grouped by length.
         derived: tensors derived on the first layer call because they depend on the
-            layers' head count or dtype (head-expanded gather indices, additive masks);
+            layers' kv head count or dtype (head-expanded gather indices, additive masks);
             later layers of the step reuse them.
     """
 
     num_tokens: int
     slot_mapping: torch.Tensor
-    decode: _DecodeGroup | None = None
-    prefill: _PrefillGroup | None = None
+    decode_buckets: list[_DecodeBucket] = field(default_factory=list)
+    prefill_groups: list[_PrefillGroup] = field(default_factory=list)
     derived: dict[tuple[Any, ...], torch.Tensor] = field(default_factory=dict)
 
 
@@ -108,79 +146,124 @@ def _context_slots(
     block_tables: torch.Tensor, seq_lens: torch.Tensor, max_seq_len: int, block_size: int
 ) -> _KVGather:
     """Slots of positions [0, max_seq_len) of each request, padding mapped to slot 0."""
-    device = block_tables.device
-    positions = torch.arange(max_seq_len, device=device)  # [S]
+    positions = torch.arange(max_seq_len, device=block_tables.device)  # [S]
     block_ids = block_tables[:, positions // block_size]  # [n, S]
     slots = block_ids * block_size + positions % block_size  # [n, S]
     slots.masked_fill_(positions >= seq_lens.unsqueeze(1), 0)
     return _KVGather(slots=slots, max_seq_len=max_seq_len)
 
 
-def _build_decode_group(
-    common: CommonAttentionMetadata, rows: torch.Tensor, block_size: int, is_whole_batch: bool
-) -> _DecodeGroup:
-    seq_lens = common.seq_lens[rows]  # [n]
-    max_seq_len = max(common.seq_lens_cpu[i] for i in rows.tolist())
-    kv = _context_slots(common.block_tables[rows], seq_lens, max_seq_len, block_size)
-    key_valid = torch.arange(max_seq_len, device=seq_lens.device) < seq_lens.unsqueeze(1)
-    token_indices = None if is_whole_batch else common.query_start_loc[rows]
-    return _DecodeGroup(token_indices=token_indices, kv=kv, key_valid=key_valid)
+def _group_by_length(
+    rows: list[int], query_lens: list[int], seq_lens: list[int], group_cost: int
+) -> list[list[int]]:
+    """Groups of rows of similar seq_len, minimising padded query x key work + group costs.
+
+    Candidates are equal-count splits of the rows sorted by seq_len into 1, 2, 4, ...
+    groups: cheap to evaluate for hundreds of requests, and close to the optimum when
+    lengths vary smoothly. A single group keeps the batch order.
+    """
+
+    def cost(group: list[int]) -> int:
+        max_query_len = max(query_lens[i] for i in group)
+        return len(group) * max_query_len * max(seq_lens[i] for i in group) + group_cost
+
+    ordered = sorted(rows, key=seq_lens.__getitem__)
+    best, best_cost = [rows], cost(rows)
+    num_groups = 2
+    while num_groups <= min(len(rows), 16):
+        bounds = [len(rows) * i // num_groups for i in range(num_groups + 1)]
+        groups = [ordered[lo:hi] for lo, hi in zip(bounds, bounds[1:], strict=False)]
+        total = sum(cost(group) for group in groups)
+        if total < best_cost:
+            best, best_cost = groups, total
+        num_groups *= 2
+    return best
+
+
+def _build_decode_buckets(
+    common: CommonAttentionMetadata, rows: list[int], block_size: int
+) -> list[_DecodeBucket]:
+    """Group the decode requests `rows` by context length and lay out each group."""
+    row_groups = []
+    for group in _group_by_length(
+        rows, common.query_lens_cpu, common.seq_lens_cpu, _DECODE_GROUP_COST
+    ):
+        max_seq_len = max(common.seq_lens_cpu[i] for i in group)
+        size = max(1, _MAX_DECODE_GATHER_TOKENS // max_seq_len)
+        row_groups += [group[lo : lo + size] for lo in range(0, len(group), size)]
+    buckets = []
+    for bucket_rows in row_groups:
+        index = torch.tensor(bucket_rows, device=common.seq_lens.device)
+        seq_lens = common.seq_lens[index]  # [n]
+        max_seq_len = max(common.seq_lens_cpu[i] for i in bucket_rows)
+        is_whole_batch = len(bucket_rows) == common.num_reqs
+        buckets.append(
+            _DecodeBucket(
+                token_indices=None if is_whole_batch else common.query_start_loc[index],
+                kv=_context_slots(common.block_tables[index], seq_lens, max_seq_len, block_size),
+                key_valid=torch.arange(max_seq_len, device=index.device) < seq_lens.unsqueeze(1),
+            )
+        )
+    return buckets
 
 
 def _query_chunks(
-    max_query_len: int, max_seq_len: int, max_context_len: int, num_reqs: int
-) -> list[tuple[int, int, int]]:
-    """Split padded query rows into chunks whose per-head scores stay within budget."""
-    rows = max(1, _SCORES_PER_HEAD // (num_reqs * max_seq_len))
-    return [
-        (start, min(start + rows, max_query_len), min(max_seq_len, max_context_len + start + rows))
-        for start in range(0, max_query_len, rows)
-    ]
+    common: CommonAttentionMetadata, rows: list[int], index: torch.Tensor, max_query_len: int
+) -> list[_QueryChunk]:
+    """Chunks of padded query rows, with the visibility mask of their masked key range."""
+    seq_lens = [common.seq_lens_cpu[i] for i in rows]
+    context_lens = [s - common.query_lens_cpu[i] for s, i in zip(seq_lens, rows, strict=True)]
+    max_seq_len = max(seq_lens)
+    rows_per_chunk = max(_MIN_CHUNK_ROWS, _SCORES_PER_HEAD // (len(rows) * max_seq_len))
+    seq_len_col = common.seq_lens[index].view(-1, 1, 1)  # [n, 1, 1]
+    context_col = common.context_lens[index].view(-1, 1, 1)  # [n, 1, 1]
+    chunks = []
+    for start in range(0, max_query_len, rows_per_chunk):
+        end = min(start + rows_per_chunk, max_query_len)
+        # Row `start` of every request sees keys <= its context + start, below its seq_len.
+        mask_start = min(min(c + start + 1, s) for c, s in zip(context_lens, seq_lens, strict=True))
+        key_end = min(max_seq_len, max(context_lens) + end)
+        query_pos = context_col + torch.arange(start, end, device=index.device).view(1, -1, 1)
+        key_pos = torch.arange(mask_start, key_end, device=index.device).view(1, 1, -1)
+        allowed = (key_pos <= query_pos) & (key_pos < seq_len_col)  # [n, rows, keys]
+        chunks.append(_QueryChunk(start, end, mask_start, key_end, allowed))
+    return chunks
 
 
 def _build_prefill_group(
-    common: CommonAttentionMetadata, rows: torch.Tensor, block_size: int, is_whole_batch: bool
+    common: CommonAttentionMetadata, rows: list[int], block_size: int
 ) -> _PrefillGroup:
-    row_list = rows.tolist()
-    max_query_len = max(common.query_lens_cpu[i] for i in row_list)
-    max_seq_len = max(common.seq_lens_cpu[i] for i in row_list)
-    max_context_len = max(common.seq_lens_cpu[i] - common.query_lens_cpu[i] for i in row_list)
-    device = common.query_lens.device
-    query_lens = common.query_lens[rows].unsqueeze(1)  # [n, 1]
-    seq_lens = common.seq_lens[rows]  # [n]
-    offsets = torch.arange(max_query_len, device=device).unsqueeze(0)  # [1, Lq]
-    starts = common.query_start_loc[rows].unsqueeze(1)  # [n, 1]
+    """Padded query layout, context gather and query chunks of the prefill requests `rows`."""
+    max_query_len = max(common.query_lens_cpu[i] for i in rows)
+    max_seq_len = max(common.seq_lens_cpu[i] for i in rows)
+    index = torch.tensor(rows, device=common.query_lens.device)
+    query_lens = common.query_lens[index].unsqueeze(1)  # [n, 1]
+    offsets = torch.arange(max_query_len, device=index.device).unsqueeze(0)  # [1, Lq]
+    starts = common.query_start_loc[index].unsqueeze(1)  # [n, 1]
     query_index = (starts + torch.minimum(offsets, query_lens - 1)).view(-1)  # [n * Lq]
     valid_rows = (offsets < query_lens).view(-1).nonzero().squeeze(1)  # [num_prefill_tokens]
-    query_pos = (common.context_lens[rows].unsqueeze(1) + offsets).unsqueeze(2)  # [n, Lq, 1]
-    key_pos = torch.arange(max_seq_len, device=device).view(1, 1, -1)  # [1, 1, S]
-    allowed = (key_pos <= query_pos) & (key_pos < seq_lens.view(-1, 1, 1))  # [n, Lq, S]
-    # A lone request without context attends only to its own new tokens: no cache read.
     kv = None
-    if len(row_list) > 1 or max_context_len > 0:
-        kv = _context_slots(common.block_tables[rows], seq_lens, max_seq_len, block_size)
+    if len(rows) > 1 or max_seq_len > max_query_len:
+        seq_lens = common.seq_lens[index]
+        kv = _context_slots(common.block_tables[index], seq_lens, max_seq_len, block_size)
     return _PrefillGroup(
+        num_reqs=len(rows),
         query_index=query_index,
         valid_rows=valid_rows,
-        token_indices=None if is_whole_batch else query_index[valid_rows],
+        token_indices=None if len(rows) == common.num_reqs else query_index[valid_rows],
         max_query_len=max_query_len,
         kv=kv,
-        allowed=allowed,
-        chunks=_query_chunks(max_query_len, max_seq_len, max_context_len, len(row_list)),
+        first_token=sum(common.query_lens_cpu[: rows[0]]),
+        chunks=_query_chunks(common, rows, index, max_query_len),
     )
 
 
-def _additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Bool "may attend" → 0 / -inf in `dtype`, to be added to the scores."""
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
-    return mask.masked_fill_(~allowed, float("-inf"))
-
-
 class TorchPagedBackend(AttentionBackend):
-    """Paged attention with plain torch ops; exact (up to float rounding) on any device.
+    """Paged attention with plain torch ops; exact up to float rounding, on any device.
 
     KV cache of one layer: [2, num_blocks, block_size, num_kv_heads, head_size], K then V;
-    slot s is (block s // block_size, offset s % block_size).
+    slot s is (block s // block_size, offset s % block_size). Block 0 is the null block
+    that pads block tables; it must hold finite values (the engine zero-initialises it).
     """
 
     name = "torch"
@@ -195,21 +278,21 @@ class TorchPagedBackend(AttentionBackend):
     def build_metadata(
         self, common: CommonAttentionMetadata, block_size: int
     ) -> TorchPagedMetadata:
-        """Split the batch into decode and prefill groups and precompute their layouts."""
+        """Group the decodes and the prefills by length; precompute each group's layout."""
         metadata = TorchPagedMetadata(
             num_tokens=common.num_tokens, slot_mapping=common.slot_mapping
         )
-        query_lens = common.query_lens_cpu
-        is_decode = common.query_lens == 1  # [num_reqs]
-        num_decodes = sum(1 for n in query_lens if n == 1)
-        if num_decodes > 0:
-            rows = is_decode.nonzero().squeeze(1)
-            is_whole = num_decodes == common.num_reqs
-            metadata.decode = _build_decode_group(common, rows, block_size, is_whole)
-        if num_decodes < common.num_reqs:
-            rows = (~is_decode).nonzero().squeeze(1)
-            is_whole = num_decodes == 0
-            metadata.prefill = _build_prefill_group(common, rows, block_size, is_whole)
+        decode_rows = [i for i, n in enumerate(common.query_lens_cpu) if n == 1]
+        prefill_rows = [i for i, n in enumerate(common.query_lens_cpu) if n > 1]
+        if decode_rows:
+            metadata.decode_buckets = _build_decode_buckets(common, decode_rows, block_size)
+        if prefill_rows:
+            groups = _group_by_length(
+                prefill_rows, common.query_lens_cpu, common.seq_lens_cpu, _PREFILL_GROUP_COST
+            )
+            metadata.prefill_groups = [
+                _build_prefill_group(common, rows, block_size) for rows in groups
+            ]
         return metadata
 
     def forward(
@@ -226,21 +309,24 @@ class TorchPagedBackend(AttentionBackend):
         flat_cache = kv_cache.view(2, -1, num_kv_heads, head_size)  # [2, num_slots, Hkv, D]
         flat_cache[0].index_copy_(0, metadata.slot_mapping, key)
         flat_cache[1].index_copy_(0, metadata.slot_mapping, value)
-        decode, prefill = metadata.decode, metadata.prefill
-        if prefill is None:
-            assert decode is not None
-            return _decode_attention(query, kv_cache, decode, metadata.derived, scale)
-        prefill_out = _prefill_attention(
-            query, key, value, kv_cache, prefill, metadata.derived, scale
-        )
-        if decode is None:
-            return prefill_out
+        derived = metadata.derived
+        buckets, groups = metadata.decode_buckets, metadata.prefill_groups
+        # One group covering the whole batch (in order) needs no scatter.
+        if len(groups) == 1 and groups[0].token_indices is None:
+            return _prefill_attention(query, key, value, kv_cache, groups[0], derived, 0, scale)
+        if len(buckets) == 1 and buckets[0].token_indices is None:
+            return _decode_attention(query, kv_cache, buckets[0], derived, 0, scale)
         out = torch.empty_like(query)  # [num_tokens, H, D]
-        assert decode.token_indices is not None and prefill.token_indices is not None
-        decode_query = query.index_select(0, decode.token_indices)  # [num_decodes, H, D]
-        decode_out = _decode_attention(decode_query, kv_cache, decode, metadata.derived, scale)
-        out.index_copy_(0, decode.token_indices, decode_out)
-        out.index_copy_(0, prefill.token_indices, prefill_out)
+        # A loop over a few length groups, not over requests: each is one batch of big ops.
+        for i, bucket in enumerate(buckets):
+            assert bucket.token_indices is not None
+            bucket_query = query.index_select(0, bucket.token_indices)  # [n, H, D]
+            bucket_out = _decode_attention(bucket_query, kv_cache, bucket, derived, i, scale)
+            out.index_copy_(0, bucket.token_indices, bucket_out)
+        for i, group in enumerate(groups):
+            assert group.token_indices is not None
+            group_out = _prefill_attention(query, key, value, kv_cache, group, derived, i, scale)
+            out.index_copy_(0, group.token_indices, group_out)
         return out
 
 
@@ -248,52 +334,49 @@ def _gather_kv(
     kv_cache: torch.Tensor,
     kv: _KVGather,
     derived: dict[tuple[Any, ...], torch.Tensor],
-    group_name: str,
+    name: tuple[Any, ...],
 ) -> torch.Tensor:
-    """Dense copy of a group's contexts: [2, n * Hkv, max_seq_len, D], heads-major.
+    """Dense copy of some requests' contexts: [2, n * Hkv, max_seq_len, D], heads-major.
 
-    Gathering rows of one (slot, kv head) at a time makes each head's keys contiguous,
-    which is what the batched matmuls below need; a block-level gather would be a faster
-    copy but leave heads interleaved and force another copy.
+    Gathering (slot, kv head) rows makes each head's keys contiguous, as the batched
+    matmuls need; a block-level gather copies faster but leaves heads interleaved, and
+    de-interleaving them costs another full copy.
     """
-    _, _, _, num_kv_heads, head_size = kv_cache.shape
-    key = (group_name, "gather", num_kv_heads)
-    index = derived.get(key)
+    num_kv_heads, head_size = kv_cache.shape[-2:]
+    index = derived.get(name)
     if index is None:
         heads = torch.arange(num_kv_heads, device=kv.slots.device).view(1, -1, 1)
         index = (kv.slots.unsqueeze(1) * num_kv_heads + heads).view(-1)  # [n * Hkv * S]
-        derived[key] = index
+        derived[name] = index
     rows = kv_cache.view(2, -1, head_size)  # [2, num_slots * Hkv, D]
-    gathered = rows.index_select(1, index)  # [2, n * Hkv * S, D]
-    return gathered.view(2, -1, kv.max_seq_len, head_size)
+    return rows.index_select(1, index).view(2, -1, kv.max_seq_len, head_size)
 
 
 def _decode_attention(
     query: torch.Tensor,  # [n, H, D]
     kv_cache: torch.Tensor,
-    group: _DecodeGroup,
+    bucket: _DecodeBucket,
     derived: dict[tuple[Any, ...], torch.Tensor],
+    bucket_id: int,
     scale: float,
 ) -> torch.Tensor:  # [n, H, D]
     """One query token per request: batched matmuls over (request, kv head).
 
-    The G = H / Hkv query heads sharing a kv head become G rows of one matmul, so GQA
-    costs no K/V expansion. Plain bmm beats SDPA here: its CPU kernel is tuned for long
-    queries and spends most of its time on setup for a single row.
+    The G = H / Hkv query heads sharing a kv head are the G rows of one matmul, so GQA
+    needs no K/V expansion.
     """
     num_reqs, num_heads, head_size = query.shape
     num_kv_heads = kv_cache.shape[-2]
-    kv = _gather_kv(kv_cache, group.kv, derived, "decode")  # [2, n * Hkv, S, D]
-    mask_key = ("decode_mask", num_kv_heads, query.dtype)
-    mask = derived.get(mask_key)
+    keys, values = _gather_kv(kv_cache, bucket.kv, derived, ("decode", bucket_id, num_kv_heads))
+    mask_name = ("decode_mask", bucket_id, num_kv_heads, query.dtype)
+    mask = derived.get(mask_name)
     if mask is None:
-        mask = _additive_mask(group.key_valid, query.dtype)  # [n, S]
+        mask = _additive_mask(bucket.key_valid, query.dtype)  # [n, S]
         mask = mask.repeat_interleave(num_kv_heads, dim=0).unsqueeze(1)  # [n * Hkv, 1, S]
-        derived[mask_key] = mask
-    grouped_query = query.reshape(num_reqs * num_kv_heads, -1, head_size)  # [n*Hkv, G, D]
-    scores = torch.baddbmm(mask, grouped_query, kv[0].transpose(1, 2), alpha=scale)
-    probs = torch.softmax(scores, dim=-1)  # [n * Hkv, G, S]
-    out = torch.bmm(probs, kv[1])  # [n * Hkv, G, D]
+        derived[mask_name] = mask
+    grouped = query.reshape(num_reqs * num_kv_heads, -1, head_size)  # [n * Hkv, G, D]
+    scores = torch.baddbmm(mask, grouped, keys.transpose(1, 2), alpha=scale)  # [n*Hkv, G, S]
+    out = torch.bmm(torch.softmax(scores, dim=-1), values)  # [n * Hkv, G, D]
     return out.view(num_reqs, num_heads, head_size)
 
 
@@ -304,40 +387,49 @@ def _prefill_attention(
     kv_cache: torch.Tensor,
     group: _PrefillGroup,
     derived: dict[tuple[Any, ...], torch.Tensor],
+    group_id: int,
     scale: float,
-) -> torch.Tensor:  # [num_prefill_tokens, H, D]
+) -> torch.Tensor:  # [num_group_tokens, H, D]
     """Several query tokens per request: batched matmuls over padded queries, by chunks.
 
-    Explicit matmul + softmax runs several times faster than the CPU SDPA kernel for
-    these shapes. As for decodes, the G = H / Hkv query heads of a kv head are folded into
-    the rows of one matmul, so GQA needs no K/V expansion.
+    As for decodes, the G query heads of a kv head are folded into the rows of one matmul
+    (rows ordered (query, head in group)), so GQA needs no K/V expansion.
     """
     _, num_heads, head_size = query.shape
     num_kv_heads = key.shape[1]
     group_size = num_heads // num_kv_heads
-    num_reqs, max_query_len = group.allowed.shape[:2]
-    if group.kv is None:  # one request, no context: its keys are the new tokens, in order
-        keys = key.transpose(0, 1).contiguous()  # [Hkv, S, D]
-        values = value.transpose(0, 1).contiguous()
+    num_reqs, max_query_len = group.num_reqs, group.max_query_len
+    if group.kv is None:  # one request, no context: its keys are its new tokens, in order
+        tokens = slice(group.first_token, group.first_token + max_query_len)
+        keys = key[tokens].transpose(0, 1).contiguous()  # [Hkv, S, D]
+        values = value[tokens].transpose(0, 1).contiguous()
     else:
-        keys, values = _gather_kv(kv_cache, group.kv, derived, "prefill")  # [n * Hkv, S, D]
-    mask_key = ("prefill_mask", query.dtype)
-    mask = derived.get(mask_key)
-    if mask is None:
-        mask = _additive_mask(group.allowed, query.dtype).unsqueeze(1).unsqueeze(3)
-        derived[mask_key] = mask  # [n, 1, Lq, 1, S], broadcast over kv heads and G
+        gather_name = ("prefill", group_id, num_kv_heads)
+        keys, values = _gather_kv(kv_cache, group.kv, derived, gather_name)
     padded = query.index_select(0, group.query_index)  # [n * Lq, H, D]
     folded = padded.view(num_reqs, max_query_len, num_kv_heads, group_size * head_size)
     folded = folded.transpose(1, 2).contiguous().mul_(scale)  # [n, Hkv, Lq, G * D]
     folded = folded.view(num_reqs * num_kv_heads, max_query_len * group_size, head_size)
-    out = torch.empty_like(folded)  # [n * Hkv, Lq * G, D]; rows are (query, head in group)
-    for start, end, key_end in group.chunks:
-        rows = slice(start * group_size, end * group_size)
-        scores = torch.bmm(folded[:, rows], keys[:, :key_end].transpose(1, 2))
-        scores.view(num_reqs, num_kv_heads, end - start, group_size, key_end).add_(
-            mask[:, :, start:end, :, :key_end]
-        )  # scores: [n * Hkv, (end - start) * G, key_end]
-        out[:, rows] = torch.bmm(torch.softmax(scores, dim=-1), values[:, :key_end])
-    out = out.view(num_reqs, num_kv_heads, max_query_len, num_heads // num_kv_heads, head_size)
+    out = torch.empty_like(folded)  # [n * Hkv, Lq * G, D]
+    for i, chunk in enumerate(group.chunks):
+        mask_name = ("prefill_mask", group_id, i, query.dtype)
+        mask = derived.get(mask_name)
+        if mask is None:
+            mask = _additive_mask(chunk.allowed, query.dtype)[:, None, :, None, :]
+            derived[mask_name] = mask  # [n, 1, rows, 1, keys]
+        rows = slice(chunk.start * group_size, chunk.end * group_size)
+        scores = torch.bmm(folded[:, rows], keys[:, : chunk.key_end].transpose(1, 2))
+        num_rows = chunk.end - chunk.start
+        scores.view(num_reqs, num_kv_heads, num_rows, group_size, chunk.key_end)[
+            ..., chunk.mask_start :
+        ].add_(mask)  # scores: [n * Hkv, rows * G, key_end]
+        out[:, rows] = torch.bmm(torch.softmax(scores, dim=-1), values[:, : chunk.key_end])
+    out = out.view(num_reqs, num_kv_heads, max_query_len, group_size, head_size)
     out = out.transpose(1, 2).reshape(num_reqs * max_query_len, num_heads, head_size)
-    return out.index_select(0, group.valid_rows)  # [num_prefill_tokens, H, D]
+    return out.index_select(0, group.valid_rows)
+
+
+def _additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Bool "may attend" → 0 / -inf in `dtype`, to be added to the scores."""
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    return mask.masked_fill_(~allowed, float("-inf"))

@@ -1,16 +1,24 @@
 """BlockPool: the mechanism that hands out and takes back KV blocks, with O(1) bookkeeping.
 
-The pool owns every `KVCacheBlock` and an intrusive LRU free queue. It knows nothing about
-requests or tokens: which blocks a request holds, and how many it needs, is the business of
-`KVCacheManager`. Block 0 is the *null block*: it is never handed out, and the worker points
-the padding of block tables at it, so a pool of `num_blocks` blocks has `num_blocks - 1`
-usable ones. This module must not import torch or anything outside `core/`.
+The pool owns every `KVCacheBlock`, an intrusive LRU free queue and the prefix cache's
+hash → block map. It knows nothing about requests or tokens: which blocks a request holds,
+and how many it needs, is the business of `KVCacheManager`. Block 0 is the *null block*: it
+is never handed out, and the worker points the padding of block tables at it, so a pool of
+`num_blocks` blocks has `num_blocks - 1` usable ones.
+
+Prefix caching: a full block carries its chained hash and is findable by it. A block whose
+reference count drops to zero keeps its hash and stays findable while it sits in the free
+queue (`touch` revives it); only when the queue hands it out as a new block is the hash
+dropped (lazy LRU eviction). So "free" always includes cached-but-evictable blocks.
+This module must not import torch or anything outside `core/`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+
+from pagedllm.core.block_hash import BlockHash
 
 NULL_BLOCK_ID = 0
 
@@ -24,14 +32,15 @@ class KVCacheBlock:
     Attributes:
         block_id: index of the block in the worker's KV tensors.
         ref_cnt: how many requests hold the block; 0 means it sits in the free queue.
-        block_hash: hash of the full block's tokens once prefix caching fills it, else None.
+        block_hash: chained hash of the full block's tokens while the block is in the prefix
+            cache (findable through `BlockPool.get_cached_block`), else None.
         prev_free_block: previous block in the free queue (None at the head or when not free).
         next_free_block: next block in the free queue (None at the tail or when not free).
     """
 
     block_id: int
     ref_cnt: int = 0
-    block_hash: int | None = None
+    block_hash: BlockHash | None = None
     prev_free_block: KVCacheBlock | None = field(default=None, repr=False)
     next_free_block: KVCacheBlock | None = field(default=None, repr=False)
 
@@ -122,11 +131,11 @@ class FreeBlockQueue:
 
 
 class BlockPool:
-    """Owns all KV blocks: hands out free ones and takes back released ones.
+    """Owns all KV blocks: hands out free ones, takes back released ones, caches full ones.
 
     Block 0 is the null block (never handed out, never freed), so `num_blocks - 1` blocks are
     usable. Newly freed blocks go to the tail of the free queue and allocation pops from the
-    head, so the least recently freed block is reused first.
+    head, so the least recently freed block is reused (and its cached hash evicted) first.
     """
 
     def __init__(self, num_blocks: int) -> None:
@@ -139,6 +148,10 @@ class BlockPool:
         self.blocks = [KVCacheBlock(block_id) for block_id in range(num_blocks)]
         self.null_block = self.blocks[NULL_BLOCK_ID]
         self.free_block_queue = FreeBlockQueue(self.blocks[NULL_BLOCK_ID + 1 :])
+        # The prefix cache: one block per hash. A second block with the same contents (e.g.
+        # a recomputed last prompt block) simply stays uncached.
+        self.cached_block_hash_to_block: dict[BlockHash, KVCacheBlock] = {}
+        self.num_evictions = 0
 
     @property
     def num_usable_blocks(self) -> int:
@@ -146,8 +159,12 @@ class BlockPool:
         return self.num_blocks - 1
 
     def get_num_free_blocks(self) -> int:
-        """Blocks that `get_new_blocks` can hand out now."""
+        """Blocks that `get_new_blocks` can hand out now (cached-but-unused ones included)."""
         return self.free_block_queue.num_free_blocks
+
+    def get_num_cached_blocks(self) -> int:
+        """Blocks findable by hash (used or free)."""
+        return len(self.cached_block_hash_to_block)
 
     def get_usage(self) -> float:
         """Share of usable blocks in use, in [0, 1]."""
@@ -155,6 +172,8 @@ class BlockPool:
 
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         """Take `num_blocks` blocks from the head of the free queue, each with ref_cnt 1.
+
+        A taken block that was still cached loses its hash: its contents will be overwritten.
 
         Raises:
             ValueError: if `num_blocks` is negative or more than are free.
@@ -167,16 +186,55 @@ class BlockPool:
         for block in blocks:
             assert block.ref_cnt == 0, f"free block {block.block_id} has ref_cnt {block.ref_cnt}"
             block.ref_cnt = 1
-            # A reused block's old contents are overwritten, so its hash no longer holds; the
-            # prefix cache drops its hash→block entry at this point too.
-            block.block_hash = None
+            self._evict(block)
         return blocks
+
+    def _evict(self, block: KVCacheBlock) -> None:
+        """Drop `block` from the prefix cache (a no-op if it is not cached)."""
+        if block.block_hash is None:
+            return
+        removed = self.cached_block_hash_to_block.pop(block.block_hash)
+        assert removed is block, f"hash of block {block.block_id} maps to another block"
+        block.block_hash = None
+        self.num_evictions += 1
+
+    def get_cached_block(self, block_hash: BlockHash) -> KVCacheBlock | None:
+        """The block cached under `block_hash` (used or free), or None."""
+        return self.cached_block_hash_to_block.get(block_hash)
+
+    def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """Add a holder to each (cached) block, reviving free ones out of the free queue."""
+        for block in blocks:
+            assert block is not self.null_block, "the null block is never handed out"
+            if block.ref_cnt == 0:
+                self.free_block_queue.remove(block)
+            block.ref_cnt += 1
+
+    def cache_full_blocks(
+        self, blocks: Sequence[KVCacheBlock], block_hashes: Sequence[BlockHash]
+    ) -> None:
+        """Make full, held `blocks` findable by their hashes (pairwise).
+
+        A block already cached keeps its hash (it must be the same one). A block whose hash
+        another block already holds stays uncached: the cache keeps one block per hash.
+        """
+        assert len(blocks) == len(block_hashes)
+        for block, block_hash in zip(blocks, block_hashes, strict=True):
+            assert block.ref_cnt > 0, f"block {block.block_id} is cached while free"
+            if block.block_hash is not None:
+                assert block.block_hash == block_hash, f"block {block.block_id} changed hash"
+                continue
+            if block_hash in self.cached_block_hash_to_block:
+                continue
+            block.block_hash = block_hash
+            self.cached_block_hash_to_block[block_hash] = block
 
     def free_blocks(self, blocks: Iterable[KVCacheBlock]) -> None:
         """Drop one reference from each block; blocks reaching 0 join the free-queue tail.
 
         Blocks are appended in the order given, so the caller decides which are reused
-        first (`KVCacheManager` passes a request's blocks tail first).
+        first (`KVCacheManager` passes a request's blocks tail first). Cached blocks keep
+        their hash in the free queue until they are handed out again.
         """
         for block in blocks:
             assert block is not self.null_block, "the null block is never freed"
@@ -185,11 +243,22 @@ class BlockPool:
             if block.ref_cnt == 0:
                 self.free_block_queue.append(block)
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached hash; refused (False) while any block is in use."""
+        if self.get_num_free_blocks() != self.num_usable_blocks:
+            return False
+        for block in self.cached_block_hash_to_block.values():
+            block.block_hash = None
+        self.cached_block_hash_to_block.clear()
+        return True
+
     def check_integrity(self) -> None:
-        """Assert: free blocks have ref_cnt 0, used blocks > 0, the null block is untouched."""
+        """Assert: free blocks have ref_cnt 0, used blocks > 0, the null block is untouched,
+        and the hash map and the blocks' hashes agree both ways."""
         self.free_block_queue.check_integrity()
         assert self.null_block not in self.free_block_queue, "the null block is in the queue"
         assert self.null_block.ref_cnt == 0, "the null block was handed out"
+        assert self.null_block.block_hash is None, "the null block is cached"
         num_used = 0
         for block in self.blocks[NULL_BLOCK_ID + 1 :]:
             if block in self.free_block_queue:
@@ -197,4 +266,10 @@ class BlockPool:
             else:
                 assert block.ref_cnt > 0, f"block {block.block_id} is neither free nor used"
                 num_used += 1
+            if block.block_hash is not None:
+                assert self.cached_block_hash_to_block.get(block.block_hash) is block, (
+                    f"block {block.block_id} has a hash the cache does not map to it"
+                )
+        for block_hash, block in self.cached_block_hash_to_block.items():
+            assert block.block_hash == block_hash, f"cache entry of block {block.block_id}"
         assert num_used + self.get_num_free_blocks() == self.num_usable_blocks

@@ -3,6 +3,12 @@
 New requests are sent in full once; requests the worker already knows are sent as a diff
 (new block ids, how many tokens to compute). The worker keeps its own copy of each request's
 token ids and appends what it samples, so output tokens never travel back down.
+
+Swap preemption adds two copy lists, applied by the worker before the forward pass, in this
+order: `blocks_to_swap_out` (device → host), then `blocks_to_swap_in` (host → device). The
+scheduler never swaps in during a step that swaps out, so the two never touch the same
+block. A swapped-in request is sent as a `NewRequestData` with its new block table and its
+computed token count: the worker rebuilds its state without recomputing anything.
 """
 
 from __future__ import annotations
@@ -66,6 +72,8 @@ class SchedulerOutput:
         total_num_scheduled_tokens: sum of the above.
         finished_request_ids: requests that ended (or were preempted) since the last step;
             the worker drops their state.
+        blocks_to_swap_out: (device block id, host block id) pairs to copy device → host.
+        blocks_to_swap_in: (device block id, host block id) pairs to copy host → device.
     """
 
     scheduled_new_reqs: list[NewRequestData]
@@ -73,6 +81,8 @@ class SchedulerOutput:
     num_scheduled_tokens: dict[str, int]
     total_num_scheduled_tokens: int
     finished_request_ids: set[str]
+    blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
+    blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def is_empty(self) -> bool:

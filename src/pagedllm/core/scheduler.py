@@ -1,25 +1,28 @@
 """Scheduler: decides, each step, which requests run and how many tokens each computes.
 
-One token-budget loop in the style of vLLM v1: running requests first (decodes and the rest
-of chunked prompts), then waiting ones in queue order, within `max_num_batched_tokens` and
-`max_num_seqs`. When KV blocks run out it preempts the newest running request by recompute.
-After the worker runs, `update_from_output` appends sampled tokens and applies the stop
-checks that need only token ids (EOS, stop token ids, lengths); stop strings live in the
-frontend, which aborts the request. The scheduler reaches KV blocks only through
-`KVCacheManager` and never imports torch, the worker or the engine.
+One token-budget loop in the style of vLLM v1: running requests first, then swapped-out
+ones, then waiting ones (from their longest cached prefix) in queue order, within
+`max_num_batched_tokens` and `max_num_seqs`. When KV blocks run out it preempts the running
+batch's tail (the newest request; under the priority policy the lowest-priority one) by swap
+or recompute; under the priority policy a waiting request also preempts lower-priority
+running ones. `update_from_output` appends sampled tokens and applies token-id stop checks.
+Blocks are reached only through `KVCacheManager` / `SwapManager`; no torch, worker, engine.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from pagedllm.config import CacheConfig, SchedulerConfig
-from pagedllm.core.kv_cache_manager import KVCacheManager
-from pagedllm.core.request_queue import FCFSRequestQueue, RequestQueue
-from pagedllm.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
+from pagedllm.core.kv_cache_manager import KVCacheManager, cdiv
+from pagedllm.core.request_queue import RequestQueue, create_request_queue
+from pagedllm.core.sched_output import SchedulerOutput
+from pagedllm.core.step_plan import StepPlan
+from pagedllm.core.stop_check import append_and_check_stop
+from pagedllm.core.swap_manager import SwapManager
 from pagedllm.logger import init_logger
+from pagedllm.metrics.stats import SchedulerStats
 from pagedllm.request import Request, RequestStatus
 
 if TYPE_CHECKING:
@@ -32,54 +35,50 @@ logger = init_logger(__name__)
 _PREEMPTION_LOG_INTERVAL = 50
 
 
-@dataclass
-class _StepPlan:
-    """What one `schedule()` call has decided so far."""
-
-    token_budget: int
-    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
-    new_requests: list[Request] = field(default_factory=list)
-    cached_requests: list[Request] = field(default_factory=list)
-    new_block_ids: dict[str, list[int]] = field(default_factory=dict)
-    num_preempted: int = 0
-
-    def add(self, request: Request, num_tokens: int, block_ids: list[int], is_new: bool) -> None:
-        """Record that `request` computes `num_tokens` tokens this step."""
-        assert 0 < num_tokens <= self.token_budget
-        self.num_scheduled_tokens[request.request_id] = num_tokens
-        self.token_budget -= num_tokens
-        self.new_block_ids[request.request_id] = block_ids
-        (self.new_requests if is_new else self.cached_requests).append(request)
-
-
 class Scheduler:
-    """Continuous-batching scheduler with chunked prefill and recompute preemption.
+    """Continuous-batching scheduler with chunked prefill, prefix caching and preemption.
 
     Call order per step: `schedule()` → worker → `update_from_output()`. Requests may be
     added or aborted at any time between those calls. The scheduler owns the Request objects
     it is given and is the only one that mutates them.
 
     Args:
-        scheduler_config: token budget, sequence cap, max_model_len, chunked prefill.
-        cache_config: block size.
+        scheduler_config: token budget, sequence cap, max_model_len, chunked prefill,
+            preemption mode and scheduling policy.
+        cache_config: block size, prefix caching.
         num_blocks: KV blocks in the pool, including the reserved null block 0.
+        num_cpu_blocks: host blocks for swap preemption, including an unused block 0 (the
+            engine sizes it from `swap_space`); fewer than 2 makes every preemption a
+            recompute. Ignored unless preemption_mode is "swap".
     """
 
     def __init__(
-        self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, num_blocks: int
+        self,
+        scheduler_config: SchedulerConfig,
+        cache_config: CacheConfig,
+        num_blocks: int,
+        num_cpu_blocks: int = 0,
     ) -> None:
         self.scheduler_config = scheduler_config
         self.cache_config = cache_config
         self.max_model_len = scheduler_config.max_model_len
-        self.kv_cache_manager = KVCacheManager(num_blocks, cache_config.block_size)
-        # Every unfinished request, waiting or running.
+        self.kv_cache_manager = KVCacheManager(
+            num_blocks, cache_config.block_size, cache_config.enable_prefix_caching
+        )
+        is_swap = scheduler_config.preemption_mode == "swap"
+        self.swap_manager = SwapManager(num_cpu_blocks if is_swap else 0)
+        # Every unfinished request, waiting, running or swapped.
         self.requests: dict[str, Request] = {}
-        self.waiting: RequestQueue = FCFSRequestQueue()
-        # In admission order: the tail is the newest, hence the preemption victim.
+        # The waiting queue is also the policy: it orders `running` and says who preempts.
+        self.waiting: RequestQueue = create_request_queue(scheduler_config.scheduling_policy)
+        self.swapped: RequestQueue = create_request_queue(scheduler_config.scheduling_policy)
+        # In scheduling order: the tail is the preemption victim.
         self.running: list[Request] = []
         # Finished, aborted or preempted since the last schedule(): the worker drops them.
         self.finished_request_ids: set[str] = set()
         self.num_preemptions = 0
+        # Prompt tokens the model ran (prefix hits excluded, recomputed ones included).
+        self.num_computed_prompt_tokens = 0
 
     # ----------------------------------------------------------------- requests in and out
 
@@ -105,9 +104,8 @@ class Scheduler:
         self.waiting.add(request)
 
     def _check_fits_alone(self, request: Request) -> None:
-        # A request whose KV cannot fit even with the whole cache to itself would wait (or be
-        # preempted) forever; the engine sizes the cache so this never happens, but a bare
-        # Scheduler must not deadlock either. The last sampled token is never computed.
+        # A request that cannot fit even alone would wait forever; the engine sizes the cache
+        # so this never happens. The last sampled token is never computed.
         final_num_tokens = min(
             request.num_prompt_tokens + request.max_tokens,
             max(self.max_model_len, request.num_prompt_tokens + 1),
@@ -125,7 +123,7 @@ class Scheduler:
         self.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
 
     def finish_requests(self, request_ids: str | Iterable[str], status: RequestStatus) -> None:
-        """End requests with a finished `status`, freeing their blocks at once.
+        """End requests with a finished `status`, freeing their blocks (device and host).
 
         Unknown or already finished ids are ignored, so a late abort is harmless.
         """
@@ -140,6 +138,9 @@ class Scheduler:
                 continue
             if request.status == RequestStatus.RUNNING:
                 finished.append(request)
+            elif request.status == RequestStatus.SWAPPED:
+                self.swapped.remove(request)
+                self.swap_manager.free(request_id)
             else:
                 self.waiting.remove(request)
             request.status = status
@@ -166,27 +167,39 @@ class Scheduler:
         Advances each scheduled request's `num_computed_tokens` by its scheduled count, so
         `update_from_output` only has to append sampled tokens.
         """
-        plan = _StepPlan(token_budget=self.scheduler_config.max_num_batched_tokens)
+        plan = StepPlan(token_budget=self.scheduler_config.max_num_batched_tokens)
+        self.running = self.waiting.order_running(self.running)
+        self._preempt_for_waiting(plan)
         self._schedule_running(plan)
-        # After a preemption the cache is tight: admitting waiting requests now would only
-        # thrash, and could re-admit this step's victim in the same output.
-        if plan.num_preempted == 0:
+        # After a preemption for space the cache is tight: admitting others now would only
+        # thrash. A swap-in never shares a step with a swap-out (see sched_output.py).
+        if plan.num_preempted_running == 0:
+            if not plan.blocks_to_swap_out:
+                self._schedule_swapped(plan)
             self._schedule_waiting(plan)
         return self._make_output(plan)
 
-    def _num_tokens_to_schedule(self, request: Request, token_budget: int) -> int:
-        num_tokens = request.num_tokens - request.num_computed_tokens
-        num_tokens = min(num_tokens, self.max_model_len - request.num_computed_tokens)
-        return max(0, min(num_tokens, token_budget))
+    def _num_tokens_to_schedule(
+        self, request: Request, token_budget: int, num_computed_tokens: int | None = None
+    ) -> int:
+        """Tokens `request` computes now (0: none), from `num_computed_tokens` on."""
+        if num_computed_tokens is None:
+            num_computed_tokens = request.num_computed_tokens
+        num_remaining = request.num_tokens - num_computed_tokens
+        num_tokens = min(num_remaining, self.max_model_len - num_computed_tokens, token_budget)
+        if not self.scheduler_config.enable_chunked_prefill and num_tokens < num_remaining:
+            # Without chunking the whole rest must fit this step.
+            return 0
+        return max(0, num_tokens)
 
-    def _schedule_running(self, plan: _StepPlan) -> None:
+    def _schedule_running(self, plan: StepPlan) -> None:
         """Give each running request its next tokens, preempting from the tail if needed."""
         index = 0
         while index < len(self.running) and plan.token_budget > 0:
             request = self.running[index]
             num_new_tokens = self._num_tokens_to_schedule(request, plan.token_budget)
             if num_new_tokens == 0:
-                # Waiting for its sampled token to arrive; nothing to compute.
+                # Nothing to compute now (or, unchunked, too little budget left).
                 index += 1
                 continue
             new_block_ids = self._allocate_or_preempt(request, num_new_tokens, plan)
@@ -197,13 +210,13 @@ class Scheduler:
             index += 1
 
     def _allocate_or_preempt(
-        self, request: Request, num_new_tokens: int, plan: _StepPlan
+        self, request: Request, num_new_tokens: int, plan: StepPlan
     ) -> list[int] | None:
-        """Allocate for `request`, preempting the newest running requests until it fits.
+        """Allocate for `request`, preempting the running tail until it fits.
 
         Returns the new block ids, or None if `request` itself had to be preempted. The head
         of `running` always fits once everyone else is preempted, because every request
-        fits in the cache alone (`_check_fits_alone`), so the oldest request always advances.
+        fits in the cache alone (`_check_fits_alone`), so the head always advances.
         """
         while True:
             new_block_ids = self.kv_cache_manager.allocate_slots(request, num_new_tokens)
@@ -211,83 +224,133 @@ class Scheduler:
                 return new_block_ids
             victim = self.running.pop()
             assert victim.request_id not in plan.num_scheduled_tokens, "victim already ran"
-            self._preempt(victim)
-            plan.num_preempted += 1
+            self._preempt(victim, plan)
+            plan.num_preempted_running += 1
             if victim is request:
                 return None
 
-    def _preempt(self, request: Request) -> None:
-        """Free `request`'s blocks and put it at the front of the waiting queue (recompute)."""
+    def _preempt_for_waiting(self, plan: StepPlan) -> None:
+        """Preempt running requests the waiting head outranks until the head fits.
+
+        Only the priority policy lets a waiting request outrank a running one.
+        """
+        while self.waiting and self.running:
+            head, victim = self.waiting.peek(), self.running[-1]
+            if not self.waiting.outranks(head, victim) or self._can_admit(head, plan):
+                return
+            self.running.pop()
+            self._preempt(victim, plan)
+
+    def _can_admit(self, request: Request, plan: StepPlan) -> bool:
+        """True if the waiting `request` would get a seat and blocks now."""
+        if len(self.running) >= self.scheduler_config.max_num_seqs:
+            return False
+        blocks, num_cached = self.kv_cache_manager.get_computed_blocks(request)
+        num_new_tokens = self._num_tokens_to_schedule(request, plan.token_budget, num_cached)
+        return num_new_tokens > 0 and self.kv_cache_manager.can_allocate(
+            request, num_new_tokens, blocks
+        )
+
+    def _preempt(self, request: Request, plan: StepPlan) -> None:
+        """Take `request` (already out of `running`) off the device: swap, else recompute."""
         assert request.status == RequestStatus.RUNNING
-        self.kv_cache_manager.free(request)
-        request.status = RequestStatus.PREEMPTED
-        request.num_computed_tokens = 0
+        is_swapped = self._swap_out(request, plan)
+        if not is_swapped:
+            self.kv_cache_manager.free(request)
+            request.status = RequestStatus.PREEMPTED
+            request.num_computed_tokens = 0
+            self.waiting.prepend(request)
         request.num_preemptions += 1
         if self.num_preemptions % _PREEMPTION_LOG_INTERVAL == 0:
             logger.warning(
-                "Sequence group %s is preempted by recompute because there is not enough KV "
+                "Sequence group %s is preempted by %s mode because there is not enough KV "
                 "cache space. This can hurt end-to-end performance; give the KV cache more "
                 "memory or lower max_num_seqs / max_num_batched_tokens. "
                 "total_num_cumulative_preemption=%d",
                 request.request_id,
+                "swap" if is_swapped else "recompute",
                 self.num_preemptions + 1,
             )
         self.num_preemptions += 1
-        self.waiting.prepend(request)
+        plan.preempted_ids.add(request.request_id)
         # The worker must drop its state: the request comes back as a new one.
         self.finished_request_ids.add(request.request_id)
 
-    def _schedule_waiting(self, plan: _StepPlan) -> None:
-        """Admit waiting requests in queue order while budget, seats and blocks last."""
+    def _swap_out(self, request: Request, plan: StepPlan) -> bool:
+        """Move `request`'s KV to host blocks (swap mode); False if it must recompute."""
+        if self.scheduler_config.preemption_mode != "swap":
+            return False
+        num_blocks = cdiv(request.num_computed_tokens, self.cache_config.block_size)
+        block_ids = self.kv_cache_manager.get_block_ids(request.request_id)
+        assert len(block_ids) == num_blocks, "a preempted request holds unused blocks"
+        if num_blocks == 0 or not self.swap_manager.can_swap_out(num_blocks):
+            return False
+        pairs = self.swap_manager.swap_out(request.request_id, block_ids)
+        plan.blocks_to_swap_out.extend(pairs)
+        # Freed device blocks keep their cached hashes; the worker copies them out before
+        # this step's forward pass can overwrite them.
+        self.kv_cache_manager.free(request)
+        request.status = RequestStatus.SWAPPED
+        self.swapped.prepend(request)
+        return True
+
+    def _schedule_swapped(self, plan: StepPlan) -> None:
+        """Swap requests back in, in queue order, while budget, seats and blocks last."""
         max_num_seqs = self.scheduler_config.max_num_seqs
-        while self.waiting and plan.token_budget > 0 and len(self.running) < max_num_seqs:
-            request = self.waiting.peek()
+        while self.swapped and plan.token_budget > 0 and len(self.running) < max_num_seqs:
+            request = self.swapped.peek()
+            if self.waiting and self.waiting.outranks(self.waiting.peek(), request):
+                break
             num_new_tokens = self._num_tokens_to_schedule(request, plan.token_budget)
-            assert num_new_tokens > 0, "a waiting request always has tokens to compute"
-            num_remaining = request.num_tokens - request.num_computed_tokens
-            if not self.scheduler_config.enable_chunked_prefill and num_new_tokens < num_remaining:
-                # Without chunking the whole prompt must fit; later requests may not jump
-                # ahead (FCFS), so admission stops here.
+            if num_new_tokens == 0:
                 break
             new_block_ids = self.kv_cache_manager.allocate_slots(request, num_new_tokens)
             if new_block_ids is None:
                 break
+            self.swapped.pop()
+            block_ids = self.kv_cache_manager.get_block_ids(request.request_id)
+            plan.blocks_to_swap_in.extend(self.swap_manager.swap_in(request.request_id, block_ids))
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            # Sent in full: the worker replaces its block table and keeps the computed KV.
+            plan.add(request, num_new_tokens, new_block_ids, is_new=True)
+
+    def _schedule_waiting(self, plan: StepPlan) -> None:
+        """Admit waiting requests in queue order while budget, seats and blocks last."""
+        max_num_seqs = self.scheduler_config.max_num_seqs
+        manager = self.kv_cache_manager
+        while self.waiting and plan.token_budget > 0 and len(self.running) < max_num_seqs:
+            request = self.waiting.peek()
+            if request.request_id in plan.preempted_ids:
+                break  # preempted this step: re-admitting it now would only thrash
+            if self.swapped and not self.waiting.outranks(request, self.swapped.peek()):
+                break  # swapped requests resume first
+            computed_blocks, num_cached = manager.get_computed_blocks(request)
+            num_new_tokens = self._num_tokens_to_schedule(request, plan.token_budget, num_cached)
+            if num_new_tokens == 0:
+                break  # unchunked and too little budget: later requests may not jump ahead
+            new_block_ids = manager.allocate_slots(request, num_new_tokens, computed_blocks)
+            if new_block_ids is None:
+                break
             self.waiting.pop()
+            request.num_computed_tokens = num_cached
+            if request.num_cached_tokens is None:
+                request.num_cached_tokens = num_cached
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             plan.add(request, num_new_tokens, new_block_ids, is_new=True)
 
-    def _make_output(self, plan: _StepPlan) -> SchedulerOutput:
+    def _make_output(self, plan: StepPlan) -> SchedulerOutput:
         """Package the plan for the worker, then advance `num_computed_tokens`."""
-        new_reqs = [
-            NewRequestData(
-                request_id=request.request_id,
-                prompt_token_ids=list(request.prompt_token_ids),
-                output_token_ids=list(request.output_token_ids),
-                sampling_params=request.sampling_params,
-                eos_token_id=request.eos_token_id,
-                block_ids=self.kv_cache_manager.get_block_ids(request.request_id),
-                num_computed_tokens=request.num_computed_tokens,
-            )
-            for request in plan.new_requests
-        ]
-        cached_reqs = CachedRequestData(
-            request_ids=[request.request_id for request in plan.cached_requests],
-            new_block_ids=[
-                plan.new_block_ids[request.request_id] for request in plan.cached_requests
-            ],
-            num_computed_tokens=[request.num_computed_tokens for request in plan.cached_requests],
-        )
-        output = SchedulerOutput(
-            scheduled_new_reqs=new_reqs,
-            scheduled_cached_reqs=cached_reqs,
-            num_scheduled_tokens=plan.num_scheduled_tokens,
-            total_num_scheduled_tokens=sum(plan.num_scheduled_tokens.values()),
-            finished_request_ids=self.finished_request_ids,
-        )
+        output = plan.make_output(self.kv_cache_manager.get_block_ids, self.finished_request_ids)
         self.finished_request_ids = set()
         for request in plan.cached_requests + plan.new_requests:
+            start = request.num_computed_tokens
             request.num_computed_tokens += plan.num_scheduled_tokens[request.request_id]
+            num_prompt = request.num_prompt_tokens
+            self.num_computed_prompt_tokens += max(
+                0, min(request.num_computed_tokens, num_prompt) - min(start, num_prompt)
+            )
         return output
 
     # --------------------------------------------------------------------- after the step
@@ -319,7 +382,7 @@ class Scheduler:
             assert request.num_computed_tokens == request.num_tokens, (
                 f"request {request_id} sampled before its prompt was computed"
             )
-            new_token_ids = self._append_and_check_stop(request, token_ids)
+            new_token_ids = append_and_check_stop(request, token_ids, self.max_model_len)
             results.append((request, new_token_ids))
             if request.is_finished():
                 finished.append(request)
@@ -328,34 +391,6 @@ class Scheduler:
         if finished:
             self._remove_from_running(finished)
         return results
-
-    def _append_and_check_stop(self, request: Request, token_ids: list[int]) -> list[int]:
-        """Append tokens one by one, stopping at the first that finishes the request."""
-        appended: list[int] = []
-        for token_id in token_ids:
-            request.append_output_token_ids([token_id])
-            appended.append(token_id)
-            if self._check_stop(request, token_id):
-                break
-        return appended
-
-    def _check_stop(self, request: Request, token_id: int) -> bool:
-        """Set a finished status if `token_id` (just appended) ends the request."""
-        params = request.sampling_params
-        if request.num_output_tokens >= params.min_tokens:
-            if not params.ignore_eos and token_id == request.eos_token_id:
-                request.status = RequestStatus.FINISHED_STOPPED
-                return True
-            if token_id in (params.stop_token_ids or ()):
-                request.status = RequestStatus.FINISHED_STOPPED
-                request.stop_reason = token_id
-                return True
-        if request.num_output_tokens >= request.max_tokens or (
-            request.num_tokens >= self.max_model_len
-        ):
-            request.status = RequestStatus.FINISHED_LENGTH_CAPPED
-            return True
-        return False
 
     # ----------------------------------------------------------------------- inspection
 
@@ -366,20 +401,43 @@ class Scheduler:
 
     @property
     def num_waiting(self) -> int:
-        """Requests waiting for admission (new or preempted)."""
+        """Requests waiting for admission (new or preempted by recompute)."""
         return len(self.waiting)
+
+    @property
+    def num_swapped(self) -> int:
+        """Requests preempted to the host swap space."""
+        return len(self.swapped)
 
     @property
     def kv_cache_usage(self) -> float:
         """Share of usable KV blocks in use, in [0, 1]."""
         return self.kv_cache_manager.usage
 
+    def make_stats(self) -> SchedulerStats:
+        """A snapshot of the scheduler's state and cumulative counters."""
+        manager = self.kv_cache_manager
+        return SchedulerStats(
+            num_running_reqs=self.num_running,
+            num_waiting_reqs=self.num_waiting,
+            num_swapped_reqs=self.num_swapped,
+            kv_cache_usage=manager.usage,
+            prefix_cache_queries=manager.prefix_cache_queries,
+            prefix_cache_hits=manager.prefix_cache_hits,
+            num_preemptions=self.num_preemptions,
+            num_computed_prompt_tokens=self.num_computed_prompt_tokens,
+        )
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block; False (nothing done) while any request holds blocks."""
+        return self.kv_cache_manager.reset_prefix_cache()
+
     def get_num_unfinished_requests(self) -> int:
-        """Requests waiting or running."""
+        """Requests waiting, running or swapped."""
         return len(self.requests)
 
     def has_unfinished_requests(self) -> bool:
-        """True while any request waits or runs."""
+        """True while any request waits, runs or is swapped out."""
         return bool(self.requests)
 
     def has_finished_requests(self) -> bool:
@@ -387,18 +445,25 @@ class Scheduler:
         return bool(self.finished_request_ids)
 
     def check_integrity(self) -> None:
-        """Assert the scheduler's and the KV cache's invariants."""
+        """Assert the scheduler's, the KV cache's and the swap space's invariants."""
         self.kv_cache_manager.check_integrity()
-        running_ids = [request.request_id for request in self.running]
-        waiting_ids = [request.request_id for request in self.waiting]
-        assert len(set(running_ids)) == len(running_ids), "a request runs twice"
-        assert len(set(waiting_ids)) == len(waiting_ids), "a request waits twice"
-        assert set(running_ids).isdisjoint(waiting_ids), "a request both waits and runs"
-        assert set(running_ids) | set(waiting_ids) == set(self.requests), "a request is lost"
+        self.swap_manager.check_integrity()
+        queues = {
+            RequestStatus.RUNNING: [r.request_id for r in self.running],
+            RequestStatus.WAITING: [r.request_id for r in self.waiting],
+            RequestStatus.SWAPPED: [r.request_id for r in self.swapped],
+        }
+        all_ids = [request_id for ids in queues.values() for request_id in ids]
+        assert len(set(all_ids)) == len(all_ids), "a request is queued twice"
+        assert set(all_ids) == set(self.requests), "a request is lost"
         assert len(self.running) <= self.scheduler_config.max_num_seqs
-        assert self.kv_cache_manager.get_request_ids() <= set(running_ids), (
+        assert self.kv_cache_manager.get_request_ids() <= set(queues[RequestStatus.RUNNING]), (
             "a request that is not running holds KV blocks"
         )
+        assert self.swap_manager.get_request_ids() == set(queues[RequestStatus.SWAPPED])
+        self._check_request_states()
+
+    def _check_request_states(self) -> None:
         block_size = self.cache_config.block_size
         for request in self.running:
             assert request.status == RequestStatus.RUNNING
@@ -409,3 +474,7 @@ class Scheduler:
         for request in self.waiting:
             assert request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED)
             assert request.num_computed_tokens == 0
+        for request in self.swapped:
+            assert request.status == RequestStatus.SWAPPED
+            num_host_blocks = self.swap_manager.get_num_host_blocks(request.request_id)
+            assert num_host_blocks == cdiv(request.num_computed_tokens, block_size) > 0

@@ -38,6 +38,10 @@ class EngineArgs:
     num_gpu_blocks_override: int | None = None
     gpu_memory_utilization: float = 0.9
     device: str = "auto"
+    enable_prefix_caching: bool = True
+    swap_space: float = 4
+    preemption_mode: str | None = None
+    scheduling_policy: str = "fcfs"
 
     def create_engine_config(self) -> EngineConfig:
         """Validate the arguments and resolve everything the engine needs to start."""
@@ -56,12 +60,19 @@ class EngineArgs:
                 kv_cache_memory_bytes=self.kv_cache_memory_bytes,
                 num_gpu_blocks_override=self.num_gpu_blocks_override,
                 gpu_memory_utilization=self.gpu_memory_utilization,
+                enable_prefix_caching=self.enable_prefix_caching,
+                swap_space=self.swap_space,
             ),
             scheduler_config=SchedulerConfig(
                 max_num_seqs=self.max_num_seqs,
                 max_num_batched_tokens=budget,
                 max_model_len=max_len,
                 enable_chunked_prefill=self.enable_chunked_prefill,
+                # Swapping pays off where device memory is scarce and host copies are cheap
+                # relative to recompute (CUDA); on CPU both pools are the same memory.
+                preemption_mode=self.preemption_mode
+                or ("swap" if device == "cuda" else "recompute"),
+                scheduling_policy=self.scheduling_policy,
             ),
             device_config=DeviceConfig(device),
         )

@@ -24,7 +24,10 @@ class EngineCore:
         spec = self.executor.kv_cache_spec
         self._check_kv_capacity(spec.num_blocks, spec.block_size)
         self.scheduler = Scheduler(
-            engine_config.scheduler_config, engine_config.cache_config, spec.num_blocks
+            engine_config.scheduler_config,
+            engine_config.cache_config,
+            spec.num_blocks,
+            num_cpu_blocks=spec.num_cpu_blocks,
         )
 
     def _check_kv_capacity(self, num_blocks: int, block_size: int) -> None:
@@ -47,6 +50,7 @@ class EngineCore:
                 sampling_params=request.sampling_params,
                 eos_token_id=request.eos_token_id,
                 arrival_time=request.arrival_time,
+                priority=request.priority,
             )
         )
 
@@ -74,10 +78,19 @@ class EngineCore:
                     new_token_ids=new_token_ids,
                     finish_reason=request.get_finished_reason(),
                     stop_reason=request.stop_reason,
+                    # Logprobs go from the runner to the frontend by request id, beside the
+                    # scheduler: it needs only the token ids.
+                    new_logprobs=model_output.logprobs.get(request.request_id),
+                    new_prompt_logprobs=model_output.prompt_logprobs.get(request.request_id),
                 )
                 for request, new_token_ids in updates
-            ]
+            ],
+            scheduler_stats=self.scheduler.make_stats(),
         )
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached KV block; False (nothing done) while requests hold blocks."""
+        return self.scheduler.reset_prefix_cache()
 
     def shutdown(self) -> None:
         """Release the executor."""

@@ -54,3 +54,24 @@ class InprocClient(EngineCoreClient):
     def shutdown(self) -> None:
         """Release the core's executor."""
         self.engine_core.shutdown()
+
+
+class AsyncEngineCoreClient(EngineCoreClient):
+    """A core that runs beside the caller's event loop (a thread today, a process later).
+
+    Contract: `add_request` and `abort_requests` only enqueue and return at once (safe to call
+    from the event loop); outputs of every step are awaited with `get_output_async`, in step
+    order. When the core dies, `get_output_async` and `check_health` raise `EngineDeadError`.
+    """
+
+    def get_output(self) -> EngineCoreOutputs:
+        """Not available: the core steps on its own; await `get_output_async` instead."""
+        raise NotImplementedError("An async core client delivers outputs via get_output_async.")
+
+    @abstractmethod
+    async def get_output_async(self) -> EngineCoreOutputs:
+        """The next step's outputs (waits while the core is idle)."""
+
+    @abstractmethod
+    def check_health(self) -> None:
+        """Raise EngineDeadError if the core is no longer running."""

@@ -104,16 +104,46 @@ class InputProcessor:
             )
 
     def _resolve_params(self, params: SamplingParams, num_prompt_tokens: int) -> SamplingParams:
-        bad = [t for t in params.stop_token_ids or [] if t >= self.vocab_size]
-        if bad:
-            raise ValueError(
-                f"token_id(s) {bad} in stop_token_ids contain out-of-vocab token ids. "
-                f"Vocabulary size: {self.vocab_size}"
-            )
+        self._check_token_ids_in_vocab(params)
         params = params.clone()
+        if params.bad_words:
+            params.bad_words_token_ids = self._tokenize_bad_words(params.bad_words)
         room = self.max_model_len - num_prompt_tokens
         if params.max_tokens is None or params.max_tokens > room:
             # The scheduler also caps at max_model_len; resolving here keeps them in sync.
             params.max_tokens = room
             params.min_tokens = min(params.min_tokens, room)
         return params
+
+    def _check_token_ids_in_vocab(self, params: SamplingParams) -> None:
+        for name, token_ids in (
+            ("stop_token_ids", params.stop_token_ids or []),
+            ("logit_bias", list(params.logit_bias or {})),
+        ):
+            bad = [t for t in token_ids if t >= self.vocab_size]
+            if bad:
+                raise ValueError(
+                    f"token_id(s) {bad} in {name} contain out-of-vocab token ids. "
+                    f"Vocabulary size: {self.vocab_size}"
+                )
+        if any(t >= self.vocab_size for t in params.allowed_token_ids or []):
+            raise ValueError("allowed_token_ids contains out-of-vocab token id!")
+
+    def _tokenize_bad_words(self, bad_words: list[str]) -> list[list[int]]:
+        """Token id sequences to ban for each word, at the start of a text and after a space.
+
+        The spaced form is kept only when the space merges into the word's first token (the
+        same number of tokens, a different first token): a standalone space token would ban
+        the word's bare form after any space, which the first form already covers.
+        """
+        sequences: list[list[int]] = []
+        for word in bad_words:
+            bare = self.tokenizer.encode(word.lstrip(), add_special_tokens=False)
+            spaced = self.tokenizer.encode(" " + word.lstrip(), add_special_tokens=False)
+            candidates = [bare]
+            if spaced and len(spaced) == len(bare) and spaced[0] != bare[0]:
+                candidates.append(spaced)
+            for ids in candidates:
+                if ids and list(ids) not in sequences:
+                    sequences.append(list(ids))
+        return sequences

@@ -31,7 +31,11 @@ class LLMEngine:
                     print(output.outputs[0].text)
     """
 
-    def __init__(self, engine_config: EngineConfig) -> None:
+    def __init__(
+        self, engine_config: EngineConfig, engine_core: EngineCoreClient | None = None
+    ) -> None:
+        """Build the frontend; `engine_core` defaults to an in-process core (AsyncLLM passes
+        a threaded one and awaits its outputs instead of calling `step()`)."""
         model_config = engine_config.model_config
         self.engine_config = engine_config
         self.tokenizer = get_tokenizer(model_config.model_dir, model_config.gguf_file)
@@ -41,7 +45,7 @@ class LLMEngine:
             self.tokenizer, model_config.max_model_len, vocab_size, eos_token_id
         )
         self.output_processor = OutputProcessor(self.tokenizer)
-        self.engine_core: EngineCoreClient = InprocClient(engine_config)
+        self.engine_core: EngineCoreClient = engine_core or InprocClient(engine_config)
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs) -> LLMEngine:
@@ -59,31 +63,45 @@ class LLMEngine:
         params: SamplingParams,
         arrival_time: float | None = None,
         add_special_tokens: bool = True,
+        priority: int = 0,
     ) -> None:
-        """Tokenize, validate and queue a request (raises ValueError on bad input)."""
+        """Tokenize, validate and queue a request (raises ValueError on bad input).
+
+        `priority` matters under the "priority" scheduling policy: lower runs first.
+        """
         if request_id in self.output_processor.requests:
             raise ValueError(f"Request id {request_id!r} is already running.")
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise ValueError(f"priority must be an int, got {priority!r}.")
         request, processed = self.input_processor.process(
             request_id, prompt, params, arrival_time, add_special_tokens
         )
+        request.priority = priority
         core_params = request.sampling_params
-        n = core_params.n
-        core_ids = [request_id] if n == 1 else [f"{i}_{request_id}" for i in range(n)]
+        # best_of (>= n) sequences are sampled; the output processor returns the best n.
+        num_seqs = core_params.num_sequences
+        core_ids = [request_id] if num_seqs == 1 else [f"{i}_{request_id}" for i in range(num_seqs)]
         self.output_processor.add_request(
             request_id, processed.prompt, processed.prompt_token_ids, core_params, core_ids
         )
         for index, core_id in enumerate(core_ids):
-            self.engine_core.add_request(self._child_request(request, core_id, index, n))
+            self.engine_core.add_request(self._child_request(request, core_id, index, num_seqs))
 
     @staticmethod
     def _child_request(
-        request: EngineCoreRequest, core_id: str, index: int, n: int
+        request: EngineCoreRequest, core_id: str, index: int, num_seqs: int
     ) -> EngineCoreRequest:
-        if n == 1:
+        if num_seqs == 1:
             return request
         params = request.sampling_params.clone()
-        params.n = 1
-        # Distinct but reproducible samples for each of the n sequences.
+        # Ranking best_of > n sequences needs each one's sampled-token logprobs (k = 0).
+        if num_seqs > params.n and params.logprobs is None:
+            params.logprobs = 0
+        params.n, params.best_of = 1, None
+        # One child is enough to score the shared prompt; the others may read the cache.
+        if index > 0:
+            params.prompt_logprobs = None
+        # Distinct but reproducible samples for each of the sequences.
         if params.seed is not None:
             params.seed += index
         return EngineCoreRequest(
@@ -92,6 +110,7 @@ class LLMEngine:
             sampling_params=params,
             eos_token_id=request.eos_token_id,
             arrival_time=request.arrival_time,
+            priority=request.priority,
         )
 
     def abort_request(self, request_ids: str | list[str]) -> None:

@@ -3,7 +3,13 @@
 For every request it detokenizes new tokens incrementally, matches stop strings (a match ends
 the request here and is reported so the core aborts it), and builds RequestOutputs in the
 request's output kind. A request with `n` > 1 runs in the core as `n` child requests; their
-sequences are gathered back into one RequestOutput here.
+sequences are gathered back into one RequestOutput here. With `best_of` > `n` it runs as
+`best_of` children and, once all are finished, only the `n` with the highest cumulative
+logprob are returned (vLLM v0), re-indexed 0..n-1 best first.
+
+Logprobs arrive as lists from the core and become `Logprob` dicts here (engine/logprobs.py):
+in DELTA mode each output carries only its new positions, and the prompt logprobs come
+once, with the first output.
 """
 
 from __future__ import annotations
@@ -11,8 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from pagedllm.engine.logprobs import LogprobsBuilder, sum_scored_logprobs
 from pagedllm.engine.protocol import EngineCoreOutput
-from pagedllm.outputs import CompletionOutput, RequestOutput
+from pagedllm.outputs import CompletionOutput, LogprobsDict, PromptLogprobs, RequestOutput
 from pagedllm.sampling_params import RequestOutputKind, SamplingParams
 from pagedllm.tokenizer.detokenizer import TextState
 
@@ -28,6 +35,11 @@ class SequenceState:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     num_sent_tokens: int = 0
+    # [] when the user asked for logprobs, None otherwise.
+    logprobs: list[LogprobsDict] | None = None
+    # 0.0 at the start when logprobs are computed for this sequence, None otherwise.
+    cumulative_logprob: float | None = None
+    logprobs_builder: LogprobsBuilder | None = None
 
     @property
     def finished(self) -> bool:
@@ -37,6 +49,11 @@ class SequenceState:
     def update(self, output: EngineCoreOutput) -> bool:
         """Apply one core output; True if a stop string ended the sequence here."""
         self.token_ids.extend(output.new_token_ids)
+        if output.new_logprobs is not None:
+            if self.cumulative_logprob is not None:
+                self.cumulative_logprob += sum_scored_logprobs(output.new_logprobs)
+            if self.logprobs is not None and self.logprobs_builder is not None:
+                self.logprobs.extend(self.logprobs_builder.to_dicts(output.new_logprobs))
         stop_string = self.text_state.update(output.new_token_ids, output.finished)
         if stop_string is not None:
             self.finish_reason, self.stop_reason = "stop", stop_string
@@ -46,13 +63,15 @@ class SequenceState:
             self.stop_reason = output.stop_reason
         return False
 
-    def make_output(self, delta: bool) -> CompletionOutput:
-        """The sequence so far (delta: only what was not sent yet)."""
+    def make_output(self, delta: bool, index: int | None = None) -> CompletionOutput:
+        """The sequence so far (delta: only what was not sent yet), as output `index`."""
         token_start = self.num_sent_tokens if delta else 0
         output = CompletionOutput(
-            index=self.index,
+            index=self.index if index is None else index,
             text=self.text_state.get_output_text(delta),
             token_ids=list(self.token_ids[token_start:]),
+            cumulative_logprob=self.cumulative_logprob,
+            logprobs=None if self.logprobs is None else self.logprobs[token_start:],
             finish_reason=self.finish_reason,
             stop_reason=self.stop_reason,
         )
@@ -69,16 +88,31 @@ class UserRequestState:
     prompt_token_ids: list[int]
     output_kind: RequestOutputKind
     sequences: list[SequenceState]
+    # Sequences returned: `n` (fewer than len(sequences) when best_of > n).
+    num_returned: int = 1
+    prompt_logprobs: PromptLogprobs | None = None
+    is_prompt_logprobs_sent: bool = False
 
     @property
     def finished(self) -> bool:
         """True once every sequence ended."""
         return all(s.finished for s in self.sequences)
 
+    def set_prompt_logprobs(self, prompt_logprobs: list[LogprobsDict]) -> None:
+        """Store prompt logprobs: None for the first token (and any position not scored)."""
+        if self.prompt_logprobs is None:
+            missing = len(self.prompt_token_ids) - len(prompt_logprobs)
+            self.prompt_logprobs = [None] * missing + list(prompt_logprobs)
+
     def make_output(self, changed: list[SequenceState]) -> RequestOutput | None:
         """The RequestOutput to emit after `changed` sequences were updated, if any."""
         finished = self.finished
-        if self.output_kind == RequestOutputKind.FINAL_ONLY:
+        if len(self.sequences) > self.num_returned:
+            # best_of: the ranking needs every sequence finished, whatever the output kind.
+            if not finished:
+                return None
+            outputs = self._best_outputs()
+        elif self.output_kind == RequestOutputKind.FINAL_ONLY:
             if not finished:
                 return None
             outputs = [s.make_output(delta=False) for s in self.sequences]
@@ -86,13 +120,28 @@ class UserRequestState:
             outputs = [s.make_output(delta=True) for s in changed]
         else:
             outputs = [s.make_output(delta=False) for s in self.sequences]
+        prompt_logprobs = self.prompt_logprobs
+        if self.output_kind == RequestOutputKind.DELTA and self.is_prompt_logprobs_sent:
+            prompt_logprobs = None
+        self.is_prompt_logprobs_sent = self.is_prompt_logprobs_sent or prompt_logprobs is not None
         return RequestOutput(
             request_id=self.request_id,
             prompt=self.prompt,
             prompt_token_ids=self.prompt_token_ids,
             outputs=outputs,
             finished=finished,
+            prompt_logprobs=prompt_logprobs,
         )
+
+    def _best_outputs(self) -> list[CompletionOutput]:
+        """The `n` sequences with the highest cumulative logprob, best first."""
+        ranked = sorted(
+            self.sequences,
+            key=lambda s: s.cumulative_logprob if s.cumulative_logprob is not None else -1e30,
+            reverse=True,
+        )
+        best = ranked[: self.num_returned]
+        return [s.make_output(delta=False, index=i) for i, s in enumerate(best)]
 
 
 class OutputProcessor:
@@ -100,6 +149,7 @@ class OutputProcessor:
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
+        self.logprobs_builder = LogprobsBuilder(tokenizer)
         self.requests: dict[str, UserRequestState] = {}
         self.sequence_owner: dict[str, UserRequestState] = {}
 
@@ -111,15 +161,29 @@ class OutputProcessor:
         params: SamplingParams,
         core_request_ids: list[str],
     ) -> None:
-        """Register a user request whose sequences run as `core_request_ids`."""
+        """Register a user request whose sequences run as `core_request_ids`.
+
+        `params` are the user's: `n` sequences are returned out of len(core_request_ids).
+        """
         if request_id in self.requests:
             raise ValueError(f"Request id {request_id!r} is already running.")
+        num_returned = min(params.n, len(core_request_ids))
+        has_logprobs = params.logprobs is not None
+        # Ranking best_of sequences needs their cumulative logprob even without logprobs.
+        has_cumulative = has_logprobs or len(core_request_ids) > num_returned
         sequences = [
-            SequenceState(core_id, index, TextState(self.tokenizer, prompt_token_ids, params))
+            SequenceState(
+                core_id,
+                index,
+                TextState(self.tokenizer, prompt_token_ids, params),
+                logprobs=[] if has_logprobs else None,
+                cumulative_logprob=0.0 if has_cumulative else None,
+                logprobs_builder=self.logprobs_builder,
+            )
             for index, core_id in enumerate(core_request_ids)
         ]
         state = UserRequestState(
-            request_id, prompt, prompt_token_ids, params.output_kind, sequences
+            request_id, prompt, prompt_token_ids, params.output_kind, sequences, num_returned
         )
         self.requests[request_id] = state
         for seq in sequences:
@@ -142,6 +206,10 @@ class OutputProcessor:
             seq = next(s for s in state.sequences if s.core_request_id == output.request_id)
             if seq.finished:
                 continue
+            if output.new_prompt_logprobs is not None:
+                state.set_prompt_logprobs(
+                    self.logprobs_builder.to_dicts(output.new_prompt_logprobs)
+                )
             if seq.update(output):
                 to_abort.append(seq.core_request_id)
             changed.setdefault(state.request_id, []).append(seq)

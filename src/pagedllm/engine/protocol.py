@@ -11,8 +11,10 @@ import time
 
 import msgspec
 
+from pagedllm.metrics.stats import SchedulerStats
 from pagedllm.request import FinishReason
 from pagedllm.sampling_params import SamplingParams
+from pagedllm.worker.outputs import LogprobsLists
 
 
 class EngineCoreRequestType(enum.Enum):
@@ -31,15 +33,23 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=
     sampling_params: SamplingParams
     eos_token_id: int | None
     arrival_time: float = msgspec.field(default_factory=time.time)
+    # Scheduling priority under the "priority" policy (lower runs first).
+    priority: int = 0
 
 
 class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    """New tokens of one request in one step; `finish_reason` set when it ended."""
+    """New tokens of one request in one step; `finish_reason` set when it ended.
+
+    `new_logprobs` has one position per new token (when the request asked for logprobs);
+    `new_prompt_logprobs` comes once, with the first token, for prompt tokens 2..P.
+    """
 
     request_id: str
     new_token_ids: list[int]
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
+    new_logprobs: LogprobsLists | None = None
+    new_prompt_logprobs: LogprobsLists | None = None
 
     @property
     def finished(self) -> bool:
@@ -52,3 +62,5 @@ class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, gc=
 
     outputs: list[EngineCoreOutput] = []
     timestamp: float = msgspec.field(default_factory=time.monotonic)
+    # The scheduler's state after the step (None when the core did not step).
+    scheduler_stats: SchedulerStats | None = None

@@ -16,8 +16,9 @@ from tqdm.auto import tqdm
 from pagedllm.engine.arg_utils import EngineArgs
 from pagedllm.engine.input_processor import PromptType
 from pagedllm.engine.llm_engine import LLMEngine
+from pagedllm.entrypoints.beam_search import BeamSearchOutput, beam_search
 from pagedllm.outputs import RequestOutput
-from pagedllm.sampling_params import RequestOutputKind, SamplingParams
+from pagedllm.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 from pagedllm.tokenizer.tokenizer import apply_chat_template
 
 # vLLM arguments accepted for compatibility that change nothing on a single CPU/GPU engine.
@@ -43,7 +44,9 @@ class LLM:
             PAGEDLLM_CPU_KVCACHE_SPACE in GiB).
         num_gpu_blocks_override: exact number of KV blocks.
         **kwargs: further EngineArgs fields (enable_chunked_prefill, gpu_memory_utilization,
-            device).
+            device, enable_prefix_caching, swap_space (GiB), preemption_mode ("recompute" or
+            "swap"; default recompute on CPU, swap on CUDA), scheduling_policy ("fcfs" or
+            "priority")).
     """
 
     def __init__(
@@ -84,6 +87,7 @@ class LLM:
         prompts: PromptType | Sequence[PromptType],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        priority: list[int] | None = None,
     ) -> list[RequestOutput]:
         """Generate completions for one or many prompts, returned in input order.
 
@@ -91,9 +95,30 @@ class LLM:
             prompts: a string, `{"prompt_token_ids": [...]}`, or a list of them.
             sampling_params: one SamplingParams for all prompts, or one per prompt.
             use_tqdm: show a progress bar.
+            priority: one priority per prompt (lower first), used by the "priority"
+                scheduling policy; None means 0 for all.
         """
         prompt_list = _as_prompt_list(prompts)
-        return self._run(prompt_list, sampling_params, use_tqdm, add_special_tokens=True)
+        return self._run(
+            prompt_list, sampling_params, use_tqdm, add_special_tokens=True, priority=priority
+        )
+
+    def beam_search(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        params: BeamSearchParams,
+        use_tqdm: bool = False,
+    ) -> list[BeamSearchOutput]:
+        """Beam search for each prompt (vLLM's API, transformers' scoring and stopping).
+
+        Returns, per prompt, the `beam_width` best sequences, best first; see
+        entrypoints/beam_search.py. `use_tqdm` is accepted for vLLM compatibility.
+        """
+        if not isinstance(params, BeamSearchParams):
+            raise ValueError(f"params must be a BeamSearchParams, got {type(params).__name__}.")
+        processor = self.llm_engine.input_processor
+        token_ids = [processor.tokenize(p).prompt_token_ids for p in _as_prompt_list(prompts)]
+        return beam_search(self.llm_engine, token_ids, params)
 
     def chat(
         self,
@@ -121,15 +146,26 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None,
         use_tqdm: bool,
         add_special_tokens: bool,
+        priority: list[int] | None = None,
     ) -> list[RequestOutput]:
         params_list = _as_params_list(sampling_params, len(prompts))
+        if priority is not None and len(priority) != len(prompts):
+            raise ValueError(
+                f"The lengths of prompts ({len(prompts)}) and priority ({len(priority)}) "
+                "must be the same."
+            )
+        priorities = list(priority) if priority is not None else [0] * len(prompts)
         request_ids = []
         try:
-            for prompt, params in zip(prompts, params_list):
+            for prompt, params, prio in zip(prompts, params_list, priorities, strict=True):
                 request_id = str(next(self._request_counter))
                 final_params = dataclasses.replace(params, output_kind=RequestOutputKind.FINAL_ONLY)
                 self.llm_engine.add_request(
-                    request_id, prompt, final_params, add_special_tokens=add_special_tokens
+                    request_id,
+                    prompt,
+                    final_params,
+                    add_special_tokens=add_special_tokens,
+                    priority=prio,
                 )
                 request_ids.append(request_id)
         except Exception:

@@ -2,7 +2,9 @@
 
 Responsibility: greedy argmax, temperature, top-k / top-p / min-p truncation, min-tokens
 masking and per-request seeded sampling, all vectorised over the batch. `SamplingMetadata`
-packs a step's per-request `SamplingParams` into tensors once per step.
+packs a step's per-request `SamplingParams` into tensors once per step. Penalties, biases,
+allowed tokens and bad words are applied first (layers/logits_processors.py); logprobs are
+taken from the raw logits by the caller (layers/logprobs.py), not here.
 
 Must not: know about requests, blocks or the scheduler; keep state between steps (a seeded
 row's randomness is derived from its seed and output position, so preemption and recompute
@@ -12,11 +14,13 @@ replay the same tokens); modify the caller's logits tensor.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
+from pagedllm.layers.logits_processors import LogitsProcessors
 from pagedllm.sampling_params import SamplingParams
 
 # Below this temperature a row is greedy (the same threshold as SamplingParams.is_greedy).
@@ -71,6 +75,8 @@ class SamplingMetadata:
         min_tokens_mask: (row indices [N] int64, token ids [N] int64) pairs that must not be
             sampled this step (EOS and stop_token_ids of rows still below min_tokens); None
             when no row is below its min_tokens.
+        logits_processors: allowed tokens, bad words, logit bias and penalties of the rows
+            that use them; None when no row does.
     """
 
     temperature: torch.Tensor
@@ -82,6 +88,7 @@ class SamplingMetadata:
     min_p: torch.Tensor | None = None
     generators: dict[int, torch.Generator] = field(default_factory=dict)
     min_tokens_mask: tuple[torch.Tensor, torch.Tensor] | None = None
+    logits_processors: LogitsProcessors | None = None
 
     @classmethod
     def build(
@@ -90,6 +97,8 @@ class SamplingMetadata:
         num_output_tokens: list[int],
         eos_token_ids: list[int | None],
         device: torch.device | str,
+        token_ids: Sequence[Sequence[int]] | None = None,
+        num_prompt_tokens: Sequence[int] | None = None,
     ) -> SamplingMetadata:
         """Pack one step's rows into tensors; features no random row uses stay None.
 
@@ -99,6 +108,8 @@ class SamplingMetadata:
                 of the token about to be sampled).
             eos_token_ids: per row, the EOS id, or None when the model has none.
             device: where the sampler runs.
+            token_ids / num_prompt_tokens: per row, prompt + output ids so far and the
+                prompt's length; read only for rows with penalties or bad words.
         """
         assert len(params) == len(num_output_tokens) == len(eos_token_ids)
         device = torch.device(device)
@@ -138,6 +149,7 @@ class SamplingMetadata:
             min_tokens_mask=_build_min_tokens_mask(
                 params, num_output_tokens, eos_token_ids, device
             ),
+            logits_processors=LogitsProcessors.build(params, token_ids, num_prompt_tokens, device),
         )
 
 
@@ -184,6 +196,8 @@ class Sampler(nn.Module):
 
     def forward(self, logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
         """Return the sampled token ids, [B] int64; `logits` ([B, V] float32) is not modified."""
+        if metadata.logits_processors is not None:
+            logits = metadata.logits_processors.apply(logits)  # a new [B, V] tensor
         if metadata.min_tokens_mask is not None:
             rows, token_ids = metadata.min_tokens_mask
             minus_inf = torch.tensor(-math.inf, device=logits.device)

@@ -11,11 +11,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from pagedllm.sampling_params import SamplingParams
+from pagedllm.worker.outputs import LogprobsLists
 
 
 @dataclass
 class CachedRequestState:
-    """What the worker knows about one running request."""
+    """What the worker knows about one running request.
+
+    `in_progress_prompt_logprobs` accumulates prompt logprobs chunk by chunk; None when the
+    request did not ask for them or they were already sent.
+    """
 
     request_id: str
     token_ids: list[int]
@@ -24,6 +29,7 @@ class CachedRequestState:
     eos_token_id: int | None
     block_ids: list[int]
     num_computed_tokens: int
+    in_progress_prompt_logprobs: LogprobsLists | None = None
 
     @property
     def num_tokens(self) -> int:

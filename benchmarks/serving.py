@@ -1,0 +1,332 @@
+"""Online serving benchmark against any OpenAI-compatible server (vLLM benchmark_serving style).
+
+An async httpx client sends `--num-prompts` streaming completion requests, either all at once
+(`--request-rate inf`) or as a Poisson process of rate λ, optionally capped at
+`--max-concurrency` in flight, and measures per request the time to first token (TTFT), the
+inter-token latencies (ITL), time per output token (TPOT) and end-to-end latency, then the
+output tokens/s of the run. `--launch pagedllm,llamacpp` starts each server itself on
+127.0.0.1 with the same GGUF model, runs the same workload against each in turn (one at a
+time, so they never share the CPU) and prints a comparison table.
+
+    python benchmarks/serving.py --base-url http://127.0.0.1:8000 --model NAME
+    python benchmarks/serving.py --launch pagedllm,llamacpp --num-prompts 32 --max-concurrency 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import load_tokenizer, locate_model, machine_info, make_prompts, write_json  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+READY_TIMEOUT_S = 600.0
+
+
+@dataclass
+class RequestResult:
+    """What one request measured (times in seconds)."""
+
+    success: bool = False
+    ttft: float = 0.0
+    latency: float = 0.0
+    itl: list[float] = field(default_factory=list)
+    output_text: str = ""
+    output_tokens: int = 0
+    prompt_tokens: int = 0
+    error: str = ""
+
+
+# ------------------------------------------------------------------------------- client
+
+
+async def send_request(client: httpx.AsyncClient, url: str, payload: dict[str, Any],
+                       headers: dict[str, str]) -> RequestResult:
+    """Stream one completion; TTFT and ITL are taken at each chunk carrying text."""
+    result = RequestResult()
+    start = last = time.perf_counter()
+    try:
+        async with client.stream("POST", url, json=payload, headers=headers) as response:
+            if response.status_code != 200:
+                result.error = f"HTTP {response.status_code}: {(await response.aread())[:200]!r}"
+                return result
+            async for line in response.aiter_lines():
+                if not line.startswith("data:") or line.strip() == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[5:])
+                if chunk.get("usage"):
+                    result.prompt_tokens = chunk["usage"].get("prompt_tokens", 0)
+                text = "".join(c.get("text") or "" for c in chunk.get("choices", []))
+                if not text:
+                    continue
+                now = time.perf_counter()
+                if not result.output_text:
+                    result.ttft = now - start
+                else:
+                    result.itl.append(now - last)
+                last = now
+                result.output_text += text
+        result.latency = time.perf_counter() - start
+        result.success = bool(result.output_text)
+        result.error = "" if result.success else "empty output"
+    except (httpx.HTTPError, json.JSONDecodeError) as error:
+        result.error = repr(error)
+    return result
+
+
+async def run_workload(base_url: str, model: str, prompts: list[str], args: argparse.Namespace,
+                       extra_body: dict[str, Any]) -> tuple[list[RequestResult], float]:
+    """Send every prompt at the request rate / concurrency; returns results and duration."""
+    url = base_url.rstrip("/") + "/v1/completions"
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    limit = asyncio.Semaphore(args.max_concurrency or len(prompts))
+    rng = random.Random(args.seed)
+    timeout = httpx.Timeout(args.request_timeout)
+    limits = httpx.Limits(max_connections=len(prompts) + 4)
+    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+
+        async def one(prompt: str) -> RequestResult:
+            payload = {"model": model, "prompt": prompt, "max_tokens": args.output_len,
+                       "temperature": 0.0, "stream": True, **extra_body}
+            async with limit:
+                return await send_request(client, url, payload, headers)
+
+        start = time.perf_counter()
+        tasks = []
+        for prompt in prompts:
+            tasks.append(asyncio.create_task(one(prompt)))
+            if args.request_rate != float("inf"):
+                await asyncio.sleep(rng.expovariate(args.request_rate))
+        results = await asyncio.gather(*tasks)
+        return list(results), time.perf_counter() - start
+
+
+# ------------------------------------------------------------------------------ metrics
+
+
+def _stats(values: list[float], scale: float = 1000.0) -> dict[str, float]:
+    if not values:
+        return {"mean": 0.0, "median": 0.0, "p99": 0.0}
+    ordered = sorted(v * scale for v in values)
+    p99 = ordered[min(len(ordered) - 1, int(round(0.99 * (len(ordered) - 1))))]
+    return {"mean": statistics.fmean(ordered), "median": statistics.median(ordered), "p99": p99}
+
+
+def summarize_run(results: list[RequestResult], duration: float, tokenizer: Any) -> dict:
+    """Aggregate metrics; output tokens are counted by re-tokenizing each output text."""
+    done = [r for r in results if r.success]
+    for r in done:
+        r.output_tokens = len(tokenizer.encode(r.output_text, add_special_tokens=False))
+    total_out = sum(r.output_tokens for r in done)
+    tpots = [(r.latency - r.ttft) / (r.output_tokens - 1) for r in done if r.output_tokens > 1]
+    return {
+        "completed": len(done),
+        "failed": len(results) - len(done),
+        "errors": sorted({r.error for r in results if not r.success})[:5],
+        "duration_s": duration,
+        "total_output_tokens": total_out,
+        "request_throughput": len(done) / duration,
+        "output_throughput": total_out / duration,
+        "ttft_ms": _stats([r.ttft for r in done]),
+        "tpot_ms": _stats(tpots),
+        "itl_ms": _stats([x for r in done for x in r.itl]),
+        "e2el_ms": _stats([r.latency for r in done]),
+    }
+
+
+def print_summary(name: str, summary: dict) -> None:
+    """vLLM-style block of one run."""
+    print(f"{'=' * 18} Serving Benchmark Result: {name} {'=' * 18}")
+    print(f"{'Successful requests:':<40}{summary['completed']:<10}")
+    print(f"{'Failed requests:':<40}{summary['failed']:<10}")
+    print(f"{'Benchmark duration (s):':<40}{summary['duration_s']:<10.2f}")
+    print(f"{'Total generated tokens:':<40}{summary['total_output_tokens']:<10}")
+    print(f"{'Request throughput (req/s):':<40}{summary['request_throughput']:<10.2f}")
+    print(f"{'Output token throughput (tok/s):':<40}{summary['output_throughput']:<10.2f}")
+    for key, label in (("ttft_ms", "Time to First Token"), ("tpot_ms", "Time per Output Token"),
+                       ("itl_ms", "Inter-token Latency"), ("e2el_ms", "End-to-end Latency")):
+        stats = summary[key]
+        print(f"{'-' * 14}{label}{'-' * 14}")
+        for stat in ("mean", "median", "p99"):
+            print(f"{f'{stat.capitalize()} {key[:-3].upper()} (ms):':<40}{stats[stat]:<10.2f}")
+    for error in summary["errors"]:
+        print(f"error: {error}")
+
+
+def print_comparison(summaries: dict[str, dict]) -> None:
+    """One row per server."""
+    header = (f"{'server':<10}{'ok':>5}{'out tok/s':>11}{'req/s':>8}{'TTFT mean':>11}"
+              f"{'p50':>9}{'p99':>9}{'TPOT mean':>11}{'ITL p50':>9}{'ITL p99':>9}"
+              f"{'E2E mean':>10}{'p99':>9}")
+    print(header)
+    for name, s in summaries.items():
+        print(f"{name:<10}{s['completed']:>5}{s['output_throughput']:>11.1f}"
+              f"{s['request_throughput']:>8.2f}{s['ttft_ms']['mean']:>11.0f}"
+              f"{s['ttft_ms']['median']:>9.0f}{s['ttft_ms']['p99']:>9.0f}"
+              f"{s['tpot_ms']['mean']:>11.1f}{s['itl_ms']['median']:>9.1f}"
+              f"{s['itl_ms']['p99']:>9.1f}{s['e2el_ms']['mean']:>10.0f}{s['e2el_ms']['p99']:>9.0f}")
+    print("(times in ms)")
+
+
+# ---------------------------------------------------------------------------- launchers
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def server_command(kind: str, gguf: str, port: int, args: argparse.Namespace) -> list[str]:
+    """The command line that starts `kind` ("pagedllm" or "llamacpp") on 127.0.0.1:port."""
+    if kind == "pagedllm":
+        return [sys.executable, "-m", "pagedllm.entrypoints.cli", "serve", gguf,
+                "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "bench",
+                "--max-model-len", str(args.max_model_len), "--uvicorn-log-level", "warning"]
+    if kind == "llamacpp":
+        return [args.llamacpp_python, "-m", "llama_cpp.server", "--model", gguf,
+                "--host", "127.0.0.1", "--port", str(port), "--model_alias", "bench",
+                "--n_threads", str(args.threads), "--n_ctx", str(args.max_model_len),
+                # By default a new request interrupts the one running; queue them instead.
+                "--interrupt_requests", "False"]
+    raise ValueError(f"unknown server kind {kind!r}: pagedllm or llamacpp")
+
+
+def start_server(kind: str, gguf: str, args: argparse.Namespace, log_dir: Path
+                 ) -> tuple[subprocess.Popen, str]:
+    """Start a server and wait until GET /v1/models answers; returns (process, base URL)."""
+    port = _free_port()
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), env.get("PYTHONPATH", "")])
+    log_dir.mkdir(parents=True, exist_ok=True)
+    with open(log_dir / f"{kind}.log", "wb") as log:
+        process = subprocess.Popen(server_command(kind, gguf, port, args), stdout=log,
+                                   stderr=subprocess.STDOUT, env=env)
+    base_url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{kind} exited ({process.returncode}); see {log_dir}/{kind}.log")
+        try:
+            if httpx.get(f"{base_url}/v1/models", timeout=2).status_code == 200:
+                return process, base_url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    process.kill()
+    raise RuntimeError(f"{kind} did not become ready in {READY_TIMEOUT_S}s")
+
+
+def stop_server(process: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL after 20 s."""
+    process.terminate()
+    try:
+        process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+# ---------------------------------------------------------------------------------- main
+
+
+def build_prompts(args: argparse.Namespace) -> tuple[list[str], Any, dict[str, Any]]:
+    """Deterministic text prompts of ~input_len tokens, the tokenizer, and the extra body."""
+    location = locate_model(args.tokenizer or args.gguf)
+    tokenizer = load_tokenizer(location)
+    ids = make_prompts(tokenizer, args.num_prompts, args.input_len, args.input_len, args.seed)
+    prompts = [tokenizer.decode(p) for p in ids]
+    extra: dict[str, Any] = {}
+    if args.ignore_eos:
+        # The same lever for every server: no special token (EOS included) can be sampled,
+        # so every run generates exactly output_len tokens.
+        extra["logit_bias"] = {str(t): -100 for t in sorted(set(tokenizer.all_special_ids))}
+    return prompts, tokenizer, extra
+
+
+async def _benchmark(base_url: str, model: str, prompts: list[str], args: argparse.Namespace,
+                     extra: dict[str, Any], tokenizer: Any) -> dict:
+    if args.warmup:
+        warm = argparse.Namespace(**{**vars(args), "output_len": 4, "max_concurrency": 2,
+                                     "request_rate": float("inf")})
+        await run_workload(base_url, model, prompts[:2], warm, extra)
+    results, duration = await run_workload(base_url, model, prompts, args, extra)
+    return summarize_run(results, duration, tokenizer)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line options."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--base-url", default=None, help="a running server (e.g. http://127.0.0.1:8000)")
+    p.add_argument("--model", default="bench", help="`model` sent with each request")
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--launch", default=None, help="start servers itself: pagedllm,llamacpp")
+    p.add_argument("--gguf", default=None, help="GGUF to serve (default: SmolLM2-135M Q4_1)")
+    p.add_argument("--tokenizer", default=None, help="tokenizer source (default: --gguf)")
+    p.add_argument("--llamacpp-python", default=sys.executable,
+                   help="python that has llama-cpp-python[server] installed")
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 2,
+                   help="llama.cpp threads (torch uses all cores by default)")
+    p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--num-prompts", type=int, default=32)
+    p.add_argument("--request-rate", type=float, default=float("inf"),
+                   help="requests/s of a Poisson process; inf sends all at once")
+    p.add_argument("--max-concurrency", type=int, default=None)
+    p.add_argument("--input-len", type=int, default=128)
+    p.add_argument("--output-len", type=int, default=64)
+    p.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--request-timeout", type=float, default=1800.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--log-dir", default="benchmarks/results/serving-logs",
+                   help="server logs of --launch runs")
+    p.add_argument("--output-json", default=None)
+    args = p.parse_args(argv)
+    if not (args.base_url or args.launch):
+        p.error("give --base-url or --launch")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the benchmark against --base-url and/or each --launch server."""
+    args = parse_args(argv)
+    args.gguf = args.gguf or locate_model(None).path
+    prompts, tokenizer, extra = build_prompts(args)
+    summaries: dict[str, dict] = {}
+    info = machine_info()
+    if args.base_url:
+        summaries["server"] = asyncio.run(
+            _benchmark(args.base_url, args.model, prompts, args, extra, tokenizer))
+    for kind in (args.launch.split(",") if args.launch else []):
+        process, base_url = start_server(kind, args.gguf, args, Path(args.log_dir))
+        try:
+            summaries[kind] = asyncio.run(
+                _benchmark(base_url, "bench", prompts, args, extra, tokenizer))
+        finally:
+            stop_server(process)
+    for name, summary in summaries.items():
+        print_summary(name, summary)
+    print_comparison(summaries)
+    if args.output_json:
+        config = {k: v for k, v in vars(args).items() if k != "api_key"}
+        write_json(args.output_json, {"config": config, "machine": info, "results": summaries})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""Chained block hashes: the identity of a full KV block for automatic prefix caching.
+
+A block's KV depends on every token before it, so its hash chains its parent block's hash,
+its own token ids and any extra keys that change the KV (a LoRA id or cache salt later).
+The digest is SHA-256 over a stable byte encoding, so equal hashes mean equal prefixes for
+all practical purposes (a collision is as unlikely as breaking SHA-256) and no token ids
+need to be stored for a collision check. The chain starts at `NONE_HASH`, a fixed seed.
+Only full blocks are hashed. This module must not import torch or anything outside `core/`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pagedllm.request import Request
+
+# A block hash: a 32-byte SHA-256 digest (bytes hash fast and compare exactly in dicts).
+BlockHash = bytes
+ExtraKeys = tuple[int | str, ...]
+
+# Root of every chain: the "parent" of a request's first block.
+NONE_HASH: BlockHash = hashlib.sha256(b"pagedllm/prefix-cache/none-hash/v1").digest()
+
+
+def hash_block_tokens(
+    parent_hash: BlockHash | None,
+    token_ids: Sequence[int],
+    extra_keys: ExtraKeys | None = None,
+) -> BlockHash:
+    """The hash of one full block.
+
+    Args:
+        parent_hash: hash of the previous block of the same sequence; None for the first
+            block (NONE_HASH is used).
+        token_ids: the block's token ids.
+        extra_keys: anything else the block's KV depends on (None when nothing).
+    """
+    digest = hashlib.sha256(parent_hash if parent_hash is not None else NONE_HASH)
+    # Token ids as little-endian int64: a fixed-width encoding, so no two token lists share
+    # bytes; the count is included so the extra keys cannot be read as tokens.
+    digest.update(struct.pack(f"<q{len(token_ids)}q", len(token_ids), *token_ids))
+    if extra_keys:
+        digest.update(repr(extra_keys).encode())
+    return digest.digest()
+
+
+def update_request_block_hashes(
+    request: Request, block_size: int, extra_keys: ExtraKeys | None = None
+) -> list[BlockHash]:
+    """Hash every full block of `request`'s tokens not yet hashed; return all its hashes.
+
+    Hashes accumulate in `request.block_hashes` (block i covers tokens
+    [i * block_size, (i + 1) * block_size)), so each block is hashed once per request even
+    as output tokens fill new blocks.
+    """
+    hashes = request.block_hashes
+    token_ids = request.all_token_ids
+    num_full_blocks = len(token_ids) // block_size
+    parent = hashes[-1] if hashes else None
+    for index in range(len(hashes), num_full_blocks):
+        start = index * block_size
+        parent = hash_block_tokens(parent, token_ids[start : start + block_size], extra_keys)
+        hashes.append(parent)
+    return hashes

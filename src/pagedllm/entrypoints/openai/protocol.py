@@ -1,0 +1,363 @@
+"""Pydantic models of the OpenAI-compatible API: requests, responses, stream chunks, errors.
+
+Field names, defaults and shapes follow OpenAI's API plus vLLM's extra sampling parameters.
+Requests accept unknown fields (logged and ignored, as vLLM does). Cross-field checks live
+here; mapping to SamplingParams lives in `sampling.py`. No engine code is imported here.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_serializer, model_validator
+
+from pagedllm.logger import init_logger
+
+logger = init_logger(__name__)
+
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+def random_uuid() -> str:
+    """A random hex id."""
+    return uuid.uuid4().hex
+
+
+class OpenAIBaseModel(BaseModel):
+    """Base of every request model: extra fields are accepted, logged and ignored."""
+
+    model_config = ConfigDict(extra="allow")
+
+    @model_validator(mode="after")
+    def _log_extra_fields(self) -> OpenAIBaseModel:
+        if self.model_extra:
+            logger.warning(
+                "The following fields were present in the request but ignored: %s",
+                sorted(self.model_extra),
+            )
+        return self
+
+
+class StreamOptions(BaseModel):
+    """`stream_options`: usage in a final chunk, or on every chunk."""
+
+    include_usage: bool | None = True
+    continuous_usage_stats: bool | None = False
+
+
+class SamplingExtras(OpenAIBaseModel):
+    """Sampling fields shared by completions and chat (OpenAI's and vLLM's extras)."""
+
+    model: str | None = None
+    frequency_penalty: float | None = 0.0
+    presence_penalty: float | None = 0.0
+    logit_bias: dict[str, float] | None = None
+    n: int = 1
+    best_of: int | None = None
+    seed: int | None = Field(default=None, ge=_INT64_MIN, le=_INT64_MAX)
+    stop: str | list[str] | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    user: str | None = None
+    # vLLM's sampling extras.
+    use_beam_search: bool = False
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    length_penalty: float = 1.0
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    prompt_logprobs: int | None = None
+    priority: int = 0
+    request_id: str | None = None
+    response_format: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _check_stream_fields(self) -> SamplingExtras:
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("Stream options can only be defined when `stream=True`.")
+        if self.stream and self.prompt_logprobs is not None:
+            raise ValueError("`prompt_logprobs` are not available when `stream=True`.")
+        return self
+
+    @property
+    def include_usage(self) -> bool:
+        """Whether a streamed response ends with a usage chunk."""
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        """Whether every streamed chunk carries usage."""
+        options = self.stream_options
+        return bool(self.include_usage and options and options.continuous_usage_stats)
+
+
+class CompletionRequest(SamplingExtras):
+    """POST /v1/completions."""
+
+    prompt: str | list[str] | list[int] | list[list[int]] | None = None
+    echo: bool = False
+    logprobs: int | None = None
+    max_tokens: int | None = 16
+    suffix: str | None = None
+    add_special_tokens: bool = True
+
+    @model_validator(mode="after")
+    def _check_prompt(self) -> CompletionRequest:
+        prompt = self.prompt
+        if prompt is None or prompt == "" or (isinstance(prompt, list) and not prompt):
+            raise ValueError("Either prompt or prompt_embeds must be provided and non-empty.")
+        if isinstance(prompt, list) and any(
+            p == "" or (isinstance(p, list) and not p) for p in prompt
+        ):
+            raise ValueError("Either prompt or prompt_embeds must be provided and non-empty.")
+        return self
+
+
+class TextContentPart(BaseModel):
+    """A `{"type": "text", "text": ...}` part of a message's content."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(BaseModel):
+    """One chat message; `content` is a string or a list of content parts."""
+
+    model_config = ConfigDict(extra="allow")
+    role: str
+    content: str | list[TextContentPart] | None = None
+    name: str | None = None
+
+
+class ChatCompletionRequest(SamplingExtras):
+    """POST /v1/chat/completions."""
+
+    messages: list[ChatMessage]
+    logprobs: bool | None = False
+    top_logprobs: int | None = 0
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    echo: bool = False
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    add_special_tokens: bool = False
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _check_chat(self) -> ChatCompletionRequest:
+        if not self.messages:
+            raise ValueError("messages must be a non-empty list of messages.")
+        if self.top_logprobs is not None and self.top_logprobs != -1:
+            if self.top_logprobs < 0:
+                raise ValueError("`top_logprobs` must be a positive value or -1.")
+            if self.top_logprobs > 0 and not self.logprobs:
+                raise ValueError("when using `top_logprobs`, `logprobs` must be set to true.")
+        if self.continue_final_message and self.add_generation_prompt:
+            raise ValueError(
+                "Cannot set both `continue_final_message` and `add_generation_prompt` to True."
+            )
+        return self
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        """max_completion_tokens, else the deprecated max_tokens."""
+        if self.max_completion_tokens is not None:
+            return self.max_completion_tokens
+        return self.max_tokens
+
+
+class TokenizeRequest(OpenAIBaseModel):
+    """POST /tokenize: a prompt, or chat messages rendered with the chat template."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template: str | None = None
+    return_token_strs: bool = False
+
+    @model_validator(mode="after")
+    def _check_one_input(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("Provide exactly one of `prompt` or `messages`.")
+        return self
+
+
+class DetokenizeRequest(OpenAIBaseModel):
+    """POST /detokenize."""
+
+    model: str | None = None
+    tokens: list[int]
+
+
+# ------------------------------------------------------------------------------ responses
+
+
+class UsageInfo(BaseModel):
+    """Token counts of a response."""
+
+    prompt_tokens: int = 0
+    total_tokens: int = 0
+    completion_tokens: int | None = 0
+
+
+class CompletionLogProbs(BaseModel):
+    """Legacy completions logprobs: parallel lists per generated token."""
+
+    text_offset: list[int] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    tokens: list[str] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
+
+
+class CompletionChoice(BaseModel):
+    """One choice of a completion (also the shape of a stream chunk's choice)."""
+
+    index: int
+    text: str
+    logprobs: CompletionLogProbs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    prompt_logprobs: list[dict[int, Any] | None] | None = None
+
+
+class CompletionResponse(BaseModel):
+    """A /v1/completions response or stream chunk (`object` is the same for both)."""
+
+    id: str
+    object: str = "text_completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[CompletionChoice]
+    usage: UsageInfo | None = None
+    system_fingerprint: str | None = None
+
+
+class TopLogprob(BaseModel):
+    """One alternative token in chat logprobs."""
+
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class ChatLogprobToken(TopLogprob):
+    """A generated token in chat logprobs, with its alternatives."""
+
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class ChatLogprobs(BaseModel):
+    """Chat logprobs: one entry per generated token."""
+
+    content: list[ChatLogprobToken] | None = None
+
+
+class ResponseMessage(BaseModel):
+    """The assistant's message (full response) or a delta (stream chunk)."""
+
+    role: str | None = None
+    content: str | None = None
+
+
+class ChatChoice(BaseModel):
+    """One choice of a chat completion."""
+
+    index: int
+    message: ResponseMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class ChatStreamChoice(BaseModel):
+    """One choice of a chat stream chunk."""
+
+    index: int
+    delta: ResponseMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+    @field_serializer("delta")
+    def _delta_without_nulls(self, delta: ResponseMessage) -> dict[str, Any]:
+        # OpenAI's deltas carry only what changed: the role once, then content.
+        return delta.model_dump(exclude_none=True)
+
+
+class ChatCompletionResponse(BaseModel):
+    """A /v1/chat/completions response."""
+
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatChoice]
+    usage: UsageInfo
+    system_fingerprint: str | None = None
+    prompt_logprobs: list[dict[int, Any] | None] | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    """A /v1/chat/completions stream chunk."""
+
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatStreamChoice]
+    usage: UsageInfo | None = None
+    system_fingerprint: str | None = None
+
+
+class ModelCard(BaseModel):
+    """One entry of GET /v1/models."""
+
+    id: str
+    object: str = "model"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    owned_by: str = "pagedllm"
+    root: str | None = None
+    parent: str | None = None
+    max_model_len: int | None = None
+    permission: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class ModelList(BaseModel):
+    """GET /v1/models."""
+
+    object: str = "list"
+    data: list[ModelCard] = Field(default_factory=list)
+
+
+class ErrorInfo(BaseModel):
+    """The `error` object of an error response (vLLM: `code` is the HTTP status)."""
+
+    message: str
+    type: str
+    param: str | None = None
+    code: int
+
+
+class ErrorResponse(BaseModel):
+    """`{"error": {...}}`."""
+
+    error: ErrorInfo

@@ -1,0 +1,148 @@
+"""OpenAI request fields → SamplingParams, with vLLM's defaults and checks.
+
+Values resolve in vLLM's order: the request's value, then the model's generation_config.json,
+then OpenAI's default. A parameter the engine does not implement yet (its SamplingParams field
+is missing) is accepted at its neutral value and answered with a 400 otherwise, never
+silently ignored. Validation of values stays in SamplingParams (ValueError → 400).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from pagedllm.entrypoints.openai.errors import APIError
+from pagedllm.entrypoints.openai.protocol import SamplingExtras
+from pagedllm.sampling_params import RequestOutputKind, SamplingParams
+
+_LOGIT_BIAS_LIMIT = 100.0
+# Keys of generation_config.json that become server-side sampling defaults.
+_GENERATION_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+# Fields that only exist once the engine supports them, with their neutral value.
+_OPTIONAL_FIELDS: dict[str, Any] = {
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "repetition_penalty": 1.0,
+    "logit_bias": None,
+    "allowed_token_ids": None,
+    "bad_words": None,
+    "logprobs": None,
+    "prompt_logprobs": None,
+    "best_of": None,
+}
+
+
+def sampling_params_fields() -> set[str]:
+    """Names of the fields SamplingParams has (checked per call: cheap, and always current)."""
+    return {f.name for f in dataclasses.fields(SamplingParams)}
+
+
+def load_generation_defaults(model_dir: str) -> dict[str, Any]:
+    """Sampling defaults the model ships in generation_config.json (only the keys it sets)."""
+    path = Path(model_dir) / "generation_config.json"
+    if not path.is_file():
+        return {}
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {key: config[key] for key in _GENERATION_DEFAULT_KEYS if key in config}
+
+
+def _parse_logit_bias(logit_bias: dict[str, float] | None) -> dict[int, float] | None:
+    if logit_bias is None:
+        return None
+    parsed = {}
+    for key, value in logit_bias.items():
+        try:
+            token_id = int(key)
+        except ValueError:
+            raise APIError(
+                f"logit_bias keys must be token ids (integers as strings), got {key!r}.",
+                param="logit_bias",
+            ) from None
+        parsed[token_id] = max(-_LOGIT_BIAS_LIMIT, min(_LOGIT_BIAS_LIMIT, float(value)))
+    return parsed
+
+
+def _check_unsupported(request: SamplingExtras) -> None:
+    if request.use_beam_search:
+        raise APIError("use_beam_search is not supported yet.", param="use_beam_search")
+    response_format = request.response_format or {}
+    if response_format.get("type", "text") != "text":
+        raise APIError(
+            "response_format other than 'text' (structured outputs) is not supported yet.",
+            param="response_format",
+        )
+
+
+def build_sampling_params(
+    request: SamplingExtras,
+    max_tokens: int | None,
+    logprobs: int | None,
+    defaults: dict[str, Any],
+) -> SamplingParams:
+    """The SamplingParams of one prompt of `request`.
+
+    Args:
+        max_tokens: resolved output budget (None: up to max_model_len).
+        logprobs: number of top logprobs per token, or None.
+        defaults: the model's generation_config.json sampling defaults.
+
+    Raises:
+        APIError: a parameter pagedllm does not support yet.
+        ValueError: an invalid value (SamplingParams' own checks).
+    """
+    _check_unsupported(request)
+
+    def pick(name: str, openai_default: Any) -> Any:
+        value = getattr(request, name)
+        if value is not None:
+            return value
+        return defaults.get(name, openai_default)
+
+    kwargs: dict[str, Any] = dict(
+        n=request.n,
+        temperature=pick("temperature", 1.0),
+        top_p=pick("top_p", 1.0),
+        top_k=pick("top_k", 0),
+        min_p=pick("min_p", 0.0),
+        seed=request.seed,
+        stop=request.stop,
+        stop_token_ids=request.stop_token_ids,
+        ignore_eos=request.ignore_eos,
+        max_tokens=max_tokens,
+        min_tokens=request.min_tokens,
+        include_stop_str_in_output=request.include_stop_str_in_output,
+        skip_special_tokens=request.skip_special_tokens,
+        spaces_between_special_tokens=request.spaces_between_special_tokens,
+        output_kind=RequestOutputKind.DELTA if request.stream else RequestOutputKind.FINAL_ONLY,
+    )
+    optional = {
+        "presence_penalty": request.presence_penalty or 0.0,
+        "frequency_penalty": request.frequency_penalty or 0.0,
+        "repetition_penalty": pick("repetition_penalty", 1.0),
+        "logit_bias": _parse_logit_bias(request.logit_bias),
+        "allowed_token_ids": request.allowed_token_ids,
+        "bad_words": request.bad_words or None,
+        "logprobs": logprobs,
+        "prompt_logprobs": request.prompt_logprobs,
+        "best_of": None if request.best_of in (None, request.n) else request.best_of,
+    }
+    kwargs.update(_supported_optional(optional))
+    return SamplingParams(**kwargs)
+
+
+def _supported_optional(values: dict[str, Any]) -> dict[str, Any]:
+    """The optional values SamplingParams can take; 400 for a non-neutral one it cannot."""
+    fields = sampling_params_fields()
+    supported = {}
+    for name, value in values.items():
+        if name in fields:
+            if value is not None:
+                supported[name] = value
+        elif value != _OPTIONAL_FIELDS[name]:
+            raise APIError(f"{name} is not supported yet by this server.", param=name)
+    return supported

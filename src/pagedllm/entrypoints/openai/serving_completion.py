@@ -1,0 +1,192 @@
+"""POST /v1/completions: one engine request per prompt, streamed (SSE) or gathered.
+
+A list of prompts fans out into one engine request each (choice index = prompt index * n +
+sequence index). `echo` prepends the prompt; with `max_tokens=0` only the prompt comes back.
+Every engine request this handler started is aborted when it ends early (client gone, error).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from pagedllm.entrypoints.openai.errors import APIError, sse_error
+from pagedllm.entrypoints.openai.logprobs import align, completion_logprobs
+from pagedllm.entrypoints.openai.protocol import (
+    CompletionChoice,
+    CompletionRequest,
+    CompletionResponse,
+    UsageInfo,
+    random_uuid,
+)
+from pagedllm.entrypoints.openai.sampling import build_sampling_params
+from pagedllm.entrypoints.openai.serving_engine import (
+    SSE_DONE,
+    CleanupStreamingResponse,
+    OpenAIServing,
+    TokenizedPrompt,
+    cancel_on_disconnect,
+    format_prompt_logprobs,
+    merge_async_iterators,
+    sse,
+)
+from pagedllm.outputs import CompletionOutput, RequestOutput
+
+
+class OpenAIServingCompletion(OpenAIServing):
+    """Handler of /v1/completions."""
+
+    async def create_completion(self, request: CompletionRequest, raw_request: Request) -> Response:
+        """Answer one completion request (JSON, or an SSE stream when `stream`)."""
+        self.check_model(request.model)
+        if request.suffix is not None:
+            raise APIError("suffix is not currently supported.", param="suffix")
+        prompts = self._prepare_prompts(request)
+        echo_only = request.echo and request.max_tokens == 0
+        base_id = request.request_id or f"cmpl-{random_uuid()}"
+        engine_ids = [f"{base_id}-{i}" for i in range(len(prompts))]
+        streams = await self.add_requests(
+            request, [p.engine_prompt() for p in prompts], engine_ids,
+            self._sampling_params(request, echo_only), add_special_tokens=False,
+        )
+        created = int(time.time())
+        if request.stream:
+            body = self._stream(request, base_id, created, prompts, streams, echo_only)
+            return CleanupStreamingResponse(body, lambda: self.engine.abort(engine_ids))
+        try:
+            finals = await cancel_on_disconnect(raw_request, _gather(streams))
+        finally:
+            await self.engine.abort(engine_ids)
+        if finals is None:
+            return Response(status_code=499)  # the client is gone; nobody reads this
+        response = self._build_response(request, base_id, created, prompts, finals, echo_only)
+        return JSONResponse(response.model_dump())
+
+    def _prepare_prompts(self, request: CompletionRequest) -> list[TokenizedPrompt]:
+        prompt = request.prompt
+        if isinstance(prompt, str):
+            raw: list[Any] = [prompt]
+        elif prompt and isinstance(prompt[0], int):
+            raw = [prompt]
+        else:
+            raw = list(prompt or [])
+        max_tokens = None if request.echo and request.max_tokens == 0 else request.max_tokens
+        prompts = []
+        for item in raw:
+            if isinstance(item, str):
+                ids = self.tokenize(item, request.add_special_tokens)
+                text: str | None = item
+            else:
+                ids, text = list(item), None
+            ids = self.truncate(ids, request.truncate_prompt_tokens)
+            self.check_length(len(ids), max_tokens, "prompt")
+            if text is None or request.truncate_prompt_tokens is not None:
+                text = self.tokenizer.decode(ids) if request.echo else text
+            prompts.append(TokenizedPrompt(text, ids))
+        return prompts
+
+    def _sampling_params(self, request: CompletionRequest, echo_only: bool) -> Any:
+        # echo with max_tokens=0 runs one step for prompt logprobs and drops its token.
+        max_tokens = 1 if echo_only else request.max_tokens
+        if request.echo and request.logprobs is not None and request.prompt_logprobs is None:
+            # Echoed prompt tokens carry logprobs too, which only prompt logprobs provide.
+            request = request.model_copy(update={"prompt_logprobs": request.logprobs})
+        return build_sampling_params(request, max_tokens, request.logprobs,
+                                     self.generation_defaults)
+
+    def _choice(
+        self, request: CompletionRequest, prompt: TokenizedPrompt, output: RequestOutput,
+        seq: CompletionOutput, index: int, echo: bool, echo_only: bool,
+    ) -> CompletionChoice:
+        token_ids = [] if echo_only else list(seq.token_ids)
+        text = "" if echo_only else seq.text
+        logprobs = None if echo_only else align(seq.token_ids, seq.logprobs)
+        finish_reason = "length" if echo_only and seq.finish_reason else seq.finish_reason
+        if echo:
+            text = (prompt.text or "") + text
+            if logprobs is not None or echo_only:
+                prompt_lp = align(prompt.token_ids, output.prompt_logprobs)
+                logprobs = prompt_lp + (logprobs or [])
+                token_ids = prompt.token_ids + token_ids
+        choice = CompletionChoice(
+            index=index, text=text, finish_reason=finish_reason,
+            stop_reason=None if echo_only else seq.stop_reason,
+        )
+        if request.logprobs is not None and logprobs is not None:
+            choice.logprobs = completion_logprobs(
+                token_ids, logprobs, request.logprobs, self.tokenizer
+            )
+        if request.prompt_logprobs is not None and output.prompt_logprobs is not None:
+            choice.prompt_logprobs = format_prompt_logprobs(output.prompt_logprobs)
+        return choice
+
+    def _build_response(
+        self, request: CompletionRequest, response_id: str, created: int,
+        prompts: list[TokenizedPrompt], finals: list[RequestOutput], echo_only: bool,
+    ) -> CompletionResponse:
+        choices, num_generated = [], 0
+        for i, (prompt, output) in enumerate(zip(prompts, finals, strict=True)):
+            for seq in sorted(output.outputs, key=lambda s: s.index):
+                index = i * request.n + seq.index
+                choices.append(self._choice(request, prompt, output, seq, index,
+                                            request.echo, echo_only))
+                num_generated += 0 if echo_only else len(seq.token_ids)
+        num_prompt = sum(len(p.token_ids) for p in prompts)
+        return CompletionResponse(
+            id=response_id, created=created, model=self.model_name, choices=choices,
+            usage=_usage(num_prompt, num_generated),
+            system_fingerprint=self.system_fingerprint,
+        )
+
+    async def _stream(
+        self, request: CompletionRequest, response_id: str, created: int,
+        prompts: list[TokenizedPrompt], streams: list[AsyncIterator[RequestOutput]],
+        echo_only: bool,
+    ) -> AsyncGenerator[str, None]:
+        echoed: set[int] = set()
+        num_generated = 0
+        num_prompt = sum(len(p.token_ids) for p in prompts)
+        try:
+            async for i, output in merge_async_iterators(*streams):
+                for seq in output.outputs:
+                    index = i * request.n + seq.index
+                    echo = request.echo and index not in echoed
+                    echoed.add(index)
+                    num_generated += 0 if echo_only else len(seq.token_ids)
+                    has_logprobs = request.logprobs is not None and seq.token_ids
+                    if not (seq.text or seq.finish_reason or echo or has_logprobs):
+                        continue  # nothing new yet (text held back by the detokenizer)
+                    choice = self._choice(request, prompts[i], output, seq, index, echo,
+                                          echo_only)
+                    chunk = CompletionResponse(
+                        id=response_id, created=created, model=self.model_name,
+                        choices=[choice], system_fingerprint=self.system_fingerprint,
+                    )
+                    if request.continuous_usage:
+                        chunk.usage = _usage(num_prompt, num_generated)
+                    yield sse(chunk)
+            if request.include_usage:
+                yield sse(CompletionResponse(
+                    id=response_id, created=created, model=self.model_name, choices=[],
+                    usage=_usage(num_prompt, num_generated),
+                    system_fingerprint=self.system_fingerprint,
+                ))
+        except Exception as error:  # noqa: BLE001 - reported in the stream after the 200
+            yield sse_error(error)
+        yield SSE_DONE
+
+
+async def _gather(streams: list[AsyncIterator[RequestOutput]]) -> list[RequestOutput]:
+    finals: list[Any] = [None] * len(streams)
+    async for i, output in merge_async_iterators(*streams):
+        finals[i] = output
+    return finals
+
+
+def _usage(num_prompt: int, num_generated: int) -> UsageInfo:
+    return UsageInfo(prompt_tokens=num_prompt, completion_tokens=num_generated,
+                     total_tokens=num_prompt + num_generated)

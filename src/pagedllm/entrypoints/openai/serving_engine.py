@@ -1,0 +1,245 @@
+"""What every OpenAI handler shares: the engine, served names, prompt checks, SSE helpers.
+
+`OpenAIServing` checks the requested model, tokenizes and length-checks prompts the way vLLM
+reports them, and frames server-sent events. Handlers subclass it; none of this code runs
+the model itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any, TypeVar
+
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel
+from starlette.types import Receive, Scope, Send
+
+from pagedllm import __version__
+from pagedllm.engine.async_llm import AsyncLLM
+from pagedllm.entrypoints.openai.errors import APIError
+from pagedllm.entrypoints.openai.protocol import SamplingExtras
+from pagedllm.entrypoints.openai.sampling import load_generation_defaults
+from pagedllm.outputs import RequestOutput
+from pagedllm.sampling_params import SamplingParams
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class ServingConfig:
+    """Server-side settings the handlers need.
+
+    Attributes:
+        served_model_names: names clients may pass as `model` (the first is reported).
+        chat_template: a Jinja template overriding the model's (None: the model's own).
+    """
+
+    served_model_names: tuple[str, ...]
+    chat_template: str | None = None
+
+
+@dataclass
+class TokenizedPrompt:
+    """One prompt ready for the engine."""
+
+    text: str | None
+    token_ids: list[int]
+
+    def engine_prompt(self) -> dict[str, Any]:
+        """The prompt as AsyncLLM.generate takes it (already tokenized)."""
+        return {"prompt_token_ids": self.token_ids, "prompt": self.text}
+
+
+class OpenAIServing:
+    """Base of the /v1 handlers."""
+
+    def __init__(self, engine: AsyncLLM, config: ServingConfig) -> None:
+        self.engine = engine
+        self.config = config
+        self.tokenizer = engine.get_tokenizer()
+        model_config = engine.get_model_config()
+        self.max_model_len = model_config.max_model_len
+        self.generation_defaults = load_generation_defaults(model_config.model_dir)
+        digest = hashlib.sha256(
+            f"pagedllm-{__version__}-{model_config.model}-{model_config.dtype}".encode()
+        ).hexdigest()
+        self.system_fingerprint = f"fp_{digest[:10]}"
+
+    @property
+    def model_name(self) -> str:
+        """The name reported in responses."""
+        return self.config.served_model_names[0]
+
+    def check_model(self, model: str | None) -> None:
+        """404 unless `model` is None or one of the served names."""
+        if model is not None and model not in self.config.served_model_names:
+            raise APIError(
+                f"The model `{model}` does not exist.", HTTPStatus.NOT_FOUND, param="model"
+            )
+
+    def tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
+        """Token ids of `text`."""
+        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+    def truncate(self, token_ids: list[int], truncate_prompt_tokens: int | None) -> list[int]:
+        """Keep the last `truncate_prompt_tokens` ids (-1: as many as the context allows)."""
+        if truncate_prompt_tokens is None:
+            return token_ids
+        keep = self.max_model_len - 1 if truncate_prompt_tokens == -1 else truncate_prompt_tokens
+        return token_ids[-keep:] if keep > 0 else token_ids
+
+    def check_length(self, num_prompt_tokens: int, max_tokens: int | None, field: str) -> None:
+        """400 when the prompt, or prompt + max_tokens, exceeds max_model_len (vLLM's words)."""
+        limit = self.max_model_len
+        if num_prompt_tokens >= limit:
+            raise APIError(
+                f"This model's maximum context length is {limit} tokens. However, your "
+                f"prompt contains {num_prompt_tokens} input tokens, which leaves no room for "
+                "output. Please reduce the length of the input prompt.",
+                param=field,
+            )
+        if max_tokens is not None and num_prompt_tokens + max_tokens > limit:
+            raise APIError(
+                f"This model's maximum context length is {limit} tokens. However, you "
+                f"requested {max_tokens} output tokens and your prompt contains "
+                f"{num_prompt_tokens} input tokens, for a total of "
+                f"{num_prompt_tokens + max_tokens} tokens. Please reduce the length of the "
+                "input prompt or the number of requested output tokens.",
+                param="max_tokens",
+            )
+
+    async def add_requests(
+        self,
+        request: SamplingExtras,
+        engine_prompts: list[dict[str, Any]],
+        engine_ids: list[str],
+        params: SamplingParams,
+        add_special_tokens: bool,
+    ) -> list[AsyncIterator[RequestOutput]]:
+        """Queue one engine request per prompt; all or none (a failure aborts the rest)."""
+        streams: list[AsyncIterator[RequestOutput]] = []
+        try:
+            for prompt, engine_id in zip(engine_prompts, engine_ids, strict=True):
+                stream = await self.engine.add_request(
+                    engine_id, prompt, params, request.priority, add_special_tokens
+                )
+                streams.append(stream)
+        except BaseException:
+            await self.engine.abort(engine_ids[: len(streams)])
+            raise
+        return streams
+
+
+class CleanupStreamingResponse(StreamingResponse):
+    """A streaming response that runs `cleanup` however the stream ends.
+
+    Starlette may cancel a stream before its body iterator ever starts (client gone), so the
+    generator's own `finally` cannot be relied on to abort the engine requests.
+    """
+
+    def __init__(
+        self, content: AsyncIterator[str], cleanup: Callable[[], Awaitable[None]]
+    ) -> None:
+        super().__init__(content, media_type="text/event-stream")
+        self._cleanup = cleanup
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._cleanup()
+
+
+def format_prompt_logprobs(
+    prompt_logprobs: list[dict[int, Any] | None],
+) -> list[dict[int, Any] | None]:
+    """Prompt logprobs as JSON: token id → {logprob, rank, decoded_token} per position."""
+    return [
+        None if position is None else {
+            token_id: {
+                "logprob": float(getattr(entry, "logprob", entry)),
+                "rank": getattr(entry, "rank", None),
+                "decoded_token": getattr(entry, "decoded_token", None),
+            }
+            for token_id, entry in position.items()
+        }
+        for position in prompt_logprobs
+    ]
+
+
+def sse(payload: BaseModel | dict[str, Any]) -> str:
+    """One server-sent event frame."""
+    if isinstance(payload, BaseModel):
+        return f"data: {payload.model_dump_json()}\n\n"
+    return f"data: {json.dumps(payload)}\n\n"
+
+
+SSE_DONE = "data: [DONE]\n\n"
+
+
+async def merge_async_iterators(
+    *iterators: AsyncIterator[T],
+) -> AsyncGenerator[tuple[int, T], None]:
+    """Items of several async iterators as they arrive, tagged with the iterator's index.
+
+    Closing or cancelling the merged generator cancels every source (so each aborts).
+    """
+    if len(iterators) == 1:
+        async for item in iterators[0]:
+            yield 0, item
+        return
+    queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+    done = object()
+
+    async def drain(index: int, iterator: AsyncIterator[T]) -> None:
+        try:
+            async for item in iterator:
+                await queue.put((index, item))
+        except Exception as error:  # noqa: BLE001 - re-raised by the consumer
+            await queue.put((index, error))
+        await queue.put((index, done))
+
+    tasks = [asyncio.ensure_future(drain(i, it)) for i, it in enumerate(iterators)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            index, item = await queue.get()
+            if item is done:
+                remaining -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def cancel_on_disconnect(request: Request, work: Awaitable[T]) -> T | None:
+    """Run `work` until it ends or the client disconnects (then cancel it; None)."""
+    task = asyncio.ensure_future(work)
+
+    async def wait_disconnect() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(wait_disconnect())
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if task in done:
+            return task.result()
+        # The client left: cancelling the work aborts its requests and frees their blocks.
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return None
+    finally:
+        for pending in (task, watcher):
+            if not pending.done():
+                pending.cancel()

@@ -1,0 +1,43 @@
+"""POST /tokenize and /detokenize: the model's tokenizer over HTTP (vLLM's shapes)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pagedllm.entrypoints.openai.errors import APIError
+from pagedllm.entrypoints.openai.protocol import DetokenizeRequest, TokenizeRequest
+from pagedllm.entrypoints.openai.serving_chat import OpenAIServingChat
+
+
+class OpenAIServingTokenization(OpenAIServingChat):
+    """Handlers of /tokenize (a prompt, or chat messages through the template) and /detokenize."""
+
+    def tokenize_request(self, request: TokenizeRequest) -> dict[str, Any]:
+        """`{count, max_model_len, tokens[, token_strs]}`."""
+        self.check_model(request.model)
+        if request.messages is not None:
+            text = self.render(request.messages, request.chat_template,
+                               request.add_generation_prompt, request.continue_final_message)
+            add_special = bool(request.add_special_tokens)  # chat: template wrote them
+        else:
+            text = request.prompt or ""
+            add_special = request.add_special_tokens is not False
+        tokens = self.tokenize(text, add_special)
+        result: dict[str, Any] = {
+            "count": len(tokens), "max_model_len": self.max_model_len, "tokens": tokens,
+        }
+        if request.return_token_strs:
+            result["token_strs"] = self.tokenizer.convert_ids_to_tokens(tokens)
+        return result
+
+    def detokenize_request(self, request: DetokenizeRequest) -> dict[str, Any]:
+        """`{prompt}`; token ids outside the vocabulary are a 400."""
+        self.check_model(request.model)
+        vocab_size = self.engine.get_model_config().hf_config.vocab_size
+        bad = [t for t in request.tokens if not 0 <= t < vocab_size]
+        if bad:
+            raise APIError(
+                f"tokens {bad[:8]} are out of vocabulary (vocabulary size: {vocab_size}).",
+                param="tokens",
+            )
+        return {"prompt": self.tokenizer.decode(request.tokens)}

@@ -1,0 +1,291 @@
+"""Stat loggers: a periodic log line and a Prometheus exporter with vLLM's metric names.
+
+Both consume the same three inputs: the core's `SchedulerStats` after a step, what a batch of
+outputs meant per request (`IterationSample`), and finished requests
+(`FinishedRequestSample`). Names follow vLLM V1 with a `pagedllm:` prefix, each labelled
+`model_name` and `engine`. This module measures nothing itself.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+
+from pagedllm.logger import init_logger
+from pagedllm.metrics.request_timing import FinishedRequestSample, IterationSample
+
+logger = init_logger(__name__)
+
+PREFIX = "pagedllm:"
+FINISH_REASONS = ("stop", "length", "abort")
+
+TTFT_BUCKETS = [
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+]
+ITL_BUCKETS = [
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+]
+LATENCY_BUCKETS = [
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+]
+
+
+def build_1_2_5_buckets(max_value: int) -> list[int]:
+    """1, 2, 5, 10, 20, 50, ... up to `max_value` (token-count histograms)."""
+    buckets: list[int] = []
+    exponent = 0
+    while True:
+        for mantissa in (1, 2, 5):
+            value = mantissa * 10**exponent
+            if value > max_value:
+                return buckets
+            buckets.append(value)
+        exponent += 1
+
+
+class LoggingStatLogger:
+    """Logs throughput, load and KV usage every `interval_s` while the engine is busy."""
+
+    def __init__(self, interval_s: float = 10.0) -> None:
+        self.interval_s = interval_s
+        self._last_log = time.monotonic()
+        self._num_prompt_tokens = 0
+        self._num_generation_tokens = 0
+        self._stats: Any = None
+
+    def record(self, scheduler_stats: Any, iteration: IterationSample | None) -> None:
+        """Accumulate one batch, and log if the interval passed."""
+        if scheduler_stats is not None:
+            self._stats = scheduler_stats
+        if iteration is not None:
+            self._num_prompt_tokens += iteration.num_prompt_tokens
+            self._num_generation_tokens += iteration.num_generation_tokens
+        now = time.monotonic()
+        if now - self._last_log >= self.interval_s:
+            self._log(now)
+
+    def _log(self, now: float) -> None:
+        elapsed = now - self._last_log
+        stats = self._stats
+        if self._num_generation_tokens or (stats is not None and stats.num_running_reqs):
+            logger.info(
+                "Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f "
+                "tokens/s, Running: %d reqs, Waiting: %d reqs, KV cache usage: %.1f%%",
+                self._num_prompt_tokens / elapsed,
+                self._num_generation_tokens / elapsed,
+                getattr(stats, "num_running_reqs", 0),
+                getattr(stats, "num_waiting_reqs", 0),
+                100.0 * getattr(stats, "kv_cache_usage", 0.0),
+            )
+        self._last_log = now
+        self._num_prompt_tokens = self._num_generation_tokens = 0
+
+
+class PrometheusStatLogger:
+    """Prometheus metrics of one engine, in their own registry (see `render`).
+
+    Args:
+        model_name: the served model name (label `model_name`).
+        max_model_len: upper bound of the token-count histograms.
+        config_labels: labels of the info-style `cache_config_info` gauge.
+    """
+
+    def __init__(
+        self, model_name: str, max_model_len: int, config_labels: dict[str, str] | None = None
+    ) -> None:
+        # The `*_created` series double the output and no vLLM dashboard reads them.
+        disable_created_metrics()
+        self.registry = CollectorRegistry()
+        self._labels = {"model_name": model_name, "engine": "0"}
+        self._last_cumulative: dict[str, int] = {}
+        self._make_scheduler_metrics(config_labels or {})
+        self._make_request_metrics(build_1_2_5_buckets(max_model_len))
+
+    def _metric(self, kind: type, name: str, doc: str, **kwargs: Any) -> Any:
+        labelnames = list(self._labels) + kwargs.pop("extra_labels", [])
+        return kind(PREFIX + name, doc, labelnames, registry=self.registry, **kwargs)
+
+    def _make_scheduler_metrics(self, config_labels: dict[str, str]) -> None:
+        m, labels = self._metric, self._labels
+        self.running = m(Gauge, "num_requests_running", "Requests in the running batch.")
+        self.waiting = m(Gauge, "num_requests_waiting", "Requests waiting for admission.")
+        self.kv_usage = m(Gauge, "kv_cache_usage_perc", "KV cache usage (1 = 100%).")
+        self.preemptions = m(Counter, "num_preemptions", "Cumulative preemptions.")
+        self.prefix_queries = m(
+            Counter, "prefix_cache_queries", "Prompt tokens looked up in the prefix cache."
+        )
+        self.prefix_hits = m(Counter, "prefix_cache_hits", "Prompt tokens found cached.")
+        for gauge in (self.running, self.waiting, self.kv_usage):
+            gauge.labels(**labels).set(0)
+        for counter in (self.preemptions, self.prefix_queries, self.prefix_hits):
+            counter.labels(**labels)
+        info = Gauge(
+            PREFIX + "cache_config_info",
+            "Cache configuration.",
+            list(config_labels),
+            registry=self.registry,
+        )
+        info.labels(**config_labels).set(1)
+
+    def _make_request_metrics(self, token_buckets: list[int]) -> None:
+        m, labels = self._metric, self._labels
+        self.prompt_tokens = m(Counter, "prompt_tokens", "Prompt tokens processed.")
+        self.generation_tokens = m(Counter, "generation_tokens", "Generated tokens.")
+        self.success = m(
+            Counter,
+            "request_success",
+            "Finished requests by finish reason.",
+            extra_labels=["finished_reason"],
+        )
+        for reason in FINISH_REASONS:
+            self.success.labels(**labels, finished_reason=reason)
+        self.ttft = m(
+            Histogram, "time_to_first_token_seconds", "Time to first token.", buckets=TTFT_BUCKETS
+        )
+        self.itl = m(
+            Histogram, "inter_token_latency_seconds", "Inter-token latency.", buckets=ITL_BUCKETS
+        )
+        self.tpot = m(
+            Histogram,
+            "request_time_per_output_token_seconds",
+            "Mean time per output token of each request.",
+            buckets=ITL_BUCKETS,
+        )
+        self.e2e = m(
+            Histogram,
+            "e2e_request_latency_seconds",
+            "End-to-end request latency.",
+            buckets=LATENCY_BUCKETS,
+        )
+        self.request_prompt = m(
+            Histogram, "request_prompt_tokens", "Prompt tokens per request.", buckets=token_buckets
+        )
+        self.request_generation = m(
+            Histogram,
+            "request_generation_tokens",
+            "Generated tokens per request.",
+            buckets=token_buckets,
+        )
+        self.params_n = m(
+            Histogram, "request_params_n", "The n request parameter.", buckets=[1, 2, 5, 10, 20]
+        )
+        self.params_max_tokens = m(
+            Histogram,
+            "request_params_max_tokens",
+            "The max_tokens request parameter.",
+            buckets=token_buckets,
+        )
+
+    def record_scheduler(self, stats: Any) -> None:
+        """Gauges and cumulative counters from a `SchedulerStats`."""
+        labels = self._labels
+        self.running.labels(**labels).set(stats.num_running_reqs)
+        self.waiting.labels(**labels).set(stats.num_waiting_reqs)
+        self.kv_usage.labels(**labels).set(stats.kv_cache_usage)
+        for name, counter in (
+            ("num_preemptions", self.preemptions),
+            ("prefix_cache_queries", self.prefix_queries),
+            ("prefix_cache_hits", self.prefix_hits),
+        ):
+            value = int(getattr(stats, name, 0) or 0)
+            delta = value - self._last_cumulative.get(name, 0)
+            if delta > 0:
+                counter.labels(**labels).inc(delta)
+            self._last_cumulative[name] = value
+
+    def record_iteration(self, sample: IterationSample) -> None:
+        """Token counters, TTFT and inter-token latency of one batch."""
+        labels = self._labels
+        if sample.num_prompt_tokens:
+            self.prompt_tokens.labels(**labels).inc(sample.num_prompt_tokens)
+        if sample.num_generation_tokens:
+            self.generation_tokens.labels(**labels).inc(sample.num_generation_tokens)
+        for value in sample.time_to_first_tokens:
+            self.ttft.labels(**labels).observe(value)
+        for value in sample.inter_token_latencies:
+            self.itl.labels(**labels).observe(value)
+
+    def record_finished(self, sample: FinishedRequestSample) -> None:
+        """Per-request histograms and the success counter."""
+        labels = self._labels
+        self.success.labels(**labels, finished_reason=sample.finish_reason).inc()
+        self.e2e.labels(**labels).observe(sample.e2e_latency)
+        self.request_prompt.labels(**labels).observe(sample.num_prompt_tokens)
+        self.request_generation.labels(**labels).observe(sample.num_generation_tokens)
+        self.params_n.labels(**labels).observe(sample.n)
+        if sample.max_tokens is not None:
+            self.params_max_tokens.labels(**labels).observe(sample.max_tokens)
+        if sample.time_per_output_token is not None:
+            self.tpot.labels(**labels).observe(sample.time_per_output_token)
+
+    def render(self) -> bytes:
+        """The registry in Prometheus text format."""
+        return generate_latest(self.registry)

@@ -1,0 +1,45 @@
+"""Stats records the engine produces: plain dataclasses, no logic beyond derived ratios.
+
+`SchedulerStats` is a snapshot the scheduler makes each step; the engine core sends it to
+the frontend in `EngineCoreOutputs.scheduler_stats` (msgspec encodes dataclasses), where
+log lines and the Prometheus exporter read it. Counters named "cumulative" only grow over
+the engine's life, so an exporter turns them into Prometheus counters by taking deltas.
+This module must not import torch or anything from the engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class SchedulerStats:
+    """The scheduler's state after one step.
+
+    Attributes:
+        num_running_reqs: requests in the running batch.
+        num_waiting_reqs: requests waiting for admission (new or preempted by recompute).
+        num_swapped_reqs: requests preempted to the host swap space.
+        kv_cache_usage: share of usable KV blocks in use, in [0, 1].
+        prefix_cache_queries: cumulative prompt tokens looked up in the prefix cache.
+        prefix_cache_hits: cumulative tokens of those found cached.
+        num_preemptions: cumulative preemptions (swap and recompute).
+        num_computed_prompt_tokens: cumulative prompt tokens the model ran (recomputed ones
+            included, prefix-cache hits excluded).
+    """
+
+    num_running_reqs: int = 0
+    num_waiting_reqs: int = 0
+    num_swapped_reqs: int = 0
+    kv_cache_usage: float = 0.0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    num_preemptions: int = 0
+    num_computed_prompt_tokens: int = 0
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        """Cumulative hits / queries, 0 before any query."""
+        if self.prefix_cache_queries == 0:
+            return 0.0
+        return self.prefix_cache_hits / self.prefix_cache_queries

@@ -1,0 +1,260 @@
+"""Random workloads through the scheduler and a fake worker that simulates the KV cache.
+
+Hypothesis draws arrivals, prompt lengths, shared prefixes, priorities, aborts (between
+steps and between schedule and update), token budgets, sequence caps, block counts, prefix
+caching on/off, swap or recompute preemption with a random host pool, and the FCFS or
+priority policy. After every step it checks: no block is both free and used; reference
+counts equal the number of holders; the token budget and sequence cap hold; and the KV
+that every scheduled request attends to is exactly its own prefix. The fake worker stores,
+in each cache slot, the full token prefix that produced it, copies blocks for swaps, and
+writes all of a step's tokens before checking any context (as the attention backend does),
+so a wrong prefix hit, a bad swap or a block reused too early fails the test. At the end
+every request has finished or been aborted (no starvation or deadlock) and every block,
+device and host, is free again (cached-but-evictable blocks count as free).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pagedllm.core.sched_output import SchedulerOutput
+from pagedllm.core.scheduler import Scheduler
+from pagedllm.request import Request, RequestStatus
+from pagedllm.sampling_params import SamplingParams
+from pagedllm.worker.outputs import ModelRunnerOutput
+from tests.core.test_scheduler import EOS, make_scheduler
+
+# What a cache slot holds in the simulation: the token prefix whose last token's K/V it is.
+Slot = tuple[int, ...]
+
+
+@dataclass
+class _WorkerRequest:
+    token_ids: list[int]
+    block_ids: list[int]
+    num_computed_tokens: int
+
+
+class FakeWorker:
+    """Applies SchedulerOutput diffs as a real worker would, simulating KV contents."""
+
+    def __init__(self, scheduler: Scheduler, rng: random.Random, eos_prob: float) -> None:
+        self.scheduler = scheduler
+        self.block_size = scheduler.cache_config.block_size
+        self.rng = rng
+        self.eos_prob = eos_prob
+        self.requests: dict[str, _WorkerRequest] = {}
+        self.device_kv: dict[int, list[Slot | None]] = {}
+        self.host_kv: dict[int, list[Slot | None]] = {}
+        self.num_computed_prompt_tokens = 0
+
+    def execute(self, output: SchedulerOutput) -> ModelRunnerOutput:
+        for request_id in output.finished_request_ids:
+            self.requests.pop(request_id, None)
+        self._swap(output)
+        for new in output.scheduled_new_reqs:
+            assert new.request_id not in self.requests, "worker already holds this request"
+            token_ids = new.prompt_token_ids + new.output_token_ids
+            self.requests[new.request_id] = _WorkerRequest(
+                token_ids, list(new.block_ids), new.num_computed_tokens
+            )
+        cached = output.scheduled_cached_reqs
+        for request_id, block_ids, num_computed in zip(
+            cached.request_ids, cached.new_block_ids, cached.num_computed_tokens, strict=True
+        ):
+            state = self.requests[request_id]
+            assert state.num_computed_tokens == num_computed
+            state.block_ids += block_ids
+        self._write_kv(output)
+        self._check_contexts(output)
+        return self._sample(output)
+
+    def _swap(self, output: SchedulerOutput) -> None:
+        # Out before in, as the worker does; the scheduler never overlaps them.
+        out_blocks = {device for device, _ in output.blocks_to_swap_out}
+        in_blocks = {device for device, _ in output.blocks_to_swap_in}
+        assert not (output.blocks_to_swap_out and output.blocks_to_swap_in)
+        assert not out_blocks & in_blocks
+        for device, host in output.blocks_to_swap_out:
+            self.host_kv[host] = list(self.device_kv[device])
+        for device, host in output.blocks_to_swap_in:
+            self.device_kv[device] = list(self.host_kv.pop(host))
+
+    def _write_kv(self, output: SchedulerOutput) -> None:
+        """Every scheduled token writes its slot, before any request reads its context."""
+        for request_id, num_tokens in output.num_scheduled_tokens.items():
+            state = self.requests[request_id]
+            assert 0 not in state.block_ids, "the null block was handed out"
+            start = state.num_computed_tokens
+            for position in range(start, start + num_tokens):
+                block_id = state.block_ids[position // self.block_size]
+                block = self.device_kv.setdefault(block_id, [None] * self.block_size)
+                block[position % self.block_size] = tuple(state.token_ids[: position + 1])
+
+    def _check_contexts(self, output: SchedulerOutput) -> None:
+        """Each request's whole context (cached, swapped in, or new) is its own prefix."""
+        block_size = self.block_size
+        for request_id, num_tokens in output.num_scheduled_tokens.items():
+            state = self.requests[request_id]
+            assert state.block_ids == self.scheduler.kv_cache_manager.get_block_ids(request_id)
+            end = state.num_computed_tokens + num_tokens
+            for position in range(end):
+                block = self.device_kv[state.block_ids[position // block_size]]
+                assert block[position % block_size] == tuple(state.token_ids[: position + 1]), (
+                    f"{request_id} reads wrong KV at position {position}"
+                )
+
+    def _sample(self, output: SchedulerOutput) -> ModelRunnerOutput:
+        block_size = self.block_size
+        sampled: list[list[int]] = []
+        for request_id, num_tokens in output.num_scheduled_tokens.items():
+            state = self.requests[request_id]
+            state.num_computed_tokens += num_tokens
+            assert state.num_computed_tokens <= len(state.token_ids)
+            assert state.num_computed_tokens <= self.scheduler.max_model_len
+            assert len(state.block_ids) * block_size >= state.num_computed_tokens
+            if state.num_computed_tokens < len(state.token_ids):
+                sampled.append([])  # partial prefill
+                continue
+            is_eos = self.rng.random() < self.eos_prob
+            token_id = EOS if is_eos else self.rng.randrange(3, 50)
+            state.token_ids.append(token_id)
+            sampled.append([token_id])
+        return ModelRunnerOutput(list(output.num_scheduled_tokens), sampled)
+
+
+def check_blocks(scheduler: Scheduler, all_requests: list[Request]) -> None:
+    """Ref counts equal holders; no block is both free and held; free + held == usable."""
+    manager = scheduler.kv_cache_manager
+    holders: dict[int, int] = {}
+    for request in all_requests:
+        block_ids = manager.get_block_ids(request.request_id)
+        if request.status != RequestStatus.RUNNING:
+            assert block_ids == [], f"{request.request_id} holds blocks while not running"
+        for block_id in block_ids:
+            holders[block_id] = holders.get(block_id, 0) + 1
+    free = {b.block_id for b in manager.block_pool.free_block_queue.get_all_free_blocks()}
+    assert free.isdisjoint(holders)
+    assert len(free) + len(holders) == manager.num_usable_blocks
+    for block in manager.block_pool.blocks:
+        assert block.ref_cnt == holders.get(block.block_id, 0)
+
+
+def check_output(scheduler: Scheduler, output: SchedulerOutput) -> None:
+    config = scheduler.scheduler_config
+    counts = output.num_scheduled_tokens
+    assert output.total_num_scheduled_tokens == sum(counts.values())
+    assert output.total_num_scheduled_tokens <= config.max_num_batched_tokens
+    assert len(counts) <= config.max_num_seqs
+    assert all(count > 0 for count in counts.values())
+    scheduled = [new.request_id for new in output.scheduled_new_reqs]
+    scheduled += output.scheduled_cached_reqs.request_ids
+    assert sorted(scheduled) == sorted(counts)
+
+
+@st.composite
+def workloads(draw: st.DrawFn) -> dict[str, object]:
+    block_size = draw(st.integers(1, 4))
+    max_model_len = draw(st.integers(2, 24))
+    min_usable = -(max_model_len // -block_size)  # one request must always fit alone
+    num_blocks = 1 + min_usable + draw(st.integers(0, 4))
+    chunked = draw(st.booleans())
+    budget = draw(st.integers(1 if chunked else max_model_len, 40))
+    request = st.tuples(
+        st.integers(0, 4),  # arrival step
+        st.integers(1, max_model_len),  # prompt length
+        st.integers(1, 16),  # max_tokens
+        st.booleans(),  # ignore_eos
+        st.one_of(st.none(), st.integers(0, 30)),  # abort step
+        st.booleans(),  # abort between schedule and update
+        st.integers(0, 3),  # priority
+        st.one_of(st.none(), st.integers(0, 2)),  # shared prefix index
+    )
+    return {
+        "scheduler": make_scheduler(
+            max_num_seqs=draw(st.integers(1, 6)),
+            max_num_batched_tokens=budget,
+            max_model_len=max_model_len,
+            block_size=block_size,
+            num_blocks=num_blocks,
+            enable_chunked_prefill=chunked,
+            enable_prefix_caching=draw(st.booleans()),
+            preemption_mode=draw(st.sampled_from(["recompute", "swap"])),
+            scheduling_policy=draw(st.sampled_from(["fcfs", "priority"])),
+            num_cpu_blocks=draw(st.integers(0, 12)),
+        ),
+        "requests": draw(st.lists(request, min_size=2, max_size=10)),
+        "seed": draw(st.integers(0, 2**16)),
+        "eos_prob": draw(st.sampled_from([0.0, 0.05, 0.3])),
+    }
+
+
+def _make_requests(specs: list[tuple], max_model_len: int, rng: random.Random) -> list[Request]:
+    # A few shared "system prompts": requests that pick one start with (part of) it.
+    prefixes = [[rng.randrange(3, 50) for _ in range(max_model_len)] for _ in range(3)]
+    requests = []
+    for index, spec in enumerate(specs):
+        _, prompt_len, max_tokens, ignore_eos, _, _, priority, prefix_index = spec
+        prefix = prefixes[prefix_index][:prompt_len] if prefix_index is not None else []
+        prompt = prefix + [rng.randrange(3, 50) for _ in range(prompt_len - len(prefix))]
+        params = SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos)
+        request = Request(f"r{index}", prompt, params, eos_token_id=EOS)
+        request.priority = priority
+        requests.append(request)
+    return requests
+
+
+def _check_after_update(scheduler: Scheduler, requests: list[Request], worker: FakeWorker) -> None:
+    scheduler.check_integrity()
+    check_blocks(scheduler, requests)
+    for request in scheduler.running:
+        assert worker.requests[request.request_id].token_ids == request.all_token_ids
+    for request in scheduler.swapped:
+        assert request.request_id not in worker.requests
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads())
+def test_random_workloads_keep_invariants_and_finish(workload: dict) -> None:
+    scheduler: Scheduler = workload["scheduler"]
+    specs: list[tuple] = workload["requests"]
+    rng = random.Random(workload["seed"])
+    worker = FakeWorker(scheduler, rng, workload["eos_prob"])
+    requests = [*_make_requests(specs, scheduler.max_model_len, rng)]
+    last_arrival = max(s[0] for s in specs)
+    # Generous: preemption (recompute) and priority preemption redo work.
+    max_steps = 10 * (last_arrival + sum(s[1] + s[2] for s in specs)) + 20
+    for step_index in range(max_steps):
+        for request, spec in zip(requests, specs, strict=True):
+            if spec[0] == step_index:
+                scheduler.add_request(request)
+            if spec[4] == step_index and not spec[5]:
+                scheduler.abort_requests([request.request_id])
+        output = scheduler.schedule()
+        scheduler.check_integrity()
+        check_output(scheduler, output)
+        check_blocks(scheduler, requests)
+        runner_output = worker.execute(output)
+        for request, spec in zip(requests, specs, strict=True):
+            if spec[4] == step_index and spec[5]:
+                scheduler.abort_requests([request.request_id])
+        scheduler.update_from_output(output, runner_output)
+        _check_after_update(scheduler, requests, worker)
+        if step_index > last_arrival and not scheduler.has_unfinished_requests():
+            break
+    assert not scheduler.has_unfinished_requests(), "a request starved or deadlocked"
+    assert all(request.is_finished() for request in requests)
+    assert scheduler.kv_cache_usage == 0.0
+    manager = scheduler.kv_cache_manager
+    assert manager.get_num_free_blocks() == manager.num_usable_blocks
+    swap = scheduler.swap_manager
+    assert (
+        swap.block_pool is None or swap.get_num_free_blocks() == swap.block_pool.num_usable_blocks
+    )
+    for request in requests:
+        assert request.num_output_tokens <= request.max_tokens
+        assert request.num_tokens <= max(scheduler.max_model_len, request.num_prompt_tokens + 1)
