@@ -106,8 +106,9 @@ class EngineRunner:
         self.setup_s = time.perf_counter() - start
 
     def run(self, prompts: list[list[int]], output_len: int) -> RunResult:
+        # Greedy, as on the transformers side (see HFRunner._generate).
         params = self._sampling_params_cls(
-            temperature=1.0, top_p=1.0, ignore_eos=True, max_tokens=output_len
+            temperature=0.0, ignore_eos=True, max_tokens=output_len
         )
         inputs = [{"prompt_token_ids": ids} for ids in prompts]
         start = time.perf_counter()
@@ -173,17 +174,14 @@ class HFRunner:
             input_ids[row, width - len(ids) :] = torch.tensor(ids)
             attention_mask[row, width - len(ids) :] = 1
         # min_new_tokens == max_new_tokens masks EOS at every step (the MinNewTokens logits
-        # processor), which is how transformers spells vLLM's ignore_eos. Plain sampling at
-        # temperature 1 (no top-k/top-p) is what the engine side does too.
+        # processor), which is how transformers spells vLLM's ignore_eos. Greedy, as on the
+        # engine side: the cheapest decoding for both, so the comparison is of the engines.
         out = self.model.generate(
             input_ids=input_ids,
             attention_mask=attention_mask,
             max_new_tokens=output_len,
             min_new_tokens=output_len,
-            do_sample=True,
-            temperature=1.0,
-            top_p=1.0,
-            top_k=0,
+            do_sample=False,
             pad_token_id=self.pad_id,
         )
         new_tokens = out[:, width:]

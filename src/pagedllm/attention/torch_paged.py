@@ -38,6 +38,8 @@ _PREFILL_GROUP_COST = 16384
 # Most context tokens one decode group gathers at once (~100 MB of bf16 K/V for 3 kv heads
 # of size 64): bounds the transient copy when many long requests decode together.
 _MAX_DECODE_GATHER_TOKENS = 1 << 17
+# Extra context positions allocated in a kept decode context (see _DecodeContexts).
+_DECODE_HEADROOM = 32
 
 
 @dataclass
@@ -63,11 +65,17 @@ class _DecodeBucket:
             batch, in order.
         kv: their contexts.
         key_valid: [n, max_seq_len] bool, position < seq_len.
+        seq_lens / block_rows: [n] and [n, max_num_blocks], to recognise the next step.
+        is_extension: the same requests as this bucket in the previous step, each one token
+            longer: the dense contexts kept from that step are extended, not gathered again.
     """
 
     token_indices: torch.Tensor | None
     kv: _KVGather
     key_valid: torch.Tensor
+    seq_lens: torch.Tensor
+    block_rows: torch.Tensor
+    is_extension: bool = False
 
 
 @dataclass
@@ -147,7 +155,9 @@ def _context_slots(
 ) -> _KVGather:
     """Slots of positions [0, max_seq_len) of each request, padding mapped to slot 0."""
     positions = torch.arange(max_seq_len, device=block_tables.device)  # [S]
-    block_ids = block_tables[:, positions // block_size]  # [n, S]
+    # Positions past a block table's width (decode headroom) are padding: any column works.
+    columns = (positions // block_size).clamp_(max=block_tables.shape[1] - 1)
+    block_ids = block_tables[:, columns]  # [n, S]
     slots = block_ids * block_size + positions % block_size  # [n, S]
     slots.masked_fill_(positions >= seq_lens.unsqueeze(1), 0)
     return _KVGather(slots=slots, max_seq_len=max_seq_len)
@@ -195,13 +205,17 @@ def _build_decode_buckets(
     for bucket_rows in row_groups:
         index = torch.tensor(bucket_rows, device=common.seq_lens.device)
         seq_lens = common.seq_lens[index]  # [n]
-        max_seq_len = max(common.seq_lens_cpu[i] for i in bucket_rows)
+        # Headroom lets the kept dense context grow for a few steps before a new gather.
+        max_seq_len = max(common.seq_lens_cpu[i] for i in bucket_rows) + _DECODE_HEADROOM
         is_whole_batch = len(bucket_rows) == common.num_reqs
+        block_rows = common.block_tables[index]
         buckets.append(
             _DecodeBucket(
                 token_indices=None if is_whole_batch else common.query_start_loc[index],
-                kv=_context_slots(common.block_tables[index], seq_lens, max_seq_len, block_size),
+                kv=_context_slots(block_rows, seq_lens, max_seq_len, block_size),
                 key_valid=torch.arange(max_seq_len, device=index.device) < seq_lens.unsqueeze(1),
+                seq_lens=seq_lens,
+                block_rows=block_rows,
             )
         )
     return buckets
@@ -268,6 +282,9 @@ class TorchPagedBackend(AttentionBackend):
 
     name = "torch"
 
+    def __init__(self) -> None:
+        self.decode_contexts = _DecodeContexts()
+
     @staticmethod
     def get_kv_cache_shape(
         num_blocks: int, block_size: int, num_kv_heads: int, head_size: int
@@ -286,6 +303,7 @@ class TorchPagedBackend(AttentionBackend):
         prefill_rows = [i for i, n in enumerate(common.query_lens_cpu) if n > 1]
         if decode_rows:
             metadata.decode_buckets = _build_decode_buckets(common, decode_rows, block_size)
+        self.decode_contexts.start_step(metadata.decode_buckets)
         if prefill_rows:
             groups = _group_by_length(
                 prefill_rows, common.query_lens_cpu, common.seq_lens_cpu, _PREFILL_GROUP_COST
@@ -314,20 +332,113 @@ class TorchPagedBackend(AttentionBackend):
         # One group covering the whole batch (in order) needs no scatter.
         if len(groups) == 1 and groups[0].token_indices is None:
             return _prefill_attention(query, key, value, kv_cache, groups[0], derived, 0, scale)
+        contexts = self.decode_contexts
         if len(buckets) == 1 and buckets[0].token_indices is None:
-            return _decode_attention(query, kv_cache, buckets[0], derived, 0, scale)
+            keys, values = contexts.get(kv_cache, buckets[0], 0, key, value, derived)
+            return _decode_attention(query, keys, values, buckets[0], derived, 0, scale)
         out = torch.empty_like(query)  # [num_tokens, H, D]
         # A loop over a few length groups, not over requests: each is one batch of big ops.
         for i, bucket in enumerate(buckets):
             assert bucket.token_indices is not None
             bucket_query = query.index_select(0, bucket.token_indices)  # [n, H, D]
-            bucket_out = _decode_attention(bucket_query, kv_cache, bucket, derived, i, scale)
+            keys, values = contexts.get(kv_cache, bucket, i, key, value, derived)
+            bucket_out = _decode_attention(bucket_query, keys, values, bucket, derived, i, scale)
             out.index_copy_(0, bucket.token_indices, bucket_out)
         for i, group in enumerate(groups):
             assert group.token_indices is not None
             group_out = _prefill_attention(query, key, value, kv_cache, group, derived, i, scale)
             out.index_copy_(0, group.token_indices, group_out)
         return out
+
+
+class _DecodeContexts:
+    """Dense decode contexts kept from one step to the next, per layer and decode bucket.
+
+    In steady decoding the same requests come back every step, each one token longer.
+    Gathering their whole contexts out of the paged cache again each step costs as much as
+    the rest of attention; instead the dense copy of the previous step is kept and only the
+    new token's K/V is written into it. A bucket is an extension of the previous step's
+    bucket with the same index when it holds the same number of requests with the same
+    block tables (new blocks may be appended) and every seq_len grew by exactly one: then
+    every cached position is unchanged, since the cache only ever writes positions >=
+    seq_len. Anything else (a request joins or leaves, preemption, headroom used up) falls
+    back to a fresh gather. The paged cache stays the source of truth.
+    """
+
+    def __init__(self) -> None:
+        self._previous: list[_DecodeBucket] = []
+        self._contexts: dict[tuple[int, int], torch.Tensor] = {}
+
+    def start_step(self, buckets: list[_DecodeBucket]) -> None:
+        """Mark which of this step's buckets extend last step's; drop stale contexts."""
+        for i, bucket in enumerate(buckets):
+            bucket.is_extension = i < len(self._previous) and _extends(self._previous[i], bucket)
+            if bucket.is_extension:
+                # Keep the previous allocation (it still has headroom) and its length.
+                bucket.kv = self._previous[i].kv
+                positions = torch.arange(bucket.kv.max_seq_len, device=bucket.seq_lens.device)
+                bucket.key_valid = positions < bucket.seq_lens.unsqueeze(1)
+        if not buckets:
+            self._contexts.clear()
+        self._previous = buckets
+
+    def get(
+        self,
+        kv_cache: torch.Tensor,
+        bucket: _DecodeBucket,
+        bucket_id: int,
+        key: torch.Tensor,  # [num_tokens, Hkv, D] this step's keys
+        value: torch.Tensor,
+        derived: dict[tuple[Any, ...], torch.Tensor],
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # each [n * Hkv, S, D]
+        """The bucket's dense context for this layer: extended in place, or gathered."""
+        name = (bucket_id, kv_cache.data_ptr())
+        context = self._contexts.get(name)
+        if bucket.is_extension and context is not None:
+            rows, positions = _append_index(bucket, key.shape[1], derived, bucket_id)
+            tokens = bucket.token_indices
+            new_k = key if tokens is None else key.index_select(0, tokens)  # [n, Hkv, D]
+            new_v = value if tokens is None else value.index_select(0, tokens)
+            context[0].index_put_((rows, positions), new_k.reshape(-1, key.shape[-1]))
+            context[1].index_put_((rows, positions), new_v.reshape(-1, key.shape[-1]))
+        else:
+            num_kv_heads = kv_cache.shape[-2]
+            context = _gather_kv(kv_cache, bucket.kv, derived, ("decode", bucket_id, num_kv_heads))
+            self._contexts[name] = context
+        return context[0], context[1]
+
+
+def _extends(previous: _DecodeBucket, bucket: _DecodeBucket) -> bool:
+    """True when `bucket` is `previous` one token later (see _DecodeContexts)."""
+    if previous.seq_lens.shape != bucket.seq_lens.shape:
+        return False
+    if int(bucket.seq_lens.max()) > previous.kv.max_seq_len:
+        return False  # headroom used up
+    old_blocks = previous.block_rows.shape[1]
+    if bucket.block_rows.shape[1] < old_blocks:
+        return False
+    if not torch.equal(previous.seq_lens + 1, bucket.seq_lens):
+        return False
+    # Padding (the null block 0) may since have become a newly appended block.
+    old_rows = previous.block_rows
+    kept = (bucket.block_rows[:, :old_blocks] == old_rows) | (old_rows == 0)
+    return bool(kept.all())
+
+
+def _append_index(
+    bucket: _DecodeBucket,
+    num_kv_heads: int,
+    derived: dict[tuple[Any, ...], torch.Tensor],
+    bucket_id: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(row, position) in the dense context of each request's new token, per kv head."""
+    name = ("append", bucket_id, num_kv_heads)
+    if name not in derived:
+        rows = torch.arange(bucket.seq_lens.shape[0] * num_kv_heads, device=bucket.seq_lens.device)
+        positions = (bucket.seq_lens - 1).repeat_interleave(num_kv_heads)
+        derived[name] = torch.stack([rows, positions])
+    index = derived[name]
+    return index[0], index[1]
 
 
 def _gather_kv(
@@ -354,7 +465,8 @@ def _gather_kv(
 
 def _decode_attention(
     query: torch.Tensor,  # [n, H, D]
-    kv_cache: torch.Tensor,
+    keys: torch.Tensor,  # [n * Hkv, S, D]
+    values: torch.Tensor,  # [n * Hkv, S, D]
     bucket: _DecodeBucket,
     derived: dict[tuple[Any, ...], torch.Tensor],
     bucket_id: int,
@@ -366,8 +478,7 @@ def _decode_attention(
     needs no K/V expansion.
     """
     num_reqs, num_heads, head_size = query.shape
-    num_kv_heads = kv_cache.shape[-2]
-    keys, values = _gather_kv(kv_cache, bucket.kv, derived, ("decode", bucket_id, num_kv_heads))
+    num_kv_heads = keys.shape[0] // num_reqs
     mask_name = ("decode_mask", bucket_id, num_kv_heads, query.dtype)
     mask = derived.get(mask_name)
     if mask is None:

@@ -11,7 +11,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pagedllm.layers.linear import default_weight_loader
+from pagedllm.layers.linear import (
+    can_pack_for_cpu,
+    default_weight_loader,
+    pack_weight_for_cpu,
+    packed_linear,
+)
 
 
 class VocabEmbedding(nn.Module):
@@ -39,6 +44,7 @@ class LMHead(nn.Module):
         self.num_embeddings = num_embeddings
         self.embedding_dim = embedding_dim
         self.is_tied = tie_to is not None
+        self.packed_weight: torch.Tensor | None = None
         if tie_to is not None:
             # The same Parameter object: loading or casting one updates both.
             self.weight = tie_to.weight
@@ -48,6 +54,16 @@ class LMHead(nn.Module):
             )
             self.weight.weight_loader = default_weight_loader  # type: ignore[attr-defined]
 
+    def pack_for_cpu(self) -> None:
+        """Keep a oneDNN-packed copy of the weight for the logits matmul (CPU, bfloat16).
+
+        A copy, not a replacement: a tied weight is still read by the embedding lookup.
+        """
+        if self.packed_weight is None and can_pack_for_cpu(self.weight):
+            self.packed_weight = pack_weight_for_cpu(self.weight.data)
+
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """[N, embedding_dim] → [N, num_embeddings] logits."""
+        if self.packed_weight is not None:
+            return packed_linear(hidden_states, self.packed_weight, None)
         return F.linear(hidden_states, self.weight)

@@ -13,6 +13,32 @@ import torch.nn.functional as F
 from torch import nn
 
 
+def can_pack_for_cpu(weight: torch.Tensor) -> bool:
+    """True when oneDNN can prepack this weight (bfloat16 on a CPU with mkldnn)."""
+    return (
+        weight.device.type == "cpu"
+        and weight.dtype == torch.bfloat16
+        and torch.backends.mkldnn.is_available()
+    )
+
+
+def pack_weight_for_cpu(weight: torch.Tensor) -> torch.Tensor:
+    """oneDNN's blocked layout of `weight` [out, in]: about 2x faster for small batches.
+
+    The result has the same shape and dtype but a different memory order, so it is only
+    valid as the weight argument of `packed_linear`.
+    """
+    # The batch-size hint only tunes the layout; any batch size works with it.
+    return torch.ops.mkldnn._reorder_linear_weight(weight, 64)
+
+
+def packed_linear(
+    x: torch.Tensor, packed_weight: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """x @ W^T + b with a weight from `pack_weight_for_cpu` (bit-identical to F.linear)."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed_weight, bias, "none", [], "")
+
+
 def default_weight_loader(param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
     """Copy a checkpoint tensor into `param` (same shape; dtype converted)."""
     if param.shape != loaded_weight.shape:
@@ -52,13 +78,27 @@ class Linear(nn.Module):
             self.bias.weight_loader = self.weight_loader  # type: ignore[attr-defined]
         else:
             self.register_parameter("bias", None)
+        self.packed_weight: torch.Tensor | None = None
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
         """Load the whole parameter from one checkpoint tensor."""
         default_weight_loader(param, loaded_weight)
 
+    def pack_for_cpu(self) -> None:
+        """Move the weight into oneDNN's packed layout (after loading, for speed).
+
+        The plain weight's storage is released so the model is not held twice in memory;
+        from then on only forward() uses the weight.
+        """
+        if self.packed_weight is not None or not can_pack_for_cpu(self.weight):
+            return
+        self.packed_weight = pack_weight_for_cpu(self.weight.data)
+        self.weight.data = torch.empty(0, dtype=self.weight.dtype)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """[..., input_size] → [..., output_size]."""
+        if self.packed_weight is not None:
+            return packed_linear(x, self.packed_weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
