@@ -40,7 +40,9 @@ def test_defaults_and_normalisation():
     assert params.temperature == 0.01  # clamped like vLLM, not greedy
     assert not params.is_greedy and SamplingParams(temperature=0).is_greedy
     assert params.output_text_buffer_length == 2
-    assert SamplingParams(stop="###", include_stop_str_in_output=True).output_text_buffer_length == 0
+    assert (
+        SamplingParams(stop="###", include_stop_str_in_output=True).output_text_buffer_length == 0
+    )
     assert SamplingParams().max_tokens == 16
 
 
@@ -73,8 +75,13 @@ def test_invalid_logprobs_penalty_fields(kwargs, message):
 
 def test_logprobs_penalty_fields_normalised():
     params = SamplingParams(
-        logprobs=-1, prompt_logprobs=20, logit_bias={"7": 250, 3: -1000.0}, bad_words="darn",
-        allowed_token_ids=(1, 2), n=2, best_of=3,
+        logprobs=-1,
+        prompt_logprobs=20,
+        logit_bias={"7": 250, 3: -1000.0},
+        bad_words="darn",
+        allowed_token_ids=(1, 2),
+        n=2,
+        best_of=3,
     )
     assert params.logit_bias == {7: 100.0, 3: -100.0}  # keys parsed, values clamped
     assert params.bad_words == ["darn"] and params.allowed_token_ids == [1, 2]

@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from pagedllm import LLM, SamplingParams
-
 from tests.conftest import default_gguf_path
 
 GGUF = default_gguf_path()

@@ -58,7 +58,9 @@ def test_seed_reproducible_whatever_the_batch(llm: LLM):
     )
     assert batch[1].outputs[0].token_ids == alone
     other_seed = SamplingParams(temperature=1.0, seed=8, max_tokens=16)
-    assert llm.generate("Paged attention", other_seed, use_tqdm=False)[0].outputs[0].token_ids != alone
+    assert (
+        llm.generate("Paged attention", other_seed, use_tqdm=False)[0].outputs[0].token_ids != alone
+    )
 
 
 def test_top_k_one_equals_greedy(llm: LLM):

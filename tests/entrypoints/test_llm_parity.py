@@ -62,7 +62,7 @@ def model_and_reference(request):
 def test_each_prompt_alone(model_and_reference):
     model_dir, prompts, expected = model_and_reference
     llm = LLM(str(model_dir), dtype="float32", max_model_len=256)
-    for prompt, want in zip(prompts, expected):
+    for prompt, want in zip(prompts, expected, strict=True):
         assert _engine_tokens(llm, [prompt]) == [want]
 
 

@@ -14,46 +14,16 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from pagedllm.attention.backend import CommonAttentionMetadata
 from pagedllm.attention.torch_paged import TorchPagedBackend
 from pagedllm.layers.forward_context import ForwardContext, set_forward_context
 from pagedllm.models.llama import LlamaForCausalLM
 from pagedllm.models.qwen2 import Qwen2ForCausalLM
 
+from ..attention.test_torch_paged import make_common_metadata
+
 BLOCK_SIZE = 4
 NUM_BLOCKS = 64
 ATOL = 1e-4
-
-
-def make_common_metadata(
-    requests: list[tuple[int, int, list[int]]], block_size: int
-) -> CommonAttentionMetadata:
-    """Metadata for requests given as (context_len, query_len, block_ids), as the runner does."""
-    context_lens = torch.tensor([r[0] for r in requests], dtype=torch.int64)
-    query_lens = torch.tensor([r[1] for r in requests], dtype=torch.int64)
-    seq_lens = context_lens + query_lens
-    query_start_loc = torch.zeros(len(requests) + 1, dtype=torch.int64)
-    query_start_loc[1:] = torch.cumsum(query_lens, 0)
-    block_tables = torch.zeros(len(requests), max(len(r[2]) for r in requests), dtype=torch.int64)
-    slots = []
-    for i, (context_len, query_len, block_ids) in enumerate(requests):
-        block_tables[i, : len(block_ids)] = torch.tensor(block_ids)
-        for pos in range(context_len, context_len + query_len):
-            slots.append(block_ids[pos // block_size] * block_size + pos % block_size)
-    return CommonAttentionMetadata(
-        num_reqs=len(requests),
-        num_tokens=int(query_lens.sum()),
-        query_start_loc=query_start_loc,
-        query_lens=query_lens,
-        context_lens=context_lens,
-        seq_lens=seq_lens,
-        max_query_len=int(query_lens.max()),
-        max_seq_len=int(seq_lens.max()),
-        block_tables=block_tables,
-        slot_mapping=torch.tensor(slots, dtype=torch.int64),
-        query_lens_cpu=query_lens.tolist(),
-        seq_lens_cpu=seq_lens.tolist(),
-    )
 
 
 class PagedRunner:

@@ -22,7 +22,9 @@ def test_slot_mapping():
     assert slots.tolist() == [5 * 4 + 3, 2 * 4 + 0, 7 * 4 + 1]
 
 
-def _new(request_id: str, prompt: list[int], blocks: list[int], computed: int = 0) -> NewRequestData:
+def _new(
+    request_id: str, prompt: list[int], blocks: list[int], computed: int = 0
+) -> NewRequestData:
     return NewRequestData(
         request_id=request_id,
         prompt_token_ids=prompt,
@@ -35,8 +37,9 @@ def _new(request_id: str, prompt: list[int], blocks: list[int], computed: int = 
 
 
 def test_mixed_prefill_chunk_and_decode():
-    runner = ModelRunner(model=None, backend=None, kv_caches=[], block_size=4,
-                         device=torch.device("cpu"))
+    runner = ModelRunner(
+        model=None, backend=None, kv_caches=[], block_size=4, device=torch.device("cpu")
+    )
     step1 = SchedulerOutput(
         scheduled_new_reqs=[_new("a", [10, 11, 12, 13, 14, 15], [3, 1]), _new("b", [20, 21], [2])],
         scheduled_cached_reqs=CachedRequestData(),

@@ -28,7 +28,7 @@ class EngineCoreClient(ABC):
     def get_output(self) -> EngineCoreOutputs:
         """Outputs of the next step (runs it, in-process)."""
 
-    def shutdown(self) -> None:
+    def shutdown(self) -> None:  # noqa: B027 - an optional hook: most transports hold nothing
         """Stop the core."""
 
 

@@ -20,7 +20,7 @@ class Executor(ABC):
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """Execute one step."""
 
-    def shutdown(self) -> None:
+    def shutdown(self) -> None:  # noqa: B027 - an optional hook: in-process holds nothing
         """Release workers (nothing to do in-process)."""
 
 

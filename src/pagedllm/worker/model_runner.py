@@ -95,7 +95,7 @@ class ModelRunner:
             )
         cached = scheduler_output.scheduled_cached_reqs
         for request_id, new_block_ids, num_computed in zip(
-            cached.request_ids, cached.new_block_ids, cached.num_computed_tokens
+            cached.request_ids, cached.new_block_ids, cached.num_computed_tokens, strict=True
         ):
             state = self.requests[request_id]
             state.block_ids.extend(new_block_ids)
@@ -115,8 +115,9 @@ class ModelRunner:
         req_indices = np.repeat(np.arange(len(states)), query_lens)
         offsets = np.arange(num_tokens) - np.repeat(query_start_loc[:-1], query_lens)
         positions = context_lens[req_indices] + offsets
+        slices = zip(states, context_lens, query_lens, strict=True)
         input_ids = np.fromiter(
-            (t for s, c, q in zip(states, context_lens, query_lens) for t in s.token_ids[c : c + q]),
+            (t for s, c, q in slices for t in s.token_ids[c : c + q]),
             dtype=np.int64,
             count=num_tokens,
         )
@@ -265,10 +266,12 @@ class ModelRunner:
 
     def _make_output(self, inputs: StepInputs, sampled: list[int]) -> ModelRunnerOutput:
         sampled_token_ids: list[list[int]] = [[] for _ in inputs.request_ids]
-        for row, token_id in zip(inputs.sample_rows, sampled):
+        for row, token_id in zip(inputs.sample_rows, sampled, strict=True):
             sampled_token_ids[row] = [token_id]
             self.requests[inputs.request_ids[row]].token_ids.append(token_id)
-        return ModelRunnerOutput(request_ids=inputs.request_ids, sampled_token_ids=sampled_token_ids)
+        return ModelRunnerOutput(
+            request_ids=inputs.request_ids, sampled_token_ids=sampled_token_ids
+        )
 
     def _to_device(self, array: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(array).to(self.device, non_blocking=True)

@@ -115,7 +115,9 @@ class Worker:
         num_layers, num_kv_heads, head_size = self._layer_geometry()
         element_size = torch.empty((), dtype=self.dtype).element_size()
         # K and V, every layer, every token of the block.
-        bytes_per_block = 2 * num_layers * cache.block_size * num_kv_heads * head_size * element_size
+        bytes_per_block = (
+            2 * num_layers * cache.block_size * num_kv_heads * head_size * element_size
+        )
         if cache.num_gpu_blocks_override is not None:
             num_blocks = cache.num_gpu_blocks_override
         else:
