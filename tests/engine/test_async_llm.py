@@ -1,4 +1,5 @@
-"""AsyncLLM in-process: concurrent streams, abort and cancellation free their KV blocks."""
+"""AsyncLLM with the core in a thread and in a child process: concurrent streams, abort and
+cancellation free their KV blocks."""
 
 from __future__ import annotations
 
@@ -16,10 +17,11 @@ from pagedllm.sampling_params import RequestOutputKind
 PROMPTS = [f"Paged attention stores block {i}" for i in range(12)]
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_llama_dir: Path):
+@pytest.fixture(scope="module", params=[False, True], ids=["thread", "process"])
+def engine(tiny_llama_dir: Path, request: pytest.FixtureRequest):
     engine = AsyncLLM.from_engine_args(
-        EngineArgs(model=str(tiny_llama_dir), num_gpu_blocks_override=256, max_model_len=512))
+        EngineArgs(model=str(tiny_llama_dir), num_gpu_blocks_override=256, max_model_len=512),
+        multiprocessing=request.param)
     yield engine
     engine.shutdown()
 

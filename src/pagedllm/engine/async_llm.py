@@ -1,6 +1,7 @@
 """AsyncLLM: the engine for asyncio callers (the OpenAI server). Many `generate` calls at once.
 
-The engine core runs in a background thread (`ThreadedCoreClient`); text handling stays here,
+The engine core runs in a child process (`AsyncMPClient`, with `multiprocessing=True`, the
+server's default) or in a background thread (`ThreadedCoreClient`); text handling stays here,
 reusing LLMEngine's InputProcessor and OutputProcessor. One output-handler task routes each
 step's RequestOutputs to per-request queues. A caller that stops iterating (a client that
 disconnected, a cancelled task) has its request aborted and its KV blocks freed.
@@ -16,6 +17,7 @@ from typing import Any
 
 from pagedllm.config import EngineConfig, ModelConfig
 from pagedllm.engine.arg_utils import EngineArgs
+from pagedllm.engine.core_client import AsyncEngineCoreClient, AsyncMPClient
 from pagedllm.engine.core_thread import ThreadedCoreClient
 from pagedllm.engine.exceptions import EngineDeadError
 from pagedllm.engine.input_processor import PromptType
@@ -44,13 +46,18 @@ class AsyncLLM:
         engine_config: the resolved engine configuration (the model loads here).
         log_stats: keep Prometheus metrics and log a throughput line periodically.
         model_name: the `model_name` label of the metrics (default: the model argument).
+        multiprocessing: run the engine core in its own process (the model loads there);
+            otherwise in a thread of this process.
     """
 
     def __init__(
-        self, engine_config: EngineConfig, log_stats: bool = True, model_name: str | None = None
+        self, engine_config: EngineConfig, log_stats: bool = True, model_name: str | None = None,
+        multiprocessing: bool = False,
     ) -> None:
         self.engine_config = engine_config
-        self.engine_core = ThreadedCoreClient(engine_config)
+        self._shut_down = False
+        client = AsyncMPClient if multiprocessing else ThreadedCoreClient
+        self.engine_core: AsyncEngineCoreClient = client(engine_config)
         try:
             self.engine = LLMEngine(engine_config, engine_core=self.engine_core)
         except BaseException:
@@ -68,17 +75,18 @@ class AsyncLLM:
 
     @classmethod
     def from_engine_args(
-        cls, engine_args: EngineArgs, log_stats: bool = True, model_name: str | None = None
+        cls, engine_args: EngineArgs, log_stats: bool = True, model_name: str | None = None,
+        multiprocessing: bool = False,
     ) -> AsyncLLM:
         """Resolve the arguments and build the engine."""
-        return cls(engine_args.create_engine_config(), log_stats, model_name)
+        return cls(engine_args.create_engine_config(), log_stats, model_name, multiprocessing)
 
     def _make_prometheus(self, model_name: str | None) -> PrometheusStatLogger:
         config = self.engine_config
         cache = config.cache_config
         labels = {
             "block_size": str(cache.block_size),
-            "num_gpu_blocks": str(self.engine_core.engine_core.executor.kv_cache_spec.num_blocks),
+            "num_gpu_blocks": str(self.engine_core.num_gpu_blocks),
             "enable_prefix_caching": str(getattr(cache, "enable_prefix_caching", False)),
         }
         name = model_name or config.model_config.model
@@ -183,11 +191,13 @@ class AsyncLLM:
                 queue.put_nowait(RequestOutput(rid, None, [], [aborted], finished=True))
 
     def shutdown(self) -> None:
-        """Stop the output handler and the engine core."""
+        """Stop the output handler and the engine core (a second call does nothing)."""
         if self._output_handler is not None:
             self._output_handler.cancel()
             self._output_handler = None
-        self.engine_core.shutdown()
+        if not self._shut_down:
+            self._shut_down = True
+            self.engine_core.shutdown()
 
     # ---------------------------------------------------------------------- internals
 

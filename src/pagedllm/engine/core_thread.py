@@ -61,6 +61,11 @@ class ThreadedCoreClient(AsyncEngineCoreClient):
         )
         self._thread.start()
 
+    @property
+    def num_gpu_blocks(self) -> int:
+        """KV-cache blocks of the core."""
+        return self.engine_core.executor.kv_cache_spec.num_blocks
+
     # ------------------------------------------------------------------ event-loop side
 
     def _bind_loop(self) -> None:

@@ -11,3 +11,7 @@ class EngineDeadError(RuntimeError):
 
     def __init__(self, message: str = "The engine core is dead; restart the server.") -> None:
         super().__init__(message)
+
+
+class EngineStartupError(RuntimeError):
+    """The engine core process could not start (bad model, KV cache too small, ...)."""

@@ -10,7 +10,7 @@ from typing import Any
 
 from pagedllm.config import EngineConfig
 from pagedllm.engine.arg_utils import EngineArgs
-from pagedllm.engine.core_client import EngineCoreClient, InprocClient
+from pagedllm.engine.core_client import EngineCoreClient, InprocClient, SyncMPClient
 from pagedllm.engine.input_processor import InputProcessor, PromptType
 from pagedllm.engine.output_processor import OutputProcessor
 from pagedllm.engine.protocol import EngineCoreRequest
@@ -48,9 +48,15 @@ class LLMEngine:
         self.engine_core: EngineCoreClient = engine_core or InprocClient(engine_config)
 
     @classmethod
-    def from_engine_args(cls, engine_args: EngineArgs) -> LLMEngine:
-        """Resolve the arguments and build the engine."""
-        return cls(engine_args.create_engine_config())
+    def from_engine_args(cls, engine_args: EngineArgs, multiprocessing: bool = False) -> LLMEngine:
+        """Resolve the arguments and build the engine (its core in a child process when
+        `multiprocessing`; call `shutdown()` then)."""
+        config = engine_args.create_engine_config()
+        return cls(config, SyncMPClient(config) if multiprocessing else None)
+
+    def shutdown(self) -> None:
+        """Stop the engine core (its process, if it has one)."""
+        self.engine_core.shutdown()
 
     def get_tokenizer(self) -> Any:
         """The model's tokenizer."""

@@ -1,13 +1,17 @@
 """Wire types between the frontend and the engine core, declared once as msgspec Structs.
 
-They are the only objects that cross the frontend/core boundary, in-process today and over
-ZMQ + msgpack when the core runs in its own process.
+They are the only objects that cross the frontend/core boundary: passed as objects
+in-process, encoded with msgpack (`serial.py`) over ZMQ when the core runs in its own process
+(`core_proc.py`). Frontend → core: a one-byte EngineCoreRequestType, then an EngineCoreRequest
+(ADD), a list of request ids (ABORT) or a UtilityRequest (UTILITY). Core → frontend:
+EngineCoreOutputs, one message per step.
 """
 
 from __future__ import annotations
 
 import enum
 import time
+from typing import Any
 
 import msgspec
 
@@ -57,10 +61,35 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=F
         return self.finish_reason is not None
 
 
+class UtilityRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """A call of an EngineCore method by name (e.g. `reset_prefix_cache`), answered once."""
+
+    call_id: int
+    method: str
+    args: list[Any] = []
+
+
+class UtilityResult(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """The answer to the UtilityRequest with `call_id`: its result, or the error's text."""
+
+    call_id: int
+    result: Any = None
+    error: str | None = None
+
+
 class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    """Everything one core step produced."""
+    """Everything one core step produced (or one utility call's answer)."""
 
     outputs: list[EngineCoreOutput] = []
     timestamp: float = msgspec.field(default_factory=time.monotonic)
     # The scheduler's state after the step (None when the core did not step).
     scheduler_stats: SchedulerStats | None = None
+    utility_result: UtilityResult | None = None
+
+
+class EngineCoreReady(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """The core process's handshake: it started (facts the frontend needs), or why not."""
+
+    num_gpu_blocks: int = 0
+    max_model_len: int = 0
+    error: str | None = None

@@ -159,9 +159,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     server_args, engine_args = parse_serve_args(argv)
     from pagedllm.entrypoints.openai.api_server import run_server
 
+    from pagedllm.engine.exceptions import EngineStartupError
+
     try:
         run_server(server_args, engine_args)
-    except ValueError as error:  # a bad model path or engine argument: no traceback
+    except (ValueError, EngineStartupError) as error:  # bad model/arguments: no traceback
         raise SystemExit(f"pagedllm serve: error: {error}") from None
 
 

@@ -1,15 +1,20 @@
 """The OpenAI-compatible HTTP server: app factory, lifespan, routes, API-key check, runner.
 
 `build_app(engine, server_args)` wires the handlers (`serving_*.py`) to FastAPI routes;
-`run_server` loads the engine, binds the port and runs uvicorn. The engine core steps in a
-background thread, so the event loop keeps serving HTTP while the model runs.
+`run_server` loads the engine, binds the port and runs uvicorn. The engine core steps in its
+own process (or a background thread with --no-multiprocessing), so the event loop keeps
+serving HTTP while the model runs. A watchdog checks the core twice a second: once it died,
+requests fail with 503, /health answers 503, and the server stops with exit code 1 so an
+orchestrator restarts it.
 Run it as `pagedllm serve [MODEL]` or `python -m pagedllm.entrypoints.openai.api_server`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import socket
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from functools import wraps
@@ -156,9 +161,13 @@ def build_app(engine: AsyncLLM, server_args: ServerArgs, model: str | None = Non
     """
 
     @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        yield
-        engine.shutdown()
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        watchdog = asyncio.create_task(_watch_engine(app))
+        try:
+            yield
+        finally:
+            watchdog.cancel()
+            engine.shutdown()
 
     app = FastAPI(title="pagedllm OpenAI-compatible server", version=__version__,
                   lifespan=lifespan)
@@ -180,6 +189,24 @@ def build_app(engine: AsyncLLM, server_args: ServerArgs, model: str | None = Non
     if api_key:
         app.add_middleware(APIKeyMiddleware, api_key=api_key)
     return app
+
+
+_WATCHDOG_INTERVAL_S = 0.5
+
+
+async def _watch_engine(app: FastAPI) -> None:
+    """Stop the server (uvicorn in `app.state.uvicorn_server`, if any) once the core died."""
+    while True:
+        await asyncio.sleep(_WATCHDOG_INTERVAL_S)
+        try:
+            app.state.engine.check_health()
+        except EngineDeadError as error:
+            logger.error("%s Shutting the server down.", error)
+            app.state.engine_dead = True
+            server = getattr(app.state, "uvicorn_server", None)
+            if server is not None:
+                server.should_exit = True
+            return
 
 
 def served_model_names(server_args: ServerArgs, model: str | None) -> list[str]:
@@ -207,16 +234,25 @@ def run_server(server_args: ServerArgs, engine_args: EngineArgs) -> None:
     sock = _bind_socket(server_args.host, server_args.port)
     names = served_model_names(server_args, engine_args.model)
     engine = AsyncLLM.from_engine_args(
-        engine_args, log_stats=not server_args.disable_log_stats, model_name=names[0]
+        engine_args, log_stats=not server_args.disable_log_stats, model_name=names[0],
+        multiprocessing=server_args.multiprocessing,
     )
-    app = build_app(engine, server_args, engine_args.model or DEFAULT_MODEL)
-    config = uvicorn.Config(
-        app, log_level=server_args.uvicorn_log_level,
-        timeout_keep_alive=server_args.timeout_keep_alive, timeout_graceful_shutdown=5,
-    )
-    logger.info("Serving %s on http://%s:%d (OpenAI-compatible API under /v1).",
-                names[0], server_args.host, server_args.port)
-    uvicorn.Server(config).run(sockets=[sock])
+    try:
+        app = build_app(engine, server_args, engine_args.model or DEFAULT_MODEL)
+        config = uvicorn.Config(
+            app, log_level=server_args.uvicorn_log_level,
+            timeout_keep_alive=server_args.timeout_keep_alive, timeout_graceful_shutdown=5,
+        )
+        server = uvicorn.Server(config)
+        app.state.uvicorn_server = server
+        logger.info("Serving %s on http://%s:%d (OpenAI-compatible API under /v1).",
+                    names[0], server_args.host, server_args.port)
+        server.run(sockets=[sock])
+    finally:
+        engine.shutdown()  # idempotent; the lifespan normally did it already
+    if getattr(app.state, "engine_dead", False):
+        logger.error("Exiting with code 1: the engine core died.")
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -37,6 +37,10 @@ class ServerArgs:
         "Turn off the periodic stats log line and the Prometheus request metrics."))
     timeout_keep_alive: int = field(default=5, metadata=_help(
         "Seconds an idle HTTP keep-alive connection stays open."))
+    multiprocessing: bool = field(default=True, metadata=_help(
+        "Run the engine core (scheduler + model) in its own process, so HTTP and text "
+        "processing overlap with model execution; --no-multiprocessing keeps it in a thread "
+        "of the server process (debugging)."))
 
     def resolved_api_key(self) -> str | None:
         """The API key in force: --api-key, else PAGEDLLM_API_KEY, else none."""
