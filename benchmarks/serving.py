@@ -259,14 +259,33 @@ def build_prompts(args: argparse.Namespace) -> tuple[list[str], Any, dict[str, A
     return prompts, tokenizer, extra
 
 
+def model_busy_seconds(base_url: str) -> float | None:
+    """pagedllm's cumulative model-runner busy time from /metrics (None for other servers)."""
+    try:
+        text = httpx.get(base_url + "/metrics", timeout=10).text
+    except httpx.HTTPError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("pagedllm:model_execute_seconds_total"):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
 async def _benchmark(base_url: str, model: str, prompts: list[str], args: argparse.Namespace,
                      extra: dict[str, Any], tokenizer: Any) -> dict:
     if args.warmup:
         warm = argparse.Namespace(**{**vars(args), "output_len": 4, "max_concurrency": 2,
                                      "request_rate": float("inf")})
         await run_workload(base_url, model, prompts[:2], warm, extra)
+    busy_before = model_busy_seconds(base_url)
     results, duration = await run_workload(base_url, model, prompts, args, extra)
-    return summarize_run(results, duration, tokenizer)
+    summary = summarize_run(results, duration, tokenizer)
+    busy_after = model_busy_seconds(base_url)
+    if busy_before is not None and busy_after is not None:
+        # Share of the run's wall time the engine spent inside the model runner.
+        summary["model_busy_share"] = (busy_after - busy_before) / duration
+        print(f"model runner busy: {100 * summary['model_busy_share']:.1f}% of wall time")
+    return summary
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -8,7 +8,6 @@ import signal
 import time
 from pathlib import Path
 
-import msgspec
 import pytest
 
 from pagedllm import SamplingParams

@@ -6,6 +6,7 @@ sees text. Wrapped in-process by `InprocClient` (offline `LLM`); a process wrapp
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 
 from pagedllm.config import EngineConfig
@@ -23,6 +24,7 @@ class EngineCore:
         self.executor = UniProcExecutor(engine_config)
         spec = self.executor.kv_cache_spec
         self._check_kv_capacity(spec.num_blocks, spec.block_size)
+        self.model_execute_seconds = 0.0  # busy time of the model runner, cumulative
         self.scheduler = Scheduler(
             engine_config.scheduler_config,
             engine_config.cache_config,
@@ -69,8 +71,12 @@ class EngineCore:
         if not (scheduler.has_unfinished_requests() or scheduler.has_finished_requests()):
             return EngineCoreOutputs()
         scheduler_output = self.scheduler.schedule()
+        start = time.perf_counter()
         model_output = self.executor.execute_model(scheduler_output)
+        self.model_execute_seconds += time.perf_counter() - start
         updates = self.scheduler.update_from_output(scheduler_output, model_output)
+        stats = self.scheduler.make_stats()
+        stats.model_execute_seconds = self.model_execute_seconds
         return EngineCoreOutputs(
             outputs=[
                 EngineCoreOutput(
@@ -85,7 +91,7 @@ class EngineCore:
                 )
                 for request, new_token_ids in updates
             ],
-            scheduler_stats=self.scheduler.make_stats(),
+            scheduler_stats=stats,
         )
 
     def reset_prefix_cache(self) -> bool:

@@ -15,6 +15,7 @@ a Ctrl-C reaches the whole process group and the parent decides the order of shu
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import signal
@@ -140,10 +141,8 @@ def _raise_system_exit(signum: int, frame: Any) -> None:
 
 def _watch_parent(conn: Connection, input_queue: queue.SimpleQueue[Any]) -> None:
     # The parent never writes after the handshake: EOF means it closed the pipe or died.
-    try:
+    with contextlib.suppress(EOFError, OSError):
         conn.recv_bytes()
-    except (EOFError, OSError):
-        pass
     input_queue.put(_SHUTDOWN)
 
 

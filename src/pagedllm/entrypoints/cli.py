@@ -157,9 +157,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of the `pagedllm` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
     server_args, engine_args = parse_serve_args(argv)
-    from pagedllm.entrypoints.openai.api_server import run_server
-
     from pagedllm.engine.exceptions import EngineStartupError
+    from pagedllm.entrypoints.openai.api_server import run_server
 
     try:
         run_server(server_args, engine_args)

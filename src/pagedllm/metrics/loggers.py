@@ -183,9 +183,16 @@ class PrometheusStatLogger:
             Counter, "prefix_cache_queries", "Prompt tokens looked up in the prefix cache."
         )
         self.prefix_hits = m(Counter, "prefix_cache_hits", "Prompt tokens found cached.")
+        self.model_execute = m(
+            Counter,
+            "model_execute_seconds",
+            "Seconds the model runner spent executing steps (its busy time).",
+        )
         for gauge in (self.running, self.waiting, self.kv_usage):
             gauge.labels(**labels).set(0)
-        for counter in (self.preemptions, self.prefix_queries, self.prefix_hits):
+        for counter in (
+            self.preemptions, self.prefix_queries, self.prefix_hits, self.model_execute
+        ):
             counter.labels(**labels)
         info = Gauge(
             PREFIX + "cache_config_info",
@@ -254,8 +261,9 @@ class PrometheusStatLogger:
             ("num_preemptions", self.preemptions),
             ("prefix_cache_queries", self.prefix_queries),
             ("prefix_cache_hits", self.prefix_hits),
+            ("model_execute_seconds", self.model_execute),
         ):
-            value = int(getattr(stats, name, 0) or 0)
+            value = float(getattr(stats, name, 0) or 0)
             delta = value - self._last_cumulative.get(name, 0)
             if delta > 0:
                 counter.labels(**labels).inc(delta)

@@ -26,6 +26,8 @@ class SchedulerStats:
         num_preemptions: cumulative preemptions (swap and recompute).
         num_computed_prompt_tokens: cumulative prompt tokens the model ran (recomputed ones
             included, prefix-cache hits excluded).
+        model_execute_seconds: cumulative seconds the model runner spent executing steps
+            (filled in by the engine core; its share of wall time is the runner's busy share).
     """
 
     num_running_reqs: int = 0
@@ -36,6 +38,7 @@ class SchedulerStats:
     prefix_cache_hits: int = 0
     num_preemptions: int = 0
     num_computed_prompt_tokens: int = 0
+    model_execute_seconds: float = 0.0
 
     @property
     def prefix_cache_hit_rate(self) -> float:

@@ -60,7 +60,7 @@ METRIC_NAMES = [
     "pagedllm:inter_token_latency_seconds_count",
     "pagedllm:request_time_per_output_token_seconds_count",
     "pagedllm:e2e_request_latency_seconds_count", "pagedllm:request_prompt_tokens_count",
-    "pagedllm:request_generation_tokens_count",
+    "pagedllm:request_generation_tokens_count", "pagedllm:model_execute_seconds_total",
 ]
 
 
@@ -74,13 +74,19 @@ def test_metrics_count_tokens_and_requests(client, http):
     labels = {"model_name": MODEL_NAME}
 
     def delta(name, **extra):
-        return metric(after, name, **labels, **extra) - metric(before, name, **labels, **extra)
+        # A counter has no sample before its first increment when this test runs first.
+        try:
+            earlier = metric(before, name, **labels, **extra)
+        except KeyError:
+            earlier = 0.0
+        return metric(after, name, **labels, **extra) - earlier
 
     assert delta("pagedllm:generation_tokens_total") == 7
     assert delta("pagedllm:prompt_tokens_total") == out.usage.prompt_tokens
     assert delta("pagedllm:request_success_total", finished_reason="length") == 1
     assert delta("pagedllm:e2e_request_latency_seconds_count") == 1
     assert delta("pagedllm:inter_token_latency_seconds_count") == 6
+    assert delta("pagedllm:model_execute_seconds_total") > 0  # the runner's busy time grew
     # --block-size 16 on the command line beat `block-size: 4` in the YAML config.
     assert metric(after, "pagedllm:cache_config_info", block_size="16") == 1
     assert metric(after, "pagedllm:num_requests_running", **labels) == 0
