@@ -16,6 +16,7 @@ import os
 import platform
 import random
 import statistics
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -249,3 +250,54 @@ def positive_int_list(text: str) -> list[int]:
     if any(v < 1 for v in values):
         raise argparse.ArgumentTypeError(f"values must be positive, got {text}")
     return values
+
+
+@dataclass
+class EnginePass:
+    """What one timed engine pass recorded (times from time.perf_counter).
+
+    Attributes:
+        start / end: before the first request was added / after the last step.
+        first_token_at: request id → time of the step that returned its first token.
+        token_ids: request id ("0", "1", ...) → the tokens it generated.
+        steps: (time after the step, tokens the step returned), one per engine step.
+    """
+
+    start: float
+    end: float
+    first_token_at: dict[str, float]
+    token_ids: dict[str, list[int]]
+    steps: list[tuple[float, int]]
+
+    @property
+    def ttfts(self) -> list[float]:
+        """Seconds from submission to each request's first token, in request order."""
+        return [self.first_token_at[rid] - self.start for rid in self.token_ids]
+
+
+def run_engine_pass(engine: Any, prompts: list[list[int]], output_len: int) -> EnginePass:
+    """Add every prompt at once to an `LLMEngine` (greedy, ignore_eos) and step to the end."""
+    from pagedllm import RequestOutputKind, SamplingParams
+
+    params = SamplingParams(
+        temperature=0.0,
+        max_tokens=output_len,
+        ignore_eos=True,
+        output_kind=RequestOutputKind.DELTA,
+    )
+    record = EnginePass(time.perf_counter(), 0.0, {}, {str(i): [] for i in range(len(prompts))}, [])
+    for i, ids in enumerate(prompts):
+        engine.add_request(str(i), {"prompt_token_ids": ids}, params)
+    while engine.has_unfinished_requests():
+        outputs = engine.step()
+        now = time.perf_counter()
+        step_tokens = 0
+        for out in outputs:
+            new_ids = out.outputs[0].token_ids if out.outputs else []
+            if new_ids and out.request_id not in record.first_token_at:
+                record.first_token_at[out.request_id] = now
+            record.token_ids[out.request_id].extend(new_ids)
+            step_tokens += len(new_ids)
+        record.steps.append((now, step_tokens))
+    record.end = time.perf_counter()
+    return record

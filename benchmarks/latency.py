@@ -30,6 +30,7 @@ from common import (
     make_prompts,
     positive_int_list,
     prompts_summary,
+    run_engine_pass,
     summarize,
     write_json,
 )
@@ -40,44 +41,21 @@ WARMUP_OUTPUT_LEN = 8
 
 def timed_pass(engine: Any, prompts: list[list[int]], output_len: int) -> dict[str, float]:
     """Add every prompt at t0, step until all finish; return TTFT and decode figures."""
-    from pagedllm import RequestOutputKind, SamplingParams
-
-    params = SamplingParams(
-        temperature=0.0,
-        max_tokens=output_len,
-        ignore_eos=True,
-        output_kind=RequestOutputKind.DELTA,
-    )
-    first_at: dict[str, float] = {}
-    counts = {str(i): 0 for i in range(len(prompts))}
-    start = time.perf_counter()
-    for i, ids in enumerate(prompts):
-        engine.add_request(str(i), {"prompt_token_ids": ids}, params)
-    steps: list[tuple[float, int]] = []  # (time after the step, tokens it returned)
-    while engine.has_unfinished_requests():
-        outputs = engine.step()
-        now = time.perf_counter()
-        steps.append((now, sum(len(o.outputs[0].token_ids) for o in outputs if o.outputs)))
-        for out in outputs:
-            new = len(out.outputs[0].token_ids) if out.outputs else 0
-            if new and out.request_id not in first_at:
-                first_at[out.request_id] = now
-            counts[out.request_id] += new
-    end = time.perf_counter()
-    ttfts = [first_at[rid] - start for rid in counts]
+    run = run_engine_pass(engine, prompts, output_len)
+    ttfts = run.ttfts
     # Decode = the steps after every request has its first token (prefill all done).
-    decode_start = max(first_at.values())
-    decode_tokens = sum(n for t, n in steps if t > decode_start)
-    decode_s = end - decode_start
+    decode_start = max(run.first_token_at.values())
+    decode_tokens = sum(n for t, n in run.steps if t > decode_start)
+    decode_s = run.end - decode_start
     per_request = decode_s / max(1, output_len - 1)
     return {
         "ttft_mean_ms": statistics.fmean(ttfts) * 1e3,
         "ttft_max_ms": max(ttfts) * 1e3,
         "decode_tokens_per_s": decode_tokens / decode_s if decode_s > 0 else float("nan"),
         "tpot_ms": per_request * 1e3,
-        "elapsed_s": end - start,
-        "output_tokens": sum(counts.values()),
-        "num_steps": len(steps),
+        "elapsed_s": run.end - run.start,
+        "output_tokens": sum(len(t) for t in run.token_ids.values()),
+        "num_steps": len(run.steps),
     }
 
 

@@ -38,6 +38,7 @@ from common import (
     machine_info,
     make_prompt,
     prompts_summary,
+    run_engine_pass,
     summarize,
     write_json,
 )
@@ -57,36 +58,14 @@ def make_shared_prefix_prompts(tokenizer: Any, args: argparse.Namespace) -> list
 
 def timed_pass(engine: Any, prompts: list[list[int]], output_len: int) -> dict[str, Any]:
     """Add every prompt at t0, step to the end; return TTFTs, throughput and outputs."""
-    from pagedllm import RequestOutputKind, SamplingParams
-
-    params = SamplingParams(
-        temperature=0.0,
-        ignore_eos=True,
-        max_tokens=output_len,
-        output_kind=RequestOutputKind.DELTA,
-    )
-    first_token_at: dict[str, float] = {}
-    tokens: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
-    start = time.perf_counter()
-    for request_id, ids in enumerate(prompts):
-        engine.add_request(str(request_id), {"prompt_token_ids": ids}, params)
-    num_steps = 0
-    while engine.has_unfinished_requests():
-        outputs = engine.step()
-        now = time.perf_counter()
-        num_steps += 1
-        for output in outputs:
-            new_ids = output.outputs[0].token_ids if output.outputs else []
-            if new_ids and output.request_id not in first_token_at:
-                first_token_at[output.request_id] = now
-            tokens[output.request_id].extend(new_ids)
-    elapsed = time.perf_counter() - start
-    ttfts = [first_token_at[rid] - start for rid in tokens]
-    num_output = sum(len(t) for t in tokens.values())
+    run = run_engine_pass(engine, prompts, output_len)
+    elapsed = run.end - run.start
+    ttfts = run.ttfts
+    num_output = sum(len(t) for t in run.token_ids.values())
     num_prompt = sum(len(p) for p in prompts)
     return {
         "elapsed_s": elapsed,
-        "num_steps": num_steps,
+        "num_steps": len(run.steps),
         "ttft_s": ttfts,
         "ttft_mean_s": statistics.fmean(ttfts),
         "ttft_median_s": statistics.median(ttfts),
@@ -94,7 +73,7 @@ def timed_pass(engine: Any, prompts: list[list[int]], output_len: int) -> dict[s
         "output_tokens": num_output,
         "output_tokens_per_s": num_output / elapsed,
         "total_tokens_per_s": (num_prompt + num_output) / elapsed,
-        "token_ids": [tokens[str(i)] for i in range(len(prompts))],
+        "token_ids": [run.token_ids[str(i)] for i in range(len(prompts))],
     }
 
 
