@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 SUPPORTED_DTYPES = ("auto", "float32", "bfloat16", "float16")
+QUANTIZATION_METHODS = ("int8", "int4")
 PREEMPTION_MODES = ("recompute", "swap")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 
@@ -29,6 +30,8 @@ class ModelConfig:
         seed: seed of the engine's default random generator.
         architecture: HF `architectures[0]`, e.g. "LlamaForCausalLM".
         hf_config: the transformers `PretrainedConfig` (not compared, not printed).
+        quantization: weight-only quantization ("int8", "int4") or None for dense weights.
+        keep_dense_weights: with quantization, also keep the dense weights for large steps.
     """
 
     model: str
@@ -39,6 +42,8 @@ class ModelConfig:
     seed: int
     architecture: str
     hf_config: Any = field(compare=False, repr=False)
+    quantization: str | None = None
+    keep_dense_weights: bool = True
 
 
 @dataclass(frozen=True)

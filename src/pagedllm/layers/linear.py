@@ -12,6 +12,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pagedllm.layers.quantization import QuantizedWeight, quantize
+
+# Steps of at most this many tokens use the quantized weights when a dense copy is also kept:
+# there reading fewer weight bytes wins; larger steps are compute-bound and the dense oneDNN
+# matmul is 2-3x faster than the int4/int8 kernels.
+QUANTIZED_MAX_TOKENS = 8
+
 
 def can_pack_for_cpu(weight: torch.Tensor) -> bool:
     """True when oneDNN can prepack this weight (bfloat16 on a CPU with mkldnn)."""
@@ -79,10 +86,24 @@ class Linear(nn.Module):
         else:
             self.register_parameter("bias", None)
         self.packed_weight: torch.Tensor | None = None
+        self.quantized: QuantizedWeight | None = None
+        self.keeps_dense = True
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
         """Load the whole parameter from one checkpoint tensor."""
         default_weight_loader(param, loaded_weight)
+
+    def quantize(self, method: str, keep_dense: bool) -> None:
+        """Add a weight-only `method` copy ("int8"/"int4") used for small steps.
+
+        With `keep_dense` False the dense weight is released and every step uses the
+        quantized one (least memory). Shapes the int4 kernel cannot take stay dense.
+        Call before `pack_for_cpu`.
+        """
+        self.quantized = quantize(self.weight.data, method)
+        if self.quantized is not None and not keep_dense:
+            self.keeps_dense = False
+            self.weight.data = torch.empty(0, dtype=self.weight.dtype)
 
     def pack_for_cpu(self) -> None:
         """Move the weight into oneDNN's packed layout (after loading, for speed).
@@ -90,13 +111,22 @@ class Linear(nn.Module):
         The plain weight's storage is released so the model is not held twice in memory;
         from then on only forward() uses the weight.
         """
-        if self.packed_weight is not None or not can_pack_for_cpu(self.weight):
+        if (
+            self.packed_weight is not None
+            or not self.keeps_dense
+            or not can_pack_for_cpu(self.weight)
+        ):
             return
         self.packed_weight = pack_weight_for_cpu(self.weight.data)
         self.weight.data = torch.empty(0, dtype=self.weight.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """[..., input_size] → [..., output_size]."""
+        if self.quantized is not None and (
+            not self.keeps_dense or x.shape[0] <= QUANTIZED_MAX_TOKENS
+        ):
+            out = self.quantized.matmul(x)
+            return out if self.bias is None else out + self.bias
         if self.packed_weight is not None:
             return packed_linear(x, self.packed_weight, self.bias)
         return F.linear(x, self.weight, self.bias)

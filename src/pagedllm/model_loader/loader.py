@@ -67,6 +67,14 @@ def _pack_linear_weights(model: torch.nn.Module) -> None:
             pack()
 
 
+def _quantize_weights(model: torch.nn.Module, method: str, keep_dense: bool) -> None:
+    """Give every layer that supports weight-only quantization a `method` copy."""
+    for module in model.modules():
+        quantize = getattr(module, "quantize", None)
+        if quantize is not None:
+            quantize(method, keep_dense)
+
+
 def get_model(model_config: ModelConfig, device: str = "cpu") -> torch.nn.Module:
     """Construct the model on `device` in `model_config.dtype`, load its weights, set eval.
 
@@ -87,13 +95,16 @@ def get_model(model_config: ModelConfig, device: str = "cpu") -> torch.nn.Module
             param.data = param.data.to(dtype)
     model.requires_grad_(False)
     model.eval()
+    if model_config.quantization is not None:
+        _quantize_weights(model, model_config.quantization, model_config.keep_dense_weights)
     _pack_linear_weights(model)
     logger.info(
-        "Loaded %s (%s) from %s in %s on %s.",
+        "Loaded %s (%s) from %s in %s%s on %s.",
         model_config.architecture,
         model_config.gguf_file or "safetensors",
         model_config.model_dir,
         model_config.dtype,
+        f" with {model_config.quantization} weights" if model_config.quantization else "",
         device,
     )
     return model
