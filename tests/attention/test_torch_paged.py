@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pagedllm.attention import torch_paged
+from pagedllm.attention import cpu_kernel, torch_paged
 from pagedllm.attention.backend import CommonAttentionMetadata
 from pagedllm.attention.registry import get_attention_backend
 from pagedllm.attention.torch_paged import TorchPagedBackend
@@ -112,13 +112,30 @@ BATCHES = {
 }
 
 
+KERNELS = [
+    pytest.param(False, id="torch"),
+    pytest.param(
+        True,
+        id="c_kernel",
+        marks=pytest.mark.skipif(
+            not cpu_kernel.is_available(torch.float32), reason="no C compiler to build it"
+        ),
+    ),
+]
+
+
+@pytest.mark.parametrize("use_cpu_kernel", KERNELS)
 @pytest.mark.parametrize("block_size", [1, 4, 16])
 @pytest.mark.parametrize("batch", list(BATCHES))
 @pytest.mark.parametrize("heads", [(4, 2), (6, 2), (3, 3)])
-def test_matches_dense_attention(block_size: int, batch: str, heads: tuple[int, int]) -> None:
+def test_matches_dense_attention(
+    block_size: int, batch: str, heads: tuple[int, int], use_cpu_kernel: bool
+) -> None:
     case = _Case(BATCHES[batch], block_size, *heads)
-    backend = TorchPagedBackend()
+    backend = TorchPagedBackend(use_cpu_kernel)
     metadata = backend.build_metadata(make_common_metadata(case.requests, block_size), block_size)
+    has_decodes = any(query_len == 1 for _, query_len in BATCHES[batch])
+    assert (metadata.kernel_decodes is not None) == (use_cpu_kernel and has_decodes)
     scale = 0.3
     before = case.cache.clone()
     out = backend.forward(case.query, case.key, case.value, case.cache, metadata, scale)
@@ -142,7 +159,7 @@ def test_matches_dense_attention_with_groups_and_chunks(
     monkeypatch.setattr(torch_paged, "_PREFILL_GROUP_COST", 0)
     monkeypatch.setattr(torch_paged, "_MAX_DECODE_GATHER_TOKENS", 50)
     case = _Case(BATCHES[batch], 4, 6, 2)
-    backend = TorchPagedBackend()
+    backend = TorchPagedBackend(use_cpu_kernel=False)  # the torch path's decode buckets
     metadata = backend.build_metadata(make_common_metadata(case.requests, 4), 4)
     groups = metadata.prefill_groups
     if groups:
@@ -168,9 +185,10 @@ def test_metadata_is_shared_by_layers() -> None:
         torch.testing.assert_close(out, case.expected(0.25), atol=2e-5, rtol=1e-5)
 
 
-def test_bfloat16_close_to_float32() -> None:
+@pytest.mark.parametrize("use_cpu_kernel", KERNELS)
+def test_bfloat16_close_to_float32(use_cpu_kernel: bool) -> None:
     case = _Case(BATCHES["mixed"], 16, 6, 2, head_size=64)
-    backend = TorchPagedBackend()
+    backend = TorchPagedBackend(use_cpu_kernel)
     metadata = backend.build_metadata(make_common_metadata(case.requests, 16), 16)
     out = backend.forward(
         case.query.bfloat16(),

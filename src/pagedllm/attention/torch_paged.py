@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from pagedllm.attention import cpu_kernel
 from pagedllm.attention.backend import AttentionBackend, CommonAttentionMetadata
 
 # Score elements per attention head in one prefill query chunk (x num_heads in all, ~2.4M
@@ -130,13 +131,41 @@ class _PrefillGroup:
 
 
 @dataclass
+class _KernelDecodes:
+    """All decode requests of a step, for the C kernel that reads the paged cache directly.
+
+    Attributes:
+        token_rows: [n] int32 batch token of each decode request.
+        block_tables: [n, max_blocks] int32.
+        seq_lens: [n] int32 context length including the new token.
+        max_seq_len: the longest of them.
+    """
+
+    token_rows: torch.Tensor
+    block_tables: torch.Tensor
+    seq_lens: torch.Tensor
+    max_seq_len: int
+
+
+def _kernel_decodes(common: CommonAttentionMetadata, rows: list[int]) -> _KernelDecodes:
+    index = torch.tensor(rows)
+    return _KernelDecodes(
+        token_rows=common.query_start_loc[index].to(torch.int32),
+        block_tables=common.block_tables[index].to(torch.int32).contiguous(),
+        seq_lens=common.seq_lens[index].to(torch.int32),
+        max_seq_len=max(common.seq_lens_cpu[i] for i in rows),
+    )
+
+
+@dataclass
 class TorchPagedMetadata:
     """Per-step metadata of `TorchPagedBackend`, shared by all layers of the step.
 
     Attributes:
         num_tokens: tokens in the batch.
         slot_mapping: [num_tokens] cache slot of each new token.
-        decode_buckets: the decode requests, grouped by context length.
+        decode_buckets: the decode requests, grouped by context length (torch path).
+        kernel_decodes: the decode requests for the C kernel (CPU path), instead of buckets.
         prefill_groups: the prefill requests, grouped by length.
         derived: tensors derived on the first layer call because they depend on the
             layers' kv head count or dtype (head-expanded gather indices, additive masks);
@@ -146,6 +175,7 @@ class TorchPagedMetadata:
     num_tokens: int
     slot_mapping: torch.Tensor
     decode_buckets: list[_DecodeBucket] = field(default_factory=list)
+    kernel_decodes: _KernelDecodes | None = None
     prefill_groups: list[_PrefillGroup] = field(default_factory=list)
     derived: dict[tuple[Any, ...], torch.Tensor] = field(default_factory=dict)
 
@@ -282,8 +312,9 @@ class TorchPagedBackend(AttentionBackend):
 
     name = "torch"
 
-    def __init__(self) -> None:
+    def __init__(self, use_cpu_kernel: bool = True) -> None:
         self.decode_contexts = _DecodeContexts()
+        self.use_cpu_kernel = use_cpu_kernel
 
     @staticmethod
     def get_kv_cache_shape(
@@ -301,7 +332,9 @@ class TorchPagedBackend(AttentionBackend):
         )
         decode_rows = [i for i, n in enumerate(common.query_lens_cpu) if n == 1]
         prefill_rows = [i for i, n in enumerate(common.query_lens_cpu) if n > 1]
-        if decode_rows:
+        if decode_rows and self._kernel_serves(common.block_tables.device):
+            metadata.kernel_decodes = _kernel_decodes(common, decode_rows)
+        elif decode_rows:
             metadata.decode_buckets = _build_decode_buckets(common, decode_rows, block_size)
         self.decode_contexts.start_step(metadata.decode_buckets)
         if prefill_rows:
@@ -312,6 +345,10 @@ class TorchPagedBackend(AttentionBackend):
                 _build_prefill_group(common, rows, block_size) for rows in groups
             ]
         return metadata
+
+    def _kernel_serves(self, device: torch.device) -> bool:
+        # Both kernel dtypes are built together: float32 availability means the library is.
+        return self.use_cpu_kernel and cpu_kernel.is_available(torch.float32, device)
 
     def forward(
         self,
@@ -332,6 +369,8 @@ class TorchPagedBackend(AttentionBackend):
         # One group covering the whole batch (in order) needs no scatter.
         if len(groups) == 1 and groups[0].token_indices is None:
             return _prefill_attention(query, key, value, kv_cache, groups[0], derived, 0, scale)
+        if metadata.kernel_decodes is not None:
+            return self._forward_with_kernel(query, key, value, kv_cache, metadata, scale)
         contexts = self.decode_contexts
         if len(buckets) == 1 and buckets[0].token_indices is None:
             keys, values = contexts.get(kv_cache, buckets[0], 0, key, value, derived)
@@ -347,6 +386,37 @@ class TorchPagedBackend(AttentionBackend):
         for i, group in enumerate(groups):
             assert group.token_indices is not None
             group_out = _prefill_attention(query, key, value, kv_cache, group, derived, i, scale)
+            out.index_copy_(0, group.token_indices, group_out)
+        return out
+
+
+    def _forward_with_kernel(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        metadata: TorchPagedMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        """Decodes by the C kernel (straight from the cache), prefill groups as usual."""
+        decodes = metadata.kernel_decodes
+        assert decodes is not None
+        if query.dtype not in (torch.float32, torch.bfloat16):
+            raise NotImplementedError(
+                f"The CPU decode kernel supports float32 and bfloat16, not {query.dtype}; "
+                "use dtype float32/bfloat16 or PAGEDLLM_ATTENTION_KERNEL=torch."
+            )
+        out = torch.empty_like(query)  # [num_tokens, H, D]
+        cpu_kernel.paged_decode_attention(
+            out, query.contiguous(), kv_cache, decodes.block_tables, decodes.seq_lens,
+            decodes.token_rows, decodes.max_seq_len, scale,
+        )
+        for i, group in enumerate(metadata.prefill_groups):
+            assert group.token_indices is not None
+            group_out = _prefill_attention(
+                query, key, value, kv_cache, group, metadata.derived, i, scale
+            )
             out.index_copy_(0, group.token_indices, group_out)
         return out
 

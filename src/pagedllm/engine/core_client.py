@@ -87,6 +87,10 @@ class InprocClient(EngineCoreClient):
         """Run one step."""
         return self.engine_core.step()
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget the core's cached KV blocks (False while requests hold blocks)."""
+        return self.engine_core.reset_prefix_cache()
+
     def shutdown(self) -> None:
         """Release the core's executor."""
         self.engine_core.shutdown()

@@ -132,6 +132,13 @@ class LLMEngine:
         self.engine_core.abort_requests(to_abort)
         return outputs
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached KV block, so no later prompt reuses an earlier one's KV.
+
+        Returns False (and changes nothing) while running requests hold blocks.
+        """
+        return bool(self.engine_core.reset_prefix_cache())  # type: ignore[attr-defined]
+
     def has_unfinished_requests(self) -> bool:
         """True while any request is waiting or running."""
         return self.output_processor.has_unfinished_requests()

@@ -82,6 +82,10 @@ class LLM:
         """The model's tokenizer."""
         return self.llm_engine.get_tokenizer()
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget the prefix cache (as vLLM's); False while requests hold KV blocks."""
+        return self.llm_engine.reset_prefix_cache()
+
     def generate(
         self,
         prompts: PromptType | Sequence[PromptType],

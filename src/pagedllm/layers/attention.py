@@ -35,7 +35,10 @@ class Attention(nn.Module):
         self.layer_idx = layer_idx
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """q [T, H*D], k and v [T, Hkv*D] → [T, H*D]; stores k/v in this layer's cache."""
+        """q [T, H*D], k and v [T, Hkv*D] (or already [T, heads, D]) → [T, H*D].
+
+        Also stores k/v in this layer's cache.
+        """
         ctx = get_forward_context()
         num_tokens = q.shape[0]
         out = ctx.backend.forward(

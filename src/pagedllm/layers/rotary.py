@@ -85,6 +85,9 @@ class RotaryEmbedding(nn.Module):
         cos_sin = torch.cat([freqs.cos(), freqs.sin()], dim=-1)  # [max_position, rotary_dim]
         # Not persistent: it is derived from the config, never read from checkpoints.
         self.register_buffer("cos_sin_cache", cos_sin, persistent=False)
+        # The (cos, sin) of the last positions tensor seen: every layer of a step rotates by
+        # the same positions, so the table lookup is done once per step, not once per layer.
+        self._last: tuple[torch.Tensor, torch.dtype, torch.Tensor, torch.Tensor] | None = None
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         shape = x.shape
@@ -104,10 +107,35 @@ class RotaryEmbedding(nn.Module):
 
         Returns new tensors of the input shapes; the inputs are not modified.
         """
-        cos_sin = self.cos_sin_cache.index_select(0, positions)  # [T, rotary_dim]
-        cos_sin = cos_sin.to(query.dtype).unsqueeze(1)  # [T, 1, rotary_dim]
-        cos, sin = cos_sin.chunk(2, dim=-1)  # each [T, 1, rotary_dim / 2]
+        cos, sin = self._cos_sin(positions, query.dtype)
         return self._rotate(query, cos, sin), self._rotate(key, cos, sin)
+
+    def forward_adjacent(
+        self, positions: torch.Tensor, qk: torch.Tensor, num_q_heads: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotate q and k given side by side as qk [T, (H + Hkv) * D] (a fused QKV slice).
+
+        One rotation over all H + Hkv heads instead of one for q and one for k. Returns q
+        [T, H, D] and k [T, Hkv, D], views of one new tensor.
+        """
+        cos, sin = self._cos_sin(positions, qk.dtype)
+        rotated = self._rotate(qk, cos, sin)  # [T, (H + Hkv) * D], contiguous
+        heads = rotated.view(qk.shape[0], -1, self.head_size)
+        return heads[:, :num_q_heads], heads[:, num_q_heads:]
+
+    def _cos_sin(
+        self, positions: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each [T, 1, rotary_dim / 2] in `dtype`; reused while `positions` is the same tensor."""
+        last = self._last
+        # Identity, not equality: holding the tensor keeps its id from being reused.
+        if last is not None and last[0] is positions and last[1] == dtype:
+            return last[2], last[3]
+        cos_sin = self.cos_sin_cache.index_select(0, positions)  # [T, rotary_dim]
+        cos_sin = cos_sin.to(dtype).unsqueeze(1)  # [T, 1, rotary_dim]
+        cos, sin = cos_sin.chunk(2, dim=-1)  # each [T, 1, rotary_dim / 2]
+        self._last = (positions, dtype, cos, sin)
+        return cos, sin
 
     def extra_repr(self) -> str:
         return f"head_size={self.head_size}, rotary_dim={self.rotary_dim}"

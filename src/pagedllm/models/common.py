@@ -99,8 +99,12 @@ class RopeSelfAttention(nn.Module):
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
         """[T] positions, [T, hidden] → [T, hidden]."""
         qkv = self.qkv_proj(hidden_states)  # [T, (H + 2 * Hkv) * D]
-        q, k, v = self.qkv_proj.split(qkv)
-        q, k = self.rotary_emb(positions, q, k)
+        qkv_proj = self.qkv_proj
+        # q and k sit side by side in the fused output: one rotation covers both.
+        q, k = self.rotary_emb.forward_adjacent(
+            positions, qkv[:, : qkv_proj.q_size + qkv_proj.kv_size], self.attn.num_heads
+        )  # [T, H, D], [T, Hkv, D]
+        v = qkv[:, qkv_proj.q_size + qkv_proj.kv_size :]  # [T, Hkv * D]
         return self.o_proj(self.attn(q, k, v))  # attention out [T, H * D]
 
 

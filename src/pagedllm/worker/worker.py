@@ -153,10 +153,15 @@ class Worker:
         shape = self.backend.get_kv_cache_shape(
             self.kv_cache_spec.num_blocks, self.kv_cache_spec.block_size, num_kv_heads, head_size
         )
-        # Zeroed so that padded reads (e.g. of the null block) are finite.
-        return [
-            torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(num_layers)
-        ]
+        caches = []
+        for _ in range(num_layers):
+            # Not zeroed: on CPU the pages of a large empty tensor only become resident when
+            # a block is first written, so memory grows with use instead of the full budget.
+            cache = torch.empty(shape, dtype=self.dtype, device=self.device)
+            # Padded reads go to the null block 0: it must hold finite values.
+            cache.select(self._block_dim(), 0).zero_()
+            caches.append(cache)
+        return caches
 
     def _allocate_host_kv_caches(self) -> list[torch.Tensor]:
         """The swap space: one host tensor per layer, in the device caches' layout."""

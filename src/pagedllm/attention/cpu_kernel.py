@@ -1,0 +1,140 @@
+"""The C decode-attention kernel for CPUs (csrc/paged_decode.c): build, load and call it.
+
+The kernel reads each decoding request's context straight out of the paged cache, so no
+dense copy of any context is made (the torch path needs one: a gather, or the contexts it
+keeps across steps, which double the KV memory). It is compiled on first use with the
+system C compiler for this machine (`-march=native`) into a per-user cache folder, and
+loaded with ctypes, which releases the GIL during the call. Without a C compiler, or with
+PAGEDLLM_ATTENTION_KERNEL=torch, attention stays on the torch path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from functools import cache
+from pathlib import Path
+
+import torch
+
+from pagedllm.logger import init_logger
+
+logger = init_logger(__name__)
+
+_SOURCE = Path(__file__).with_name("csrc") / "paged_decode.c"
+_FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-shared", "-fPIC"]
+_FUNCTIONS = {torch.float32: "paged_decode_f32", torch.bfloat16: "paged_decode_bf16"}
+
+
+class _Dims(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_int64)
+        for name in (
+            "num_blocks", "block_size", "num_kv_heads", "num_heads", "head_size", "max_blocks"
+        )
+    ]
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("PAGEDLLM_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "pagedllm"
+    )
+    return Path(root) / "kernels"
+
+
+def _cpu_flags() -> str:
+    """The CPU's feature flags: a library built with -march=native is only valid there."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        return platform.processor()
+
+
+def _build(compiler: str) -> Path:
+    """Compile the kernel (once per source, flags and CPU) and return the library's path."""
+    key = hashlib.sha256(
+        _SOURCE.read_bytes() + " ".join(_FLAGS).encode() + _cpu_flags().encode()
+    ).hexdigest()[:16]
+    target = _cache_dir() / f"paged_decode_{key}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Build beside the target and rename: concurrent builders never see a partial file.
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        built = Path(tmp) / target.name
+        subprocess.run(
+            [compiler, *_FLAGS, "-o", str(built), str(_SOURCE), "-lm"],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        os.replace(built, target)
+    return target
+
+
+@cache
+def _library() -> ctypes.CDLL | None:
+    """The loaded kernel library, or None when it cannot be built here (logged once)."""
+    if os.environ.get("PAGEDLLM_ATTENTION_KERNEL", "c") == "torch":
+        return None
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None or platform.system() != "Linux":
+        logger.info("No C compiler found: CPU decode attention uses the torch path.")
+        return None
+    try:
+        library = ctypes.CDLL(str(_build(compiler)))
+    except (OSError, subprocess.CalledProcessError) as exc:
+        detail = getattr(exc, "stderr", "") or str(exc)
+        logger.warning("CPU attention kernel not built (%s); using the torch path.", detail)
+        return None
+    for name in _FUNCTIONS.values():
+        getattr(library, name).restype = ctypes.c_int
+    return library
+
+
+def is_available(dtype: torch.dtype, device: torch.device | str = "cpu") -> bool:
+    """True when the C kernel can serve decode attention for this dtype and device."""
+    return torch.device(device).type == "cpu" and dtype in _FUNCTIONS and _library() is not None
+
+
+def _pointer(tensor: torch.Tensor) -> ctypes.c_void_p:
+    return ctypes.c_void_p(tensor.data_ptr())
+
+
+def paged_decode_attention(
+    out: torch.Tensor,  # [num_tokens, H, D], written at token_rows
+    query: torch.Tensor,  # [num_tokens, H, D] contiguous
+    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, Hkv, D] contiguous
+    block_tables: torch.Tensor,  # [n, max_blocks] int32 contiguous
+    seq_lens: torch.Tensor,  # [n] int32
+    token_rows: torch.Tensor,  # [n] int32
+    max_seq_len: int,
+    scale: float,
+) -> None:
+    """Attend the query rows `token_rows` to their paged contexts; write `out` there."""
+    library = _library()
+    assert library is not None, "call is_available() first"
+    _, num_blocks, block_size, num_kv_heads, head_size = kv_cache.shape
+    dims = _Dims(
+        num_blocks, block_size, num_kv_heads, query.shape[1], head_size, block_tables.shape[1]
+    )
+    failed = getattr(library, _FUNCTIONS[query.dtype])(
+        ctypes.byref(dims),
+        _pointer(query),
+        _pointer(out),
+        _pointer(kv_cache),
+        _pointer(block_tables),
+        _pointer(seq_lens),
+        _pointer(token_rows),
+        ctypes.c_int64(seq_lens.shape[0]),
+        ctypes.c_int64(max_seq_len),
+        ctypes.c_float(scale),
+    )
+    if failed:
+        raise MemoryError("CPU decode attention could not allocate its score buffers.")
