@@ -20,6 +20,9 @@ from pagedllm.layers.linear import (
 )
 from pagedllm.layers.quantization import QuantizedWeight, quantize_int8
 
+# Logits per row recomputed in float32 after a reduced-precision vocabulary matmul.
+REFINED_CANDIDATES = 8
+
 
 class VocabEmbedding(nn.Module):
     """Lookup table [num_embeddings, embedding_dim]: token ids → vectors."""
@@ -79,11 +82,29 @@ class LMHead(nn.Module):
             self.packed_weight = pack_weight_for_cpu(self.weight.data)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """[N, embedding_dim] → [N, num_embeddings] logits."""
+        """[N, embedding_dim] → [N, num_embeddings] float32 logits.
+
+        The vocabulary matmul runs in the model dtype (or int8); when that is not float32,
+        the top REFINED_CANDIDATES logits of each row are then recomputed exactly in float32.
+        bfloat16 logits keep 8 significant bits, so close candidates often round to the very
+        same value and greedy decoding would pick between them arbitrarily; the refined
+        values decide as float32 would, for the cost of a top-k and a few dot products.
+        """
         if self.quantized is not None and (
             not self.keeps_dense or hidden_states.shape[0] <= QUANTIZED_MAX_TOKENS
         ):
-            return self.quantized.matmul(hidden_states)
-        if self.packed_weight is not None:
-            return packed_linear(hidden_states, self.packed_weight, None)
-        return F.linear(hidden_states, self.weight)
+            logits = self.quantized.matmul(hidden_states)
+        elif self.packed_weight is not None:
+            logits = packed_linear(hidden_states, self.packed_weight, None)
+        else:
+            logits = F.linear(hidden_states, self.weight)
+        if logits.dtype == torch.float32 and self.quantized is None:
+            return logits
+        return self._refine_top_candidates(hidden_states, logits.float())
+
+    def _refine_top_candidates(self, hidden: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        k = min(REFINED_CANDIDATES, logits.shape[-1])
+        candidates = logits.topk(k, dim=-1).indices  # [N, k]
+        rows = self.weight[candidates].float()  # [N, k, embedding_dim]
+        exact = torch.bmm(rows, hidden.float().unsqueeze(-1)).squeeze(-1)  # [N, k]
+        return logits.scatter_(1, candidates, exact)
