@@ -13,6 +13,8 @@ from typing import Any
 
 SUPPORTED_DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATION_METHODS = ("int8", "int4")
+# What `quantization` accepts: None (the checkpoint decides), "none" (dense weights) or a method.
+QUANTIZATION_CHOICES = ("none", *QUANTIZATION_METHODS)
 PREEMPTION_MODES = ("recompute", "swap")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 

@@ -21,7 +21,9 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def llm_fp32() -> LLM:
-    return LLM(dtype="float32", max_model_len=512)
+    # Dense weights: the comparison with transformers' dequantized load is exact only then
+    # (the default int4 path keeps the GGUF's 4-bit codes, but its LM head is int8).
+    return LLM(dtype="float32", max_model_len=512, quantization="none")
 
 
 def test_greedy_matches_transformers_on_the_gguf(llm_fp32: LLM):
@@ -51,6 +53,8 @@ def test_greedy_matches_transformers_on_the_gguf(llm_fp32: LLM):
 
 def test_chat_knows_the_capital_of_france():
     llm = LLM()  # the default model, default dtype
+    model_config = llm.llm_engine.engine_config.model_config
+    assert (model_config.dtype, model_config.quantization) == ("bfloat16", "int4")
     question = [{"role": "user", "content": "What is the capital of France?"}]
     out = llm.chat(question, SamplingParams(temperature=0.0, max_tokens=48), use_tqdm=False)[0]
     assert "Paris" in out.outputs[0].text

