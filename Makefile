@@ -27,7 +27,7 @@ test: install
 
 bench: install
 	$(PIP) install --quiet -e ".[bench]" $(TORCH_PIN)
-	$(PY) benchmarks/throughput.py --compare hf
+	$(PY) benchmarks/throughput.py --compare hf,llamacpp
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -1,4 +1,4 @@
-"""Helpers shared by the benchmarks: default model, prompts, machine info, stats, JSON, CLI.
+"""Helpers shared by the benchmarks: model lookup, prompts, machine info, stats, JSON, CLI.
 
 Every benchmark feeds the same token ids to every system it measures, so prompts are built
 here once, deterministically (seeded), from English-like text cut to exact token lengths.
@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import hashlib
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -123,6 +124,35 @@ def load_tokenizer(location: ModelLocation) -> Any:
     return tokenizer
 
 
+def load_hf_model(location: ModelLocation, dtype: str) -> tuple[Any, float]:
+    """Load the transformers model in `dtype` (eval mode); return it and the load time."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    # Quiet: the GGUF loader's progress bars and a dtype warning that does not apply when
+    # the architecture falls back to dequantizing every weight (as Llama does).
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    start = time.perf_counter()
+    model = AutoModelForCausalLM.from_pretrained(
+        location.model_dir,
+        gguf_file=location.gguf_file,
+        dtype=dtype if dtype == "auto" else getattr(torch, dtype),
+    )
+    model.eval()
+    return model, time.perf_counter() - start
+
+
+def pad_token_id(model: Any) -> int:
+    """The id used for left padding: the model's pad token, else its (first) EOS, else 0."""
+    config = model.generation_config
+    pad = config.pad_token_id if config.pad_token_id is not None else config.eos_token_id
+    if isinstance(pad, list):
+        pad = pad[0]
+    return 0 if pad is None else int(pad)
+
+
 def sample_lengths(num: int, min_len: int, max_len: int, seed: int) -> list[int]:
     """`num` prompt lengths drawn uniformly from [min_len, max_len] with a seeded RNG."""
     if not 1 <= min_len <= max_len:
@@ -189,11 +219,20 @@ def machine_info() -> dict[str, Any]:
         "torch_num_threads": torch.get_num_threads(),
         "torch_version": torch.__version__,
         "transformers_version": transformers.__version__,
+        "llama_cpp_python_version": package_version("llama-cpp-python"),
         "python_version": platform.python_version(),
         "platform": platform.platform(),
         "cuda_device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "loadavg_start": load_average(),
     }
+
+
+def package_version(name: str) -> str | None:
+    """An installed distribution's version (without importing it), or None."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def load_average() -> list[float] | None:

@@ -7,35 +7,71 @@ finish. A request's TTFT is the wall time after the first step that returned a t
 minus t0. Decode tokens/s (aggregate over the batch) is the tokens returned by the steps after
 the last request got its first token, divided by the time from then to the end of the pass
 (for B = 1: (output_len - 1) / (end - first token)); TPOT is that time / (output_len - 1).
+Prompt tokens/s is the batch's prompt tokens / the last TTFT (for B = 1: input_len / TTFT).
 Prefix caching is off by default so every pass prefills its prompts in full.
 Reported: median [min-max] of `--num-iters` passes.
 
+`--compare hf,llamacpp` also measures one request at a time (B = 1) on the same prompts with
+transformers (`generate` with max_new_tokens=1 for TTFT, then a full `generate`:
+decode tok/s = (output_len - 1) / (total - TTFT)) and llama.cpp (llama-cpp-python's low-level
+API on the same GGUF file: the prompt in one llama_decode call, then one call per token,
+greedy), and prints pagedllm's B = 1 ratios against each.
+
     python benchmarks/latency.py
     python benchmarks/latency.py --batch-sizes 1 --num-iters 5 --output-json results/latency.json
+    python benchmarks/latency.py --compare hf,llamacpp --num-iters 5 \
+        --output-json benchmarks/results/latency.json
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import time
-from typing import Any
+from collections.abc import Callable, Iterator
+from functools import partial
+from typing import Any, Protocol
 
 from common import (
+    ModelLocation,
+    comma_list,
     format_stat,
     load_average,
+    load_hf_model,
     load_tokenizer,
     locate_model,
     machine_info,
     make_prompts,
+    pad_token_id,
     positive_int_list,
     prompts_summary,
     run_engine_pass,
     summarize,
     write_json,
 )
+from llamacpp_peer import (
+    BatchedDecoder,
+    LlamaCppModel,
+    add_llamacpp_args,
+    context_per_sequence,
+    import_llama_cpp,
+    llama_cpp_version,
+    require_gguf,
+    settings_from_args,
+)
 
-METRICS = ("ttft_mean_ms", "ttft_max_ms", "decode_tokens_per_s", "tpot_ms", "elapsed_s")
+METRICS = (
+    "ttft_mean_ms",
+    "ttft_max_ms",
+    "prompt_tokens_per_s",
+    "decode_tokens_per_s",
+    "tpot_ms",
+    "elapsed_s",
+)
+PEER_METRICS = ("ttft_ms", "prompt_tokens_per_s", "decode_tokens_per_s", "tpot_ms", "elapsed_s")
+PEERS = ("hf", "llamacpp")
+HF_DTYPES = ("bfloat16", "float32", "float16", "auto")
 WARMUP_OUTPUT_LEN = 8
 
 
@@ -51,6 +87,8 @@ def timed_pass(engine: Any, prompts: list[list[int]], output_len: int) -> dict[s
     return {
         "ttft_mean_ms": statistics.fmean(ttfts) * 1e3,
         "ttft_max_ms": max(ttfts) * 1e3,
+        # Every prompt is prefilled by the time the last request gets its first token.
+        "prompt_tokens_per_s": sum(map(len, prompts)) / max(ttfts),
         "decode_tokens_per_s": decode_tokens / decode_s if decode_s > 0 else float("nan"),
         "tpot_ms": per_request * 1e3,
         "elapsed_s": run.end - run.start,
@@ -59,16 +97,25 @@ def timed_pass(engine: Any, prompts: list[list[int]], output_len: int) -> dict[s
     }
 
 
+def warmup_prompts(tokenizer: Any, batch: int, args: argparse.Namespace) -> list[list[int]]:
+    """The untimed warm-up pass's prompts (not the timed ones)."""
+    return make_prompts(tokenizer, batch, args.input_len, args.input_len, seed=args.seed + 99)
+
+
+def pass_prompts(tokenizer: Any, batch: int, it: int, args: argparse.Namespace) -> list[list[int]]:
+    """Pass `it`'s prompts: fresh each pass (different seeds), the same for every system and
+    every run of the script."""
+    seed = args.seed + 1000 * batch + it
+    return make_prompts(tokenizer, batch, args.input_len, args.input_len, seed=seed)
+
+
 def measure(engine: Any, tokenizer: Any, batch: int, args: argparse.Namespace) -> dict[str, Any]:
     """Warm up once (untimed), then `--num-iters` timed passes of `batch` requests."""
     if args.warmup:
-        warm = make_prompts(tokenizer, batch, args.input_len, args.input_len, seed=args.seed + 99)
-        timed_pass(engine, warm, WARMUP_OUTPUT_LEN)
+        timed_pass(engine, warmup_prompts(tokenizer, batch, args), WARMUP_OUTPUT_LEN)
     iterations = []
     for it in range(args.num_iters):
-        # Fresh prompts each pass (different seeds), the same for every run of the script.
-        seed = args.seed + 1000 * batch + it
-        prompts = make_prompts(tokenizer, batch, args.input_len, args.input_len, seed=seed)
+        prompts = pass_prompts(tokenizer, batch, it, args)
         run = timed_pass(engine, prompts, args.output_len)
         if run["output_tokens"] != batch * args.output_len:
             print(f"warning: {run['output_tokens']} tokens, expected {batch * args.output_len}")
@@ -82,11 +129,224 @@ def measure(engine: Any, tokenizer: Any, batch: int, args: argparse.Namespace) -
     return {"batch_size": batch, "summary": summary, "iterations": iterations}
 
 
+class SingleStreamPeer(Protocol):
+    """A peer that generates for one prompt at a time, already loaded."""
+
+    peer: str
+    label: str
+    config: dict[str, Any]
+    setup_s: float
+
+    def time_one(self, prompt: list[int], output_len: int) -> tuple[float, float, int]:
+        """Generate `output_len` greedy tokens; return (TTFT s, total s, tokens generated)."""
+        ...
+
+    def close(self) -> None:
+        """Free the peer's model and caches."""
+        ...
+
+
+class HFPeer:
+    """transformers' `generate` on one prompt: a 1-token call for TTFT, then a full call."""
+
+    def __init__(self, location: ModelLocation, dtype: str) -> None:
+        self.model, self.setup_s = load_hf_model(location, dtype)
+        self.pad_id = pad_token_id(self.model)
+        self.peer = "hf"
+        self.label = f"hf ({dtype})"
+        self.config = {"dtype": dtype}
+
+    def time_one(self, prompt: list[int], output_len: int) -> tuple[float, float, int]:
+        ttft, _ = self._generate(prompt, 1)
+        total, generated = self._generate(prompt, output_len)
+        return ttft, total, generated
+
+    def _generate(self, prompt: list[int], new_tokens: int) -> tuple[float, int]:
+        """Time one greedy generate of exactly `new_tokens` tokens (EOS masked)."""
+        import torch
+
+        input_ids = torch.tensor([prompt])
+        start = time.perf_counter()
+        out = self.model.generate(
+            input_ids=input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,  # masks EOS: transformers' ignore_eos
+            do_sample=False,
+            pad_token_id=self.pad_id,
+        )
+        return time.perf_counter() - start, out.shape[1] - len(prompt)
+
+    def close(self) -> None:
+        del self.model
+        gc.collect()
+
+
+class LlamaCppPeer:
+    """llama.cpp's low-level API with one sequence: the prompt, then a decode call a token."""
+
+    def __init__(self, location: ModelLocation, args: argparse.Namespace, flash_attn: bool):
+        settings = settings_from_args(args)
+        n_ctx = context_per_sequence(args.input_len, args.output_len)
+        start = time.perf_counter()
+        self.model = LlamaCppModel(location.path)
+        self.decoder = BatchedDecoder(self.model, settings, flash_attn, 1, n_ctx)
+        self.setup_s = time.perf_counter() - start
+        self.peer = "llamacpp"
+        self.label = f"llamacpp (fa={'on' if flash_attn else 'off'})"
+        self.config = {
+            "flash_attn": flash_attn,
+            "n_ctx": n_ctx,
+            "llama_cpp_python_version": llama_cpp_version(),
+            **vars(settings),
+        }
+
+    def time_one(self, prompt: list[int], output_len: int) -> tuple[float, float, int]:
+        (wave,) = self.decoder.generate([prompt], output_len)
+        generated = len(wave.tokens[0])
+        return wave.first_token_at - wave.start, wave.end - wave.start, generated
+
+    def close(self) -> None:
+        self.decoder.close()
+        self.model.close()
+
+
+def peers(location: ModelLocation, args: argparse.Namespace) -> Iterator[SingleStreamPeer]:
+    """Each --compare peer configuration in turn, loaded lazily and freed after use."""
+    makers: dict[str, list[Callable[[], SingleStreamPeer]]] = {
+        "hf": [partial(HFPeer, location, dtype) for dtype in args.hf_dtype],
+        "llamacpp": [
+            partial(LlamaCppPeer, location, args, value == "on")
+            for value in args.llamacpp_flash_attn
+        ],
+    }
+    for name in args.compare:
+        for make in makers[name]:
+            peer = make()
+            try:
+                yield peer
+            finally:
+                peer.close()
+
+
+def peer_pass_metrics(
+    prompt: list[int], output_len: int, ttft: float, total: float, generated: int
+) -> dict[str, Any]:
+    """One single-request pass's figures; decode covers the output_len - 1 tokens after the
+    first."""
+    decode_s = total - ttft
+    return {
+        "ttft_ms": ttft * 1e3,
+        "prompt_tokens_per_s": len(prompt) / ttft,
+        "decode_tokens_per_s": (output_len - 1) / decode_s if decode_s > 0 else float("nan"),
+        "tpot_ms": decode_s / max(1, output_len - 1) * 1e3,
+        "elapsed_s": total,
+        "output_tokens": generated,
+        "prompts": prompts_summary([prompt]),
+    }
+
+
+def measure_peer(
+    peer: SingleStreamPeer, tokenizer: Any, args: argparse.Namespace
+) -> dict[str, Any]:
+    """Warm up, then `--num-iters` single-request passes on pagedllm's B = 1 prompts."""
+    if args.warmup:
+        peer.time_one(warmup_prompts(tokenizer, 1, args)[0], WARMUP_OUTPUT_LEN)
+    iterations = []
+    for it in range(args.num_iters):
+        (prompt,) = pass_prompts(tokenizer, 1, it, args)
+        ttft, total, generated = peer.time_one(prompt, args.output_len)
+        if generated != args.output_len:
+            print(f"warning: {peer.label} generated {generated} tokens, expected {args.output_len}")
+        run = peer_pass_metrics(prompt, args.output_len, ttft, total, generated)
+        iterations.append(run)
+        print(
+            f"  {peer.label} pass {it + 1}: TTFT {run['ttft_ms']:.1f} ms, "
+            f"decode {run['decode_tokens_per_s']:.1f} tok/s"
+        )
+    return {
+        "system": peer.label,
+        "peer": peer.peer,
+        "config": peer.config,
+        "setup_s": peer.setup_s,
+        "batch_size": 1,
+        "summary": {key: summarize([r[key] for r in iterations]) for key in PEER_METRICS},
+        "iterations": iterations,
+    }
+
+
+def measure_peers(
+    location: ModelLocation, tokenizer: Any, args: argparse.Namespace
+) -> list[dict[str, Any]]:
+    """Every peer configuration, one after another."""
+    records = []
+    for peer in peers(location, args):
+        print(f"[{peer.label}] loaded in {peer.setup_s:.1f} s", flush=True)
+        records.append(measure_peer(peer, tokenizer, args))
+    return records
+
+
+def single_stream_ratios(
+    results: list[dict[str, Any]], peer_records: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """pagedllm's B = 1 medians over each peer's: prompt tok/s, decode tok/s, TTFT."""
+    ours = next((r["summary"] for r in results if r["batch_size"] == 1), None)
+    if ours is None:
+        return []
+    return [
+        {
+            "numerator": "pagedllm (batch 1)",
+            "denominator": rec["system"],
+            "prompt_tokens_per_s_ratio": ours["prompt_tokens_per_s"]["median"]
+            / rec["summary"]["prompt_tokens_per_s"]["median"],
+            "decode_tokens_per_s_ratio": ours["decode_tokens_per_s"]["median"]
+            / rec["summary"]["decode_tokens_per_s"]["median"],
+            # Below 1 means pagedllm answers sooner.
+            "ttft_ratio": ours["ttft_mean_ms"]["median"] / rec["summary"]["ttft_ms"]["median"],
+        }
+        for rec in peer_records
+    ]
+
+
+def print_peers(
+    peer_records: list[dict[str, Any]], results: list[dict[str, Any]], ratio_rows: list[dict]
+) -> None:
+    """A single-stream table (pagedllm's B = 1 row, then each peer), then the ratios."""
+    columns = [
+        ("TTFT ms", "ttft_ms", 1),
+        ("prompt tok/s", "prompt_tokens_per_s", 1),
+        ("decode tok/s", "decode_tokens_per_s", 1),
+        ("TPOT ms", "tpot_ms", 2),
+    ]
+    rows = [
+        ("pagedllm (batch 1)", {**r["summary"], "ttft_ms": r["summary"]["ttft_mean_ms"]})
+        for r in results
+        if r["batch_size"] == 1
+    ]
+    rows += [(rec["system"], rec["summary"]) for rec in peer_records]
+    width = max(len(name) for name, _ in rows)
+    header = f"{'single stream':<{width}}" + "".join(f" {t:>23}" for t, _, _ in columns)
+    print("\n" + header + "\n" + "-" * len(header))
+    for name, summary in rows:
+        cells = [format_stat(summary[key], digits) for _, key, digits in columns]
+        print(f"{name:<{width}}" + "".join(f" {cell:>23}" for cell in cells))
+    for row in ratio_rows:
+        print(
+            f"ratio {row['numerator']} / {row['denominator']}: "
+            f"prompt tok/s {row['prompt_tokens_per_s_ratio']:.2f}x, "
+            f"decode tok/s {row['decode_tokens_per_s_ratio']:.2f}x, "
+            f"TTFT {row['ttft_ratio']:.2f}x (below 1: pagedllm is sooner)"
+        )
+    if peer_records and not ratio_rows:
+        print("no ratios: pagedllm was not measured at batch size 1 (--skip-engine, --batch-sizes)")
+
+
 def print_report(results: list[dict[str, Any]]) -> None:
     """One row per batch size: medians with [min-max]."""
     columns = [
         ("TTFT mean ms", "ttft_mean_ms", 1),
         ("TTFT max ms", "ttft_max_ms", 1),
+        ("prompt tok/s", "prompt_tokens_per_s", 1),
         ("decode tok/s", "decode_tokens_per_s", 1),
         ("TPOT ms", "tpot_ms", 2),
         ("elapsed s", "elapsed_s", 2),
@@ -134,17 +394,54 @@ def build_parser() -> argparse.ArgumentParser:
         help="engine weights and activations dtype",
     )
     add(
+        "--quantization",
+        default=None,
+        choices=("none", "int8", "int4"),
+        help="engine weight-only quantization (default: the checkpoint's, int4 for the "
+        "default 4-bit GGUF)",
+    )
+    add(
+        "--keep-dense-weights",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="with --quantization, keep the dense weights for steps of > 8 tokens",
+    )
+    add(
         "--prefix-caching",
         action=argparse.BooleanOptionalAction,
         default=False,
         help="enable the engine's prefix cache (off: every prompt is prefilled in full)",
     )
     add("--output-json", default=None, metavar="PATH", help="write config, machine, timings")
+    add(
+        "--skip-engine",
+        action="store_true",
+        help="do not run pagedllm; measure only the --compare peers",
+    )
+    _add_peer_args(p.add_argument_group("peers (one request at a time)"))
     return p
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Load the engine, measure each batch size, print the table, write the JSON."""
+def _add_peer_args(group: argparse._ArgumentGroup) -> None:
+    """Which peers run at batch size 1 on pagedllm's B = 1 prompts, and their settings."""
+    add = group.add_argument
+    add(
+        "--compare",
+        type=comma_list(str, PEERS),
+        default=[],
+        help=f"comma list of peers measured one request at a time: {', '.join(PEERS)}",
+    )
+    add(
+        "--hf-dtype",
+        type=comma_list(str, HF_DTYPES),
+        default=["bfloat16"],
+        help=f"comma list of transformers dtypes ({', '.join(HF_DTYPES)})",
+    )
+    add_llamacpp_args(group, offline=False)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse and cross-check the options."""
     parser = build_parser()
     args = parser.parse_args(argv)
     for name in ("input_len", "output_len", "num_iters"):
@@ -152,25 +449,57 @@ def main(argv: list[str] | None = None) -> None:
             parser.error(f"--{name.replace('_', '-')} must be at least 1.")
     if args.output_len < 2:
         parser.error("--output-len must be at least 2 to measure decode.")
-    location = locate_model(args.model)
-    args.model = location.path
-    machine = machine_info()
-    tokenizer = load_tokenizer(location)
-    from pagedllm import LLM
+    if args.skip_engine and not args.compare:
+        parser.error("--skip-engine needs --compare: there would be nothing to run.")
+    if "llamacpp" in args.compare:
+        # Fail now, with the install command, rather than after pagedllm ran.
+        import_llama_cpp()
+        settings_from_args(args)
+    return args
 
-    print(f"model {location.path}")
+
+def measure_engine(
+    location: ModelLocation, tokenizer: Any, args: argparse.Namespace
+) -> tuple[list[dict[str, Any]], float]:
+    """pagedllm at every batch size; returns the records and the engine's setup time."""
+    try:
+        from pagedllm import LLM
+    except ImportError as error:
+        raise SystemExit(f"pagedllm engine unavailable ({error}); use --skip-engine.") from error
+
     start = time.perf_counter()
     llm = LLM(
         model=location.path,
         dtype=args.dtype,
         seed=args.seed,
         enable_prefix_caching=args.prefix_caching,
+        quantization=args.quantization,
+        keep_dense_weights=args.keep_dense_weights,
     )
     setup_s = time.perf_counter() - start
-    engine = llm.llm_engine
     print(f"engine ready in {setup_s:.1f} s; {args.input_len} in / {args.output_len} out")
-    results = [measure(engine, tokenizer, b, args) for b in args.batch_sizes]
+    results = [measure(llm.llm_engine, tokenizer, b, args) for b in args.batch_sizes]
     print_report(results)
+    return results, setup_s
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Measure pagedllm at each batch size, then the peers; print the tables, write the JSON."""
+    args = parse_args(argv)
+    location = locate_model(args.model)
+    args.model = location.path
+    if "llamacpp" in args.compare:
+        require_gguf(location.gguf_file)
+    machine = machine_info()
+    tokenizer = load_tokenizer(location)
+    print(f"model {location.path}")
+    results, setup_s = ([], None) if args.skip_engine else measure_engine(location, tokenizer, args)
+    # The engine (and its threads' memory) is gone before a peer loads.
+    gc.collect()
+    peer_records = measure_peers(location, tokenizer, args)
+    ratio_rows = single_stream_ratios(results, peer_records)
+    if peer_records:
+        print_peers(peer_records, results, ratio_rows)
     if args.output_json:
         machine["loadavg_end"] = load_average()
         write_json(
@@ -181,6 +510,8 @@ def main(argv: list[str] | None = None) -> None:
                 "machine": machine,
                 "setup_s": setup_s,
                 "results": results,
+                "peers": peer_records,
+                "ratios": ratio_rows,
             },
         )
         print(f"wrote {args.output_json}")

