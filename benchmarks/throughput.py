@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import resource
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -656,8 +657,12 @@ def main(argv: list[str] | None = None) -> None:
     results = run_all(location, prompts, args)
     ratio_rows = ratios(results)
     print_report(results, ratio_rows)
+    # Peak resident memory of this process: pagedllm's own when it runs without --compare.
+    peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"peak RSS of this process: {peak_rss_mb:.0f} MB")
     if args.output_json:
         machine["loadavg_end"] = load_average()
+        machine["peak_rss_mb"] = peak_rss_mb
         config = {**vars(args), "model_path": location.path}
         write_json(
             args.output_json,

@@ -132,3 +132,16 @@ def test_free_queue_single_block_and_double_append() -> None:
     with pytest.raises(IndexError):
         queue.popleft_n(1)
     queue.check_integrity()
+
+
+def test_reset_prefix_cache_hands_out_low_block_ids_again() -> None:
+    """After a reset, allocation restarts from block 1: the blocks already written (on CPU
+    the only KV pages that are resident) are reused before untouched ones."""
+    pool = BlockPool(num_blocks=10)
+    first = pool.get_new_blocks(4)  # ids 1..4
+    pool.free_blocks(reversed(first))
+    assert [b.block_id for b in pool.get_new_blocks(2)] == [5, 6]  # LRU: fresh ones first
+    pool.free_blocks(pool.blocks[5:7])
+    assert pool.reset_prefix_cache()
+    assert [b.block_id for b in pool.get_new_blocks(3)] == [1, 2, 3]
+    pool.check_integrity()

@@ -250,6 +250,13 @@ class BlockPool:
         for block in self.cached_block_hash_to_block.values():
             block.block_hash = None
         self.cached_block_hash_to_block.clear()
+        # Back to block-id order, as at start: blocks are handed out from the low ids again,
+        # which are the ones already written. On CPU the cache's memory pages only become
+        # resident when first written, so this keeps repeated runs at one run's footprint.
+        usable = self.blocks[NULL_BLOCK_ID + 1 :]
+        for block in usable:  # unlink them all from the old queue first
+            block.prev_free_block = block.next_free_block = None
+        self.free_block_queue = FreeBlockQueue(usable)
         return True
 
     def check_integrity(self) -> None:
