@@ -340,3 +340,40 @@ def run_engine_pass(engine: Any, prompts: list[list[int]], output_len: int) -> E
         record.steps.append((now, step_tokens))
     record.end = time.perf_counter()
     return record
+
+
+PEERS = ("hf", "llamacpp")
+HF_DTYPES = ("bfloat16", "float32", "float16", "auto")
+
+
+def add_weight_args(group: argparse._ArgumentGroup | argparse.ArgumentParser) -> None:
+    """pagedllm's --quantization and --keep-dense-weights, as the engine names them."""
+    group.add_argument(
+        "--quantization",
+        default=None,
+        choices=("none", "int8", "int4"),
+        help="engine weight-only quantization (default: the checkpoint's, int4 for the "
+        "default 4-bit GGUF)",
+    )
+    group.add_argument(
+        "--keep-dense-weights",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="with --quantization, keep the dense weights for steps of > 8 tokens",
+    )
+
+
+def add_compare_args(group: argparse._ArgumentGroup, compare_help: str) -> None:
+    """--compare (which peers) and --hf-dtype (transformers' dtypes)."""
+    group.add_argument(
+        "--compare",
+        type=comma_list(str, PEERS),
+        default=[],
+        help=f"{compare_help}: {', '.join(PEERS)}",
+    )
+    group.add_argument(
+        "--hf-dtype",
+        type=comma_list(str, HF_DTYPES),
+        default=["bfloat16"],
+        help=f"comma list of transformers dtypes ({', '.join(HF_DTYPES)})",
+    )

@@ -35,7 +35,8 @@ from typing import Any, Protocol
 
 from common import (
     ModelLocation,
-    comma_list,
+    add_compare_args,
+    add_weight_args,
     format_stat,
     load_average,
     load_hf_model,
@@ -70,8 +71,6 @@ METRICS = (
     "elapsed_s",
 )
 PEER_METRICS = ("ttft_ms", "prompt_tokens_per_s", "decode_tokens_per_s", "tpot_ms", "elapsed_s")
-PEERS = ("hf", "llamacpp")
-HF_DTYPES = ("bfloat16", "float32", "float16", "auto")
 WARMUP_OUTPUT_LEN = 8
 
 
@@ -393,19 +392,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("auto", "float32", "bfloat16", "float16"),
         help="engine weights and activations dtype",
     )
-    add(
-        "--quantization",
-        default=None,
-        choices=("none", "int8", "int4"),
-        help="engine weight-only quantization (default: the checkpoint's, int4 for the "
-        "default 4-bit GGUF)",
-    )
-    add(
-        "--keep-dense-weights",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="with --quantization, keep the dense weights for steps of > 8 tokens",
-    )
+    add_weight_args(p)
     add(
         "--prefix-caching",
         action=argparse.BooleanOptionalAction,
@@ -424,19 +411,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_peer_args(group: argparse._ArgumentGroup) -> None:
     """Which peers run at batch size 1 on pagedllm's B = 1 prompts, and their settings."""
-    add = group.add_argument
-    add(
-        "--compare",
-        type=comma_list(str, PEERS),
-        default=[],
-        help=f"comma list of peers measured one request at a time: {', '.join(PEERS)}",
-    )
-    add(
-        "--hf-dtype",
-        type=comma_list(str, HF_DTYPES),
-        default=["bfloat16"],
-        help=f"comma list of transformers dtypes ({', '.join(HF_DTYPES)})",
-    )
+    add_compare_args(group, "comma list of peers measured one request at a time")
     add_llamacpp_args(group, offline=False)
 
 

@@ -30,7 +30,8 @@ from typing import Any, Protocol
 
 from common import (
     ModelLocation,
-    comma_list,
+    add_compare_args,
+    add_weight_args,
     format_stat,
     load_average,
     load_hf_model,
@@ -59,8 +60,6 @@ from llamacpp_peer import (
 )
 
 ENGINE = "pagedllm"
-PEERS = ("hf", "llamacpp")
-HF_DTYPES = ("bfloat16", "float32", "float16", "auto")
 WARMUP_PROMPTS = 4
 WARMUP_OUTPUT_LEN = 8
 METRICS = ("requests_per_s", "output_tokens_per_s", "total_tokens_per_s", "elapsed_s")
@@ -555,19 +554,7 @@ def _add_engine_args(group: argparse._ArgumentGroup) -> None:
         choices=("auto", "float32", "bfloat16", "float16"),
         help="engine weights and activations dtype",
     )
-    add(
-        "--quantization",
-        default=None,
-        choices=("none", "int8", "int4"),
-        help="engine weight-only quantization (default: the checkpoint's, int4 for the "
-        "default 4-bit GGUF)",
-    )
-    add(
-        "--keep-dense-weights",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="with --quantization, keep the dense weights for steps of > 8 tokens",
-    )
+    add_weight_args(group)
     add(
         "--max-num-seqs",
         type=int,
@@ -590,18 +577,7 @@ def _add_engine_args(group: argparse._ArgumentGroup) -> None:
 def _add_peer_args(group: argparse._ArgumentGroup) -> None:
     """Which peers run on the same prompts, and their settings."""
     add = group.add_argument
-    add(
-        "--compare",
-        type=comma_list(str, PEERS),
-        default=[],
-        help=f"comma list of peers run on the same prompts: {', '.join(PEERS)}",
-    )
-    add(
-        "--hf-dtype",
-        type=comma_list(str, HF_DTYPES),
-        default=["bfloat16"],
-        help=f"comma list of transformers dtypes ({', '.join(HF_DTYPES)})",
-    )
+    add_compare_args(group, "comma list of peers run on the same prompts")
     add(
         "--hf-batch-size",
         type=positive_int_list,

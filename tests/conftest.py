@@ -139,3 +139,20 @@ def default_gguf_path() -> Path | None:
         return None
     path = Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
     return path if path.exists() else None
+
+
+def hf_greedy_tokens(model, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """transformers' greedy `generate` continuation of each prompt, one prompt at a time."""
+    import torch
+
+    results = []
+    for ids in prompts:
+        out = model.generate(
+            torch.tensor([ids]),
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=model.config.pad_token_id,
+        )
+        results.append(out[0, len(ids) :].tolist())
+    return results

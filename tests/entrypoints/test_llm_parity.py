@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from pagedllm import LLM, SamplingParams
+from tests.conftest import hf_greedy_tokens
 
 MAX_TOKENS = 20
 
@@ -27,17 +28,7 @@ def _hf_greedy(model_dir, prompts: list[list[int]]) -> list[list[int]]:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    results = []
-    for ids in prompts:
-        out = model.generate(
-            torch.tensor([ids]),
-            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-            max_new_tokens=MAX_TOKENS,
-            do_sample=False,
-            pad_token_id=model.config.pad_token_id,
-        )
-        results.append(out[0, len(ids) :].tolist())
-    return results
+    return hf_greedy_tokens(model, prompts, MAX_TOKENS)
 
 
 def _engine_tokens(llm: LLM, prompts: list[list[int]]) -> list[list[int]]:

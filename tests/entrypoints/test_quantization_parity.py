@@ -16,6 +16,7 @@ import torch
 
 from pagedllm import LLM, SamplingParams
 from pagedllm.layers.quantization import dequantize, quantize
+from tests.conftest import hf_greedy_tokens
 
 MAX_TOKENS = 16
 BODY_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -34,27 +35,13 @@ def _fake_quantized_reference(model_dir, method: str, tmp_path):
     return model
 
 
-def _greedy_reference(model, prompts: list[list[int]]) -> list[list[int]]:
-    results = []
-    for ids in prompts:
-        out = model.generate(
-            torch.tensor([ids]),
-            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-            max_new_tokens=MAX_TOKENS,
-            do_sample=False,
-            pad_token_id=model.config.pad_token_id,
-        )
-        results.append(out[0, len(ids) :].tolist())
-    return results
-
-
 @pytest.mark.parametrize("method", ["int8", "int4"])
 def test_quantized_engine_matches_reference_on_same_weights(tiny_llama_dir, method, tmp_path):
     reference = _fake_quantized_reference(tiny_llama_dir, method, tmp_path)
     rng = random.Random(7)
     vocab = reference.config.vocab_size
     prompts = [[rng.randrange(3, vocab) for _ in range(n)] for n in (4, 23, 50)]
-    expected = _greedy_reference(reference, prompts)
+    expected = hf_greedy_tokens(reference, prompts, MAX_TOKENS)
 
     llm = LLM(
         str(tiny_llama_dir), dtype="float32", max_model_len=128,
