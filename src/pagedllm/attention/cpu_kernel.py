@@ -27,7 +27,11 @@ from pagedllm.logger import init_logger
 logger = init_logger(__name__)
 
 _SOURCE = Path(__file__).with_name("csrc") / "paged_decode.c"
-_FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-shared", "-fPIC"]
+# 512-bit vectors: gcc prefers 256-bit ones on AVX-512 CPUs; the dot products gain ~10%.
+_FLAGS = [
+    "-O3", "-march=native", "-mprefer-vector-width=512", "-ffast-math", "-fopenmp",
+    "-shared", "-fPIC",
+]
 _FUNCTIONS = {torch.float32: "paged_decode_f32", torch.bfloat16: "paged_decode_bf16"}
 
 

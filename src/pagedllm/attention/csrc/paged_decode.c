@@ -35,23 +35,27 @@ static inline uint16_t float_to_bf16(float f) {
     return (uint16_t)(bits >> 16);
 }
 
-/* Expands to one kernel per element type: T is the storage type, LOAD/STORE convert. */
-#define DEFINE_DECODE(NAME, T, LOAD, STORE)                                                  \
-static void NAME##_one(const Dims *d, const T *q, T *out, const T *keys, const T *values,   \
-                       const int32_t *blocks, int64_t seq_len, float scale, float *scores,  \
-                       float *qf, float *acc) {                                             \
-    const int64_t D = d->head_size, H = d->num_heads, Hkv = d->num_kv_heads;                \
+/* One request's attention. T is the storage type, LOAD/STORE convert; HEAD_DIM is the head
+ * size, a constant in the specialised versions so the compiler unrolls the dot products. */
+#define DEFINE_ONE(NAME, T, LOAD, STORE, HEAD_DIM)                                           \
+static void NAME(const Dims *d, const T *q, T *out, const T *keys, const T *values,         \
+                 const int32_t *blocks, int64_t seq_len, float scale, float *scores,        \
+                 float *qf, float *acc) {                                                   \
+    const int64_t D = (HEAD_DIM), H = d->num_heads, Hkv = d->num_kv_heads;                  \
     const int64_t G = H / Hkv, row = Hkv * D, bs = d->block_size;                           \
     for (int64_t i = 0; i < H * D; i++) qf[i] = LOAD(q[i]) * scale;                         \
     /* scores[h * seq_len + p] = q_h . k_p (of h's kv head) */                               \
+    float kv[D]; /* one kv head's row of K or V, converted to float once */            \
     for (int64_t p = 0; p < seq_len; p++) {                                                 \
         const T *k = keys + ((int64_t)blocks[p / bs] * bs + p % bs) * row;                  \
-        for (int64_t h = 0; h < H; h++) {                                                   \
-            const T *kh = k + (h / G) * D;                                                  \
-            const float *qh = qf + h * D;                                                   \
-            float s = 0.f;                                                                  \
-            for (int64_t j = 0; j < D; j++) s += qh[j] * LOAD(kh[j]);                       \
-            scores[h * seq_len + p] = s;                                                    \
+        for (int64_t g = 0; g < Hkv; g++) {                                                 \
+            for (int64_t j = 0; j < D; j++) kv[j] = LOAD(k[g * D + j]);                     \
+            for (int64_t h = g * G; h < (g + 1) * G; h++) {                                 \
+                const float *qh = qf + h * D;                                               \
+                float s = 0.f;                                                              \
+                for (int64_t j = 0; j < D; j++) s += qh[j] * kv[j];                         \
+                scores[h * seq_len + p] = s;                                                \
+            }                                                                               \
         }                                                                                   \
     }                                                                                       \
     for (int64_t h = 0; h < H; h++) {                                                       \
@@ -64,15 +68,23 @@ static void NAME##_one(const Dims *d, const T *q, T *out, const T *keys, const T
     memset(acc, 0, sizeof(float) * H * D);                                                  \
     for (int64_t p = 0; p < seq_len; p++) {                                                 \
         const T *v = values + ((int64_t)blocks[p / bs] * bs + p % bs) * row;                \
-        for (int64_t h = 0; h < H; h++) {                                                   \
-            const T *vh = v + (h / G) * D;                                                  \
-            const float w = scores[h * seq_len + p];                                        \
-            float *a = acc + h * D;                                                         \
-            for (int64_t j = 0; j < D; j++) a[j] += w * LOAD(vh[j]);                        \
+        for (int64_t g = 0; g < Hkv; g++) {                                                 \
+            for (int64_t j = 0; j < D; j++) kv[j] = LOAD(v[g * D + j]);                     \
+            for (int64_t h = g * G; h < (g + 1) * G; h++) {                                 \
+                const float w = scores[h * seq_len + p];                                    \
+                float *a = acc + h * D;                                                     \
+                for (int64_t j = 0; j < D; j++) a[j] += w * kv[j];                          \
+            }                                                                               \
         }                                                                                   \
     }                                                                                       \
     for (int64_t i = 0; i < H * D; i++) out[i] = STORE(acc[i]);                             \
-}                                                                                           \
+}
+
+/* The entry point per element type: requests spread over OpenMP threads. */
+#define DEFINE_DECODE(NAME, T, LOAD, STORE)                                                  \
+DEFINE_ONE(NAME##_one_64, T, LOAD, STORE, 64)                                               \
+DEFINE_ONE(NAME##_one_128, T, LOAD, STORE, 128)                                             \
+DEFINE_ONE(NAME##_one_any, T, LOAD, STORE, d->head_size)                                    \
                                                                                             \
 int NAME(const Dims *d, const T *query, T *out, const T *kv_cache,                          \
          const int32_t *block_tables, const int32_t *seq_lens, const int32_t *token_rows,   \
@@ -92,9 +104,13 @@ int NAME(const Dims *d, const T *query, T *out, const T *kv_cache,              
         for (int64_t r = 0; r < num_reqs; r++) {                                            \
             if (scores == NULL) continue;                                                   \
             const int64_t t = token_rows[r];                                                \
-            NAME##_one(d, query + t * HD, out + t * HD, keys, values,                       \
-                       block_tables + r * d->max_blocks, seq_lens[r], scale, scores + 2 * HD, \
-                       scores, scores + HD);                                                \
+            void (*one)(const Dims *, const T *, T *, const T *, const T *, const int32_t *, \
+                        int64_t, float, float *, float *, float *) =                        \
+                d->head_size == 64 ? NAME##_one_64                                          \
+                : d->head_size == 128 ? NAME##_one_128 : NAME##_one_any;                    \
+            one(d, query + t * HD, out + t * HD, keys, values,                              \
+                block_tables + r * d->max_blocks, seq_lens[r], scale, scores + 2 * HD,      \
+                scores, scores + HD);                                                       \
         }                                                                                   \
         free(scores);                                                                       \
     }                                                                                       \
