@@ -12,11 +12,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from pagedllm.layers.linear import (
-    QUANTIZED_MAX_TOKENS,
     can_pack_for_cpu,
     default_weight_loader,
     pack_weight_for_cpu,
     packed_linear,
+    uses_quantized,
 )
 from pagedllm.layers.quantization import QuantizedWeight, quantize_int8
 
@@ -90,9 +90,8 @@ class LMHead(nn.Module):
         same value and greedy decoding would pick between them arbitrarily; the refined
         values decide as float32 would, for the cost of a top-k and a few dot products.
         """
-        if self.quantized is not None and (
-            not self.keeps_dense or hidden_states.shape[0] <= QUANTIZED_MAX_TOKENS
-        ):
+        if uses_quantized(self.quantized, self.keeps_dense, hidden_states.shape[0]):
+            assert self.quantized is not None
             logits = self.quantized.matmul(hidden_states)
         elif self.packed_weight is not None:
             logits = packed_linear(hidden_states, self.packed_weight, None)

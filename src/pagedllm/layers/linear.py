@@ -20,6 +20,13 @@ from pagedllm.layers.quantization import QuantizedWeight, quantize
 QUANTIZED_MAX_TOKENS = 8
 
 
+def uses_quantized(
+    quantized: QuantizedWeight | None, keeps_dense: bool, num_tokens: int
+) -> bool:
+    """Whether a step of `num_tokens` rows runs on the quantized copy of a weight."""
+    return quantized is not None and (not keeps_dense or num_tokens <= QUANTIZED_MAX_TOKENS)
+
+
 def can_pack_for_cpu(weight: torch.Tensor) -> bool:
     """True when oneDNN can prepack this weight (bfloat16 on a CPU with mkldnn)."""
     return (
@@ -122,9 +129,8 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """[..., input_size] → [..., output_size]."""
-        if self.quantized is not None and (
-            not self.keeps_dense or x.shape[0] <= QUANTIZED_MAX_TOKENS
-        ):
+        if uses_quantized(self.quantized, self.keeps_dense, x.shape[0]):
+            assert self.quantized is not None
             out = self.quantized.matmul(x)
             return out if self.bias is None else out + self.bias
         if self.packed_weight is not None:
@@ -183,6 +189,8 @@ class QKVLinear(Linear):
         offset, size = offsets[shard_id]
         _copy_shard(param, loaded_weight, offset, size)
 
-    def split(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """[T, q_size + 2 * kv_size] → views q [T, q_size], k and v [T, kv_size]."""
-        return qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)  # type: ignore[return-value]
+    def split_qk_v(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """[T, q_size + 2 * kv_size] → views qk [T, q_size + kv_size] (q and k side by side,
+        so RoPE rotates both at once) and v [T, kv_size]."""
+        qk, v = qkv.split([self.q_size + self.kv_size, self.kv_size], dim=-1)
+        return qk, v

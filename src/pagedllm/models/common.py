@@ -98,13 +98,8 @@ class RopeSelfAttention(nn.Module):
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
         """[T] positions, [T, hidden] → [T, hidden]."""
-        qkv = self.qkv_proj(hidden_states)  # [T, (H + 2 * Hkv) * D]
-        qkv_proj = self.qkv_proj
-        # q and k sit side by side in the fused output: one rotation covers both.
-        q, k = self.rotary_emb.forward_adjacent(
-            positions, qkv[:, : qkv_proj.q_size + qkv_proj.kv_size], self.attn.num_heads
-        )  # [T, H, D], [T, Hkv, D]
-        v = qkv[:, qkv_proj.q_size + qkv_proj.kv_size :]  # [T, Hkv * D]
+        qk, v = self.qkv_proj.split_qk_v(self.qkv_proj(hidden_states))  # [T, (H+Hkv)*D]
+        q, k = self.rotary_emb.forward_adjacent(positions, qk, self.attn.num_heads)
         return self.o_proj(self.attn(q, k, v))  # attention out [T, H * D]
 
 
