@@ -147,20 +147,24 @@ NATURAL_TEXTS = (
 
 @dataclass(frozen=True)
 class Mode:
-    """One engine configuration: a dtype and, optionally, a quantization method."""
+    """One engine configuration: a dtype and, optionally, a quantization method and a KV
+    cache dtype (None: the engine's default for the other two)."""
 
     dtype: str
     quantization: str | None = None
+    kv_cache_dtype: str | None = None
 
     @classmethod
     def parse(cls, text: str) -> Mode:
-        """`bfloat16` or `bfloat16:int4`."""
-        dtype, _, quantization = text.partition(":")
-        return cls(dtype.strip(), quantization.strip() or None)
+        """`bfloat16`, `bfloat16:int4` or `bfloat16:int4:auto` (`bfloat16::int8`: dense
+        weights, int8 KV cache)."""
+        dtype, quantization, kv_cache_dtype = (text.split(":") + ["", ""])[:3]
+        return cls(dtype.strip(), quantization.strip() or None, kv_cache_dtype.strip() or None)
 
     @property
     def name(self) -> str:
-        return self.dtype if self.quantization is None else f"{self.dtype}:{self.quantization}"
+        parts = [self.dtype, self.quantization or "", self.kv_cache_dtype or ""]
+        return ":".join(parts).rstrip(":")
 
 
 @dataclass
@@ -380,6 +384,8 @@ def make_llm(model: str | None, mode: Mode, seed: int, step_tokens: int = STEP_T
     kwargs: dict[str, Any] = {}
     if engine_knows_quantization():
         kwargs["quantization"] = mode.quantization or "none"
+    if mode.kv_cache_dtype is not None:
+        kwargs["kv_cache_dtype"] = mode.kv_cache_dtype
     return LLM(
         model=model,
         dtype=mode.dtype,
@@ -459,8 +465,9 @@ def build_parser() -> argparse.ArgumentParser:
     add(
         "--modes",
         default="float32,bfloat16",
-        help="comma list of modes: a dtype, or dtype:quantization (e.g. bfloat16:int4; "
-        "quantization= is passed to LLM only when given). The float32 reference always runs.",
+        help="comma list of modes: dtype[:quantization[:kv_cache_dtype]] (e.g. bfloat16:int4, "
+        "bfloat16:int4:auto, bfloat16::int8; without a quantization the weights are dense, "
+        "without a kv_cache_dtype the engine picks). The float32 reference always runs.",
     )
     add("--context-len", type=int, default=16, help="unscored leading tokens of natural texts")
     add(

@@ -15,6 +15,9 @@ SUPPORTED_DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATION_METHODS = ("int8", "int4")
 # What `quantization` accepts: None (the checkpoint decides), "none" (dense weights) or a method.
 QUANTIZATION_CHOICES = ("none", *QUANTIZATION_METHODS)
+# KV cache formats: "auto" is the model's dtype (as in vLLM); "int8" stores codes with one
+# float32 scale per (position, kv head) row (attention/kv_quant.py).
+KV_CACHE_DTYPES = ("auto", "int8")
 PREEMPTION_MODES = ("recompute", "swap")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 
@@ -59,6 +62,7 @@ class CacheConfig:
         gpu_memory_utilization: share of CUDA memory the engine may use (CUDA only).
         enable_prefix_caching: reuse the KV of cached full blocks across requests.
         swap_space: host memory for KV blocks of requests preempted by swap, in GiB.
+        cache_dtype: KV cache format, one of KV_CACHE_DTYPES.
     """
 
     block_size: int = 16
@@ -67,8 +71,15 @@ class CacheConfig:
     gpu_memory_utilization: float = 0.9
     enable_prefix_caching: bool = True
     swap_space: float = 4
+    cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.cache_dtype not in KV_CACHE_DTYPES:
+            fp8 = " (fp8 KV caches are not built; int8 is the compact one)"
+            raise ValueError(
+                f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.cache_dtype!r}"
+                f"{fp8 if str(self.cache_dtype).startswith('fp8') else ''}."
+            )
         if self.block_size < 1:
             raise ValueError(f"block_size must be at least 1, got {self.block_size}.")
         if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes <= 0:

@@ -32,12 +32,15 @@ pytestmark = [
 MIN_AGREEMENT = 0.95  # rank-1 token equal to float32's on at least this share of positions
 MAX_PERPLEXITY_REL_DIFF = 0.02  # |perplexity / float32 perplexity - 1|
 
-# (dtype, quantization): None means dense weights. bfloat16 + int4 is the engine's default
-# for the default (Q4_1) GGUF on CPU.
+# (dtype, quantization, kv_cache_dtype): quantization None means dense weights,
+# kv_cache_dtype None the engine's choice (int8 with quantized weights on CPU, else the
+# dtype). bfloat16 + int4 + int8 KV is the engine's default for the default (Q4_1) GGUF.
 MODES = [
-    pytest.param("bfloat16", None, id="bfloat16"),
-    pytest.param("bfloat16", "int4", id="bfloat16-int4"),
-    pytest.param("bfloat16", "int8", id="bfloat16-int8"),
+    pytest.param("bfloat16", None, None, id="bfloat16"),
+    pytest.param("bfloat16", "int4", None, id="default-bfloat16-int4-kv-int8"),
+    pytest.param("bfloat16", "int4", "auto", id="bfloat16-int4-kv-bfloat16"),
+    pytest.param("bfloat16", "int8", None, id="bfloat16-int8-kv-int8"),
+    pytest.param("bfloat16", None, "int8", id="bfloat16-kv-int8"),
 ]
 
 
@@ -65,12 +68,17 @@ def reference(accuracy: ModuleType) -> tuple[Any, Any]:
     return accuracy.build_chat_set(llm)
 
 
-@pytest.mark.parametrize(("dtype", "quantization"), MODES)
+@pytest.mark.parametrize(("dtype", "quantization", "kv_cache_dtype"), MODES)
 def test_teacher_forced_agreement_and_perplexity(
-    accuracy: ModuleType, reference: tuple[Any, Any], dtype: str, quantization: str | None
+    accuracy: ModuleType,
+    reference: tuple[Any, Any],
+    dtype: str,
+    quantization: str | None,
+    kv_cache_dtype: str | None,
 ) -> None:
     chat, reference_scores = reference
-    llm = accuracy.make_llm(None, accuracy.Mode(dtype, quantization), seed=0)
+    mode = accuracy.Mode(dtype, quantization, kv_cache_dtype)
+    llm = accuracy.make_llm(None, mode, seed=0)
     result = accuracy.compare(accuracy.score(llm, chat), reference_scores, near_tie=0.1)
 
     assert result["positions"] == len(accuracy.CHAT_QUESTIONS) * accuracy.NUM_SCORED

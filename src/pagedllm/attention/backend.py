@@ -61,9 +61,22 @@ class AttentionBackend(ABC):
     @staticmethod
     @abstractmethod
     def get_kv_cache_shape(
-        num_blocks: int, block_size: int, num_kv_heads: int, head_size: int
+        num_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_size: int,
+        cache_dtype: str = "auto",
     ) -> tuple[int, ...]:
-        """Shape of one layer's KV cache tensor."""
+        """Shape of one layer's KV cache tensor in the `cache_dtype` format."""
+
+    @staticmethod
+    def get_kv_cache_dtype(model_dtype: torch.dtype, cache_dtype: str) -> torch.dtype:
+        """The element dtype of the KV cache tensors: the model's for "auto"."""
+        if cache_dtype == "auto":
+            return model_dtype
+        if cache_dtype == "int8":
+            return torch.int8
+        raise ValueError(f"Unknown KV cache dtype {cache_dtype!r}.")
 
     @abstractmethod
     def build_metadata(self, common: CommonAttentionMetadata, block_size: int) -> Any:

@@ -1,5 +1,8 @@
 """The C decode-attention kernel for CPUs (csrc/paged_decode.c): build, load and call it.
 
+The same library writes new K/V rows into the int8 cache (see kv_quant.py), one call per
+layer instead of a dozen torch ops.
+
 The kernel reads each decoding request's context straight out of the paged cache, so no
 dense copy of any context is made (the torch path needs one: a gather, or the contexts it
 keeps across steps, which double the KV memory). It is compiled on first use with the
@@ -32,7 +35,14 @@ _FLAGS = [
     "-O3", "-march=native", "-mprefer-vector-width=512", "-ffast-math", "-fopenmp",
     "-shared", "-fPIC",
 ]
-_FUNCTIONS = {torch.float32: "paged_decode_f32", torch.bfloat16: "paged_decode_bf16"}
+# Decode functions by (query dtype, cache dtype); int8 writers by K/V dtype.
+_FUNCTIONS = {
+    (torch.float32, torch.float32): "paged_decode_f32",
+    (torch.bfloat16, torch.bfloat16): "paged_decode_bf16",
+    (torch.float32, torch.int8): "paged_decode_f32_int8",
+    (torch.bfloat16, torch.int8): "paged_decode_bf16_int8",
+}
+_STORE_FUNCTIONS = {torch.float32: "store_int8_f32", torch.bfloat16: "store_int8_bf16"}
 
 
 class _Dims(ctypes.Structure):
@@ -99,12 +109,25 @@ def _library() -> ctypes.CDLL | None:
         return None
     for name in _FUNCTIONS.values():
         getattr(library, name).restype = ctypes.c_int
+    for name in _STORE_FUNCTIONS.values():
+        getattr(library, name).restype = None
     return library
 
 
-def is_available(dtype: torch.dtype, device: torch.device | str = "cpu") -> bool:
-    """True when the C kernel can serve decode attention for this dtype and device."""
-    return torch.device(device).type == "cpu" and dtype in _FUNCTIONS and _library() is not None
+def is_available(
+    dtype: torch.dtype, device: torch.device | str = "cpu", cache_dtype: torch.dtype | None = None
+) -> bool:
+    """True when the C kernel can serve decode attention for this query dtype, cache dtype
+    (default: the same as the queries') and device."""
+    key = (dtype, cache_dtype or dtype)
+    return torch.device(device).type == "cpu" and key in _FUNCTIONS and _library() is not None
+
+
+def can_store_int8(dtype: torch.dtype, device: torch.device | str = "cpu") -> bool:
+    """True when the C library can write K/V of this dtype into an int8 cache here."""
+    return (
+        torch.device(device).type == "cpu" and dtype in _STORE_FUNCTIONS and _library() is not None
+    )
 
 
 def _pointer(tensor: torch.Tensor) -> ctypes.c_void_p:
@@ -114,7 +137,7 @@ def _pointer(tensor: torch.Tensor) -> ctypes.c_void_p:
 def paged_decode_attention(
     out: torch.Tensor,  # [num_tokens, H, D], written at token_rows
     query: torch.Tensor,  # [num_tokens, H, D] contiguous
-    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, Hkv, D] contiguous
+    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, Hkv, row] contiguous
     block_tables: torch.Tensor,  # [n, max_blocks] int32 contiguous
     seq_lens: torch.Tensor,  # [n] int32
     token_rows: torch.Tensor,  # [n] int32
@@ -124,11 +147,12 @@ def paged_decode_attention(
     """Attend the query rows `token_rows` to their paged contexts; write `out` there."""
     library = _library()
     assert library is not None, "call is_available() first"
-    _, num_blocks, block_size, num_kv_heads, head_size = kv_cache.shape
+    _, num_blocks, block_size, num_kv_heads, _ = kv_cache.shape
     dims = _Dims(
-        num_blocks, block_size, num_kv_heads, query.shape[1], head_size, block_tables.shape[1]
+        num_blocks, block_size, num_kv_heads, query.shape[1], query.shape[2],
+        block_tables.shape[1],
     )
-    failed = getattr(library, _FUNCTIONS[query.dtype])(
+    failed = getattr(library, _FUNCTIONS[(query.dtype, kv_cache.dtype)])(
         ctypes.byref(dims),
         _pointer(query),
         _pointer(out),
@@ -142,3 +166,37 @@ def paged_decode_attention(
     )
     if failed:
         raise MemoryError("CPU decode attention could not allocate its score buffers.")
+
+
+def _row_stride(x: torch.Tensor) -> int:
+    """Elements between tokens of a [num_tokens, Hkv, D] tensor whose (Hkv, D) part is dense."""
+    assert x.stride(2) == 1 and x.stride(1) == x.shape[2], "each token's heads must be dense"
+    return x.stride(0)
+
+
+def store_int8(
+    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, Hkv, D + 4] int8 contiguous
+    key: torch.Tensor,  # [num_tokens, Hkv, D]
+    value: torch.Tensor,  # [num_tokens, Hkv, D]
+    slot_mapping: torch.Tensor,  # [num_tokens] int64
+) -> None:
+    """Quantize the new tokens' K/V rows into the int8 cache at `slot_mapping`."""
+    library = _library()
+    assert library is not None, "call can_store_int8() first"
+    _, num_blocks, block_size, num_kv_heads, _ = kv_cache.shape
+    if key.stride(2) != 1 or key.stride(1) != key.shape[2]:
+        key = key.contiguous()
+    if value.stride(2) != 1 or value.stride(1) != value.shape[2]:
+        value = value.contiguous()
+    slots = slot_mapping.to(torch.int64).contiguous()
+    dims = _Dims(num_blocks, block_size, num_kv_heads, 0, key.shape[2], 0)
+    getattr(library, _STORE_FUNCTIONS[key.dtype])(
+        ctypes.byref(dims),
+        _pointer(kv_cache),
+        _pointer(key),
+        _pointer(value),
+        ctypes.c_int64(_row_stride(key)),
+        ctypes.c_int64(_row_stride(value)),
+        _pointer(slots),
+        ctypes.c_int64(slots.shape[0]),
+    )

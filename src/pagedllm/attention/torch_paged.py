@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from pagedllm.attention import cpu_kernel
+from pagedllm.attention import cpu_kernel, kv_quant
 from pagedllm.attention.backend import AttentionBackend, CommonAttentionMetadata
 
 # Score elements per attention head in one prefill query chunk (x num_heads in all, ~2.4M
@@ -308,6 +308,8 @@ class TorchPagedBackend(AttentionBackend):
     KV cache of one layer: [2, num_blocks, block_size, num_kv_heads, head_size], K then V;
     slot s is (block s // block_size, offset s % block_size). Block 0 is the null block
     that pads block tables; it must hold finite values (the engine zero-initialises it).
+    An int8 cache (kv_cache_dtype="int8") has int8 rows of head_size + 4 bytes instead:
+    the codes and their scale (kv_quant.py).
     """
 
     name = "torch"
@@ -318,10 +320,16 @@ class TorchPagedBackend(AttentionBackend):
 
     @staticmethod
     def get_kv_cache_shape(
-        num_blocks: int, block_size: int, num_kv_heads: int, head_size: int
+        num_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_size: int,
+        cache_dtype: str = "auto",
     ) -> tuple[int, ...]:
-        """[2 (K, V), num_blocks, block_size, num_kv_heads, head_size]."""
-        return (2, num_blocks, block_size, num_kv_heads, head_size)
+        """[2 (K, V), num_blocks, block_size, num_kv_heads, row]: a row is head_size
+        values, or for "int8" head_size codes and a float32 scale (kv_quant.py)."""
+        row = kv_quant.cache_row_size(head_size) if cache_dtype == "int8" else head_size
+        return (2, num_blocks, block_size, num_kv_heads, row)
 
     def build_metadata(
         self, common: CommonAttentionMetadata, block_size: int
@@ -360,10 +368,12 @@ class TorchPagedBackend(AttentionBackend):
         scale: float,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_size]
         """Store the new K/V at `slot_mapping`, then attend each query to its context."""
-        num_kv_heads, head_size = kv_cache.shape[-2:]
-        flat_cache = kv_cache.view(2, -1, num_kv_heads, head_size)  # [2, num_slots, Hkv, D]
-        flat_cache[0].index_copy_(0, metadata.slot_mapping, key)
-        flat_cache[1].index_copy_(0, metadata.slot_mapping, value)
+        if kv_cache.dtype == torch.int8:
+            key, value = self._store_int8(key, value, kv_cache, metadata)
+        else:
+            flat_cache = kv_cache.view(2, -1, *key.shape[1:])  # [2, num_slots, Hkv, D]
+            flat_cache[0].index_copy_(0, metadata.slot_mapping, key)
+            flat_cache[1].index_copy_(0, metadata.slot_mapping, value)
         derived = metadata.derived
         buckets, groups = metadata.decode_buckets, metadata.prefill_groups
         # One group covering the whole batch (in order) needs no scatter.
@@ -389,6 +399,30 @@ class TorchPagedBackend(AttentionBackend):
             out.index_copy_(0, group.token_indices, group_out)
         return out
 
+
+    def _store_int8(
+        self,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        metadata: TorchPagedMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the new K/V into the int8 cache; return them as attention must see them.
+
+        Attention reads every cached token back from the int8 rows, so the new tokens are
+        attended in their round-tripped form too: a result then does not depend on whether
+        a token came from this step, an earlier chunk or the prefix cache.
+        """
+        if self.use_cpu_kernel and cpu_kernel.can_store_int8(key.dtype, key.device):
+            cpu_kernel.store_int8(kv_cache, key, value, metadata.slot_mapping)
+            if not metadata.prefill_groups and metadata.kernel_decodes is not None:
+                return key, value  # the kernel reads everything from the cache
+            return kv_quant.round_trip(key), kv_quant.round_trip(value)
+        rows = kv_quant.quantize_rows(torch.stack([key, value]))  # [2, T, Hkv, D + 4]
+        flat_cache = kv_cache.view(2, -1, *rows.shape[2:])  # [2, num_slots, Hkv, D + 4]
+        flat_cache.index_copy_(1, metadata.slot_mapping, rows)
+        new = kv_quant.dequantize_rows(rows, key.dtype)
+        return new[0], new[1]
 
     def _forward_with_kernel(
         self,
@@ -473,7 +507,8 @@ class _DecodeContexts:
             context[1].index_put_((rows, positions), new_v.reshape(-1, key.shape[-1]))
         else:
             num_kv_heads = kv_cache.shape[-2]
-            context = _gather_kv(kv_cache, bucket.kv, derived, ("decode", bucket_id, num_kv_heads))
+            index_name = ("decode", bucket_id, num_kv_heads)
+            context = _gather_kv(kv_cache, bucket.kv, derived, index_name, key.dtype)
             self._contexts[name] = context
         return context[0], context[1]
 
@@ -516,21 +551,26 @@ def _gather_kv(
     kv: _KVGather,
     derived: dict[tuple[Any, ...], torch.Tensor],
     name: tuple[Any, ...],
+    dtype: torch.dtype,
 ) -> torch.Tensor:
-    """Dense copy of some requests' contexts: [2, n * Hkv, max_seq_len, D], heads-major.
+    """Dense copy of some requests' contexts: [2, n * Hkv, max_seq_len, D] in `dtype`,
+    heads-major (an int8 cache's rows are dequantized).
 
     Gathering (slot, kv head) rows makes each head's keys contiguous, as the batched
     matmuls need; a block-level gather copies faster but leaves heads interleaved, and
     de-interleaving them costs another full copy.
     """
-    num_kv_heads, head_size = kv_cache.shape[-2:]
+    num_kv_heads, row_size = kv_cache.shape[-2:]
     index = derived.get(name)
     if index is None:
         heads = torch.arange(num_kv_heads, device=kv.slots.device).view(1, -1, 1)
         index = (kv.slots.unsqueeze(1) * num_kv_heads + heads).view(-1)  # [n * Hkv * S]
         derived[name] = index
-    rows = kv_cache.view(2, -1, head_size)  # [2, num_slots * Hkv, D]
-    return rows.index_select(1, index).view(2, -1, kv.max_seq_len, head_size)
+    rows = kv_cache.view(2, -1, row_size)  # [2, num_slots * Hkv, row]
+    context = rows.index_select(1, index).view(2, -1, kv.max_seq_len, row_size)
+    if kv_cache.dtype == torch.int8:
+        return kv_quant.dequantize_rows(context, dtype)
+    return context
 
 
 def _decode_attention(
@@ -586,7 +626,7 @@ def _prefill_attention(
         values = value[tokens].transpose(0, 1).contiguous()
     else:
         gather_name = ("prefill", group_id, num_kv_heads)
-        keys, values = _gather_kv(kv_cache, group.kv, derived, gather_name)
+        keys, values = _gather_kv(kv_cache, group.kv, derived, gather_name, query.dtype)
     padded = query.index_select(0, group.query_index)  # [n * Lq, H, D]
     folded = padded.view(num_reqs, max_query_len, num_kv_heads, group_size * head_size)
     folded = folded.transpose(1, 2).contiguous().mul_(scale)  # [n, Hkv, Lq, G * D]

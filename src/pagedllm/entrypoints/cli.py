@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pagedllm import __version__
-from pagedllm.config import QUANTIZATION_CHOICES, SUPPORTED_DTYPES
+from pagedllm.config import KV_CACHE_DTYPES, QUANTIZATION_CHOICES, SUPPORTED_DTYPES
 from pagedllm.engine.arg_utils import EngineArgs
 from pagedllm.entrypoints.openai.server_args import ServerArgs
 
@@ -43,12 +43,16 @@ ENGINE_ARG_HELP = {
     "device": "Where the model runs.",
     "enable_prefix_caching": "Reuse the KV cache of shared prompt prefixes across requests.",
     "swap_space": "Host memory for KV blocks of requests preempted by swap, in GiB.",
+    "kv_cache_dtype": "KV cache format: auto (the model's dtype) or int8 (one float32 scale "
+                      "per position and kv head; half of bf16's memory). Default: int8 on CPU "
+                      "when the weights run quantized (a 4-bit GGUF), else auto.",
     "preemption_mode": "How requests are preempted when KV blocks run out (recompute, swap).",
     "scheduling_policy": "Admission order: fcfs, or priority (the request's `priority`).",
 }
 ENGINE_ARG_CHOICES: dict[str, Sequence[str]] = {
     "dtype": SUPPORTED_DTYPES,
     "quantization": QUANTIZATION_CHOICES,
+    "kv_cache_dtype": KV_CACHE_DTYPES,
     "device": ("auto", "cpu", "cuda"),
     "preemption_mode": ("recompute", "swap"),
     "scheduling_policy": ("fcfs", "priority"),

@@ -39,6 +39,9 @@ class LLM:
             steps; default: the checkpoint's (int4 for a 4-bit GGUF on CPU). With
             keep_dense_weights=False (keyword) the dense weights are dropped to save memory
             and every step uses the quantized ones.
+        kv_cache_dtype (keyword): "auto" (the model's dtype) or "int8" (codes with one
+            float32 scale per position and kv head); default: int8 on CPU when the weights
+            run quantized, else auto.
         seed: seed for requests without their own.
         max_model_len: longest prompt + output (default: the model's context length).
         block_size: tokens per KV block.

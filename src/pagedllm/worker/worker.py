@@ -8,6 +8,7 @@ preemption mode it also allocates a host-side KV pool (same per-layer layout, CP
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -113,11 +114,12 @@ class Worker:
     def _determine_kv_cache_spec(self) -> KVCacheSpec:
         cache = self.config.cache_config
         num_layers, num_kv_heads, head_size = self._layer_geometry()
-        element_size = torch.empty((), dtype=self.dtype).element_size()
-        # K and V, every layer, every token of the block.
-        bytes_per_block = (
-            2 * num_layers * cache.block_size * num_kv_heads * head_size * element_size
+        one_block = self.backend.get_kv_cache_shape(
+            1, cache.block_size, num_kv_heads, head_size, cache.cache_dtype
         )
+        element_size = torch.empty((), dtype=self._kv_dtype()).element_size()
+        # K and V, every layer, every token of the block.
+        bytes_per_block = num_layers * math.prod(one_block) * element_size
         if cache.num_gpu_blocks_override is not None:
             num_blocks = cache.num_gpu_blocks_override
         else:
@@ -128,15 +130,29 @@ class Worker:
                 "at least 2 are needed. Raise kv_cache_memory_bytes or num_gpu_blocks_override."
             )
         logger.info(
-            "KV cache: %d blocks of %d tokens (%.1f MiB)",
+            "KV cache: %d blocks of %d tokens (%.1f MiB, %s)",
             num_blocks,
             cache.block_size,
             num_blocks * bytes_per_block / 2**20,
+            cache.cache_dtype if cache.cache_dtype != "auto" else self.dtype,
         )
         num_cpu_blocks = 0
         if self.config.scheduler_config.preemption_mode == "swap":
             num_cpu_blocks = int(cache.swap_space * 2**30) // bytes_per_block
         return KVCacheSpec(num_blocks, cache.block_size, bytes_per_block, num_cpu_blocks)
+
+    def _kv_dtype(self) -> torch.dtype:
+        return self.backend.get_kv_cache_dtype(self.dtype, self.config.cache_config.cache_dtype)
+
+    def _kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
+        _, num_kv_heads, head_size = self._layer_geometry()
+        return self.backend.get_kv_cache_shape(
+            num_blocks,
+            self.kv_cache_spec.block_size,
+            num_kv_heads,
+            head_size,
+            self.config.cache_config.cache_dtype,
+        )
 
     def _memory_budget_bytes(self) -> int:
         cache = self.config.cache_config
@@ -149,15 +165,13 @@ class Worker:
         return envs.cpu_kv_cache_space_bytes()
 
     def _allocate_kv_caches(self) -> list[torch.Tensor]:
-        num_layers, num_kv_heads, head_size = self._layer_geometry()
-        shape = self.backend.get_kv_cache_shape(
-            self.kv_cache_spec.num_blocks, self.kv_cache_spec.block_size, num_kv_heads, head_size
-        )
+        num_layers, _, _ = self._layer_geometry()
+        shape = self._kv_cache_shape(self.kv_cache_spec.num_blocks)
         caches = []
         for _ in range(num_layers):
             # Not zeroed: on CPU the pages of a large empty tensor only become resident when
             # a block is first written, so memory grows with use instead of the full budget.
-            cache = torch.empty(shape, dtype=self.dtype, device=self.device)
+            cache = torch.empty(shape, dtype=self._kv_dtype(), device=self.device)
             # Padded reads go to the null block 0: it must hold finite values.
             cache.select(self._block_dim(), 0).zero_()
             caches.append(cache)
@@ -168,10 +182,8 @@ class Worker:
         num_cpu_blocks = self.kv_cache_spec.num_cpu_blocks
         if num_cpu_blocks < 2:  # block 0 is unused, as in every pool
             return []
-        num_layers, num_kv_heads, head_size = self._layer_geometry()
-        shape = self.backend.get_kv_cache_shape(
-            num_cpu_blocks, self.kv_cache_spec.block_size, num_kv_heads, head_size
-        )
+        num_layers, _, _ = self._layer_geometry()
+        shape = self._kv_cache_shape(num_cpu_blocks)
         # Pinned on CUDA hosts so copies are fast; a plain second pool on a CPU device.
         pin = self.device.type == "cuda"
         logger.info(
@@ -180,6 +192,6 @@ class Worker:
             num_cpu_blocks * self.kv_cache_spec.bytes_per_block / 2**20,
         )
         return [
-            torch.empty(shape, dtype=self.dtype, device="cpu", pin_memory=pin)
+            torch.empty(shape, dtype=self._kv_dtype(), device="cpu", pin_memory=pin)
             for _ in range(num_layers)
         ]

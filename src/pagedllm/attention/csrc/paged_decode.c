@@ -1,5 +1,5 @@
 /*
- * Decode attention straight from the paged KV cache, for CPUs.
+ * Decode attention straight from the paged KV cache, for CPUs, and the int8 cache's writer.
  *
  * One query token per request attends to the request's whole context, read block by block
  * through its block table: no dense copy of the context is ever made. Per request the keys
@@ -7,10 +7,13 @@
  * each other), scores and softmax are kept in float32 and each output row is rounded once.
  * Requests are spread over OpenMP threads (the process's OpenMP runtime, i.e. torch's).
  *
- * Layout (see TorchPagedBackend): kv_cache [2, num_blocks, block_size, num_kv_heads, D],
+ * Layout (see TorchPagedBackend): kv_cache [2, num_blocks, block_size, num_kv_heads, ROW],
  * query/out rows [num_tokens, num_heads, D], block_tables [num_reqs, max_blocks] int32,
  * seq_lens [num_reqs] int32 (context length including the new token), token_rows
  * [num_reqs] int32 (the request's query row in query/out).
+ *
+ * A cache row (one position, one kv head) is D values in the model's dtype, or in the int8
+ * cache D int8 codes followed by their float32 scale (value = code * scale; D + 4 bytes).
  */
 #include <math.h>
 #include <stdint.h>
@@ -20,6 +23,8 @@
 typedef struct {
     int64_t num_blocks, block_size, num_kv_heads, num_heads, head_size, max_blocks;
 } Dims;
+
+#define INT8_SCALE_BYTES 4
 
 static inline float bf16_to_float(uint16_t h) {
     uint32_t bits = (uint32_t)h << 16;
@@ -35,21 +40,38 @@ static inline uint16_t float_to_bf16(float f) {
     return (uint16_t)(bits >> 16);
 }
 
-/* One request's attention. T is the storage type, LOAD/STORE convert; HEAD_DIM is the head
- * size, a constant in the specialised versions so the compiler unrolls the dot products. */
-#define DEFINE_ONE(NAME, T, LOAD, STORE, HEAD_DIM)                                           \
-static void NAME(const Dims *d, const T *q, T *out, const T *keys, const T *values,         \
+/* Cache rows: ROW_BYTES(D) is the size of one, LOAD_ROW converts one to D floats. */
+#define ROW_BYTES_F32(D) ((D) * 4)
+#define ROW_BYTES_BF16(D) ((D) * 2)
+#define ROW_BYTES_INT8(D) ((D) + INT8_SCALE_BYTES)
+
+#define LOAD_ROW_F32(dst, row, D)                                                            \
+    do { const float *r_ = (const float *)(row);                                            \
+         for (int64_t j_ = 0; j_ < (D); j_++) dst[j_] = r_[j_]; } while (0)
+#define LOAD_ROW_BF16(dst, row, D)                                                           \
+    do { const uint16_t *r_ = (const uint16_t *)(row);                                      \
+         for (int64_t j_ = 0; j_ < (D); j_++) dst[j_] = bf16_to_float(r_[j_]); } while (0)
+#define LOAD_ROW_INT8(dst, row, D)                                                           \
+    do { const int8_t *r_ = (const int8_t *)(row); float s_;                                \
+         memcpy(&s_, r_ + (D), sizeof s_);                                                  \
+         for (int64_t j_ = 0; j_ < (D); j_++) dst[j_] = (float)r_[j_] * s_; } while (0)
+
+/* One request's attention. T is the query/output type with LOAD/STORE conversions, CACHE
+ * names the cache row format; HEAD_DIM is the head size, a constant in the specialised
+ * versions so the compiler unrolls the dot products. */
+#define DEFINE_ONE(NAME, T, LOAD, STORE, CACHE, HEAD_DIM)                                    \
+static void NAME(const Dims *d, const T *q, T *out, const char *keys, const char *values,   \
                  const int32_t *blocks, int64_t seq_len, float scale, float *scores,        \
                  float *qf, float *acc) {                                                   \
     const int64_t D = (HEAD_DIM), H = d->num_heads, Hkv = d->num_kv_heads;                  \
-    const int64_t G = H / Hkv, row = Hkv * D, bs = d->block_size;                           \
+    const int64_t G = H / Hkv, bs = d->block_size, rb = ROW_BYTES_##CACHE(D);               \
     for (int64_t i = 0; i < H * D; i++) qf[i] = LOAD(q[i]) * scale;                         \
     /* scores[h * seq_len + p] = q_h . k_p (of h's kv head) */                               \
-    float kv[D]; /* one kv head's row of K or V, converted to float once */            \
+    float kv[D]; /* one kv head's row of K or V, converted to float once */                 \
     for (int64_t p = 0; p < seq_len; p++) {                                                 \
-        const T *k = keys + ((int64_t)blocks[p / bs] * bs + p % bs) * row;                  \
+        const char *k = keys + ((int64_t)blocks[p / bs] * bs + p % bs) * Hkv * rb;          \
         for (int64_t g = 0; g < Hkv; g++) {                                                 \
-            for (int64_t j = 0; j < D; j++) kv[j] = LOAD(k[g * D + j]);                     \
+            LOAD_ROW_##CACHE(kv, k + g * rb, D);                                            \
             for (int64_t h = g * G; h < (g + 1) * G; h++) {                                 \
                 const float *qh = qf + h * D;                                               \
                 float s = 0.f;                                                              \
@@ -67,9 +89,9 @@ static void NAME(const Dims *d, const T *q, T *out, const T *keys, const T *valu
     }                                                                                       \
     memset(acc, 0, sizeof(float) * H * D);                                                  \
     for (int64_t p = 0; p < seq_len; p++) {                                                 \
-        const T *v = values + ((int64_t)blocks[p / bs] * bs + p % bs) * row;                \
+        const char *v = values + ((int64_t)blocks[p / bs] * bs + p % bs) * Hkv * rb;        \
         for (int64_t g = 0; g < Hkv; g++) {                                                 \
-            for (int64_t j = 0; j < D; j++) kv[j] = LOAD(v[g * D + j]);                     \
+            LOAD_ROW_##CACHE(kv, v + g * rb, D);                                            \
             for (int64_t h = g * G; h < (g + 1) * G; h++) {                                 \
                 const float w = scores[h * seq_len + p];                                    \
                 float *a = acc + h * D;                                                     \
@@ -80,18 +102,19 @@ static void NAME(const Dims *d, const T *q, T *out, const T *keys, const T *valu
     for (int64_t i = 0; i < H * D; i++) out[i] = STORE(acc[i]);                             \
 }
 
-/* The entry point per element type: requests spread over OpenMP threads. */
-#define DEFINE_DECODE(NAME, T, LOAD, STORE)                                                  \
-DEFINE_ONE(NAME##_one_64, T, LOAD, STORE, 64)                                               \
-DEFINE_ONE(NAME##_one_128, T, LOAD, STORE, 128)                                             \
-DEFINE_ONE(NAME##_one_any, T, LOAD, STORE, d->head_size)                                    \
+/* The entry point per (query type, cache format): requests spread over OpenMP threads. */
+#define DEFINE_DECODE(NAME, T, LOAD, STORE, CACHE)                                           \
+DEFINE_ONE(NAME##_one_64, T, LOAD, STORE, CACHE, 64)                                        \
+DEFINE_ONE(NAME##_one_128, T, LOAD, STORE, CACHE, 128)                                      \
+DEFINE_ONE(NAME##_one_any, T, LOAD, STORE, CACHE, d->head_size)                             \
                                                                                             \
-int NAME(const Dims *d, const T *query, T *out, const T *kv_cache,                          \
+int NAME(const Dims *d, const T *query, T *out, const char *kv_cache,                       \
          const int32_t *block_tables, const int32_t *seq_lens, const int32_t *token_rows,   \
          int64_t num_reqs, int64_t max_seq_len, float scale) {                              \
     const int64_t HD = d->num_heads * d->head_size;                                         \
-    const T *keys = kv_cache;                                                               \
-    const T *values = kv_cache + d->num_blocks * d->block_size * d->num_kv_heads * d->head_size; \
+    const char *keys = kv_cache;                                                            \
+    const char *values = kv_cache + d->num_blocks * d->block_size * d->num_kv_heads         \
+                                    * ROW_BYTES_##CACHE(d->head_size);                      \
     int failed = 0;                                                                         \
     _Pragma("omp parallel")                                                                 \
     {                                                                                       \
@@ -104,8 +127,8 @@ int NAME(const Dims *d, const T *query, T *out, const T *kv_cache,              
         for (int64_t r = 0; r < num_reqs; r++) {                                            \
             if (scores == NULL) continue;                                                   \
             const int64_t t = token_rows[r];                                                \
-            void (*one)(const Dims *, const T *, T *, const T *, const T *, const int32_t *, \
-                        int64_t, float, float *, float *, float *) =                        \
+            void (*one)(const Dims *, const T *, T *, const char *, const char *,           \
+                        const int32_t *, int64_t, float, float *, float *, float *) =       \
                 d->head_size == 64 ? NAME##_one_64                                          \
                 : d->head_size == 128 ? NAME##_one_128 : NAME##_one_any;                    \
             one(d, query + t * HD, out + t * HD, keys, values,                              \
@@ -119,5 +142,42 @@ int NAME(const Dims *d, const T *query, T *out, const T *kv_cache,              
 
 #define LOAD_F32(x) (x)
 #define STORE_F32(x) (x)
-DEFINE_DECODE(paged_decode_f32, float, LOAD_F32, STORE_F32)
-DEFINE_DECODE(paged_decode_bf16, uint16_t, bf16_to_float, float_to_bf16)
+DEFINE_DECODE(paged_decode_f32, float, LOAD_F32, STORE_F32, F32)
+DEFINE_DECODE(paged_decode_bf16, uint16_t, bf16_to_float, float_to_bf16, BF16)
+DEFINE_DECODE(paged_decode_f32_int8, float, LOAD_F32, STORE_F32, INT8)
+DEFINE_DECODE(paged_decode_bf16_int8, uint16_t, bf16_to_float, float_to_bf16, INT8)
+
+/* One int8 cache row from D values: scale = max |x| * (1 / 127), code = round(x * 127 /
+ * max |x|), with the same float32 operations as the torch writer (kv_quant.py), so both
+ * write equal rows (the scale is written as a product: -ffast-math turns a division by a
+ * constant into one anyway). */
+#define DEFINE_QUANTIZE_ROW(NAME, T, LOAD)                                                   \
+static void NAME(const T *x, int8_t *row, int64_t D) {                                      \
+    float amax = 0.f;                                                                       \
+    for (int64_t j = 0; j < D; j++) { float a = fabsf(LOAD(x[j])); amax = a > amax ? a : amax; } \
+    const float inv = amax > 0.f ? 127.f / amax : 0.f, s = amax * (1.f / 127.f);                    \
+    for (int64_t j = 0; j < D; j++) row[j] = (int8_t)nearbyintf(LOAD(x[j]) * inv);          \
+    memcpy(row + D, &s, sizeof s);                                                          \
+}
+
+/* Write the new tokens' K and V ([num_tokens, Hkv, D], rows `key_stride`/`value_stride`
+ * elements apart) into an int8 cache at `slots`. */
+#define DEFINE_STORE(NAME, T, LOAD)                                                          \
+DEFINE_QUANTIZE_ROW(NAME##_row, T, LOAD)                                                    \
+void NAME(const Dims *d, int8_t *kv_cache, const T *key, const T *value,                    \
+          int64_t key_stride, int64_t value_stride, const int64_t *slots,                   \
+          int64_t num_tokens) {                                                             \
+    const int64_t D = d->head_size, Hkv = d->num_kv_heads, rb = ROW_BYTES_INT8(D);          \
+    int8_t *values = kv_cache + d->num_blocks * d->block_size * Hkv * rb;                   \
+    _Pragma("omp parallel for if (num_tokens > 64)")                                        \
+    for (int64_t t = 0; t < num_tokens; t++) {                                              \
+        for (int64_t g = 0; g < Hkv; g++) {                                                 \
+            const int64_t at = (slots[t] * Hkv + g) * rb;                                   \
+            NAME##_row(key + t * key_stride + g * D, kv_cache + at, D);                     \
+            NAME##_row(value + t * value_stride + g * D, values + at, D);                   \
+        }                                                                                   \
+    }                                                                                       \
+}
+
+DEFINE_STORE(store_int8_f32, float, LOAD_F32)
+DEFINE_STORE(store_int8_bf16, uint16_t, bf16_to_float)

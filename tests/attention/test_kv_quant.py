@@ -1,0 +1,123 @@
+"""The int8 KV cache: its row format, its writers (torch and C) and attention over it.
+
+Attention over an int8 cache must equal dense attention over the round-tripped K/V (what
+the cache gives back), for every batch shape and on both decode paths; both writers must
+produce the same bytes.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pagedllm.attention import cpu_kernel, kv_quant
+from pagedllm.attention.torch_paged import TorchPagedBackend
+
+from .test_torch_paged import BATCHES, KERNELS, _Case, make_common_metadata
+
+
+def test_row_format_is_codes_then_float32_scale() -> None:
+    x = torch.tensor([[0.5, -1.27, 0.0, 1.0]])
+    rows = kv_quant.quantize_rows(x)
+    assert rows.dtype == torch.int8 and rows.shape == (1, 4 + kv_quant.SCALE_BYTES)
+    assert rows[0, :4].tolist() == [50, -127, 0, 100]
+    scale = rows[0, 4:].contiguous().view(torch.float32).item()
+    assert scale == pytest.approx(1.27 / 127)
+    assert kv_quant.head_size_of(rows) == 4
+
+
+def test_round_trip_error_is_at_most_half_a_step_per_row() -> None:
+    x = torch.randn(64, 3, 64, generator=torch.Generator().manual_seed(0)) * 5
+    back = kv_quant.round_trip(x)
+    step = x.abs().amax(dim=-1, keepdim=True) / 127
+    assert ((back - x).abs() <= step / 2 + 1e-6).all()
+    # each row's largest value survives up to float rounding
+    torch.testing.assert_close(back.abs().amax(-1), x.abs().amax(-1), atol=0, rtol=1e-6)
+
+
+def test_zero_rows_stay_zero() -> None:
+    rows = kv_quant.quantize_rows(torch.zeros(2, 8))
+    assert torch.equal(rows, torch.zeros_like(rows))
+    assert torch.equal(kv_quant.dequantize_rows(rows, torch.float32), torch.zeros(2, 8))
+
+
+@pytest.mark.skipif(not cpu_kernel.can_store_int8(torch.float32), reason="no C compiler")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_c_writer_writes_the_torch_rows(dtype: torch.dtype) -> None:
+    """Same bytes from both writers, for strided K/V views as the model passes them."""
+    gen = torch.Generator().manual_seed(1)
+    num_blocks, block_size, kv_heads, head_size, tokens = 6, 4, 3, 64, 9
+    qkv = (torch.randn(tokens, 5 * kv_heads * head_size, generator=gen) * 3).to(dtype)
+    key = qkv[:, : kv_heads * head_size].view(tokens, kv_heads, head_size)
+    value = qkv[:, 2 * kv_heads * head_size : 3 * kv_heads * head_size].view(
+        tokens, kv_heads, head_size
+    )
+    slots = torch.randperm(num_blocks * block_size, generator=gen)[:tokens]
+    shape = TorchPagedBackend.get_kv_cache_shape(
+        num_blocks, block_size, kv_heads, head_size, "int8"
+    )
+    cache = torch.zeros(shape, dtype=torch.int8)
+    cpu_kernel.store_int8(cache, key, value, slots)
+    flat = cache.view(2, -1, kv_heads, shape[-1])
+    assert torch.equal(flat[0, slots], kv_quant.quantize_rows(key))
+    assert torch.equal(flat[1, slots], kv_quant.quantize_rows(value))
+    untouched = torch.ones(flat.shape[1], dtype=torch.bool)
+    untouched[slots] = False
+    assert not flat[:, untouched].any()
+
+
+def _int8_case(batch: str, block_size: int, heads: tuple[int, int], head_size: int) -> _Case:
+    """A case whose full K/V are already round-tripped and whose cache is int8."""
+    case = _Case(BATCHES[batch], block_size, *heads, head_size=head_size)
+    case.full_kv = [kv_quant.round_trip(kv) for kv in case.full_kv]
+    case.cache = kv_quant.quantize_rows(case.cache)
+    return case
+
+
+@pytest.mark.parametrize("use_cpu_kernel", KERNELS)
+@pytest.mark.parametrize("block_size", [1, 16])
+@pytest.mark.parametrize("batch", list(BATCHES))
+@pytest.mark.parametrize("heads", [(6, 2), (3, 3)])
+def test_attention_over_int8_cache_matches_dense_over_round_trip(
+    block_size: int, batch: str, heads: tuple[int, int], use_cpu_kernel: bool
+) -> None:
+    case = _int8_case(batch, block_size, heads, head_size=64)
+    backend = TorchPagedBackend(use_cpu_kernel)
+    metadata = backend.build_metadata(make_common_metadata(case.requests, block_size), block_size)
+    before = case.cache.clone()
+    out = backend.forward(case.query, case.key, case.value, case.cache, metadata, 0.125)
+    torch.testing.assert_close(out, case.expected(0.125), atol=2e-5, rtol=1e-5)
+    # The new tokens were written as int8 rows; nothing else changed.
+    expected_cache = before
+    for kv, (context_len, _, block_ids) in zip(case.full_kv, case.requests, strict=True):
+        for pos in range(context_len, kv.shape[1]):
+            block, offset = block_ids[pos // block_size], pos % block_size
+            expected_cache[:, block, offset] = case.cache[:, block, offset]
+    assert torch.equal(case.cache, expected_cache)
+    pairs = zip(case.full_kv, case.requests, strict=True)
+    new_keys = torch.cat([kv[0, context_len:] for kv, (context_len, _, _) in pairs])
+    flat = case.cache.view(2, -1, heads[1], 64 + kv_quant.SCALE_BYTES)
+    written = kv_quant.dequantize_rows(flat[0, metadata.slot_mapping], torch.float32)
+    torch.testing.assert_close(written, new_keys, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("use_cpu_kernel", KERNELS)
+def test_bfloat16_queries_over_int8_cache(use_cpu_kernel: bool) -> None:
+    """The bf16 model path: within bf16 rounding of float32 attention over the same cache."""
+    case = _int8_case("mixed", 16, (9, 3), head_size=64)
+    backend = TorchPagedBackend(use_cpu_kernel)
+    metadata = backend.build_metadata(make_common_metadata(case.requests, 16), 16)
+    out = backend.forward(
+        case.query.bfloat16(), case.key.bfloat16(), case.value.bfloat16(), case.cache,
+        metadata, 0.125,
+    )
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), case.expected(0.125), atol=3e-2, rtol=3e-2)
+
+
+def test_int8_attention_is_close_to_unquantized() -> None:
+    """The cost of the format itself: a small fraction of the attention output's scale."""
+    case = _Case(BATCHES["mixed"], 16, 6, 2, head_size=64)
+    exact = case.expected(0.125)
+    quantized = _int8_case("mixed", 16, (6, 2), head_size=64).expected(0.125)
+    assert (quantized - exact).abs().max() < 0.02 * exact.abs().max()
