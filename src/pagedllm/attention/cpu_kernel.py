@@ -5,36 +5,23 @@ layer instead of a dozen torch ops.
 
 The kernel reads each decoding request's context straight out of the paged cache, so no
 dense copy of any context is made (the torch path needs one: a gather, or the contexts it
-keeps across steps, which double the KV memory). It is compiled on first use with the
-system C compiler for this machine (`-march=native`) into a per-user cache folder, and
-loaded with ctypes, which releases the GIL during the call. Without a C compiler, or with
-PAGEDLLM_ATTENTION_KERNEL=torch, attention stays on the torch path.
+keeps across steps, which double the KV memory). It is compiled on first use for this
+machine (utils/native.py). Without a C compiler, or with PAGEDLLM_ATTENTION_KERNEL=torch,
+attention stays on the torch path.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
-import platform
-import shutil
-import subprocess
-import tempfile
 from functools import cache
 from pathlib import Path
 
 import torch
 
-from pagedllm.logger import init_logger
-
-logger = init_logger(__name__)
+from pagedllm.utils import native
 
 _SOURCE = Path(__file__).with_name("csrc") / "paged_decode.c"
-# 512-bit vectors: gcc prefers 256-bit ones on AVX-512 CPUs; the dot products gain ~10%.
-_FLAGS = [
-    "-O3", "-march=native", "-mprefer-vector-width=512", "-ffast-math", "-fopenmp",
-    "-shared", "-fPIC",
-]
 # Decode functions by (query dtype, cache dtype); int8 writers by K/V dtype.
 _FUNCTIONS = {
     (torch.float32, torch.float32): "paged_decode_f32",
@@ -54,58 +41,13 @@ class _Dims(ctypes.Structure):
     ]
 
 
-def _cache_dir() -> Path:
-    root = os.environ.get("PAGEDLLM_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "pagedllm"
-    )
-    return Path(root) / "kernels"
-
-
-def _cpu_flags() -> str:
-    """The CPU's feature flags: a library built with -march=native is only valid there."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line for line in f if line.startswith("flags")), "")
-    except OSError:
-        return platform.processor()
-
-
-def _build(compiler: str) -> Path:
-    """Compile the kernel (once per source, flags and CPU) and return the library's path."""
-    key = hashlib.sha256(
-        _SOURCE.read_bytes() + " ".join(_FLAGS).encode() + _cpu_flags().encode()
-    ).hexdigest()[:16]
-    target = _cache_dir() / f"paged_decode_{key}.so"
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    # Build beside the target and rename: concurrent builders never see a partial file.
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        built = Path(tmp) / target.name
-        subprocess.run(
-            [compiler, *_FLAGS, "-o", str(built), str(_SOURCE), "-lm"],
-            check=True,
-            capture_output=True,
-            text=True,
-        )
-        os.replace(built, target)
-    return target
-
-
 @cache
 def _library() -> ctypes.CDLL | None:
     """The loaded kernel library, or None when it cannot be built here (logged once)."""
     if os.environ.get("PAGEDLLM_ATTENTION_KERNEL", "c") == "torch":
         return None
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None or platform.system() != "Linux":
-        logger.info("No C compiler found: CPU decode attention uses the torch path.")
-        return None
-    try:
-        library = ctypes.CDLL(str(_build(compiler)))
-    except (OSError, subprocess.CalledProcessError) as exc:
-        detail = getattr(exc, "stderr", "") or str(exc)
-        logger.warning("CPU attention kernel not built (%s); using the torch path.", detail)
+    library = native.load_library(_SOURCE)
+    if library is None:
         return None
     for name in _FUNCTIONS.values():
         getattr(library, name).restype = ctypes.c_int
@@ -130,10 +72,6 @@ def can_store_int8(dtype: torch.dtype, device: torch.device | str = "cpu") -> bo
     )
 
 
-def _pointer(tensor: torch.Tensor) -> ctypes.c_void_p:
-    return ctypes.c_void_p(tensor.data_ptr())
-
-
 def paged_decode_attention(
     out: torch.Tensor,  # [num_tokens, H, D], written at token_rows
     query: torch.Tensor,  # [num_tokens, H, D] contiguous
@@ -154,12 +92,12 @@ def paged_decode_attention(
     )
     failed = getattr(library, _FUNCTIONS[(query.dtype, kv_cache.dtype)])(
         ctypes.byref(dims),
-        _pointer(query),
-        _pointer(out),
-        _pointer(kv_cache),
-        _pointer(block_tables),
-        _pointer(seq_lens),
-        _pointer(token_rows),
+        native.pointer(query),
+        native.pointer(out),
+        native.pointer(kv_cache),
+        native.pointer(block_tables),
+        native.pointer(seq_lens),
+        native.pointer(token_rows),
         ctypes.c_int64(seq_lens.shape[0]),
         ctypes.c_int64(max_seq_len),
         ctypes.c_float(scale),
@@ -192,11 +130,11 @@ def store_int8(
     dims = _Dims(num_blocks, block_size, num_kv_heads, 0, key.shape[2], 0)
     getattr(library, _STORE_FUNCTIONS[key.dtype])(
         ctypes.byref(dims),
-        _pointer(kv_cache),
-        _pointer(key),
-        _pointer(value),
+        native.pointer(kv_cache),
+        native.pointer(key),
+        native.pointer(value),
         ctypes.c_int64(_row_stride(key)),
         ctypes.c_int64(_row_stride(value)),
-        _pointer(slots),
+        native.pointer(slots),
         ctypes.c_int64(slots.shape[0]),
     )

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pagedllm.layers import cpu_ops
 from pagedllm.layers.linear import default_weight_loader
 
 
@@ -37,7 +38,12 @@ class RMSNorm(nn.Module):
             (normalised output in the model dtype, new residual), where the new residual is
             x + residual (or x itself when no residual is given) in float32. Keeping the
             residual stream in float32 costs no extra op (the add promotes) and keeps
-            bfloat16 runs closer to float32: it halves their logit divergence.
+            bfloat16 runs closer to float32: it halves their logit divergence. On CPU in
+            bfloat16 one fused C call does all of it and updates `residual` in place.
         """
+        if cpu_ops.serves(x) and self.weight.dtype == torch.bfloat16 and (
+            residual is None or residual.is_contiguous()
+        ):
+            return cpu_ops.add_rms_norm(x, residual, self.weight, self.eps)
         x32 = x.float() if residual is None else residual + x  # [..., hidden_size] float32
         return self._norm(x32), x32

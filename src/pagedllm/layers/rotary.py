@@ -13,6 +13,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from pagedllm.layers import cpu_ops
+
 
 def rope_config_of(hf_config: Any) -> tuple[float, dict[str, Any] | None]:
     """(base theta, scaling dict or None) from an HF config, whichever spelling it uses."""
@@ -116,10 +118,17 @@ class RotaryEmbedding(nn.Module):
         """Rotate q and k given side by side as qk [T, (H + Hkv) * D] (a fused QKV slice).
 
         One rotation over all H + Hkv heads instead of one for q and one for k. Returns q
-        [T, H, D] and k [T, Hkv, D], views of one new tensor.
+        [T, H, D] and k [T, Hkv, D], views of one new tensor (bfloat16 on CPU: of `qk`
+        itself, rotated in place by the fused op).
         """
-        cos, sin = self._cos_sin(positions, qk.dtype)
-        rotated = self._rotate(qk, cos, sin)  # [T, (H + Hkv) * D], contiguous
+        table = self.cos_sin_cache
+        if cpu_ops.serves(qk) and positions.dtype == torch.int64 and table.dtype == torch.float32:
+            # In place: qk is a slice of this step's fresh QKV output, read by nothing else.
+            cpu_ops.rope_neox_(qk, positions, table, self.head_size)
+            rotated = qk
+        else:
+            cos, sin = self._cos_sin(positions, qk.dtype)
+            rotated = self._rotate(qk, cos, sin)  # [T, (H + Hkv) * D], contiguous
         heads = rotated.view(qk.shape[0], -1, self.head_size)
         return heads[:, :num_q_heads], heads[:, num_q_heads:]
 

@@ -1,0 +1,97 @@
+"""Fused bfloat16 element-wise ops for CPUs (csrc/cpu_ops.c), with torch ops as fallback.
+
+A decode step of a small model on CPU is dominated by per-op overhead: RMSNorm with its
+residual add is a dozen torch ops, RoPE seven, SiLU-and-mul three, each a few microseconds
+of dispatch for a few thousand values. These run as one C call each, reproducing the torch
+chains' bfloat16 roundings. They serve bfloat16 on CPU only; float32 (the token-exact
+reference path) and every other case keep the torch ops. PAGEDLLM_FUSED_OPS=torch switches
+them off.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from functools import cache
+from pathlib import Path
+
+import torch
+
+from pagedllm.utils import native
+
+_SOURCE = Path(__file__).with_name("csrc") / "cpu_ops.c"
+_I64, _F32, _I32 = ctypes.c_int64, ctypes.c_float, ctypes.c_int32
+
+
+@cache
+def _library() -> ctypes.CDLL | None:
+    if os.environ.get("PAGEDLLM_FUSED_OPS", "c") == "torch":
+        return None
+    library = native.load_library(_SOURCE)
+    if library is not None:
+        for name in ("add_rms_norm_bf16", "silu_and_mul_bf16", "rope_neox_bf16"):
+            getattr(library, name).restype = None
+    return library
+
+
+def serves(x: torch.Tensor) -> bool:
+    """True when the fused ops can take this activation: 2-D bfloat16 on CPU, rows dense."""
+    return (
+        x.dtype == torch.bfloat16
+        and x.device.type == "cpu"
+        and x.dim() == 2
+        and x.stride(1) == 1
+        and _library() is not None
+    )
+
+
+def add_rms_norm(
+    x: torch.Tensor,  # [T, H] bfloat16
+    residual: torch.Tensor | None,  # [T, H] float32, updated in place
+    weight: torch.Tensor,  # [H] bfloat16
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weight * rms_norm(x + residual) in bfloat16, x + residual in float32)."""
+    library = _library()
+    assert library is not None
+    num_tokens, hidden = x.shape
+    has_residual = residual is not None
+    if residual is None:
+        residual = torch.empty(num_tokens, hidden, dtype=torch.float32)
+    out = torch.empty(num_tokens, hidden, dtype=torch.bfloat16)
+    library.add_rms_norm_bf16(
+        _I64(num_tokens), _I64(hidden), native.pointer(x), _I64(x.stride(0)),
+        native.pointer(residual), _I32(has_residual), native.pointer(weight),
+        native.pointer(out), _F32(eps),
+    )
+    return out, residual
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """x [T, 2d] (gate | up) bfloat16 → silu(gate) * up [T, d]."""
+    library = _library()
+    assert library is not None
+    num_tokens, width = x.shape
+    out = torch.empty(num_tokens, width // 2, dtype=torch.bfloat16)
+    library.silu_and_mul_bf16(
+        _I64(num_tokens), _I64(width // 2), native.pointer(x), _I64(x.stride(0)),
+        native.pointer(out),
+    )
+    return out
+
+
+def rope_neox_(
+    x: torch.Tensor,  # [T, heads * head_size] bfloat16, rotated in place
+    positions: torch.Tensor,  # [T] int64
+    cos_sin_cache: torch.Tensor,  # [max_position, rotary_dim] float32 (cos | sin)
+    head_size: int,
+) -> None:
+    """Rotate every head of `x` in place by its token's position (neox pairing)."""
+    library = _library()
+    assert library is not None
+    num_tokens, width = x.shape
+    library.rope_neox_bf16(
+        _I64(num_tokens), _I64(width // head_size), _I64(head_size),
+        _I64(cos_sin_cache.shape[1]), native.pointer(x), _I64(x.stride(0)),
+        native.pointer(positions), native.pointer(cos_sin_cache),
+    )

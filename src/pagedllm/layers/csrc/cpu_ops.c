@@ -1,0 +1,89 @@
+/*
+ * Fused bfloat16 element-wise ops of a decoder layer, for CPUs.
+ *
+ * Each replaces a chain of torch ops (a dozen for RMSNorm with its residual add) with one
+ * pass over the data, and reproduces the torch chain's roundings: every value torch would
+ * round to bfloat16 between two ops is rounded here too, so the results equal the torch
+ * ops' up to float32 summation order and libm. Rows are spread over OpenMP threads when
+ * there are enough of them to pay for it.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+static inline float bf16_to_float(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static inline uint16_t float_to_bf16(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    bits += 0x7FFFu + ((bits >> 16) & 1u); /* round to nearest even */
+    return (uint16_t)(bits >> 16);
+}
+
+/* f rounded to bfloat16 and back: what a torch op with a bfloat16 result keeps. */
+static inline float round_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
+
+#define PARALLEL_ROWS 32
+
+/* residual [T, H] float32 becomes x + residual (x itself when has_residual is 0); out [T, H]
+ * = weight * bf16(residual / sqrt(mean(residual^2) + eps)), rounded to bfloat16. */
+void add_rms_norm_bf16(int64_t T, int64_t H, const uint16_t *x, int64_t x_stride,
+                       float *residual, int32_t has_residual, const uint16_t *weight,
+                       uint16_t *out, float eps) {
+#pragma omp parallel for if (T >= PARALLEL_ROWS)
+    for (int64_t t = 0; t < T; t++) {
+        const uint16_t *xt = x + t * x_stride;
+        float *r = residual + t * H;
+        float sum = 0.f;
+        if (has_residual) {
+            for (int64_t j = 0; j < H; j++) { r[j] += bf16_to_float(xt[j]); sum += r[j] * r[j]; }
+        } else {
+            for (int64_t j = 0; j < H; j++) { r[j] = bf16_to_float(xt[j]); sum += r[j] * r[j]; }
+        }
+        const float inv = 1.f / sqrtf(sum / (float)H + eps);
+        uint16_t *o = out + t * H;
+        for (int64_t j = 0; j < H; j++)
+            o[j] = float_to_bf16(bf16_to_float(weight[j]) * round_bf16(r[j] * inv));
+    }
+}
+
+/* x [T, 2d] (gate | up, rows x_stride apart) → out [T, d] = silu(gate) * up. */
+void silu_and_mul_bf16(int64_t T, int64_t d, const uint16_t *x, int64_t x_stride,
+                       uint16_t *out) {
+#pragma omp parallel for if (T >= PARALLEL_ROWS)
+    for (int64_t t = 0; t < T; t++) {
+        const uint16_t *gate = x + t * x_stride, *up = gate + d;
+        uint16_t *o = out + t * d;
+        for (int64_t j = 0; j < d; j++) {
+            const float g = bf16_to_float(gate[j]);
+            o[j] = float_to_bf16(round_bf16(g / (1.f + expf(-g))) * bf16_to_float(up[j]));
+        }
+    }
+}
+
+/* Neox-style RoPE in place on x [T, heads, head_size] (tokens x_stride apart, heads
+ * head_size apart): the first rot_dim / 2 dims of a head pair with the next rot_dim / 2.
+ * cos_sin [max_position, rot_dim] float32 holds (cos | sin) per position. */
+void rope_neox_bf16(int64_t T, int64_t heads, int64_t head_size, int64_t rot_dim,
+                    uint16_t *x, int64_t x_stride, const int64_t *positions,
+                    const float *cos_sin) {
+    const int64_t half = rot_dim / 2;
+#pragma omp parallel for if (T >= PARALLEL_ROWS)
+    for (int64_t t = 0; t < T; t++) {
+        const float *cs = cos_sin + positions[t] * rot_dim;
+        for (int64_t h = 0; h < heads; h++) {
+            uint16_t *a = x + t * x_stride + h * head_size, *b = a + half;
+            for (int64_t i = 0; i < half; i++) {
+                const float c = round_bf16(cs[i]), s = round_bf16(cs[half + i]);
+                const float x1 = bf16_to_float(a[i]), x2 = bf16_to_float(b[i]);
+                a[i] = float_to_bf16(round_bf16(x1 * c) - round_bf16(x2 * s));
+                b[i] = float_to_bf16(round_bf16(x2 * c) + round_bf16(x1 * s));
+            }
+        }
+    }
+}

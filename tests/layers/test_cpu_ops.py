@@ -1,0 +1,101 @@
+"""The fused bfloat16 CPU ops reproduce the torch op chains they replace.
+
+Each is compared with the same layer's torch path (the fused ops switched off) on random
+data: equal to within two bfloat16 roundings everywhere (a value one step apart after the
+first of two rounded ops may end two steps apart), and bit-equal almost everywhere (they
+differ only where a float32 sum or libm rounds differently).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pagedllm.layers import cpu_ops
+from pagedllm.layers.activation import SiluAndMul
+from pagedllm.layers.layernorm import RMSNorm
+from pagedllm.layers.rotary import RotaryEmbedding
+
+pytestmark = pytest.mark.skipif(
+    cpu_ops._library() is None, reason="no C compiler to build the fused ops"
+)
+BF16_STEP = 2**-7  # relative spacing of bfloat16 values
+
+
+@pytest.fixture
+def torch_ops(monkeypatch: pytest.MonkeyPatch):
+    """Run the torch op chains instead of the fused ops inside the block."""
+
+    class Switch:
+        def __enter__(self) -> None:
+            monkeypatch.setattr(cpu_ops, "serves", lambda x: False)
+
+        def __exit__(self, *exc: object) -> None:
+            monkeypatch.undo()
+
+    return Switch()
+
+
+def _assert_same_up_to_rounding(fused: torch.Tensor, reference: torch.Tensor) -> None:
+    assert fused.dtype == reference.dtype and fused.shape == reference.shape
+    fused, reference = fused.float(), reference.float()
+    torch.testing.assert_close(fused, reference, rtol=2 * BF16_STEP, atol=1e-6)
+    assert (fused == reference).float().mean() > 0.99
+
+
+@pytest.mark.parametrize("num_tokens", [1, 7, 64])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_add_rms_norm(num_tokens, with_residual, torch_ops):
+    gen = torch.Generator().manual_seed(num_tokens)
+    norm = RMSNorm(576, eps=1e-5)
+    norm.weight.data = (torch.rand(576, generator=gen) + 0.5).bfloat16()
+    x = torch.randn(num_tokens, 576, generator=gen).bfloat16()
+    residual = torch.randn(num_tokens, 576, generator=gen) * 4 if with_residual else None
+    assert cpu_ops.serves(x)
+    out, new_residual = norm(x, None if residual is None else residual.clone())
+    with torch_ops:
+        want, want_residual = norm(x, residual)
+    _assert_same_up_to_rounding(out, want)
+    torch.testing.assert_close(new_residual, want_residual, atol=0, rtol=0)
+
+
+def test_add_rms_norm_reads_strided_rows():
+    wide = torch.randn(5, 1000).bfloat16()
+    x = wide[:, 100:676]  # rows 1000 apart
+    norm = RMSNorm(576)
+    norm.weight.data = torch.ones(576).bfloat16()
+    out, _ = norm(x)
+    _assert_same_up_to_rounding(out, norm(x.contiguous().float())[0].bfloat16())
+
+
+@pytest.mark.parametrize("num_tokens", [1, 40])
+def test_silu_and_mul(num_tokens, torch_ops):
+    x = (torch.randn(num_tokens, 2 * 1536, generator=torch.Generator().manual_seed(3)) * 3)
+    x = x.bfloat16()
+    out = SiluAndMul()(x)
+    with torch_ops:
+        want = SiluAndMul()(x)
+    _assert_same_up_to_rounding(out, want)
+
+
+@pytest.mark.parametrize("rotary_dim", [64, 32])
+@pytest.mark.parametrize("num_tokens", [1, 48])
+def test_rope_in_place_matches_torch(rotary_dim, num_tokens, torch_ops):
+    gen = torch.Generator().manual_seed(rotary_dim + num_tokens)
+    rope = RotaryEmbedding(64, max_position=4096, base=10000.0, rotary_dim=rotary_dim)
+    heads, kv_heads = 9, 3
+    qkv = torch.randn(num_tokens, (heads + 2 * kv_heads) * 64, generator=gen).bfloat16()
+    positions = torch.randint(0, 4096, (num_tokens,), generator=gen)
+    untouched_v = qkv[:, (heads + kv_heads) * 64 :].clone()
+    with torch_ops:
+        want_q, want_k = rope.forward_adjacent(positions, qkv[:, : (heads + kv_heads) * 64], heads)
+    q, k = rope.forward_adjacent(positions, qkv[:, : (heads + kv_heads) * 64], heads)
+    assert q.shape == (num_tokens, heads, 64) and k.shape == (num_tokens, kv_heads, 64)
+    _assert_same_up_to_rounding(q, want_q)
+    _assert_same_up_to_rounding(k, want_k)
+    assert torch.equal(qkv[:, (heads + kv_heads) * 64 :], untouched_v)
+
+
+def test_float32_keeps_the_torch_path():
+    assert not cpu_ops.serves(torch.randn(3, 8))
+    assert not cpu_ops.serves(torch.randn(3, 4, 8).bfloat16())
