@@ -1,4 +1,5 @@
-"""Fused bfloat16 element-wise ops for CPUs (csrc/cpu_ops.c), with torch ops as fallback.
+"""Fused bfloat16 element-wise ops for CPUs (csrc/cpu_ops.c), with torch ops as fallback,
+and the int4 x int8 matmul for small steps (csrc/w4a8.c, see quantization.W4A8Weight).
 
 A decode step of a small model on CPU is dominated by per-op overhead: RMSNorm with its
 residual add is a dozen torch ops, RoPE seven, SiLU-and-mul three, each a few microseconds
@@ -20,6 +21,9 @@ import torch
 from pagedllm.utils import native
 
 _SOURCE = Path(__file__).with_name("csrc") / "cpu_ops.c"
+_W4A8_SOURCE = Path(__file__).with_name("csrc") / "w4a8.c"
+# Most tokens one w4a8 kernel call takes (its MAX_TOKENS); larger steps are split.
+W4A8_MAX_TOKENS = 16
 _I64, _F32, _I32 = ctypes.c_int64, ctypes.c_float, ctypes.c_int32
 
 
@@ -95,3 +99,42 @@ def rope_neox_(
         _I64(cos_sin_cache.shape[1]), native.pointer(x), _I64(x.stride(0)),
         native.pointer(positions), native.pointer(cos_sin_cache),
     )
+
+
+@cache
+def _w4a8_library() -> ctypes.CDLL | None:
+    if os.environ.get("PAGEDLLM_FUSED_OPS", "c") == "torch":
+        return None
+    library = native.load_library(_W4A8_SOURCE)
+    if library is not None:
+        library.w4a8_matmul_bf16.restype = ctypes.c_int
+    return library
+
+
+def w4a8_available() -> bool:
+    """True when the int4 x int8 kernel is built here."""
+    return _w4a8_library() is not None
+
+
+def w4a8_matmul(
+    x: torch.Tensor,  # [T, K] bfloat16, rows dense
+    packed: torch.Tensor,  # [N, K / 2] uint8
+    scales_and_mins: torch.Tensor,  # [N, 2, K / 32] float32
+) -> torch.Tensor:  # [T, N] bfloat16
+    """x @ W^T for W in the W4A8Weight layout; activations quantized per 32 values."""
+    library = _w4a8_library()
+    assert library is not None
+    num_tokens, in_features = x.shape
+    out_features = packed.shape[0]
+    out = torch.empty(num_tokens, out_features, dtype=torch.bfloat16)
+    for start in range(0, num_tokens, W4A8_MAX_TOKENS):
+        rows = min(W4A8_MAX_TOKENS, num_tokens - start)
+        failed = library.w4a8_matmul_bf16(
+            _I64(rows), _I64(out_features), _I64(in_features),
+            ctypes.c_void_p(x.data_ptr() + start * x.stride(0) * 2), _I64(x.stride(0)),
+            native.pointer(packed), native.pointer(scales_and_mins),
+            ctypes.c_void_p(out.data_ptr() + start * out_features * 2), _I64(out_features),
+        )
+        if failed:
+            raise MemoryError("w4a8 matmul: unsupported shape or out of memory")
+    return out

@@ -14,9 +14,10 @@ from torch import nn
 
 from pagedllm.layers.quantization import QuantizedWeight, quantize
 
-# Steps of at most this many tokens use the quantized weights when a dense copy is also kept:
-# there reading fewer weight bytes wins; larger steps are compute-bound and the dense oneDNN
-# matmul is 2-3x faster than the int4/int8 kernels.
+# Steps of at most this many tokens use torch's int8/int4 weights when a dense copy is also
+# kept: there reading fewer weight bytes wins; larger steps are compute-bound and the dense
+# oneDNN matmul is 2-3x faster than those kernels. A weight may set its own limit
+# (`max_tokens`, see W4A8Weight).
 QUANTIZED_MAX_TOKENS = 8
 
 
@@ -24,7 +25,10 @@ def uses_quantized(
     quantized: QuantizedWeight | None, keeps_dense: bool, num_tokens: int
 ) -> bool:
     """Whether a step of `num_tokens` rows runs on the quantized copy of a weight."""
-    return quantized is not None and (not keeps_dense or num_tokens <= QUANTIZED_MAX_TOKENS)
+    if quantized is None:
+        return False
+    limit = getattr(quantized, "max_tokens", QUANTIZED_MAX_TOKENS)
+    return not keeps_dense or num_tokens <= limit
 
 
 def can_pack_for_cpu(weight: torch.Tensor) -> bool:

@@ -18,8 +18,10 @@ from dataclasses import dataclass
 import torch
 
 from pagedllm.config import QUANTIZATION_METHODS
+from pagedllm.layers import cpu_ops
 
 INT4_GROUP_SIZE = 32
+_QUANTIZE_CHUNK_ROWS = 4096
 # torch's CPU int4 kernel works on whole tiles of output rows and of input columns.
 _INT4_ROW_MULTIPLE = 16
 _INT4_MID = 8
@@ -60,21 +62,106 @@ class Int4Weight:
         return self.packed.nbytes + self.scales_and_zeros.nbytes
 
 
-QuantizedWeight = Int8Weight | Int4Weight
+@dataclass
+class W4A8Weight:
+    """int4 codes in groups of 32 multiplied by int8 activations (bfloat16 models on CPU).
+
+    Same weight format as Int4Weight (w = d * q + m per group, Q4_1's), stored for the C
+    kernel (csrc/w4a8.c): two groups' codes per 32 bytes, (d, m) in float32. Activations
+    are quantized per token and 32 values to int8 on the fly, as llama.cpp does, so one
+    VNNI instruction does 32 multiply-adds. Used for the LM head's shortlist: for one
+    decode token it reads the 49k-row vocabulary matrix about 2x faster than torch's int8
+    kernel (measured in BENCHMARKS.md); for the decoder matrices torch's int4 kernel was as
+    fast in a real step, so they keep it.
+    """
+
+    packed: torch.Tensor  # [out, in / 2] uint8
+    scales_and_mins: torch.Tensor  # [out, 2, in / 32] float32: scales, then minimums
+    # With a dense copy kept, steps of more tokens use it: this kernel's cost grows with the
+    # tokens (no weight reuse across them), oneDNN's bf16 matmul barely does.
+    max_tokens: int = 4
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """x [T, in] bfloat16 @ w^T → [T, out] bfloat16."""
+        if x.dtype != torch.bfloat16:
+            raise ValueError(f"W4A8 takes bfloat16 activations, got {x.dtype}.")
+        if x.stride(-1) != 1:
+            x = x.contiguous()
+        return cpu_ops.w4a8_matmul(x, self.packed, self.scales_and_mins)
+
+    def dense(self, dtype: torch.dtype) -> torch.Tensor:
+        """The [out, in] weight d * q + m, computed in float32 from the codes."""
+        rows = self.packed.shape[0]
+        pairs = self.packed.view(rows, -1, 1, INT4_GROUP_SIZE)
+        codes = torch.cat([pairs & 0x0F, pairs >> 4], dim=2).view(rows, -1, INT4_GROUP_SIZE)
+        scales, mins = self.scales_and_mins[:, 0, :, None], self.scales_and_mins[:, 1, :, None]
+        return (codes.float() * scales + mins).view(rows, -1).to(dtype)
+
+    def nbytes(self) -> int:
+        """Bytes held by this weight."""
+        return self.packed.nbytes + self.scales_and_mins.nbytes
+
+
+QuantizedWeight = Int8Weight | Int4Weight | W4A8Weight
 
 
 def quantize_int8(weight: torch.Tensor) -> Int8Weight:
     """Symmetric int8 per output row (scale = max |w| / 127), scales in the weight's dtype."""
-    w = weight.float()
-    scales = (w.abs().amax(dim=1) / 127.0).clamp(min=torch.finfo(torch.float32).tiny)
-    codes = (w / scales[:, None]).round().clamp(-127, 127).to(torch.int8)
-    return Int8Weight(codes.contiguous(), scales.to(weight.dtype))
+    codes = torch.empty(weight.shape, dtype=torch.int8)
+    scales = torch.empty(weight.shape[0])
+    for start in range(0, weight.shape[0], _QUANTIZE_CHUNK_ROWS):  # bounded temporaries
+        chunk = slice(start, start + _QUANTIZE_CHUNK_ROWS)
+        w = weight[chunk].float()
+        scales[chunk] = (w.abs().amax(dim=1) / 127.0).clamp(min=torch.finfo(torch.float32).tiny)
+        codes[chunk] = (w / scales[chunk, None]).round().clamp(-127, 127).to(torch.int8)
+    return Int8Weight(codes, scales.to(weight.dtype))
 
 
 def can_quantize_int4(weight: torch.Tensor, group_size: int = INT4_GROUP_SIZE) -> bool:
     """True when the weight's shape fits torch's CPU int4 kernel."""
     rows, cols = weight.shape
     return rows % _INT4_ROW_MULTIPLE == 0 and cols % group_size == 0
+
+
+def can_quantize_w4a8(weight: torch.Tensor) -> bool:
+    """True when `weight` can be a W4A8Weight here: bfloat16 on CPU, input columns a multiple
+    of 64 (groups pair up), and the C kernel built."""
+    return (
+        weight.dtype == torch.bfloat16
+        and weight.device.type == "cpu"
+        and weight.shape[1] % (2 * INT4_GROUP_SIZE) == 0
+        and cpu_ops.w4a8_available()
+    )
+
+
+def _int4_codes(
+    weight: torch.Tensor, group_size: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(codes [out, groups, group_size] in 0..15, scales d, minimums m), w = d * q + m."""
+    rows, cols = weight.shape
+    groups = weight.float().view(rows, cols // group_size, group_size)
+    low = groups.amin(dim=-1)
+    scales = ((groups.amax(dim=-1) - low) / 15.0).clamp(min=torch.finfo(torch.float32).tiny)
+    codes = ((groups - low[..., None]) / scales[..., None]).round().clamp(0, 15)
+    return codes, scales, low
+
+
+def quantize_w4a8(weight: torch.Tensor) -> W4A8Weight:
+    """`weight` [out, in] as int4 groups of 32 in the W4A8 layout (see can_quantize_w4a8)."""
+    if not can_quantize_w4a8(weight):
+        raise ValueError(f"W4A8 needs a bfloat16 CPU weight with in % 64 == 0, got {weight.shape}.")
+    rows, cols = weight.shape
+    packed = torch.empty(rows, cols // 2, dtype=torch.uint8)
+    scales_and_mins = torch.empty(rows, 2, cols // INT4_GROUP_SIZE)
+    # By row chunks: a vocabulary matrix in float32 temporaries would be several 100 MB.
+    for start in range(0, rows, _QUANTIZE_CHUNK_ROWS):
+        chunk = slice(start, start + _QUANTIZE_CHUNK_ROWS)
+        codes, scales, mins = _int4_codes(weight[chunk], INT4_GROUP_SIZE)
+        pairs = codes.to(torch.uint8).view(codes.shape[0], -1, 2, INT4_GROUP_SIZE)
+        # Two groups per 32 bytes: the first in the low nibbles, the second in the high ones.
+        packed[chunk] = (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).reshape(codes.shape[0], -1)
+        scales_and_mins[chunk] = torch.stack([scales, mins], dim=1)  # [rows, 2, groups]
+    return W4A8Weight(packed, scales_and_mins)
 
 
 def quantize_int4(weight: torch.Tensor, group_size: int = INT4_GROUP_SIZE) -> Int4Weight:
@@ -85,10 +172,7 @@ def quantize_int4(weight: torch.Tensor, group_size: int = INT4_GROUP_SIZE) -> In
             f"{group_size}; got weight shape {tuple(weight.shape)}."
         )
     rows, cols = weight.shape
-    groups = weight.float().view(rows, cols // group_size, group_size)
-    low = groups.amin(dim=-1)
-    scales = ((groups.amax(dim=-1) - low) / 15.0).clamp(min=torch.finfo(torch.float32).tiny)
-    codes = ((groups - low[..., None]) / scales[..., None]).round().clamp(0, 15)
+    codes, scales, low = _int4_codes(weight, group_size)
     zeros = low + _INT4_MID * scales
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
         codes.view(rows, cols).to(torch.int32), 1
@@ -100,6 +184,8 @@ def quantize_int4(weight: torch.Tensor, group_size: int = INT4_GROUP_SIZE) -> In
 
 def dequantize(weight: QuantizedWeight, in_features: int, dtype: torch.dtype) -> torch.Tensor:
     """The dense [out, in] weight a quantized weight stands for (for tests and checks)."""
+    if isinstance(weight, W4A8Weight):
+        return weight.dense(dtype)
     eye = torch.eye(in_features, dtype=dtype)
     return weight.matmul(eye).t().contiguous()
 

@@ -1,0 +1,117 @@
+"""The int4 x int8 kernel (W4A8Weight): its layout, its arithmetic, and the LM head using it.
+
+The reference quantizes the activations the way the kernel documents (per token and 32
+values, scale max |x| / 127, round to nearest) and does the rest in float64, so the kernel
+must match it up to bfloat16 output rounding and float32 accumulation; against
+unquantized activations it is within the int8 quantization error.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pagedllm.layers import cpu_ops
+from pagedllm.layers.embedding import HEAD_W4A8_MAX_TOKENS, LMHead, VocabEmbedding
+from pagedllm.layers.quantization import (
+    Int8Weight,
+    W4A8Weight,
+    can_quantize_w4a8,
+    dequantize,
+    quantize_int4,
+    quantize_w4a8,
+)
+
+pytestmark = pytest.mark.skipif(not cpu_ops.w4a8_available(), reason="no C compiler")
+
+
+def _reference(x: torch.Tensor, weight: W4A8Weight, in_features: int) -> torch.Tensor:
+    """x @ W^T with x quantized per 32 values as the kernel does, summed in float64."""
+    groups = x.float().view(x.shape[0], -1, 32)
+    step = groups.abs().amax(-1, keepdim=True) / 127
+    inv = torch.where(step > 0, 127 / groups.abs().amax(-1, keepdim=True), 0)
+    xq = (groups * inv).round() * step
+    dense = dequantize(weight, in_features, torch.float32).double()
+    return xq.view(x.shape[0], -1).double() @ dense.T
+
+
+def test_layout_holds_the_int4_codes():
+    w = torch.randn(48, 128, generator=torch.Generator().manual_seed(0)).bfloat16()
+    packed = quantize_w4a8(w)
+    assert packed.packed.shape == (48, 64) and packed.packed.dtype == torch.uint8
+    assert packed.scales_and_mins.shape == (48, 2, 4)
+    # The same codes and scales as torch's int4 format: the dense weights agree.
+    torch_int4 = quantize_int4(w.float())
+    torch.testing.assert_close(
+        dequantize(packed, 128, torch.float32),
+        dequantize(torch_int4, 128, torch.float32),
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("num_tokens", [1, 3, 16, 17])
+@pytest.mark.parametrize(("rows", "cols"), [(130, 64), (256, 576)])
+def test_matmul_matches_reference(num_tokens, rows, cols):
+    gen = torch.Generator().manual_seed(num_tokens + rows)
+    w = torch.randn(rows, cols, generator=gen).bfloat16()
+    weight = quantize_w4a8(w)
+    x = (torch.randn(num_tokens, cols, generator=gen) * 2).bfloat16()
+    out = weight.matmul(x)
+    assert out.shape == (num_tokens, rows) and out.dtype == torch.bfloat16
+    want = _reference(x, weight, cols)
+    # bfloat16 output rounding, plus float32 accumulation of terms that largely cancel
+    # (the codes' share against the group minimums' share).
+    bound = want.abs() * 2**-8 + 2e-3 * want.abs().max()
+    assert ((out.double() - want).abs() <= bound).all()
+    exact = x.double() @ dequantize(weight, cols, torch.float32).double().T
+    assert (out.double() - exact).abs().max() < 0.02 * exact.abs().max()
+
+
+def test_matmul_reads_strided_rows():
+    w = torch.randn(64, 128).bfloat16()
+    weight = quantize_w4a8(w)
+    wide = torch.randn(4, 300).bfloat16()
+    x = wide[:, 10:138]
+    torch.testing.assert_close(weight.matmul(x), weight.matmul(x.contiguous()), atol=0, rtol=0)
+
+
+def test_zero_activations_give_zero():
+    weight = quantize_w4a8(torch.randn(32, 64).bfloat16())
+    assert not weight.matmul(torch.zeros(2, 64, dtype=torch.bfloat16)).any()
+
+
+def test_only_bfloat16_cpu_weights_with_paired_groups():
+    assert can_quantize_w4a8(torch.randn(16, 128).bfloat16())
+    assert not can_quantize_w4a8(torch.randn(16, 128))
+    assert not can_quantize_w4a8(torch.randn(16, 96).bfloat16())  # 3 groups do not pair
+    with pytest.raises(ValueError, match="W4A8"):
+        quantize_w4a8(torch.randn(16, 96).bfloat16())
+
+
+def _head(keep_dense: bool, dtype=torch.bfloat16) -> LMHead:
+    embedding = VocabEmbedding(512, 128)
+    embedding.weight.data = torch.randn(512, 128, generator=torch.Generator().manual_seed(4))
+    embedding.weight.data = embedding.weight.data.to(dtype)
+    head = LMHead(512, 128, tie_to=embedding)
+    head.quantize("int4", keep_dense)
+    head.pack_for_cpu()
+    return head
+
+
+def test_head_shortlists_with_w4a8_and_refines_in_float32():
+    head = _head(keep_dense=True)
+    assert isinstance(head.quantized, W4A8Weight)
+    assert head.quantized.max_tokens == HEAD_W4A8_MAX_TOKENS
+    hidden = torch.randn(HEAD_W4A8_MAX_TOKENS, 128, generator=torch.Generator().manual_seed(5))
+    logits = head(hidden.bfloat16())
+    exact = hidden.bfloat16().float() @ head.weight.float().T
+    # The winners are recomputed in float32: same argmax, same value.
+    assert torch.equal(logits.argmax(-1), exact.argmax(-1))
+    best = exact.argmax(-1, keepdim=True)
+    torch.testing.assert_close(logits.gather(1, best), exact.gather(1, best), atol=1e-4, rtol=1e-5)
+
+
+def test_head_keeps_int8_without_dense_weights_or_in_float32():
+    assert isinstance(_head(keep_dense=False).quantized, Int8Weight)
+    assert isinstance(_head(keep_dense=True, dtype=torch.float32).quantized, Int8Weight)
