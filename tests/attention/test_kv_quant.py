@@ -64,6 +64,11 @@ def test_c_writer_writes_the_torch_rows(dtype: torch.dtype) -> None:
     untouched = torch.ones(flat.shape[1], dtype=torch.bool)
     untouched[slots] = False
     assert not flat[:, untouched].any()
+    # write_back: the inputs become what the cache gives back, in place.
+    expected_key, expected_value = kv_quant.round_trip(key), kv_quant.round_trip(value)
+    out_key, out_value = cpu_kernel.store_int8(cache, key, value, slots, write_back=True)
+    assert out_key.data_ptr() == key.data_ptr() and out_value.data_ptr() == value.data_ptr()
+    assert torch.equal(key, expected_key) and torch.equal(value, expected_value)
 
 
 def _int8_case(batch: str, block_size: int, heads: tuple[int, int], head_size: int) -> _Case:

@@ -117,8 +117,13 @@ def store_int8(
     key: torch.Tensor,  # [num_tokens, Hkv, D]
     value: torch.Tensor,  # [num_tokens, Hkv, D]
     slot_mapping: torch.Tensor,  # [num_tokens] int64
-) -> None:
-    """Quantize the new tokens' K/V rows into the int8 cache at `slot_mapping`."""
+    write_back: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize the new tokens' K/V rows into the int8 cache at `slot_mapping`.
+
+    Returns (key, value); with `write_back` they now hold the values the cache gives back
+    (written in place, or into contiguous copies when the inputs' heads were not dense).
+    """
     library = _library()
     assert library is not None, "call can_store_int8() first"
     _, num_blocks, block_size, num_kv_heads, _ = kv_cache.shape
@@ -137,4 +142,6 @@ def store_int8(
         ctypes.c_int64(_row_stride(value)),
         native.pointer(slots),
         ctypes.c_int64(slots.shape[0]),
+        ctypes.c_int32(write_back),
     )
+    return key, value

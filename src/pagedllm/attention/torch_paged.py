@@ -411,13 +411,15 @@ class TorchPagedBackend(AttentionBackend):
 
         Attention reads every cached token back from the int8 rows, so the new tokens are
         attended in their round-tripped form too: a result then does not depend on whether
-        a token came from this step, an earlier chunk or the prefix cache.
+        a token came from this step, an earlier chunk or the prefix cache. The C writer
+        overwrites `key`/`value` (this step's fresh projections) with that form in place.
         """
         if self.use_cpu_kernel and cpu_kernel.can_store_int8(key.dtype, key.device):
-            cpu_kernel.store_int8(kv_cache, key, value, metadata.slot_mapping)
-            if not metadata.prefill_groups and metadata.kernel_decodes is not None:
-                return key, value  # the kernel reads everything from the cache
-            return kv_quant.round_trip(key), kv_quant.round_trip(value)
+            # Decodes on the kernel read everything from the cache; others need K/V back.
+            kernel_only = not metadata.prefill_groups and metadata.kernel_decodes is not None
+            return cpu_kernel.store_int8(
+                kv_cache, key, value, metadata.slot_mapping, write_back=not kernel_only
+            )
         rows = kv_quant.quantize_rows(torch.stack([key, value]))  # [2, T, Hkv, D + 4]
         flat_cache = kv_cache.view(2, -1, *rows.shape[2:])  # [2, num_slots, Hkv, D + 4]
         flat_cache.index_copy_(1, metadata.slot_mapping, rows)

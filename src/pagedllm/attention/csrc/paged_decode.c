@@ -151,33 +151,36 @@ DEFINE_DECODE(paged_decode_bf16_int8, uint16_t, bf16_to_float, float_to_bf16, IN
  * max |x|), with the same float32 operations as the torch writer (kv_quant.py), so both
  * write equal rows (the scale is written as a product: -ffast-math turns a division by a
  * constant into one anyway). */
-#define DEFINE_QUANTIZE_ROW(NAME, T, LOAD)                                                   \
-static void NAME(const T *x, int8_t *row, int64_t D) {                                      \
+#define DEFINE_QUANTIZE_ROW(NAME, T, LOAD, STORE)                                                  \
+static void NAME(T *x, int8_t *row, int64_t D, int write_back) {                                  \
     float amax = 0.f;                                                                       \
     for (int64_t j = 0; j < D; j++) { float a = fabsf(LOAD(x[j])); amax = a > amax ? a : amax; } \
     const float inv = amax > 0.f ? 127.f / amax : 0.f, s = amax * (1.f / 127.f);                    \
     for (int64_t j = 0; j < D; j++) row[j] = (int8_t)nearbyintf(LOAD(x[j]) * inv);          \
     memcpy(row + D, &s, sizeof s);                                                          \
+    if (write_back) /* x becomes what the cache gives back */                               \
+        for (int64_t j = 0; j < D; j++) x[j] = STORE((float)row[j] * s);                    \
 }
 
 /* Write the new tokens' K and V ([num_tokens, Hkv, D], rows `key_stride`/`value_stride`
- * elements apart) into an int8 cache at `slots`. */
-#define DEFINE_STORE(NAME, T, LOAD)                                                          \
-DEFINE_QUANTIZE_ROW(NAME##_row, T, LOAD)                                                    \
-void NAME(const Dims *d, int8_t *kv_cache, const T *key, const T *value,                    \
+ * elements apart) into an int8 cache at `slots`; with `write_back`, also replace them by
+ * their round-tripped values (what attention reads for cached tokens). */
+#define DEFINE_STORE(NAME, T, LOAD, STORE)                                                         \
+DEFINE_QUANTIZE_ROW(NAME##_row, T, LOAD, STORE)                                                   \
+void NAME(const Dims *d, int8_t *kv_cache, T *key, T *value,                                \
           int64_t key_stride, int64_t value_stride, const int64_t *slots,                   \
-          int64_t num_tokens) {                                                             \
+          int64_t num_tokens, int32_t write_back) {                                                         \
     const int64_t D = d->head_size, Hkv = d->num_kv_heads, rb = ROW_BYTES_INT8(D);          \
     int8_t *values = kv_cache + d->num_blocks * d->block_size * Hkv * rb;                   \
     _Pragma("omp parallel for if (num_tokens > 64)")                                        \
     for (int64_t t = 0; t < num_tokens; t++) {                                              \
         for (int64_t g = 0; g < Hkv; g++) {                                                 \
             const int64_t at = (slots[t] * Hkv + g) * rb;                                   \
-            NAME##_row(key + t * key_stride + g * D, kv_cache + at, D);                     \
-            NAME##_row(value + t * value_stride + g * D, values + at, D);                   \
+            NAME##_row(key + t * key_stride + g * D, kv_cache + at, D, write_back);                     \
+            NAME##_row(value + t * value_stride + g * D, values + at, D, write_back);                   \
         }                                                                                   \
     }                                                                                       \
 }
 
-DEFINE_STORE(store_int8_f32, float, LOAD_F32)
-DEFINE_STORE(store_int8_bf16, uint16_t, bf16_to_float)
+DEFINE_STORE(store_int8_f32, float, LOAD_F32, STORE_F32)
+DEFINE_STORE(store_int8_bf16, uint16_t, bf16_to_float, float_to_bf16)
