@@ -15,6 +15,7 @@ import ctypes
 import os
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -27,15 +28,21 @@ W4A8_MAX_TOKENS = 16
 _I64, _F32, _I32 = ctypes.c_int64, ctypes.c_float, ctypes.c_int32
 
 
-@cache
-def _library() -> ctypes.CDLL | None:
+def _load(source: Path, restypes: dict[str, Any]) -> ctypes.CDLL | None:
+    """`source` built and loaded with its functions' return types set, unless switched off."""
     if os.environ.get("PAGEDLLM_FUSED_OPS", "c") == "torch":
         return None
-    library = native.load_library(_SOURCE)
+    library = native.load_library(source)
     if library is not None:
-        for name in ("add_rms_norm_bf16", "silu_and_mul_bf16", "rope_neox_bf16"):
-            getattr(library, name).restype = None
+        for name, restype in restypes.items():
+            getattr(library, name).restype = restype
     return library
+
+
+@cache
+def _library() -> ctypes.CDLL | None:
+    names = ("add_rms_norm_bf16", "silu_and_mul_bf16", "rope_neox_bf16")
+    return _load(_SOURCE, dict.fromkeys(names))
 
 
 def serves(x: torch.Tensor) -> bool:
@@ -103,12 +110,7 @@ def rope_neox_(
 
 @cache
 def _w4a8_library() -> ctypes.CDLL | None:
-    if os.environ.get("PAGEDLLM_FUSED_OPS", "c") == "torch":
-        return None
-    library = native.load_library(_W4A8_SOURCE)
-    if library is not None:
-        library.w4a8_matmul_bf16.restype = ctypes.c_int
-    return library
+    return _load(_W4A8_SOURCE, {"w4a8_matmul_bf16": ctypes.c_int})
 
 
 def w4a8_available() -> bool:

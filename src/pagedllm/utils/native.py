@@ -44,10 +44,15 @@ def _cpu_flags() -> str:
         return platform.processor()
 
 
+# Headers shared by the sources (bf16.h), on the include path of every build.
+_INCLUDE = Path(__file__).with_name("csrc")
+
+
 def _build(compiler: str, source: Path) -> Path:
-    """Compile `source` (once per source, flags and CPU) and return the library's path."""
+    """Compile `source` (once per source, headers, flags and CPU); return the library's path."""
+    headers = b"".join(h.read_bytes() for h in sorted(_INCLUDE.glob("*.h")))
     key = hashlib.sha256(
-        source.read_bytes() + " ".join(FLAGS).encode() + _cpu_flags().encode()
+        source.read_bytes() + headers + " ".join(FLAGS).encode() + _cpu_flags().encode()
     ).hexdigest()[:16]
     target = _cache_dir() / f"{source.stem}_{key}.so"
     if target.exists():
@@ -57,7 +62,7 @@ def _build(compiler: str, source: Path) -> Path:
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         built = Path(tmp) / target.name
         subprocess.run(
-            [compiler, *FLAGS, "-o", str(built), str(source), "-lm"],
+            [compiler, *FLAGS, f"-I{_INCLUDE}", "-o", str(built), str(source), "-lm"],
             check=True,
             capture_output=True,
             text=True,

@@ -20,25 +20,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bf16.h"
+
 typedef struct {
     int64_t num_blocks, block_size, num_kv_heads, num_heads, head_size, max_blocks;
 } Dims;
 
 #define INT8_SCALE_BYTES 4
 
-static inline float bf16_to_float(uint16_t h) {
-    uint32_t bits = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-static inline uint16_t float_to_bf16(float f) {
-    uint32_t bits;
-    memcpy(&bits, &f, sizeof bits);
-    bits += 0x7FFFu + ((bits >> 16) & 1u); /* round to nearest even */
-    return (uint16_t)(bits >> 16);
-}
 
 /* Cache rows: ROW_BYTES(D) is the size of one, LOAD_ROW converts one to D floats. */
 #define ROW_BYTES_F32(D) ((D) * 4)

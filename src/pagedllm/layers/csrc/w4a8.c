@@ -19,22 +19,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bf16.h"
+
 #define GROUP 32
 #define MAX_TOKENS 16
 
-static inline float bf16_to_float(uint16_t h) {
-    uint32_t bits = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-static inline uint16_t float_to_bf16(float f) {
-    uint32_t bits;
-    memcpy(&bits, &f, sizeof bits);
-    bits += 0x7FFFu + ((bits >> 16) & 1u); /* round to nearest even */
-    return (uint16_t)(bits >> 16);
-}
 
 /* x [M, K] bfloat16 → xq [M, K] int8, dx [M, G] (the step) and c [M, G] (dx * sum xq). */
 static void quantize_activations(int64_t M, int64_t K, const uint16_t *x, int64_t x_stride,
