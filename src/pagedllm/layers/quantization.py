@@ -9,6 +9,9 @@ w = (q - 8) * scale + zero with q in 0..15. A GGUF Q4_1 block (w = d * q + m ove
 q from its own min/max) is exactly this format with scale = d and zero = m + 8 d, so
 re-quantizing Q4_1 weights recovers their codes and loses nothing but the rounding of the
 scales to the model dtype.
+
+One exception to "weight-only": W4A8Weight, the same int4 format multiplied by activations
+quantized to int8 per 32 values (our C kernel), which serves only the LM head's shortlist.
 """
 
 from __future__ import annotations
