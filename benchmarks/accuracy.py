@@ -454,11 +454,9 @@ def print_report(results: dict[str, Any]) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line (every option documented for --help)."""
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    from common import add_model_arg  # imported late: tests load this file by path
+    from common import add_model_arg, new_parser  # late: tests load this file by path
+
+    p = new_parser(__doc__)
 
     add = p.add_argument
     add_model_arg(p)

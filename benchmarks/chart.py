@@ -192,10 +192,10 @@ def make_figure(throughput: dict[str, Any] | None, latency: dict[str, Any] | Non
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line (every option documented for --help)."""
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from common import new_parser  # the benchmarks' shared helpers (plain stdlib imports)
+
+    p = new_parser(__doc__)
     add = p.add_argument
     add(
         "--throughput-json",

@@ -379,6 +379,14 @@ def add_compare_args(group: argparse._ArgumentGroup, compare_help: str) -> None:
     )
 
 
+def new_parser(doc: str | None) -> argparse.ArgumentParser:
+    """A benchmark's parser: its docstring's first paragraph as description, defaults shown."""
+    return argparse.ArgumentParser(
+        description=(doc or "").split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+
+
 def add_model_arg(p: argparse.ArgumentParser) -> None:
     """--model: what every benchmark runs (default: the default model)."""
     p.add_argument(

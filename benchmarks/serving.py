@@ -30,7 +30,14 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import load_tokenizer, locate_model, machine_info, make_prompts, write_json  # noqa: E402
+from common import (  # noqa: E402
+    load_tokenizer,
+    locate_model,
+    machine_info,
+    make_prompts,
+    new_parser,
+    write_json,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 READY_TIMEOUT_S = 600.0
@@ -290,8 +297,7 @@ async def _benchmark(base_url: str, model: str, prompts: list[str], args: argpar
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = new_parser(__doc__)
     p.add_argument("--base-url", default=None, help="a running server (e.g. http://127.0.0.1:8000)")
     p.add_argument("--model", default="bench", help="`model` sent with each request")
     p.add_argument("--api-key", default=None)

@@ -40,6 +40,7 @@ from common import (
     locate_model,
     machine_info,
     make_prompts,
+    new_parser,
     pad_token_id,
     positive_int_list,
     prompts_summary,
@@ -501,10 +502,7 @@ def print_report(results: list[dict[str, Any]], ratio_rows: list[dict[str, Any]]
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line (every option documented for --help)."""
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
+    p = new_parser(__doc__)
     _add_workload_args(p)
     _add_engine_args(p.add_argument_group("pagedllm engine"))
     _add_peer_args(p.add_argument_group("peers"))
