@@ -23,7 +23,7 @@ def test_row_format_is_codes_then_float32_scale() -> None:
     assert rows[0, :4].tolist() == [50, -127, 0, 100]
     scale = rows[0, 4:].contiguous().view(torch.float32).item()
     assert scale == pytest.approx(1.27 / 127)
-    assert kv_quant.head_size_of(rows) == 4
+    assert rows.shape[-1] == kv_quant.cache_row_size(4)
 
 
 def test_round_trip_error_is_at_most_half_a_step_per_row() -> None:

@@ -6,9 +6,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pagedllm.layers.linear import QUANTIZED_MAX_TOKENS, Linear
+from pagedllm.layers.linear import Linear
 from pagedllm.layers.quantization import (
     INT4_GROUP_SIZE,
+    QUANTIZED_MAX_TOKENS,
     dequantize,
     quantize,
     quantize_int4,

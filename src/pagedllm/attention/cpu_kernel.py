@@ -56,12 +56,10 @@ def _library() -> ctypes.CDLL | None:
     return library
 
 
-def is_available(
-    dtype: torch.dtype, device: torch.device | str = "cpu", cache_dtype: torch.dtype | None = None
-) -> bool:
-    """True when the C kernel can serve decode attention for this query dtype, cache dtype
-    (default: the same as the queries') and device."""
-    key = (dtype, cache_dtype or dtype)
+def is_available(dtype: torch.dtype, device: torch.device | str = "cpu") -> bool:
+    """True when the C kernel can serve decode attention for this query dtype and device
+    (over a cache of the same dtype or int8)."""
+    key = (dtype, dtype)
     return torch.device(device).type == "cpu" and key in _FUNCTIONS and _library() is not None
 
 

@@ -25,12 +25,6 @@ def cache_row_size(head_size: int) -> int:
     return head_size + SCALE_BYTES
 
 
-def head_size_of(kv_cache: torch.Tensor) -> int:
-    """The head size of a KV cache tensor in either format (its last dim is one row)."""
-    row = kv_cache.shape[-1]
-    return row - SCALE_BYTES if kv_cache.dtype == torch.int8 else row
-
-
 def quantize_rows(x: torch.Tensor) -> torch.Tensor:
     """[..., D] values → [..., D + 4] int8 rows (codes, then the float32 scale's bytes)."""
     values = x.float()

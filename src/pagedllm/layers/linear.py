@@ -14,21 +14,13 @@ from torch import nn
 
 from pagedllm.layers.quantization import QuantizedWeight, quantize
 
-# Steps of at most this many tokens use torch's int8/int4 weights when a dense copy is also
-# kept: there reading fewer weight bytes wins; larger steps are compute-bound and the dense
-# oneDNN matmul is 2-3x faster than those kernels. A weight may set its own limit
-# (`max_tokens`, see W4A8Weight).
-QUANTIZED_MAX_TOKENS = 8
-
 
 def uses_quantized(
     quantized: QuantizedWeight | None, keeps_dense: bool, num_tokens: int
 ) -> bool:
-    """Whether a step of `num_tokens` rows runs on the quantized copy of a weight."""
-    if quantized is None:
-        return False
-    limit = getattr(quantized, "max_tokens", QUANTIZED_MAX_TOKENS)
-    return not keeps_dense or num_tokens <= limit
+    """Whether a step of `num_tokens` rows runs on the quantized copy of a weight: always
+    without a dense copy, else for steps of at most the weight's `max_tokens`."""
+    return quantized is not None and (not keeps_dense or num_tokens <= quantized.max_tokens)
 
 
 def can_pack_for_cpu(weight: torch.Tensor) -> bool:

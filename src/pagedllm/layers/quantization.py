@@ -24,6 +24,11 @@ from pagedllm.config import QUANTIZATION_METHODS
 from pagedllm.layers import cpu_ops
 
 INT4_GROUP_SIZE = 32
+# Steps of at most this many tokens use torch's int8/int4 weights when a dense copy is also
+# kept: there reading fewer weight bytes wins; larger steps are compute-bound and the dense
+# oneDNN matmul is 2-3x faster than those kernels. Each weight carries its limit
+# (`max_tokens`); W4A8Weight's is set by its user (the LM head).
+QUANTIZED_MAX_TOKENS = 8
 _QUANTIZE_CHUNK_ROWS = 4096
 # torch's CPU int4 kernel works on whole tiles of output rows and of input columns.
 _INT4_ROW_MULTIPLE = 16
@@ -36,6 +41,7 @@ class Int8Weight:
 
     codes: torch.Tensor
     scales: torch.Tensor
+    max_tokens: int = QUANTIZED_MAX_TOKENS
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, in] @ w^T → [T, out] in x's dtype."""
@@ -53,6 +59,7 @@ class Int4Weight:
     packed: torch.Tensor
     scales_and_zeros: torch.Tensor
     group_size: int
+    max_tokens: int = QUANTIZED_MAX_TOKENS
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, in] @ w^T → [T, out] in x's dtype."""

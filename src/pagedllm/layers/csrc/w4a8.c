@@ -13,7 +13,6 @@
  * the first sum one unsigned-by-signed byte dot product instruction. Rows are spread over
  * OpenMP threads in blocks of 4, whose accumulators are independent chains.
  */
-#include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -58,6 +57,8 @@ static inline float min_term(int64_t G, const float *m, const float *c) {
 }
 
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#include <immintrin.h>
+
 static inline float hsum256(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
