@@ -12,20 +12,28 @@ import pytest
 import torch
 
 from pagedllm.layers import cpu_ops
-from pagedllm.layers.embedding import HEAD_W4A8_MAX_TOKENS, LMHead, VocabEmbedding
+from pagedllm.layers.embedding import LMHead, VocabEmbedding
 from pagedllm.layers.quantization import (
+    W4A8_MAX_TOKENS,
     Int8Weight,
     W4A8Weight,
+    W8A8Weight,
     can_quantize_w4a8,
     dequantize,
     quantize_int4,
     quantize_w4a8,
+    quantize_w8a8,
 )
+
+# Both formats of the byte dot-product kernel: int4 (Q4_1's form) and int8 (Q8_0's).
+FORMATS = [pytest.param(quantize_w4a8, id="w4a8"), pytest.param(quantize_w8a8, id="w8a8")]
 
 pytestmark = pytest.mark.skipif(not cpu_ops.w4a8_available(), reason="no C compiler")
 
 
-def _reference(x: torch.Tensor, weight: W4A8Weight, in_features: int) -> torch.Tensor:
+def _reference(
+    x: torch.Tensor, weight: W4A8Weight | W8A8Weight, in_features: int
+) -> torch.Tensor:
     """x @ W^T with x quantized per 32 values as the kernel does, summed in float64."""
     groups = x.float().view(x.shape[0], -1, 32)
     step = groups.abs().amax(-1, keepdim=True) / 127
@@ -50,12 +58,31 @@ def test_layout_holds_the_int4_codes():
     )
 
 
+def test_int8_layout_holds_q8_0_codes():
+    gen = torch.Generator().manual_seed(1)
+    scales = torch.rand(40, 4, 1, generator=gen) * 0.01 + 0.001
+    codes = torch.randint(-127, 128, (40, 4, 32), generator=gen)
+    codes[:, :, 0] = 127  # each group reaches its range, so d is recovered exactly
+    w = (codes * scales).view(40, 128).bfloat16()
+    weight = quantize_w8a8(w)
+    assert weight.codes.shape == (40, 128) and weight.codes.dtype == torch.uint8
+    assert weight.scales.shape == (40, 4)
+    # The dense bfloat16 weight keeps 8 significant bits, so a code of up to 127 can come
+    # back one off; the weight itself is kept to within half a step.
+    recovered = weight.codes.view(40, 4, 32).long() - 128
+    assert (recovered - codes).abs().max() <= 1
+    torch.testing.assert_close(weight.scales, scales.squeeze(-1), atol=0, rtol=2**-7)
+    error = (dequantize(weight, 128, torch.float32) - w.float()).abs().view(40, 4, 32)
+    assert (error <= 0.5 * weight.scales[..., None] * (1 + 2**-6)).all()
+
+
+@pytest.mark.parametrize("quantizer", FORMATS)
 @pytest.mark.parametrize("num_tokens", [1, 3, 16, 17])
 @pytest.mark.parametrize(("rows", "cols"), [(130, 64), (256, 576)])
-def test_matmul_matches_reference(num_tokens, rows, cols):
+def test_matmul_matches_reference(quantizer, num_tokens, rows, cols):
     gen = torch.Generator().manual_seed(num_tokens + rows)
     w = torch.randn(rows, cols, generator=gen).bfloat16()
-    weight = quantize_w4a8(w)
+    weight = quantizer(w)
     x = (torch.randn(num_tokens, cols, generator=gen) * 2).bfloat16()
     out = weight.matmul(x)
     assert out.shape == (num_tokens, rows) and out.dtype == torch.bfloat16
@@ -68,16 +95,18 @@ def test_matmul_matches_reference(num_tokens, rows, cols):
     assert (out.double() - exact).abs().max() < 0.02 * exact.abs().max()
 
 
-def test_matmul_reads_strided_rows():
+@pytest.mark.parametrize("quantizer", FORMATS)
+def test_matmul_reads_strided_rows(quantizer):
     w = torch.randn(64, 128).bfloat16()
-    weight = quantize_w4a8(w)
+    weight = quantizer(w)
     wide = torch.randn(4, 300).bfloat16()
     x = wide[:, 10:138]
     torch.testing.assert_close(weight.matmul(x), weight.matmul(x.contiguous()), atol=0, rtol=0)
 
 
-def test_zero_activations_give_zero():
-    weight = quantize_w4a8(torch.randn(32, 64).bfloat16())
+@pytest.mark.parametrize("quantizer", FORMATS)
+def test_zero_activations_give_zero(quantizer):
+    weight = quantizer(torch.randn(32, 64).bfloat16())
     assert not weight.matmul(torch.zeros(2, 64, dtype=torch.bfloat16)).any()
 
 
@@ -87,6 +116,8 @@ def test_only_bfloat16_cpu_weights_with_paired_groups():
     assert not can_quantize_w4a8(torch.randn(16, 96).bfloat16())  # 3 groups do not pair
     with pytest.raises(ValueError, match="W4A8"):
         quantize_w4a8(torch.randn(16, 96).bfloat16())
+    with pytest.raises(ValueError, match="W8A8"):
+        quantize_w8a8(torch.randn(16, 96).bfloat16())
 
 
 def _head(keep_dense: bool, dtype=torch.bfloat16) -> LMHead:
@@ -99,17 +130,31 @@ def _head(keep_dense: bool, dtype=torch.bfloat16) -> LMHead:
     return head
 
 
-def test_head_shortlists_with_w4a8_and_refines_in_float32():
+@pytest.mark.parametrize("ranking_only", [False, True])
+def test_head_refines_its_top_candidates_in_float32(ranking_only):
     head = _head(keep_dense=True)
-    assert isinstance(head.quantized, W4A8Weight)
-    assert head.quantized.max_tokens == HEAD_W4A8_MAX_TOKENS
-    hidden = torch.randn(HEAD_W4A8_MAX_TOKENS, 128, generator=torch.Generator().manual_seed(5))
-    logits = head(hidden.bfloat16())
+    assert isinstance(head.quantized, W8A8Weight)
+    assert isinstance(head.ranking_shortlist, W4A8Weight)
+    assert head.quantized.max_tokens == head.ranking_shortlist.max_tokens == W4A8_MAX_TOKENS
+    hidden = torch.randn(W4A8_MAX_TOKENS, 128, generator=torch.Generator().manual_seed(5))
+    logits = head(hidden.bfloat16(), ranking_only)
     exact = hidden.bfloat16().float() @ head.weight.float().T
     # The winners are recomputed in float32: same argmax, same value.
     assert torch.equal(logits.argmax(-1), exact.argmax(-1))
     best = exact.argmax(-1, keepdim=True)
     torch.testing.assert_close(logits.gather(1, best), exact.gather(1, best), atol=1e-4, rtol=1e-5)
+
+
+def test_head_logits_for_probabilities_are_8_bit_accurate():
+    """Without ranking_only every logit is close (the softmax normaliser sums them all);
+    the 4-bit shortlist's are several times further off, which is why it only ranks."""
+    head = _head(keep_dense=True)
+    hidden = torch.randn(3, 128, generator=torch.Generator().manual_seed(6)).bfloat16()
+    exact = hidden.float() @ head.weight.float().T
+    full_error = (head(hidden) - exact).abs().mean()
+    shortlist_error = (head(hidden, ranking_only=True) - exact).abs().mean()
+    assert full_error < 0.02 * exact.abs().mean()
+    assert shortlist_error > 4 * full_error
 
 
 def test_head_keeps_int8_without_dense_weights_or_in_float32():

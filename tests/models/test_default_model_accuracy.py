@@ -2,7 +2,7 @@
 
 The texts and the scoring are those of `benchmarks/accuracy.py` (its `chat` set): 16 fixed
 questions in the chat template, each followed by the float32 engine's own 32-token greedy
-answer, fed to every mode as a prompt (in decode-sized steps of 8 tokens, the path where
+answer, fed to every mode as a prompt (in decode-sized steps of 4 tokens, the path where
 quantized weights are used); the 16 x 32 answer positions are scored through the engine API
 (`prompt_logprobs`). Teacher forcing matters: free-running greedy answers of two modes may
 part early at a near-tie and then differ everywhere after, so they say little about how

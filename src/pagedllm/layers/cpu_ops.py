@@ -23,8 +23,8 @@ from pagedllm.utils import native
 
 _SOURCE = Path(__file__).with_name("csrc") / "cpu_ops.c"
 _W4A8_SOURCE = Path(__file__).with_name("csrc") / "w4a8.c"
-# Most tokens one w4a8 kernel call takes (its MAX_TOKENS); larger steps are split.
-W4A8_MAX_TOKENS = 16
+# Most tokens one w4a8/w8a8 kernel call takes (its MAX_TOKENS); larger steps are split.
+_KERNEL_MAX_TOKENS = 16
 _I64, _F32, _I32 = ctypes.c_int64, ctypes.c_float, ctypes.c_int32
 
 
@@ -45,6 +45,11 @@ def _library() -> ctypes.CDLL | None:
     return _load(_SOURCE, dict.fromkeys(names))
 
 
+def fused_ops_available() -> bool:
+    """True when the fused element-wise ops are built here and not switched off."""
+    return _library() is not None
+
+
 def serves(x: torch.Tensor) -> bool:
     """True when the fused ops can take this activation: 2-D bfloat16 on CPU, rows dense."""
     return (
@@ -52,7 +57,7 @@ def serves(x: torch.Tensor) -> bool:
         and x.device.type == "cpu"
         and x.dim() == 2
         and x.stride(1) == 1
-        and _library() is not None
+        and fused_ops_available()
     )
 
 
@@ -110,7 +115,7 @@ def rope_neox_(
 
 @cache
 def _w4a8_library() -> ctypes.CDLL | None:
-    return _load(_W4A8_SOURCE, {"w4a8_matmul_bf16": ctypes.c_int})
+    return _load(_W4A8_SOURCE, {"w4a8_matmul_bf16": ctypes.c_int, "w8a8_matmul_bf16": ctypes.c_int})
 
 
 def w4a8_available() -> bool:
@@ -124,19 +129,34 @@ def w4a8_matmul(
     scales_and_mins: torch.Tensor,  # [N, 2, K / 32] float32
 ) -> torch.Tensor:  # [T, N] bfloat16
     """x @ W^T for W in the W4A8Weight layout; activations quantized per 32 values."""
+    return _byte_dot_matmul("w4a8_matmul_bf16", x, packed, scales_and_mins)
+
+
+def w8a8_matmul(
+    x: torch.Tensor,  # [T, K] bfloat16, rows dense
+    codes: torch.Tensor,  # [N, K] uint8 (q + 128)
+    scales: torch.Tensor,  # [N, K / 32] float32
+) -> torch.Tensor:  # [T, N] bfloat16
+    """x @ W^T for W in the W8A8Weight layout; activations quantized per 32 values."""
+    return _byte_dot_matmul("w8a8_matmul_bf16", x, codes, scales)
+
+
+def _byte_dot_matmul(
+    function: str, x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor
+) -> torch.Tensor:
     library = _w4a8_library()
     assert library is not None
     num_tokens, in_features = x.shape
-    out_features = packed.shape[0]
+    out_features = codes.shape[0]
     out = torch.empty(num_tokens, out_features, dtype=torch.bfloat16)
-    for start in range(0, num_tokens, W4A8_MAX_TOKENS):
-        rows = min(W4A8_MAX_TOKENS, num_tokens - start)
-        failed = library.w4a8_matmul_bf16(
+    for start in range(0, num_tokens, _KERNEL_MAX_TOKENS):
+        rows = min(_KERNEL_MAX_TOKENS, num_tokens - start)
+        failed = getattr(library, function)(
             _I64(rows), _I64(out_features), _I64(in_features),
             ctypes.c_void_p(x.data_ptr() + start * x.stride(0) * 2), _I64(x.stride(0)),
-            native.pointer(packed), native.pointer(scales_and_mins),
+            native.pointer(codes), native.pointer(scales),
             ctypes.c_void_p(out.data_ptr() + start * out_features * 2), _I64(out_features),
         )
         if failed:
-            raise MemoryError("w4a8 matmul: unsupported shape or out of memory")
+            raise MemoryError(f"{function}: unsupported shape or out of memory")
     return out

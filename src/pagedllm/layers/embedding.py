@@ -20,16 +20,15 @@ from pagedllm.layers.linear import (
 )
 from pagedllm.layers.quantization import (
     QuantizedWeight,
+    W4A8Weight,
     can_quantize_w4a8,
     quantize_int8,
     quantize_w4a8,
+    quantize_w8a8,
 )
 
 # Logits per row recomputed in float32 after a reduced-precision vocabulary matmul.
 REFINED_CANDIDATES = 8
-# The vocabulary matmul is 49k rows for 1 token: the int4 x int8 kernel beats the dense one
-# up to a few tokens per step (measured up to 4 on SmolLM2's head).
-HEAD_W4A8_MAX_TOKENS = 4
 
 
 class VocabEmbedding(nn.Module):
@@ -59,6 +58,7 @@ class LMHead(nn.Module):
         self.is_tied = tie_to is not None
         self.packed_weight: torch.Tensor | None = None
         self.quantized: QuantizedWeight | None = None
+        self.ranking_shortlist: W4A8Weight | None = None
         self.keeps_dense = True
         if tie_to is not None:
             # The same Parameter object: loading or casting one updates both.
@@ -73,18 +73,21 @@ class LMHead(nn.Module):
         """Add a quantized copy for the logits of small steps, whatever `method` the body uses.
 
         int8 for either method: the vocabulary projection decides the token directly, and
-        GGUF files keep it at 8 bits (Q8_0) for that reason. One exception: with a dense
-        copy kept, bfloat16 CPU models use the int4 x int8 kernel (W4A8Weight, twice as fast
-        as torch's int8 one for a decode step) only to shortlist candidates, since the top
-        REFINED_CANDIDATES logits are then recomputed in float32 from the dense weight.
+        GGUF files keep it at 8 bits (Q8_0) for that reason. With a dense copy kept,
+        bfloat16 CPU models use Q8_0's own form with int8 activations (W8A8Weight, our VNNI
+        kernel), and the top REFINED_CANDIDATES logits are then recomputed in float32 from
+        the dense weight. They also get a 4-bit copy (W4A8Weight, 1.5 MB per 1k rows) for
+        steps that only need each row's argmax (`ranking_only`): it reads half the bytes,
+        but its noise over the 49k logits would bias their softmax normaliser (perplexity
+        +4% on natural text, measured), so it never serves logprobs or sampling.
         Without `keep_dense` no packed dense copy is made and every step uses the int8
         weight (a tied weight itself stays for the embedding lookup and the refinement).
         """
         del method  # the head's format does not follow the body's, see above
         self.keeps_dense = keep_dense
         if keep_dense and can_quantize_w4a8(self.weight.data):
-            self.quantized = quantize_w4a8(self.weight.data)
-            self.quantized.max_tokens = HEAD_W4A8_MAX_TOKENS
+            self.quantized = quantize_w8a8(self.weight.data)
+            self.ranking_shortlist = quantize_w4a8(self.weight.data)
         else:
             self.quantized = quantize_int8(self.weight.data)
 
@@ -96,8 +99,11 @@ class LMHead(nn.Module):
         if self.packed_weight is None and self.keeps_dense and can_pack_for_cpu(self.weight):
             self.packed_weight = pack_weight_for_cpu(self.weight.data)
 
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden_states: torch.Tensor, ranking_only: bool = False) -> torch.Tensor:
         """[N, embedding_dim] → [N, num_embeddings] float32 logits.
+
+        With `ranking_only` the caller uses only each row's argmax: small steps may then
+        shortlist with the 4-bit copy, whose top candidates are refined as below.
 
         The vocabulary matmul runs in the model dtype (or int8); when that is not float32,
         the top REFINED_CANDIDATES logits of each row are then recomputed exactly in float32.
@@ -105,7 +111,11 @@ class LMHead(nn.Module):
         same value and greedy decoding would pick between them arbitrarily; the refined
         values decide as float32 would, for the cost of a top-k and a few dot products.
         """
-        if uses_quantized(self.quantized, self.keeps_dense, hidden_states.shape[0]):
+        num_tokens = hidden_states.shape[0]
+        if ranking_only and uses_quantized(self.ranking_shortlist, True, num_tokens):
+            assert self.ranking_shortlist is not None
+            logits = self.ranking_shortlist.matmul(hidden_states)
+        elif uses_quantized(self.quantized, self.keeps_dense, num_tokens):
             assert self.quantized is not None
             logits = self.quantized.matmul(hidden_states)
         elif self.packed_weight is not None:

@@ -12,7 +12,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pagedllm.layers.quantization import QuantizedWeight, quantize
+from pagedllm.layers.quantization import (
+    QuantizedWeight,
+    can_quantize_w4a8,
+    quantize,
+    quantize_w4a8,
+)
 
 
 def uses_quantized(
@@ -101,8 +106,13 @@ class Linear(nn.Module):
 
         With `keep_dense` False the dense weight is released and every step uses the
         quantized one (least memory). Shapes the int4 kernel cannot take stay dense.
-        Call before `pack_for_cpu`.
+        With `keep_dense`, int4 bfloat16 weights on CPU take the W4A8 form instead: the
+        same int4 groups, multiplied by int8 activations in our C kernel, which the CPU
+        decode stack chains over all layers (see W4A8Weight). Call before `pack_for_cpu`.
         """
+        if method == "int4" and keep_dense and can_quantize_w4a8(self.weight.data):
+            self.quantized = quantize_w4a8(self.weight.data)
+            return
         self.quantized = quantize(self.weight.data, method)
         if self.quantized is not None and not keep_dense:
             self.keeps_dense = False

@@ -11,7 +11,10 @@ re-quantizing Q4_1 weights recovers their codes and loses nothing but the roundi
 scales to the model dtype.
 
 One exception to "weight-only": W4A8Weight, the same int4 format multiplied by activations
-quantized to int8 per 32 values (our C kernel), which serves only the LM head's shortlist.
+quantized to int8 per 32 values (our C kernel). bfloat16 CPU models that keep a dense copy
+use it for steps of at most W4A8_MAX_TOKENS tokens: for the decoder's matrices (where the
+CPU decode stack, models/cpu_decode_stack.py, runs all layers in one C call) and for the
+LM head's shortlist.
 """
 
 from __future__ import annotations
@@ -29,6 +32,10 @@ INT4_GROUP_SIZE = 32
 # oneDNN matmul is 2-3x faster than those kernels. Each weight carries its limit
 # (`max_tokens`); W4A8Weight's is set by its user (the LM head).
 QUANTIZED_MAX_TOKENS = 8
+# The same for W4A8Weight: its kernel quantizes and multiplies each token on its own (no
+# weight reuse across tokens), so its cost grows with them; at 4 tokens it still reads the
+# weights faster than oneDNN's bfloat16 matmul in a real step.
+W4A8_MAX_TOKENS = 4
 _QUANTIZE_CHUNK_ROWS = 4096
 # torch's CPU int4 kernel works on whole tiles of output rows and of input columns.
 _INT4_ROW_MULTIPLE = 16
@@ -79,17 +86,14 @@ class W4A8Weight:
     Same weight format as Int4Weight (w = d * q + m per group, Q4_1's), stored for the C
     kernel (csrc/w4a8.c): two groups' codes per 32 bytes, (d, m) in float32. Activations
     are quantized per token and 32 values to int8 on the fly, as llama.cpp does, so one
-    VNNI instruction does 32 multiply-adds. Used for the LM head's shortlist: for one
-    decode token it reads the 49k-row vocabulary matrix about 2x faster than torch's int8
-    kernel (measured in BENCHMARKS.md); for the decoder matrices torch's int4 kernel was as
-    fast in a real step, so they keep it.
+    VNNI instruction does 32 multiply-adds. For one decode token it reads the 49k-row
+    vocabulary matrix about 2x faster than torch's int8 kernel (BENCHMARKS.md); for the
+    decoder matrices its gain is that the whole stack of layers runs in one C call.
     """
 
     packed: torch.Tensor  # [out, in / 2] uint8
     scales_and_mins: torch.Tensor  # [out, 2, in / 32] float32: scales, then minimums
-    # With a dense copy kept, steps of more tokens use it: this kernel's cost grows with the
-    # tokens (no weight reuse across them), oneDNN's bf16 matmul barely does.
-    max_tokens: int = 4
+    max_tokens: int = W4A8_MAX_TOKENS
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, in] bfloat16 @ w^T → [T, out] bfloat16."""
@@ -112,7 +116,41 @@ class W4A8Weight:
         return self.packed.nbytes + self.scales_and_mins.nbytes
 
 
-QuantizedWeight = Int8Weight | Int4Weight | W4A8Weight
+@dataclass
+class W8A8Weight:
+    """int8 codes in groups of 32 multiplied by int8 activations (bfloat16 models on CPU).
+
+    GGUF Q8_0's form, w = d * q with q in -127..127 and one float32 d per group, for the C
+    kernel: codes stored as q + 128 (unsigned bytes, as the VNNI instruction wants them).
+    The LM head uses it for the shortlist of small steps: GGUF files keep the vocabulary
+    matrix at 8 bits, and at 4 bits its noise over 49k logits shifts their normaliser
+    (perplexity +4% on natural text, measured), while this keeps it within 0.5%.
+    """
+
+    codes: torch.Tensor  # [out, in] uint8
+    scales: torch.Tensor  # [out, in / 32] float32
+    max_tokens: int = W4A8_MAX_TOKENS
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """x [T, in] bfloat16 @ w^T → [T, out] bfloat16."""
+        if x.dtype != torch.bfloat16:
+            raise ValueError(f"W8A8 takes bfloat16 activations, got {x.dtype}.")
+        if x.stride(-1) != 1:
+            x = x.contiguous()
+        return cpu_ops.w8a8_matmul(x, self.codes, self.scales)
+
+    def dense(self, dtype: torch.dtype) -> torch.Tensor:
+        """The [out, in] weight d * q, computed in float32 from the codes."""
+        rows = self.codes.shape[0]
+        codes = self.codes.view(rows, -1, INT4_GROUP_SIZE).float() - 128
+        return (codes * self.scales[..., None]).view(rows, -1).to(dtype)
+
+    def nbytes(self) -> int:
+        """Bytes held by this weight."""
+        return self.codes.nbytes + self.scales.nbytes
+
+
+QuantizedWeight = Int8Weight | Int4Weight | W4A8Weight | W8A8Weight
 
 
 def quantize_int8(weight: torch.Tensor) -> Int8Weight:
@@ -174,6 +212,24 @@ def quantize_w4a8(weight: torch.Tensor) -> W4A8Weight:
     return W4A8Weight(packed, scales_and_mins)
 
 
+def quantize_w8a8(weight: torch.Tensor) -> W8A8Weight:
+    """`weight` [out, in] as int8 groups of 32 (d = max |w| / 127) in the W8A8 layout (same
+    conditions as can_quantize_w4a8)."""
+    if not can_quantize_w4a8(weight):
+        raise ValueError(f"W8A8 needs a bfloat16 CPU weight with in % 64 == 0, got {weight.shape}.")
+    rows, cols = weight.shape
+    codes = torch.empty(rows, cols, dtype=torch.uint8)
+    scales = torch.empty(rows, cols // INT4_GROUP_SIZE)
+    for start in range(0, rows, _QUANTIZE_CHUNK_ROWS):
+        chunk = slice(start, start + _QUANTIZE_CHUNK_ROWS)
+        groups = weight[chunk].float().view(-1, cols // INT4_GROUP_SIZE, INT4_GROUP_SIZE)
+        step = (groups.abs().amax(dim=-1) / 127).clamp(min=torch.finfo(torch.float32).tiny)
+        q = (groups / step[..., None]).round().clamp(-127, 127) + 128
+        codes[chunk] = q.to(torch.uint8).view(-1, cols)
+        scales[chunk] = step
+    return W8A8Weight(codes, scales)
+
+
 def quantize_int4(weight: torch.Tensor, group_size: int = INT4_GROUP_SIZE) -> Int4Weight:
     """Asymmetric int4 per `group_size` input values of each output row (min/max codes)."""
     if not can_quantize_int4(weight, group_size):
@@ -194,7 +250,7 @@ def quantize_int4(weight: torch.Tensor, group_size: int = INT4_GROUP_SIZE) -> In
 
 def dequantize(weight: QuantizedWeight, in_features: int, dtype: torch.dtype) -> torch.Tensor:
     """The dense [out, in] weight a quantized weight stands for (for tests and checks)."""
-    if isinstance(weight, W4A8Weight):
+    if isinstance(weight, (W4A8Weight, W8A8Weight)):
         return weight.dense(dtype)
     eye = torch.eye(in_features, dtype=dtype)
     return weight.matmul(eye).t().contiguous()

@@ -75,6 +75,14 @@ def _quantize_weights(model: torch.nn.Module, method: str, keep_dense: bool) -> 
             quantize(method, keep_dense)
 
 
+def _build_cpu_decode_stacks(model: torch.nn.Module) -> None:
+    """Let every decoder that can run small decode steps in one C call prepare it."""
+    for module in model.modules():
+        build = getattr(module, "build_cpu_decode_stack", None)
+        if build is not None:
+            build()
+
+
 def get_model(model_config: ModelConfig, device: str = "cpu") -> torch.nn.Module:
     """Construct the model on `device` in `model_config.dtype`, load its weights, set eval.
 
@@ -98,6 +106,7 @@ def get_model(model_config: ModelConfig, device: str = "cpu") -> torch.nn.Module
     if model_config.quantization is not None:
         _quantize_weights(model, model_config.quantization, model_config.keep_dense_weights)
     _pack_linear_weights(model)
+    _build_cpu_decode_stacks(model)
     logger.info(
         "Loaded %s (%s) from %s in %s%s on %s.",
         model_config.architecture,

@@ -3,7 +3,8 @@
 A model file only states how its HF config maps onto a `DecoderSpec` (biases, tying); this
 file builds the decoder stack, runs it, and loads HF-named checkpoints through the
 parameters' `weight_loader` hooks. Attention metadata and the KV cache are never touched
-here: the `Attention` layer gets them from the forward context.
+here: the `Attention` layer gets them from the forward context (as does the CPU decode
+stack, which replaces the layer loop for small decode steps: cpu_decode_stack.py).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pagedllm.layers.embedding import LMHead, VocabEmbedding
 from pagedllm.layers.layernorm import RMSNorm
 from pagedllm.layers.linear import Linear, MergedColumnLinear, QKVLinear, default_weight_loader
 from pagedllm.layers.rotary import RotaryEmbedding, rope_config_of
+from pagedllm.models.cpu_decode_stack import CpuDecodeStack
 
 
 @dataclass(frozen=True)
@@ -137,13 +139,23 @@ class DecoderModel(nn.Module):
             DecoderLayer(spec, rotary_emb, i) for i in range(spec.num_layers)
         )
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.cpu_decode_stack: CpuDecodeStack | None = None
+
+    def build_cpu_decode_stack(self) -> None:
+        """After loading (and quantizing): run small decode steps as one C call when this
+        model qualifies (see cpu_decode_stack.py)."""
+        self.cpu_decode_stack = CpuDecodeStack.build(self)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """[T] ids and positions → [T, hidden] final hidden states."""
         hidden_states = self.embed_tokens(input_ids)  # [T, hidden]
         residual: torch.Tensor | None = None
-        for layer in self.layers:
-            hidden_states, residual = layer(positions, hidden_states, residual)
+        stack = self.cpu_decode_stack
+        if stack is not None and stack.serves(hidden_states, positions):
+            hidden_states, residual = stack(hidden_states, positions)
+        else:
+            for layer in self.layers:
+                hidden_states, residual = layer(positions, hidden_states, residual)
         hidden_states, _ = self.norm(hidden_states, residual)
         return hidden_states
 
@@ -174,9 +186,12 @@ class DecoderForCausalLM(nn.Module):
         """[T] int64 ids and positions → [T, hidden] hidden states."""
         return self.model(input_ids, positions)
 
-    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """[N, hidden] → [N, vocab] logits; pass only the positions to sample."""
-        return self.lm_head(hidden_states)
+    def compute_logits(
+        self, hidden_states: torch.Tensor, ranking_only: bool = False
+    ) -> torch.Tensor:
+        """[N, hidden] → [N, vocab] logits; pass only the positions to sample. With
+        `ranking_only` (argmax only) the LM head may shortlist (see LMHead.forward)."""
+        return self.lm_head(hidden_states, ranking_only)
 
     def _is_skipped(self, hf_name: str) -> bool:
         # Rotary tables are rebuilt from the config; a tied head is the embedding itself.

@@ -19,8 +19,14 @@ class CausalLM(Protocol):
         """[num_tokens] ids and positions → [num_tokens, hidden_size] hidden states."""
         ...
 
-    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """[n, hidden_size] → [n, vocab_size] logits (only for positions to sample)."""
+    def compute_logits(
+        self, hidden_states: torch.Tensor, ranking_only: bool = False
+    ) -> torch.Tensor:
+        """[n, hidden_size] → [n, vocab_size] logits (only for positions to sample).
+
+        With `ranking_only` the caller takes only each row's argmax: a model may then
+        compute the logits outside the top few approximately (never their order at the top).
+        """
         ...
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:

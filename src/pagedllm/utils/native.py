@@ -48,13 +48,15 @@ def _cpu_flags() -> str:
 _INCLUDE = Path(__file__).with_name("csrc")
 
 
-def _build(compiler: str, source: Path) -> Path:
-    """Compile `source` (once per source, headers, flags and CPU); return the library's path."""
+def _build(compiler: str, sources: tuple[Path, ...]) -> Path:
+    """Compile `sources` into one library (once per sources, headers, flags and CPU); return
+    the library's path."""
+    texts = b"".join(source.read_bytes() for source in sources)
     headers = b"".join(h.read_bytes() for h in sorted(_INCLUDE.glob("*.h")))
     key = hashlib.sha256(
-        source.read_bytes() + headers + " ".join(FLAGS).encode() + _cpu_flags().encode()
+        texts + headers + " ".join(FLAGS).encode() + _cpu_flags().encode()
     ).hexdigest()[:16]
-    target = _cache_dir() / f"{source.stem}_{key}.so"
+    target = _cache_dir() / f"{sources[0].stem}_{key}.so"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -62,7 +64,7 @@ def _build(compiler: str, source: Path) -> Path:
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         built = Path(tmp) / target.name
         subprocess.run(
-            [compiler, *FLAGS, f"-I{_INCLUDE}", "-o", str(built), str(source), "-lm"],
+            [compiler, *FLAGS, f"-I{_INCLUDE}", "-o", str(built), *map(str, sources), "-lm"],
             check=True,
             capture_output=True,
             text=True,
@@ -71,14 +73,15 @@ def _build(compiler: str, source: Path) -> Path:
     return target
 
 
-def load_library(source: Path) -> ctypes.CDLL | None:
-    """`source` compiled and loaded, or None when it cannot be built here (logged)."""
+def load_library(source: Path, *more_sources: Path) -> ctypes.CDLL | None:
+    """`source` (linked with `more_sources`, whose functions it calls) compiled and loaded,
+    or None when it cannot be built here (logged)."""
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None or platform.system() != "Linux":
         logger.info("No C compiler found: %s is not used; torch ops run instead.", source.name)
         return None
     try:
-        return ctypes.CDLL(str(_build(compiler, source)))
+        return ctypes.CDLL(str(_build(compiler, (source, *more_sources))))
     except (OSError, subprocess.CalledProcessError) as exc:
         detail = getattr(exc, "stderr", "") or str(exc)
         logger.warning("%s not built (%s); torch ops run instead.", source.name, detail)

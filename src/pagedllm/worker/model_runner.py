@@ -168,8 +168,6 @@ class ModelRunner:
     ) -> tuple[list[int], dict[str, LogprobsLists]]:
         if not inputs.sample_rows:
             return [], {}
-        logits_indices = self._to_device(inputs.logits_indices)
-        logits = self.model.compute_logits(hidden_states[logits_indices]).float()  # [n, vocab]
         states = [self.requests[inputs.request_ids[row]] for row in inputs.sample_rows]
         metadata = SamplingMetadata.build(
             [s.sampling_params for s in states],
@@ -179,6 +177,15 @@ class ModelRunner:
             token_ids=[s.token_ids for s in states],
             num_prompt_tokens=[s.num_prompt_tokens for s in states],
         )
+        # Plain greedy rows without logprobs use nothing but the argmax.
+        ranking_only = (
+            metadata.all_greedy
+            and metadata.logits_processors is None
+            and all(s.sampling_params.logprobs is None for s in states)
+        )
+        logits_indices = self._to_device(inputs.logits_indices)
+        logits = self.model.compute_logits(hidden_states[logits_indices], ranking_only)
+        logits = logits.float()  # [n, vocab]
         sampled = self.sampler(logits, metadata)  # [n]
         return sampled.tolist(), self._sampled_logprobs(states, logits, sampled)
 

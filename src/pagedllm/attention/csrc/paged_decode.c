@@ -21,10 +21,7 @@
 #include <string.h>
 
 #include "bf16.h"
-
-typedef struct {
-    int64_t num_blocks, block_size, num_kv_heads, num_heads, head_size, max_blocks;
-} Dims;
+#include "kernels.h" /* PagedDims */
 
 #define INT8_SCALE_BYTES 4
 
@@ -49,7 +46,7 @@ typedef struct {
  * names the cache row format; HEAD_DIM is the head size, a constant in the specialised
  * versions so the compiler unrolls the dot products. */
 #define DEFINE_ONE(NAME, T, LOAD, STORE, CACHE, HEAD_DIM)                                    \
-static void NAME(const Dims *d, const T *q, T *out, const char *keys, const char *values,   \
+static void NAME(const PagedDims *d, const T *q, T *out, const char *keys, const char *values,   \
                  const int32_t *blocks, int64_t seq_len, float scale, float *scores,        \
                  float *qf, float *acc) {                                                   \
     const int64_t D = (HEAD_DIM), H = d->num_heads, Hkv = d->num_kv_heads;                  \
@@ -97,7 +94,7 @@ DEFINE_ONE(NAME##_one_64, T, LOAD, STORE, CACHE, 64)                            
 DEFINE_ONE(NAME##_one_128, T, LOAD, STORE, CACHE, 128)                                      \
 DEFINE_ONE(NAME##_one_any, T, LOAD, STORE, CACHE, d->head_size)                             \
                                                                                             \
-int NAME(const Dims *d, const T *query, T *out, const char *kv_cache,                       \
+int NAME(const PagedDims *d, const T *query, T *out, const char *kv_cache,                       \
          const int32_t *block_tables, const int32_t *seq_lens, const int32_t *token_rows,   \
          int64_t num_reqs, int64_t max_seq_len, float scale) {                              \
     const int64_t HD = d->num_heads * d->head_size;                                         \
@@ -116,7 +113,7 @@ int NAME(const Dims *d, const T *query, T *out, const char *kv_cache,           
         for (int64_t r = 0; r < num_reqs; r++) {                                            \
             if (scores == NULL) continue;                                                   \
             const int64_t t = token_rows[r];                                                \
-            void (*one)(const Dims *, const T *, T *, const char *, const char *,           \
+            void (*one)(const PagedDims *, const T *, T *, const char *, const char *,           \
                         const int32_t *, int64_t, float, float *, float *, float *) =       \
                 d->head_size == 64 ? NAME##_one_64                                          \
                 : d->head_size == 128 ? NAME##_one_128 : NAME##_one_any;                    \
@@ -156,7 +153,7 @@ static void NAME(T *x, int8_t *row, int64_t D, int write_back) {                
  * their round-tripped values (what attention reads for cached tokens). */
 #define DEFINE_STORE(NAME, T, LOAD, STORE)                                                         \
 DEFINE_QUANTIZE_ROW(NAME##_row, T, LOAD, STORE)                                                   \
-void NAME(const Dims *d, int8_t *kv_cache, T *key, T *value,                                \
+void NAME(const PagedDims *d, int8_t *kv_cache, T *key, T *value,                                \
           int64_t key_stride, int64_t value_stride, const int64_t *slots,                   \
           int64_t num_tokens, int32_t write_back) {                                                         \
     const int64_t D = d->head_size, Hkv = d->num_kv_heads, rb = ROW_BYTES_INT8(D);          \

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "bf16.h"
+#include "kernels.h"
 
 
 

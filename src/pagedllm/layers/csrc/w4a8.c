@@ -12,6 +12,9 @@
  *   sum_i w_i x_i = d dx sum_i q_i xq_i + m dx sum_i xq_i,
  * the first sum one unsigned-by-signed byte dot product instruction. Rows are spread over
  * OpenMP threads in blocks of 4, whose accumulators are independent chains.
+ *
+ * The int8 variant (w8a8_matmul_bf16, GGUF Q8_0's form w = d * q, q in -127..127) stores
+ * q + 128 as 32 unsigned bytes per group and only d ([N, groups]): the minimum is -128 d.
  */
 #include <math.h>
 #include <stdint.h>
@@ -19,6 +22,7 @@
 #include <string.h>
 
 #include "bf16.h"
+#include "kernels.h"
 
 #define GROUP 32
 #define MAX_TOKENS 16
@@ -67,13 +71,14 @@ static inline float hsum256(__m256 v) {
 }
 
 /* R consecutive output rows for one token: the token's codes and steps are loaded once
- * for all R rows, and the R rows' accumulators are independent dependency chains. */
-#define DEFINE_ROWS(R)                                                                       \
-static inline void rows_dot_##R(int64_t K, const uint8_t *qs, const float *dm,              \
-                                const int8_t *xq, const float *dx, const float *c,          \
-                                float *result) {                                            \
+ * for all R rows, and the R rows' accumulators are independent dependency chains.
+ * LOAD_PAIR(row, g, wa, wb) gives the unsigned codes of groups g and g + 1 of a row. */
+#define DEFINE_ROWS(NAME, R, ROW_BYTES, LOAD_PAIR, DM_STRIDE, MIN_TERM)                      \
+static inline void NAME(int64_t K, const uint8_t *qs, const float *dm, const int8_t *xq,    \
+                        const float *dx, const float *c, float *result) {                   \
     const int64_t G = K / GROUP;                                                            \
     const __m256i low = _mm256_set1_epi8(0x0F), zero = _mm256_setzero_si256();             \
+    (void)low;                                                                              \
     __m256 acc[R];                                                                          \
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();                               \
     for (int64_t g = 0; g < G; g += 2) {                                                    \
@@ -81,11 +86,10 @@ static inline void rows_dot_##R(int64_t K, const uint8_t *qs, const float *dm,  
         const __m256i xb = _mm256_loadu_si256((const __m256i *)(xq + (g + 1) * GROUP));     \
         const __m256 sa = _mm256_set1_ps(dx[g]), sb = _mm256_set1_ps(dx[g + 1]);            \
         for (int r = 0; r < R; r++) {                                                       \
-            const __m256i packed =                                                          \
-                _mm256_loadu_si256((const __m256i *)(qs + r * (K / 2) + g * 16));           \
-            const __m256i wa = _mm256_and_si256(packed, low);                               \
-            const __m256i wb = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);         \
-            const float *d = dm + r * 2 * G + g;                                            \
+            const uint8_t *row = qs + r * (ROW_BYTES);                                      \
+            __m256i wa, wb;                                                                 \
+            LOAD_PAIR(row, g, wa, wb);                                                      \
+            const float *d = dm + r * (DM_STRIDE) + g;                                      \
             const __m256 pa = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(zero, wa, xa));        \
             const __m256 pb = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(zero, wb, xb));        \
             acc[r] = _mm256_fmadd_ps(pa, _mm256_mul_ps(_mm256_set1_ps(d[0]), sa), acc[r]);  \
@@ -93,62 +97,82 @@ static inline void rows_dot_##R(int64_t K, const uint8_t *qs, const float *dm,  
         }                                                                                   \
     }                                                                                       \
     for (int r = 0; r < R; r++)                                                             \
-        result[r] = hsum256(acc[r]) + min_term(G, dm + r * 2 * G + G, c);                   \
+        result[r] = hsum256(acc[r]) + MIN_TERM(G, dm + r * (DM_STRIDE), c);                 \
 }
+
+/* int4: two groups' nibbles share 32 bytes. int8: a group's 32 codes are q + 128. */
+#define LOAD_PAIR_INT4(row, g, wa, wb)                                                       \
+    do { const __m256i p_ = _mm256_loadu_si256((const __m256i *)((row) + (g) * 16));        \
+         wa = _mm256_and_si256(p_, low);                                                    \
+         wb = _mm256_and_si256(_mm256_srli_epi16(p_, 4), low); } while (0)
+#define LOAD_PAIR_INT8(row, g, wa, wb)                                                       \
+    do { wa = _mm256_loadu_si256((const __m256i *)((row) + (g) * GROUP));                   \
+         wb = _mm256_loadu_si256((const __m256i *)((row) + ((g) + 1) * GROUP)); } while (0)
 #else
-/* Portable version: the same arithmetic without VNNI. */
-#define DEFINE_ROWS(R)                                                                       \
-static inline void rows_dot_##R(int64_t K, const uint8_t *qs, const float *dm,              \
-                                const int8_t *xq, const float *dx, const float *c,          \
-                                float *result) {                                            \
+/* Portable version: the same arithmetic without VNNI. CODE(row, g, i) is code i of group g. */
+#define DEFINE_ROWS(NAME, R, ROW_BYTES, CODE, DM_STRIDE, MIN_TERM)                           \
+static inline void NAME(int64_t K, const uint8_t *qs, const float *dm, const int8_t *xq,    \
+                        const float *dx, const float *c, float *result) {                   \
     const int64_t G = K / GROUP;                                                            \
     for (int r = 0; r < R; r++) {                                                           \
+        const uint8_t *row = qs + r * (ROW_BYTES);                                          \
         float total = 0.f;                                                                  \
         for (int64_t g = 0; g < G; g++) {                                                   \
-            const uint8_t *bytes = qs + r * (K / 2) + (g / 2) * 32;                         \
-            const int shift = (g % 2) * 4;                                                  \
             int dot = 0;                                                                    \
-            for (int i = 0; i < GROUP; i++) dot += ((bytes[i] >> shift) & 0x0F) * xq[g * GROUP + i]; \
-            total += dm[r * 2 * G + g] * dx[g] * (float)dot;                                \
+            for (int i = 0; i < GROUP; i++) dot += CODE(row, g, i) * xq[g * GROUP + i];     \
+            total += dm[r * (DM_STRIDE) + g] * dx[g] * (float)dot;                          \
         }                                                                                   \
-        result[r] = total + min_term(G, dm + r * 2 * G + G, c);                             \
+        result[r] = total + MIN_TERM(G, dm + r * (DM_STRIDE), c);                           \
     }                                                                                       \
 }
+#define LOAD_PAIR_INT4(row, g, i) (((row)[((g) / 2) * 32 + (i)] >> (((g) % 2) * 4)) & 0x0F)
+#define LOAD_PAIR_INT8(row, g, i) ((row)[(g) * GROUP + (i)])
 #endif
-DEFINE_ROWS(4)
-DEFINE_ROWS(1)
+/* int4 rows: scales then minimums per row ([N, 2, G]); int8 rows: scales only ([N, G]),
+ * the minimum being -128 * scale (the codes are offset by 128 to be unsigned). */
+#define MIN_TERM_INT4(G, dm, c) min_term(G, (dm) + (G), c)
+#define MIN_TERM_INT8(G, dm, c) (-128.f * min_term(G, dm, c))
+DEFINE_ROWS(rows_dot_4, 4, K / 2, LOAD_PAIR_INT4, 2 * G, MIN_TERM_INT4)
+DEFINE_ROWS(rows_dot_1, 1, K / 2, LOAD_PAIR_INT4, 2 * G, MIN_TERM_INT4)
+DEFINE_ROWS(rows_dot8_4, 4, K, LOAD_PAIR_INT8, G, MIN_TERM_INT8)
+DEFINE_ROWS(rows_dot8_1, 1, K, LOAD_PAIR_INT8, G, MIN_TERM_INT8)
 
-/* out [M, N] bfloat16 (rows out_stride apart) = x [M, K] bfloat16 @ W^T. Returns 1 when M
- * is too large or K not a multiple of 64 (the caller must not use this kernel then). */
-int w4a8_matmul_bf16(int64_t M, int64_t N, int64_t K, const uint16_t *x, int64_t x_stride,
-                     const uint8_t *qs, const float *dm, uint16_t *out, int64_t out_stride) {
-    if (M > MAX_TOKENS || K % (2 * GROUP) != 0) return 1;
-    const int64_t G = K / GROUP;
-    int8_t *xq = malloc((size_t)(M * K));
-    float *dx = malloc(sizeof(float) * (size_t)(2 * M * G));
-    if (xq == NULL || dx == NULL) { free(xq); free(dx); return 2; }
-    float *c = dx + M * G;
-    quantize_activations(M, K, x, x_stride, xq, dx, c);
-    const int64_t blocks = (N + 3) / 4;
-#pragma omp parallel for schedule(static)
-    for (int64_t b = 0; b < blocks; b++) {
-        const int64_t n = b * 4, rows = N - n < 4 ? N - n : 4;
-        for (int64_t t = 0; t < M; t++) {
-            float result[4];
-            const int8_t *xt = xq + t * K;
-            const float *dxt = dx + t * G, *ct = c + t * G;
-            if (rows == 4) {
-                rows_dot_4(K, qs + n * (K / 2), dm + n * 2 * G, xt, dxt, ct, result);
-            } else {
-                for (int64_t r = 0; r < rows; r++)
-                    rows_dot_1(K, qs + (n + r) * (K / 2), dm + (n + r) * 2 * G, xt, dxt, ct,
-                               result + r);
-            }
-            for (int64_t r = 0; r < rows; r++)
-                out[t * out_stride + n + r] = float_to_bf16(result[r]);
-        }
-    }
-    free(xq);
-    free(dx);
-    return 0;
+/* out [M, N] bfloat16 (rows out_stride apart) = x [M, K] bfloat16 @ W^T, for one weight
+ * format (ROWS4 / ROWS1 its row kernels, ROW_BYTES and DM_STRIDE its row sizes). Returns 1
+ * when M is too large or K not a multiple of 64 (the caller must not use the kernel then). */
+#define DEFINE_MATMUL(NAME, ROWS4, ROWS1, ROW_BYTES, DM_STRIDE)                              \
+int NAME(int64_t M, int64_t N, int64_t K, const uint16_t *x, int64_t x_stride,              \
+         const uint8_t *qs, const float *dm, uint16_t *out, int64_t out_stride) {           \
+    if (M > MAX_TOKENS || K % (2 * GROUP) != 0) return 1;                                   \
+    const int64_t G = K / GROUP;                                                            \
+    int8_t *xq = malloc((size_t)(M * K));                                                   \
+    float *dx = malloc(sizeof(float) * (size_t)(2 * M * G));                                \
+    if (xq == NULL || dx == NULL) { free(xq); free(dx); return 2; }                         \
+    float *c = dx + M * G;                                                                  \
+    quantize_activations(M, K, x, x_stride, xq, dx, c);                                     \
+    const int64_t blocks = (N + 3) / 4;                                                     \
+    _Pragma("omp parallel for schedule(static)")                                            \
+    for (int64_t b = 0; b < blocks; b++) {                                                  \
+        const int64_t n = b * 4, rows = N - n < 4 ? N - n : 4;                              \
+        for (int64_t t = 0; t < M; t++) {                                                   \
+            float result[4];                                                                \
+            const int8_t *xt = xq + t * K;                                                  \
+            const float *dxt = dx + t * G, *ct = c + t * G;                                 \
+            if (rows == 4) {                                                                \
+                ROWS4(K, qs + n * (ROW_BYTES), dm + n * (DM_STRIDE), xt, dxt, ct, result);  \
+            } else {                                                                        \
+                for (int64_t r = 0; r < rows; r++)                                          \
+                    ROWS1(K, qs + (n + r) * (ROW_BYTES), dm + (n + r) * (DM_STRIDE), xt,    \
+                          dxt, ct, result + r);                                             \
+            }                                                                               \
+            for (int64_t r = 0; r < rows; r++)                                              \
+                out[t * out_stride + n + r] = float_to_bf16(result[r]);                     \
+        }                                                                                   \
+    }                                                                                       \
+    free(xq);                                                                               \
+    free(dx);                                                                               \
+    return 0;                                                                               \
 }
+
+DEFINE_MATMUL(w4a8_matmul_bf16, rows_dot_4, rows_dot_1, K / 2, 2 * G)
+DEFINE_MATMUL(w8a8_matmul_bf16, rows_dot8_4, rows_dot8_1, K, G)

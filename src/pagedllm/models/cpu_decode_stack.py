@@ -1,0 +1,219 @@
+"""The whole decoder stack in one C call for small decode steps on CPU (csrc/decode_stack.c).
+
+A decode step of one token through a 30-layer model is about 400 small ops. Each costs a
+few microseconds of Python and torch dispatch, more than the work of most of them: a
+single stream spends most of its step there. For bfloat16 Llama-style models whose matrices
+are W4A8 weights (int4 quantization with a dense copy kept, the CPU default), steps made
+only of decodes, at most W4A8_MAX_TOKENS of them, run every layer in one C loop over the
+same kernels the Python layers call, in the same order: the result is bit-identical to the
+layer-by-layer path (tested), only the dispatch is gone.
+
+Anything else (prefills, mixed or larger steps, float32, other layer types) runs the
+Python layers. PAGEDLLM_DECODE_STACK=python switches the stack off.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from pagedllm.attention import cpu_kernel
+from pagedllm.attention.torch_paged import TorchPagedMetadata
+from pagedllm.layers import cpu_ops
+from pagedllm.layers.activation import SiluAndMul
+from pagedllm.layers.forward_context import get_forward_context
+from pagedllm.layers.layernorm import RMSNorm
+from pagedllm.layers.linear import Linear
+from pagedllm.layers.quantization import W4A8Weight
+from pagedllm.layers.rotary import RotaryEmbedding
+from pagedllm.utils import native
+
+if TYPE_CHECKING:
+    from pagedllm.models.common import DecoderLayer, DecoderModel
+
+_CSRC = Path(__file__).parent.parent
+# decode_stack.c first; the kernels it chains are linked into the same library.
+_SOURCES = (
+    _CSRC / "models" / "csrc" / "decode_stack.c",
+    _CSRC / "layers" / "csrc" / "cpu_ops.c",
+    _CSRC / "layers" / "csrc" / "w4a8.c",
+    _CSRC / "attention" / "csrc" / "paged_decode.c",
+)
+
+
+class _StackDims(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_int64)
+        for name in (
+            "num_layers", "hidden", "num_heads", "num_kv_heads", "head_size", "intermediate",
+            "rot_dim", "num_blocks", "block_size", "max_blocks",
+        )
+    ] + [("eps", ctypes.c_float), ("scale", ctypes.c_float)]
+
+
+class _StackLayer(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_void_p)
+        for name in (
+            "input_norm", "post_norm", "qkv", "o", "gate_up", "down",
+            "qkv_dm", "o_dm", "gate_up_dm", "down_dm", "kv_cache",
+        )
+    ]
+
+
+@cache
+def _library() -> ctypes.CDLL | None:
+    """The stack's library, or None when switched off or its parts are (they must run
+    here as they do in the Python layers for the results to agree)."""
+    if os.environ.get("PAGEDLLM_DECODE_STACK", "c") == "python":
+        return None
+    if not (cpu_ops.fused_ops_available() and cpu_kernel.is_available(torch.bfloat16)):
+        return None
+    library = native.load_library(*_SOURCES)
+    if library is not None:
+        library.decode_stack_bf16.restype = ctypes.c_int
+    return library
+
+
+def _w4a8(linear: Linear) -> W4A8Weight | None:
+    quantized = linear.quantized
+    usable = isinstance(quantized, W4A8Weight) and linear.bias is None and linear.keeps_dense
+    return quantized if usable else None
+
+
+def _standard_layer(layer: DecoderLayer) -> bool:
+    """True when `layer` is exactly the Llama block the C loop implements."""
+    from pagedllm.models.common import DecoderLayer, GatedMLP, RopeSelfAttention
+
+    attn, mlp = layer.self_attn, layer.mlp
+    norms = (layer.input_layernorm, layer.post_attention_layernorm)
+    return (
+        type(layer) is DecoderLayer
+        and type(attn) is RopeSelfAttention
+        and type(mlp) is GatedMLP
+        and type(mlp.act_fn) is SiluAndMul
+        and type(attn.rotary_emb) is RotaryEmbedding
+        and all(type(n) is RMSNorm and n.weight.dtype == torch.bfloat16 for n in norms)
+        and all(
+            _w4a8(linear) is not None
+            for linear in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+        )
+    )
+
+
+class CpuDecodeStack:
+    """Runs a DecoderModel's layers for decode-only steps of a few tokens in one C call.
+
+    Build it with `CpuDecodeStack.build(model)`, which returns None when the model does not
+    qualify. It holds no weights of its own: only pointers into the model's tensors.
+    """
+
+    def __init__(self, model: DecoderModel, library: ctypes.CDLL) -> None:
+        self.library = library
+        self.layers = list(model.layers)
+        first = self.layers[0]
+        attn = first.self_attn.attn
+        self.rotary = first.self_attn.rotary_emb
+        self.max_tokens = _w4a8(first.self_attn.qkv_proj).max_tokens  # type: ignore[union-attr]
+        self.dims = _StackDims(
+            num_layers=len(self.layers),
+            hidden=first.input_layernorm.hidden_size,
+            num_heads=attn.num_heads,
+            num_kv_heads=attn.num_kv_heads,
+            head_size=attn.head_size,
+            intermediate=first.mlp.down_proj.input_size,
+            rot_dim=self.rotary.cos_sin_cache.shape[1],
+            eps=first.input_layernorm.eps,
+            scale=attn.scale,
+        )
+        self._table: ctypes.Array[_StackLayer] | None = None
+        self._table_key: tuple[int, ...] = ()
+
+    @classmethod
+    def build(cls, model: DecoderModel) -> CpuDecodeStack | None:
+        """The stack for `model`, or None: it needs bfloat16 Llama-style layers with W4A8
+        matrices, no biases, neox RoPE with a float32 table, and the C library."""
+        layers = list(model.layers)
+        if not layers or not all(_standard_layer(layer) for layer in layers):
+            return None
+        rotary = layers[0].self_attn.rotary_emb
+        if any(layer.self_attn.rotary_emb is not rotary for layer in layers):
+            return None
+        if rotary.cos_sin_cache.dtype != torch.float32 or rotary.head_size != (
+            layers[0].self_attn.attn.head_size
+        ):
+            return None
+        library = _library()
+        return None if library is None else cls(model, library)
+
+    def serves(self, hidden_states: torch.Tensor, positions: torch.Tensor) -> bool:
+        """True when this step is for the stack: decodes only, at most `max_tokens`, read
+        by the C attention kernel from int8 caches."""
+        num_tokens = hidden_states.shape[0]
+        if not 0 < num_tokens <= self.max_tokens or positions.dtype != torch.int64:
+            return False
+        context = get_forward_context()
+        metadata = context.attn_metadata
+        if not isinstance(metadata, TorchPagedMetadata) or metadata.prefill_groups:
+            return False
+        decodes = metadata.kernel_decodes
+        return (
+            decodes is not None
+            and decodes.seq_lens.shape[0] == num_tokens
+            and len(context.kv_caches) == len(self.layers)
+            and context.kv_caches[0].dtype == torch.int8
+        )
+
+    def __call__(
+        self, hidden_states: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Embeddings [T, hidden] → (last layer's MLP output, residual [T, hidden] float32),
+        as the Python layers would return them. Call only when `serves` said yes."""
+        context = get_forward_context()
+        metadata = context.attn_metadata
+        decodes = metadata.kernel_decodes
+        table = self._layer_table(context.kv_caches)
+        self.dims.max_blocks = decodes.block_tables.shape[1]  # changes from step to step
+        num_tokens, hidden = hidden_states.shape
+        out = hidden_states.contiguous().clone()
+        residual = torch.empty(num_tokens, hidden, dtype=torch.float32)
+        slots = metadata.slot_mapping.to(torch.int64).contiguous()
+        failed = self.library.decode_stack_bf16(
+            ctypes.byref(self.dims), table, ctypes.c_int64(num_tokens),
+            native.pointer(out), native.pointer(residual), native.pointer(positions),
+            native.pointer(self.rotary.cos_sin_cache), native.pointer(slots),
+            native.pointer(decodes.block_tables), native.pointer(decodes.seq_lens),
+            native.pointer(decodes.token_rows), ctypes.c_int64(decodes.max_seq_len),
+        )
+        if failed:
+            raise RuntimeError(f"The CPU decode stack failed (code {failed}).")
+        return out, residual
+
+    def _layer_table(self, kv_caches: list[torch.Tensor]) -> ctypes.Array[_StackLayer]:
+        """The per-layer pointer table, rebuilt only when the KV caches change."""
+        key = (kv_caches[0].shape[1], *(cache.data_ptr() for cache in kv_caches))
+        if self._table is not None and key == self._table_key:
+            return self._table
+        _, num_blocks, block_size, _, _ = kv_caches[0].shape
+        self.dims.num_blocks, self.dims.block_size = num_blocks, block_size
+        table = (_StackLayer * len(self.layers))()
+        for entry, layer, kv_cache in zip(table, self.layers, kv_caches, strict=True):
+            attn, mlp = layer.self_attn, layer.mlp
+            linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+            weights = [_w4a8(linear) for linear in linears]
+            entry.input_norm = layer.input_layernorm.weight.data_ptr()
+            entry.post_norm = layer.post_attention_layernorm.weight.data_ptr()
+            entry.qkv, entry.o, entry.gate_up, entry.down = (
+                w.packed.data_ptr() for w in weights  # type: ignore[union-attr]
+            )
+            entry.qkv_dm, entry.o_dm, entry.gate_up_dm, entry.down_dm = (
+                w.scales_and_mins.data_ptr() for w in weights  # type: ignore[union-attr]
+            )
+            entry.kv_cache = kv_cache.data_ptr()
+        self._table, self._table_key = table, key
+        return table

@@ -1,0 +1,79 @@
+/*
+ * A Llama-style decoder stack for decode steps of a few tokens on CPU, in one C call.
+ *
+ * At one token per step a small model's layer is a dozen tiny ops; called one by one from
+ * Python, their dispatch costs more than their work. This loop runs the same kernels the
+ * Python layers call (cpu_ops.c, w4a8.c, paged_decode.c: this file is linked with them), in
+ * the same order on the same buffers, so its result is bit-identical to the layer-by-layer
+ * path with the same weights. Per layer:
+ *
+ *   x = rms_norm(hidden + residual)          residual += hidden (float32)
+ *   qkv = x @ Wqkv^T, RoPE on q and k        (int4 weights x int8 activations)
+ *   store k, v in the int8 cache             attention over the paged cache
+ *   hidden = attn @ Wo^T
+ *   x = rms_norm(hidden + residual)          residual += hidden
+ *   hidden = (silu(x @ Wgate^T) * (x @ Wup^T)) @ Wdown^T
+ *
+ * The caller applies the final norm. Returns 0, or non-zero when a kernel refused its
+ * shapes or a buffer could not be allocated (the caller then runs the Python layers).
+ */
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "kernels.h"
+
+typedef struct {
+    int64_t num_layers, hidden, num_heads, num_kv_heads, head_size, intermediate, rot_dim;
+    int64_t num_blocks, block_size, max_blocks; /* the paged KV cache of every layer */
+    float eps, scale;
+} StackDims;
+
+/* One decoder layer: its norms' weights, its four W4A8 matrices and its int8 KV cache. */
+typedef struct {
+    const uint16_t *input_norm, *post_norm;
+    const uint8_t *qkv, *o, *gate_up, *down; /* int4 codes, two per byte */
+    const float *qkv_dm, *o_dm, *gate_up_dm, *down_dm; /* their scales and minimums */
+    int8_t *kv_cache;
+} StackLayer;
+
+/* hidden [T, hidden] bfloat16: the embeddings in, the last layer's MLP output out;
+ * residual [T, hidden] float32 out. positions and slots [T] int64; block_tables
+ * [T, max_blocks], seq_lens [T] and token_rows [T] int32: token t is request t's query. */
+int decode_stack_bf16(const StackDims *d, const StackLayer *layers, int64_t T,
+                      uint16_t *hidden, float *residual, const int64_t *positions,
+                      const float *cos_sin, const int64_t *slots,
+                      const int32_t *block_tables, const int32_t *seq_lens,
+                      const int32_t *token_rows, int64_t max_seq_len) {
+    const int64_t H = d->hidden, D = d->head_size, I = d->intermediate;
+    const int64_t q_size = d->num_heads * D, kv_size = d->num_kv_heads * D;
+    const int64_t qkv_size = q_size + 2 * kv_size;
+    const PagedDims paged = {d->num_blocks, d->block_size, d->num_kv_heads,
+                             d->num_heads, D, d->max_blocks};
+    uint16_t *x = malloc(sizeof(uint16_t) * T * (H + qkv_size + 2 * q_size + 3 * I));
+    if (x == NULL) return 2;
+    uint16_t *qkv = x + T * H, *query = qkv + T * qkv_size, *attn = query + T * q_size;
+    uint16_t *gate_up = attn + T * q_size, *act = gate_up + T * 2 * I;
+    int failed = 0;
+    for (int64_t l = 0; l < d->num_layers && !failed; l++) {
+        const StackLayer *L = layers + l;
+        add_rms_norm_bf16(T, H, hidden, H, residual, l > 0, L->input_norm, x, d->eps);
+        failed |= w4a8_matmul_bf16(T, qkv_size, H, x, H, L->qkv, L->qkv_dm, qkv, qkv_size);
+        rope_neox_bf16(T, d->num_heads + d->num_kv_heads, D, d->rot_dim, qkv, qkv_size,
+                       positions, cos_sin);
+        store_int8_bf16(&paged, L->kv_cache, qkv + q_size, qkv + q_size + kv_size, qkv_size,
+                        qkv_size, slots, T, 0);
+        for (int64_t t = 0; t < T; t++) /* the kernel takes dense query rows */
+            for (int64_t i = 0; i < q_size; i++) query[t * q_size + i] = qkv[t * qkv_size + i];
+        failed |= paged_decode_bf16_int8(&paged, query, attn, (const char *)L->kv_cache,
+                                         block_tables, seq_lens, token_rows, T, max_seq_len,
+                                         d->scale);
+        failed |= w4a8_matmul_bf16(T, H, q_size, attn, q_size, L->o, L->o_dm, hidden, H);
+        add_rms_norm_bf16(T, H, hidden, H, residual, 1, L->post_norm, x, d->eps);
+        failed |= w4a8_matmul_bf16(T, 2 * I, H, x, H, L->gate_up, L->gate_up_dm, gate_up,
+                                   2 * I);
+        silu_and_mul_bf16(T, I, gate_up, 2 * I, act);
+        failed |= w4a8_matmul_bf16(T, H, I, act, I, L->down, L->down_dm, hidden, H);
+    }
+    free(x);
+    return failed;
+}

@@ -1,0 +1,108 @@
+"""The CPU decode stack: which models and steps it takes, and that it changes no result.
+
+It chains the same C kernels as the Python layers in the same order, so a run with it and a
+run without it (same engine, same weights) must agree bit for bit: tokens and logprobs.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from pagedllm import LLM, SamplingParams
+from pagedllm.layers import cpu_ops
+from pagedllm.layers.quantization import W4A8_MAX_TOKENS, W4A8Weight
+from pagedllm.models import cpu_decode_stack
+from pagedllm.models.cpu_decode_stack import CpuDecodeStack
+
+pytestmark = pytest.mark.skipif(
+    cpu_decode_stack._library() is None or not cpu_ops.w4a8_available(),
+    reason="no C compiler",
+)
+
+PROMPTS = [[5, 17, 42, 8, 99, 3], [7, 7, 12], [101, 55, 23, 61, 9, 14, 30, 2, 77], [4, 44]]
+
+
+def _model(llm: LLM):
+    return llm.llm_engine.engine_core.engine_core.executor.worker.model_runner.model
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_llama_dir) -> LLM:
+    """The CPU default for a quantized checkpoint: bfloat16, int4 (W4A8) and int8 KV."""
+    return LLM(str(tiny_llama_dir), dtype="bfloat16", quantization="int4", max_model_len=256)
+
+
+def _generate(llm: LLM, prompts: list[list[int]]) -> list[tuple[list[int], list[float]]]:
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=3)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    results = []
+    for output in outputs:
+        completion = output.outputs[0]
+        pairs = zip(completion.logprobs, completion.token_ids, strict=True)
+        logprobs = [entry[token].logprob for entry, token in pairs]
+        results.append((list(completion.token_ids), logprobs))
+    return results
+
+
+def test_default_quantized_model_gets_the_stack(llm):
+    model = _model(llm)
+    assert isinstance(model.model.cpu_decode_stack, CpuDecodeStack)
+    assert isinstance(model.model.layers[0].mlp.down_proj.quantized, W4A8Weight)
+
+
+@pytest.mark.parametrize("batch", [1, len(PROMPTS)])
+def test_stack_output_is_bit_identical_to_the_python_layers(llm, monkeypatch, batch):
+    model = _model(llm).model
+    stack = model.cpu_decode_stack
+    calls = []
+    original = CpuDecodeStack.__call__
+
+    def counting(self, *args):
+        calls.append(args[0].shape[0])
+        return original(self, *args)
+
+    monkeypatch.setattr(CpuDecodeStack, "__call__", counting)
+    prompts = PROMPTS[:batch]
+    with_stack = _generate(llm, prompts)
+    assert calls and max(calls) == batch <= W4A8_MAX_TOKENS  # the decode steps ran on it
+    model.cpu_decode_stack = None
+    try:
+        without = _generate(llm, prompts)
+    finally:
+        model.cpu_decode_stack = stack
+    assert with_stack == without
+
+
+def test_steps_of_more_decodes_run_the_python_layers(llm, monkeypatch):
+    calls = []
+    monkeypatch.setattr(CpuDecodeStack, "__call__", lambda self, *args: calls.append(args))
+    # Equal requests move in lock-step: every decode step holds all of them.
+    prompts = [[i + 3, 2 * i + 5, 11] for i in range(W4A8_MAX_TOKENS + 2)]
+    outputs = _generate(llm, prompts)
+    assert calls == []
+    assert all(len(tokens) == 24 for tokens, _ in outputs)
+
+
+def test_models_outside_its_scope_run_without_it(tiny_llama_dir, tiny_qwen2_dir):
+    float32 = LLM(str(tiny_llama_dir), dtype="float32", quantization="int4", max_model_len=128)
+    int8 = LLM(str(tiny_llama_dir), dtype="bfloat16", quantization="int8", max_model_len=128)
+    biased = LLM(str(tiny_qwen2_dir), dtype="bfloat16", quantization="int4", max_model_len=128)
+    for llm in (float32, int8, biased):
+        assert _model(llm).model.cpu_decode_stack is None
+
+
+def test_switched_off_by_environment(monkeypatch, tiny_llama_dir):
+    monkeypatch.setenv("PAGEDLLM_DECODE_STACK", "python")
+    cpu_decode_stack._library.cache_clear()
+    try:
+        llm = LLM(str(tiny_llama_dir), dtype="bfloat16", quantization="int4", max_model_len=128)
+        assert _model(llm).model.cpu_decode_stack is None
+    finally:
+        monkeypatch.delenv("PAGEDLLM_DECODE_STACK")
+        cpu_decode_stack._library.cache_clear()
+    assert cpu_decode_stack._library() is not None
+
+
+def test_no_stack_without_quantized_weights(tiny_llama_dir):
+    llm = LLM(str(tiny_llama_dir), dtype="bfloat16", max_model_len=128)
+    assert _model(llm).model.cpu_decode_stack is None
