@@ -54,3 +54,59 @@ def test_long_gqa_decodes_match_torch_path(dtype):
         outs.append(backend.forward(query, key, value, cache.clone(), metadata, 0.125))
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(outs[0].float(), outs[1].float(), atol=tolerance, rtol=tolerance)
+
+
+def _random_step(gen, requests, block_size, kv_heads, head_size, heads, cache_dtype, dtype):
+    """A cache with random contexts and one step's new q/k/v for (context, query) requests."""
+    num_blocks = sum((c + q) // block_size + 1 for c, q in requests) + 1
+    order = (torch.randperm(num_blocks - 1, generator=gen) + 1).tolist()
+    specs, used = [], 0
+    for context, query_len in requests:
+        count = (context + query_len) // block_size + 1
+        specs.append((context, query_len, order[used : used + count]))
+        used += count
+    common = make_common_metadata(specs, block_size)
+    row = head_size + 4 if cache_dtype == torch.int8 else head_size
+    cache = torch.zeros(2, num_blocks, block_size, kv_heads, row, dtype=cache_dtype)
+    if cache_dtype == torch.int8:  # random contexts, written as the engine writes them
+        past = torch.randn(2, num_blocks * block_size, kv_heads, head_size, generator=gen)
+        slots = torch.arange(block_size, num_blocks * block_size)
+        cpu_kernel.store_int8(cache, past[0, slots].to(dtype), past[1, slots].to(dtype), slots)
+    else:
+        cache[:, 1:] = torch.randn(cache[:, 1:].shape, generator=gen).to(cache_dtype)
+    tokens = common.num_tokens
+    new = [torch.randn(tokens, n, head_size, generator=gen).to(dtype) for n in (heads, kv_heads)]
+    value = torch.randn(tokens, kv_heads, head_size, generator=gen).to(dtype)
+    return common, cache, new[0], new[1], value
+
+
+@needs_kernel
+@pytest.mark.parametrize(
+    ("dtype", "cache_dtype"),
+    [
+        (torch.float32, torch.float32),
+        (torch.bfloat16, torch.bfloat16),
+        (torch.bfloat16, torch.int8),
+        (torch.float32, torch.int8),
+    ],
+)
+@pytest.mark.parametrize("head_size", [64, 40])  # 40: the kernel's portable inner loops
+def test_prefill_kernel_matches_torch_path(dtype, cache_dtype, head_size):
+    """Prefills with and without cached context, beside decodes: the same attention as the
+    torch path (padded groups over gathered contexts), to float rounding."""
+    gen = torch.Generator().manual_seed(head_size)
+    block_size, heads, kv_heads = 16, 9, 3
+    requests = [(0, 37), (20, 5), (50, 1), (3, 70), (0, 1), (129, 33)]
+    common, cache, query, key, value = _random_step(
+        gen, requests, block_size, kv_heads, head_size, heads, cache_dtype, dtype
+    )
+    outs = []
+    for use_kernel in (True, False):
+        backend = TorchPagedBackend(use_kernel)
+        metadata = backend.build_metadata(common, block_size)
+        assert (metadata.kernel_prefills is not None) == use_kernel
+        outs.append(
+            backend.forward(query, key.clone(), value.clone(), cache.clone(), metadata, 0.125)
+        )
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(outs[0].float(), outs[1].float(), atol=tolerance, rtol=tolerance)

@@ -1,11 +1,12 @@
-"""The C decode-attention kernel for CPUs (csrc/paged_decode.c): build, load and call it.
+"""The C attention kernels for CPUs (csrc/paged_attention.c): build, load and call them.
 
 The same library writes new K/V rows into the int8 cache (see kv_quant.py), one call per
 layer instead of a dozen torch ops.
 
-The kernel reads each decoding request's context straight out of the paged cache, so no
-dense copy of any context is made (the torch path needs one: a gather, or the contexts it
-keeps across steps, which double the KV memory). It is compiled on first use for this
+The decode kernel reads each decoding request's context straight out of the paged cache, so
+no dense copy of any context is made (the torch path needs one: a gather, or the contexts it
+keeps across steps, which double the KV memory); the prefill kernel does the same for the
+new tokens of prefilling requests, causally. The library is compiled on first use for this
 machine (utils/native.py). Without a C compiler, or with PAGEDLLM_ATTENTION_KERNEL=torch,
 attention stays on the torch path.
 """
@@ -21,7 +22,7 @@ import torch
 
 from pagedllm.utils import native
 
-_SOURCE = Path(__file__).with_name("csrc") / "paged_decode.c"
+_SOURCE = Path(__file__).with_name("csrc") / "paged_attention.c"
 # Decode functions by (query dtype, cache dtype); int8 writers by K/V dtype.
 _FUNCTIONS = {
     (torch.float32, torch.float32): "paged_decode_f32",
@@ -29,6 +30,8 @@ _FUNCTIONS = {
     (torch.float32, torch.int8): "paged_decode_f32_int8",
     (torch.bfloat16, torch.int8): "paged_decode_bf16_int8",
 }
+# Prefill functions, keyed the same way.
+_PREFILL_FUNCTIONS = {key: name.replace("decode", "prefill") for key, name in _FUNCTIONS.items()}
 _STORE_FUNCTIONS = {torch.float32: "store_int8_f32", torch.bfloat16: "store_int8_bf16"}
 
 
@@ -49,7 +52,7 @@ def _library() -> ctypes.CDLL | None:
     library = native.load_library(_SOURCE)
     if library is None:
         return None
-    for name in _FUNCTIONS.values():
+    for name in (*_FUNCTIONS.values(), *_PREFILL_FUNCTIONS.values()):
         getattr(library, name).restype = ctypes.c_int
     for name in _STORE_FUNCTIONS.values():
         getattr(library, name).restype = None
@@ -102,6 +105,44 @@ def paged_decode_attention(
     )
     if failed:
         raise MemoryError("CPU decode attention could not allocate its score buffers.")
+
+
+def paged_prefill_attention(
+    out: torch.Tensor,  # [num_tokens, H, D] contiguous, written at the requests' query rows
+    query: torch.Tensor,  # [num_tokens, H, D], each token's heads dense
+    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, Hkv, row] contiguous
+    block_tables: torch.Tensor,  # [n, max_blocks] int32 contiguous
+    query_starts: torch.Tensor,  # [n] int32: batch token of each request's first query
+    query_lens: torch.Tensor,  # [n] int32
+    context_lens: torch.Tensor,  # [n] int32: tokens cached before this step
+    max_seq_len: int,
+    scale: float,
+) -> None:
+    """Causal attention of each request's new tokens to its cached context and themselves,
+    read from the paged cache (the new K/V must be stored first)."""
+    library = _library()
+    assert library is not None, "call is_available() first"
+    _, num_blocks, block_size, num_kv_heads, _ = kv_cache.shape
+    dims = _Dims(
+        num_blocks, block_size, num_kv_heads, query.shape[1], query.shape[2],
+        block_tables.shape[1],
+    )
+    failed = getattr(library, _PREFILL_FUNCTIONS[(query.dtype, kv_cache.dtype)])(
+        ctypes.byref(dims),
+        native.pointer(query),
+        ctypes.c_int64(_row_stride(query)),
+        native.pointer(out),
+        native.pointer(kv_cache),
+        native.pointer(block_tables),
+        native.pointer(query_starts),
+        native.pointer(query_lens),
+        native.pointer(context_lens),
+        ctypes.c_int64(query_starts.shape[0]),
+        ctypes.c_int64(max_seq_len),
+        ctypes.c_float(scale),
+    )
+    if failed:
+        raise MemoryError("CPU prefill attention could not allocate its score buffers.")
 
 
 def _row_stride(x: torch.Tensor) -> int:

@@ -8,7 +8,7 @@ float32 is that of the bf16 cache (BENCHMARKS.md); the cache takes 53% of bf16's
 D = 64 and reads half the bytes per decode step.
 
 These are the torch reference ops (any device); on CPU the C library writes rows with the
-same float32 operations (csrc/paged_decode.c) and the decode kernel reads them directly.
+same float32 operations (csrc/paged_attention.c) and the decode kernel reads them directly.
 """
 
 from __future__ import annotations

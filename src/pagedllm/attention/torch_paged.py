@@ -147,6 +147,36 @@ class _KernelDecodes:
     max_seq_len: int
 
 
+@dataclass
+class _KernelPrefills:
+    """All prefill requests of a step, for the C kernel that reads the paged cache directly.
+
+    Attributes:
+        block_tables: [n, max_blocks] int32.
+        query_starts: [n] int32 batch token of each request's first query.
+        query_lens: [n] int32 new tokens of each request.
+        context_lens: [n] int32 tokens cached before this step.
+        max_seq_len: the longest context + new tokens.
+    """
+
+    block_tables: torch.Tensor
+    query_starts: torch.Tensor
+    query_lens: torch.Tensor
+    context_lens: torch.Tensor
+    max_seq_len: int
+
+
+def _kernel_prefills(common: CommonAttentionMetadata, rows: list[int]) -> _KernelPrefills:
+    index = torch.tensor(rows)
+    return _KernelPrefills(
+        block_tables=common.block_tables[index].to(torch.int32).contiguous(),
+        query_starts=common.query_start_loc[index].to(torch.int32),
+        query_lens=common.query_lens[index].to(torch.int32),
+        context_lens=common.context_lens[index].to(torch.int32),
+        max_seq_len=max(common.seq_lens_cpu[i] for i in rows),
+    )
+
+
 def _kernel_decodes(common: CommonAttentionMetadata, rows: list[int]) -> _KernelDecodes:
     index = torch.tensor(rows)
     return _KernelDecodes(
@@ -166,7 +196,8 @@ class TorchPagedMetadata:
         slot_mapping: [num_tokens] cache slot of each new token.
         decode_buckets: the decode requests, grouped by context length (torch path).
         kernel_decodes: the decode requests for the C kernel (CPU path), instead of buckets.
-        prefill_groups: the prefill requests, grouped by length.
+        prefill_groups: the prefill requests, grouped by length (torch path).
+        kernel_prefills: the prefill requests for the C kernel (CPU path), instead of groups.
         derived: tensors derived on the first layer call because they depend on the
             layers' kv head count or dtype (head-expanded gather indices, additive masks);
             later layers of the step reuse them.
@@ -177,6 +208,7 @@ class TorchPagedMetadata:
     decode_buckets: list[_DecodeBucket] = field(default_factory=list)
     kernel_decodes: _KernelDecodes | None = None
     prefill_groups: list[_PrefillGroup] = field(default_factory=list)
+    kernel_prefills: _KernelPrefills | None = None
     derived: dict[tuple[Any, ...], torch.Tensor] = field(default_factory=dict)
 
 
@@ -340,9 +372,15 @@ class TorchPagedBackend(AttentionBackend):
         )
         decode_rows = [i for i, n in enumerate(common.query_lens_cpu) if n == 1]
         prefill_rows = [i for i, n in enumerate(common.query_lens_cpu) if n > 1]
-        if decode_rows and self._kernel_serves(common.block_tables.device):
-            metadata.kernel_decodes = _kernel_decodes(common, decode_rows)
-        elif decode_rows:
+        if self._kernel_serves(common.block_tables.device):
+            # The C kernels read every context from the cache: no groups, buckets or masks.
+            if decode_rows:
+                metadata.kernel_decodes = _kernel_decodes(common, decode_rows)
+            if prefill_rows:
+                metadata.kernel_prefills = _kernel_prefills(common, prefill_rows)
+            self.decode_contexts.start_step([])
+            return metadata
+        if decode_rows:
             metadata.decode_buckets = _build_decode_buckets(common, decode_rows, block_size)
         self.decode_contexts.start_step(metadata.decode_buckets)
         if prefill_rows:
@@ -368,6 +406,7 @@ class TorchPagedBackend(AttentionBackend):
         scale: float,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_size]
         """Store the new K/V at `slot_mapping`, then attend each query to its context."""
+        kernel_step = metadata.kernel_decodes is not None or metadata.kernel_prefills is not None
         if kv_cache.dtype == torch.int8:
             key, value = self._store_int8(key, value, kv_cache, metadata)
         else:
@@ -379,8 +418,8 @@ class TorchPagedBackend(AttentionBackend):
         # One group covering the whole batch (in order) needs no scatter.
         if len(groups) == 1 and groups[0].token_indices is None:
             return _prefill_attention(query, key, value, kv_cache, groups[0], derived, 0, scale)
-        if metadata.kernel_decodes is not None:
-            return self._forward_with_kernel(query, key, value, kv_cache, metadata, scale)
+        if kernel_step:
+            return self._forward_with_kernel(query, kv_cache, metadata, scale)
         contexts = self.decode_contexts
         if len(buckets) == 1 and buckets[0].token_indices is None:
             keys, values = contexts.get(kv_cache, buckets[0], 0, key, value, derived)
@@ -415,10 +454,12 @@ class TorchPagedBackend(AttentionBackend):
         overwrites `key`/`value` (this step's fresh projections) with that form in place.
         """
         if self.use_cpu_kernel and cpu_kernel.can_store_int8(key.dtype, key.device):
-            # Decodes on the kernel read everything from the cache; others need K/V back.
-            kernel_only = not metadata.prefill_groups and metadata.kernel_decodes is not None
+            # The C kernels read everything from the cache; the torch path needs K/V back.
+            kernel_step = (
+                metadata.kernel_decodes is not None or metadata.kernel_prefills is not None
+            )
             return cpu_kernel.store_int8(
-                kv_cache, key, value, metadata.slot_mapping, write_back=not kernel_only
+                kv_cache, key, value, metadata.slot_mapping, write_back=not kernel_step
             )
         rows = kv_quant.quantize_rows(torch.stack([key, value]))  # [2, T, Hkv, D + 4]
         flat_cache = kv_cache.view(2, -1, *rows.shape[2:])  # [2, num_slots, Hkv, D + 4]
@@ -429,31 +470,28 @@ class TorchPagedBackend(AttentionBackend):
     def _forward_with_kernel(
         self,
         query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
         kv_cache: torch.Tensor,
         metadata: TorchPagedMetadata,
         scale: float,
     ) -> torch.Tensor:
-        """Decodes by the C kernel (straight from the cache), prefill groups as usual."""
-        decodes = metadata.kernel_decodes
-        assert decodes is not None
+        """Decodes and prefills by the C kernels, straight from the cache (K/V stored)."""
         if query.dtype not in (torch.float32, torch.bfloat16):
             raise NotImplementedError(
-                f"The CPU decode kernel supports float32 and bfloat16, not {query.dtype}; "
+                f"The CPU attention kernels support float32 and bfloat16, not {query.dtype}; "
                 "use dtype float32/bfloat16 or PAGEDLLM_ATTENTION_KERNEL=torch."
             )
         out = torch.empty_like(query)  # [num_tokens, H, D]
-        cpu_kernel.paged_decode_attention(
-            out, query.contiguous(), kv_cache, decodes.block_tables, decodes.seq_lens,
-            decodes.token_rows, decodes.max_seq_len, scale,
-        )
-        for i, group in enumerate(metadata.prefill_groups):
-            assert group.token_indices is not None
-            group_out = _prefill_attention(
-                query, key, value, kv_cache, group, metadata.derived, i, scale
+        decodes, prefills = metadata.kernel_decodes, metadata.kernel_prefills
+        if decodes is not None:
+            cpu_kernel.paged_decode_attention(
+                out, query.contiguous(), kv_cache, decodes.block_tables, decodes.seq_lens,
+                decodes.token_rows, decodes.max_seq_len, scale,
             )
-            out.index_copy_(0, group.token_indices, group_out)
+        if prefills is not None:
+            cpu_kernel.paged_prefill_attention(
+                out, query, kv_cache, prefills.block_tables, prefills.query_starts,
+                prefills.query_lens, prefills.context_lens, prefills.max_seq_len, scale,
+            )
         return out
 
 

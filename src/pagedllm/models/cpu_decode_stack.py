@@ -42,7 +42,7 @@ _SOURCES = (
     _CSRC / "models" / "csrc" / "decode_stack.c",
     _CSRC / "layers" / "csrc" / "cpu_ops.c",
     _CSRC / "layers" / "csrc" / "w4a8.c",
-    _CSRC / "attention" / "csrc" / "paged_decode.c",
+    _CSRC / "attention" / "csrc" / "paged_attention.c",
 )
 
 
@@ -159,7 +159,9 @@ class CpuDecodeStack:
             return False
         context = get_forward_context()
         metadata = context.attn_metadata
-        if not isinstance(metadata, TorchPagedMetadata) or metadata.prefill_groups:
+        if not isinstance(metadata, TorchPagedMetadata):
+            return False
+        if metadata.prefill_groups or metadata.kernel_prefills is not None:
             return False
         decodes = metadata.kernel_decodes
         return (

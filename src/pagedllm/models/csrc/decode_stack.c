@@ -3,7 +3,7 @@
  *
  * At one token per step a small model's layer is a dozen tiny ops; called one by one from
  * Python, their dispatch costs more than their work. This loop runs the same kernels the
- * Python layers call (cpu_ops.c, w4a8.c, paged_decode.c: this file is linked with them), in
+ * Python layers call (cpu_ops.c, w4a8.c, paged_attention.c: this file is linked with them), in
  * the same order on the same buffers, so its result is bit-identical to the layer-by-layer
  * path with the same weights. Per layer:
  *

@@ -5,7 +5,7 @@
 
 #include <stdint.h>
 
-/* attention/csrc/paged_decode.c: the paged KV cache's shape and the query heads. */
+/* attention/csrc/paged_attention.c: the paged KV cache's shape and the query heads. */
 typedef struct {
     int64_t num_blocks, block_size, num_kv_heads, num_heads, head_size, max_blocks;
 } PagedDims;

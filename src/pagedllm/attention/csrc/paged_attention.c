@@ -1,0 +1,365 @@
+/*
+ * Decode and prefill attention straight from the paged KV cache, for CPUs, and the int8
+ * cache's writer.
+ *
+ * One query token per request attends to the request's whole context, read block by block
+ * through its block table: no dense copy of the context is ever made. Per request the keys
+ * of a position are read once for all heads (the cache stores a position's kv heads next to
+ * each other), scores and softmax are kept in float32 and each output row is rounded once.
+ * Requests are spread over OpenMP threads (the process's OpenMP runtime, i.e. torch's).
+ *
+ * Layout (see TorchPagedBackend): kv_cache [2, num_blocks, block_size, num_kv_heads, ROW],
+ * query/out rows [num_tokens, num_heads, D], block_tables [num_reqs, max_blocks] int32,
+ * seq_lens [num_reqs] int32 (context length including the new token), token_rows
+ * [num_reqs] int32 (the request's query row in query/out).
+ *
+ * A cache row (one position, one kv head) is D values in the model's dtype, or in the int8
+ * cache D int8 codes followed by their float32 scale (value = code * scale; D + 4 bytes).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bf16.h"
+#include "kernels.h" /* PagedDims */
+
+#define INT8_SCALE_BYTES 4
+
+
+/* Cache rows: ROW_BYTES(D) is the size of one, LOAD_ROW converts one to D floats. */
+#define ROW_BYTES_F32(D) ((D) * 4)
+#define ROW_BYTES_BF16(D) ((D) * 2)
+#define ROW_BYTES_INT8(D) ((D) + INT8_SCALE_BYTES)
+
+#define LOAD_ROW_F32(dst, row, D)                                                            \
+    do { const float *r_ = (const float *)(row);                                            \
+         for (int64_t j_ = 0; j_ < (D); j_++) (dst)[j_] = r_[j_]; } while (0)
+#define LOAD_ROW_BF16(dst, row, D)                                                           \
+    do { const uint16_t *r_ = (const uint16_t *)(row);                                      \
+         for (int64_t j_ = 0; j_ < (D); j_++) (dst)[j_] = bf16_to_float(r_[j_]); } while (0)
+#define LOAD_ROW_INT8(dst, row, D)                                                           \
+    do { const int8_t *r_ = (const int8_t *)(row); float s_;                                \
+         memcpy(&s_, r_ + (D), sizeof s_);                                                  \
+         for (int64_t j_ = 0; j_ < (D); j_++) (dst)[j_] = (float)r_[j_] * s_; } while (0)
+
+/* One request's attention. T is the query/output type with LOAD/STORE conversions, CACHE
+ * names the cache row format; HEAD_DIM is the head size, a constant in the specialised
+ * versions so the compiler unrolls the dot products. */
+#define DEFINE_ONE(NAME, T, LOAD, STORE, CACHE, HEAD_DIM)                                    \
+static void NAME(const PagedDims *d, const T *q, T *out, const char *keys, const char *values,   \
+                 const int32_t *blocks, int64_t seq_len, float scale, float *scores,        \
+                 float *qf, float *acc) {                                                   \
+    const int64_t D = (HEAD_DIM), H = d->num_heads, Hkv = d->num_kv_heads;                  \
+    const int64_t G = H / Hkv, bs = d->block_size, rb = ROW_BYTES_##CACHE(D);               \
+    for (int64_t i = 0; i < H * D; i++) qf[i] = LOAD(q[i]) * scale;                         \
+    /* scores[h * seq_len + p] = q_h . k_p (of h's kv head) */                               \
+    float kv[D]; /* one kv head's row of K or V, converted to float once */                 \
+    for (int64_t p = 0; p < seq_len; p++) {                                                 \
+        const char *k = keys + ((int64_t)blocks[p / bs] * bs + p % bs) * Hkv * rb;          \
+        for (int64_t g = 0; g < Hkv; g++) {                                                 \
+            LOAD_ROW_##CACHE(kv, k + g * rb, D);                                            \
+            for (int64_t h = g * G; h < (g + 1) * G; h++) {                                 \
+                const float *qh = qf + h * D;                                               \
+                float s = 0.f;                                                              \
+                for (int64_t j = 0; j < D; j++) s += qh[j] * kv[j];                         \
+                scores[h * seq_len + p] = s;                                                \
+            }                                                                               \
+        }                                                                                   \
+    }                                                                                       \
+    for (int64_t h = 0; h < H; h++) {                                                       \
+        float *s = scores + h * seq_len, mx = -INFINITY, sum = 0.f;                         \
+        for (int64_t p = 0; p < seq_len; p++) mx = s[p] > mx ? s[p] : mx;                   \
+        for (int64_t p = 0; p < seq_len; p++) { s[p] = expf(s[p] - mx); sum += s[p]; }      \
+        const float inv = 1.f / sum;                                                        \
+        for (int64_t p = 0; p < seq_len; p++) s[p] *= inv;                                  \
+    }                                                                                       \
+    memset(acc, 0, sizeof(float) * H * D);                                                  \
+    for (int64_t p = 0; p < seq_len; p++) {                                                 \
+        const char *v = values + ((int64_t)blocks[p / bs] * bs + p % bs) * Hkv * rb;        \
+        for (int64_t g = 0; g < Hkv; g++) {                                                 \
+            LOAD_ROW_##CACHE(kv, v + g * rb, D);                                            \
+            for (int64_t h = g * G; h < (g + 1) * G; h++) {                                 \
+                const float w = scores[h * seq_len + p];                                    \
+                float *a = acc + h * D;                                                     \
+                for (int64_t j = 0; j < D; j++) a[j] += w * kv[j];                          \
+            }                                                                               \
+        }                                                                                   \
+    }                                                                                       \
+    for (int64_t i = 0; i < H * D; i++) out[i] = STORE(acc[i]);                             \
+}
+
+/* The entry point per (query type, cache format): requests spread over OpenMP threads. */
+#define DEFINE_DECODE(NAME, T, LOAD, STORE, CACHE)                                           \
+DEFINE_ONE(NAME##_one_64, T, LOAD, STORE, CACHE, 64)                                        \
+DEFINE_ONE(NAME##_one_128, T, LOAD, STORE, CACHE, 128)                                      \
+DEFINE_ONE(NAME##_one_any, T, LOAD, STORE, CACHE, d->head_size)                             \
+                                                                                            \
+int NAME(const PagedDims *d, const T *query, T *out, const char *kv_cache,                       \
+         const int32_t *block_tables, const int32_t *seq_lens, const int32_t *token_rows,   \
+         int64_t num_reqs, int64_t max_seq_len, float scale) {                              \
+    const int64_t HD = d->num_heads * d->head_size;                                         \
+    const char *keys = kv_cache;                                                            \
+    const char *values = kv_cache + d->num_blocks * d->block_size * d->num_kv_heads         \
+                                    * ROW_BYTES_##CACHE(d->head_size);                      \
+    int failed = 0;                                                                         \
+    _Pragma("omp parallel")                                                                 \
+    {                                                                                       \
+        float *scores = malloc(sizeof(float) * (d->num_heads * max_seq_len + 2 * HD));      \
+        if (scores == NULL) {                                                               \
+            _Pragma("omp atomic write")                                                     \
+            failed = 1;                                                                     \
+        }                                                                                   \
+        _Pragma("omp for schedule(dynamic, 1)")                                             \
+        for (int64_t r = 0; r < num_reqs; r++) {                                            \
+            if (scores == NULL) continue;                                                   \
+            const int64_t t = token_rows[r];                                                \
+            void (*one)(const PagedDims *, const T *, T *, const char *, const char *,           \
+                        const int32_t *, int64_t, float, float *, float *, float *) =       \
+                d->head_size == 64 ? NAME##_one_64                                          \
+                : d->head_size == 128 ? NAME##_one_128 : NAME##_one_any;                    \
+            one(d, query + t * HD, out + t * HD, keys, values,                              \
+                block_tables + r * d->max_blocks, seq_lens[r], scale, scores + 2 * HD,      \
+                scores, scores + HD);                                                       \
+        }                                                                                   \
+        free(scores);                                                                       \
+    }                                                                                       \
+    return failed;                                                                          \
+}
+
+#define LOAD_F32(x) (x)
+#define STORE_F32(x) (x)
+DEFINE_DECODE(paged_decode_f32, float, LOAD_F32, STORE_F32, F32)
+DEFINE_DECODE(paged_decode_bf16, uint16_t, bf16_to_float, float_to_bf16, BF16)
+DEFINE_DECODE(paged_decode_f32_int8, float, LOAD_F32, STORE_F32, INT8)
+DEFINE_DECODE(paged_decode_bf16_int8, uint16_t, bf16_to_float, float_to_bf16, INT8)
+
+/*
+ * Prefill attention from the paged cache: each request's new query tokens (already stored
+ * in the cache with their K/V) attend causally to the request's context and themselves.
+ *
+ * Work items are (request, kv head, block of QUERY_BLOCK queries). An item converts its keys
+ * KEY_TILE positions at a time to float32, transposed, so the scores of a query row against
+ * a tile are D vector multiply-adds with no horizontal sums; the item's G * QUERY_BLOCK query
+ * rows (the G query heads of the kv head) share every tile. Scores and softmax are float32,
+ * each output value rounded once. Items are spread over OpenMP threads.
+ *
+ * query rows are `q_stride` elements apart (heads dense within a token), out [T, H * D];
+ * query_starts [n] int32: the batch token of each request's first query; query_lens and
+ * context_lens [n] int32 (context: tokens cached before this step).
+ */
+#define QUERY_BLOCK 16
+#define KEY_TILE 16
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+
+/* s[r][0..16) = q_r . key t of the tile, for rows r < 4 (tile_t is [D][16]). Four rows
+ * give four independent multiply-add chains that share each tile load. */
+static inline void scores_4_rows(const float *q, int64_t D, const float *tile_t, float *s,
+                                 int64_t s_stride) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t j = 0; j < D; j++) {
+        const __m512 k = _mm512_loadu_ps(tile_t + j * KEY_TILE);
+        a0 = _mm512_fmadd_ps(_mm512_set1_ps(q[j]), k, a0);
+        a1 = _mm512_fmadd_ps(_mm512_set1_ps(q[D + j]), k, a1);
+        a2 = _mm512_fmadd_ps(_mm512_set1_ps(q[2 * D + j]), k, a2);
+        a3 = _mm512_fmadd_ps(_mm512_set1_ps(q[3 * D + j]), k, a3);
+    }
+    _mm512_storeu_ps(s, a0);
+    _mm512_storeu_ps(s + s_stride, a1);
+    _mm512_storeu_ps(s + 2 * s_stride, a2);
+    _mm512_storeu_ps(s + 3 * s_stride, a3);
+}
+
+/* acc[0..D) += sum_t w[t] * tile[t][0..D), for n tile rows; D a multiple of 16. */
+static inline void weighted_sum(float *acc, int64_t D, const float *w, const float *tile,
+                                int64_t n) {
+    for (int64_t j = 0; j < D; j += 64) { /* 64 values in four registers at a time */
+        const int64_t width = D - j < 64 ? D - j : 64;
+        __m512 a[4];
+        for (int v = 0; v < width / 16; v++) a[v] = _mm512_loadu_ps(acc + j + 16 * v);
+        for (int64_t t = 0; t < n; t++) {
+            const __m512 wt = _mm512_set1_ps(w[t]);
+            for (int v = 0; v < width / 16; v++)
+                a[v] = _mm512_fmadd_ps(wt, _mm512_loadu_ps(tile + t * D + j + 16 * v), a[v]);
+        }
+        for (int v = 0; v < width / 16; v++) _mm512_storeu_ps(acc + j + 16 * v, a[v]);
+    }
+}
+#define VECTOR_DIMS(D) ((D) % 16 == 0)
+#else
+static inline void scores_4_rows(const float *q, int64_t D, const float *tile_t, float *s,
+                                 int64_t s_stride) {
+    (void)q; (void)D; (void)tile_t; (void)s; (void)s_stride;
+}
+static inline void weighted_sum(float *acc, int64_t D, const float *w, const float *tile,
+                                int64_t n) {
+    (void)acc; (void)D; (void)w; (void)tile; (void)n;
+}
+#define VECTOR_DIMS(D) 0
+#endif
+
+#define DEFINE_PREFILL_ITEM(NAME, T, LOAD, STORE, CACHE, HEAD_DIM)                           \
+static void NAME(const PagedDims *d, const T *query, int64_t q_stride, T *out,              \
+                 const char *keys, const char *values, const int32_t *blocks,               \
+                 int64_t first, int64_t context, int64_t i0, int64_t i1, int64_t g,         \
+                 float scale, float *scores, int64_t max_keys, float *qf, float *acc,       \
+                 float *tile) {                                                             \
+    const int64_t D = (HEAD_DIM), H = d->num_heads, Hkv = d->num_kv_heads;                  \
+    const int64_t G = H / Hkv, bs = d->block_size, rb = ROW_BYTES_##CACHE(D);               \
+    const int64_t rows = (i1 - i0) * G, num_keys = context + i1;                            \
+    float *tile_t = tile + KEY_TILE * D;                                                    \
+    for (int64_t r = 0; r < rows; r++) { /* row r: query i0 + r / G, head g * G + r % G */  \
+        const T *q = query + (first + i0 + r / G) * q_stride + (g * G + r % G) * D;         \
+        for (int64_t j = 0; j < D; j++) qf[r * D + j] = LOAD(q[j]) * scale;                 \
+    }                                                                                       \
+    for (int64_t k0 = 0; k0 < num_keys; k0 += KEY_TILE) {                                   \
+        const int64_t kt = num_keys - k0 < KEY_TILE ? num_keys - k0 : KEY_TILE;             \
+        for (int64_t t = 0; t < kt; t++) {                                                  \
+            const int64_t p = k0 + t;                                                       \
+            LOAD_ROW_##CACHE(tile + t * D,                                                  \
+                             keys + (((int64_t)blocks[p / bs] * bs + p % bs) * Hkv + g) * rb, D); \
+        }                                                                                   \
+        for (int64_t j = 0; j < D; j++)                                                     \
+            for (int64_t t = 0; t < KEY_TILE; t++)                                          \
+                tile_t[j * KEY_TILE + t] = t < kt ? tile[t * D + j] : 0.f;                  \
+        int64_t r = 0;                                                                      \
+        if (VECTOR_DIMS(D) && kt == KEY_TILE) /* whole tiles: k0 + KEY_TILE <= max_keys */  \
+            for (; r + 4 <= rows; r += 4)                                                   \
+                scores_4_rows(qf + r * D, D, tile_t, scores + r * max_keys + k0, max_keys); \
+        for (; r < rows; r++) {                                                             \
+            float s[KEY_TILE] = {0.f};                                                      \
+            const float *qr = qf + r * D;                                                   \
+            for (int64_t j = 0; j < D; j++)                                                 \
+                for (int64_t t = 0; t < KEY_TILE; t++) s[t] += qr[j] * tile_t[j * KEY_TILE + t]; \
+            for (int64_t t = 0; t < kt; t++) scores[r * max_keys + k0 + t] = s[t];          \
+        }                                                                                   \
+    }                                                                                       \
+    for (int64_t r = 0; r < rows; r++) { /* causal: the row sees keys up to its position */ \
+        float *sr = scores + r * max_keys, mx = -INFINITY, sum = 0.f;                       \
+        const int64_t n = context + i0 + r / G + 1;                                         \
+        for (int64_t p = 0; p < n; p++) mx = sr[p] > mx ? sr[p] : mx;                       \
+        for (int64_t p = 0; p < n; p++) { sr[p] = expf(sr[p] - mx); sum += sr[p]; }         \
+        const float inv = 1.f / sum;                                                        \
+        for (int64_t p = 0; p < n; p++) sr[p] *= inv;                                       \
+    }                                                                                       \
+    memset(acc, 0, sizeof(float) * rows * D);                                               \
+    for (int64_t k0 = 0; k0 < num_keys; k0 += KEY_TILE) {                                   \
+        const int64_t kt = num_keys - k0 < KEY_TILE ? num_keys - k0 : KEY_TILE;             \
+        for (int64_t t = 0; t < kt; t++) {                                                  \
+            const int64_t p = k0 + t;                                                       \
+            LOAD_ROW_##CACHE(tile + t * D,                                                  \
+                             values + (((int64_t)blocks[p / bs] * bs + p % bs) * Hkv + g) * rb, D); \
+        }                                                                                   \
+        for (int64_t r = 0; r < rows; r++) {                                                \
+            const int64_t n = context + i0 + r / G + 1 - k0; /* keys of this tile it sees */ \
+            const float *w = scores + r * max_keys + k0;                                    \
+            float *a = acc + r * D;                                                         \
+            const int64_t seen = n < kt ? n : kt;                                           \
+            if (VECTOR_DIMS(D)) {                                                           \
+                weighted_sum(a, D, w, tile, seen);                                          \
+                continue;                                                                   \
+            }                                                                               \
+            for (int64_t t = 0; t < seen; t++)                                              \
+                for (int64_t j = 0; j < D; j++) a[j] += w[t] * tile[t * D + j];             \
+        }                                                                                   \
+    }                                                                                       \
+    for (int64_t r = 0; r < rows; r++) {                                                    \
+        T *o = out + (first + i0 + r / G) * H * D + (g * G + r % G) * D;                    \
+        for (int64_t j = 0; j < D; j++) o[j] = STORE(acc[r * D + j]);                       \
+    }                                                                                       \
+}
+
+#define DEFINE_PREFILL(NAME, T, LOAD, STORE, CACHE)                                          \
+DEFINE_PREFILL_ITEM(NAME##_item_64, T, LOAD, STORE, CACHE, 64)                              \
+DEFINE_PREFILL_ITEM(NAME##_item_128, T, LOAD, STORE, CACHE, 128)                            \
+DEFINE_PREFILL_ITEM(NAME##_item_any, T, LOAD, STORE, CACHE, d->head_size)                   \
+                                                                                            \
+int NAME(const PagedDims *d, const T *query, int64_t q_stride, T *out, const char *kv_cache, \
+         const int32_t *block_tables, const int32_t *query_starts, const int32_t *query_lens, \
+         const int32_t *context_lens, int64_t num_reqs, int64_t max_seq_len, float scale) { \
+    const int64_t D = d->head_size, Hkv = d->num_kv_heads, G = d->num_heads / Hkv;          \
+    const char *keys = kv_cache;                                                            \
+    const char *values = kv_cache + d->num_blocks * d->block_size * Hkv * ROW_BYTES_##CACHE(D); \
+    int64_t *item_starts = malloc(sizeof(int64_t) * (num_reqs + 1));                        \
+    if (item_starts == NULL) return 1;                                                      \
+    item_starts[0] = 0;                                                                     \
+    for (int64_t r = 0; r < num_reqs; r++)                                                  \
+        item_starts[r + 1] = item_starts[r]                                                 \
+            + Hkv * ((query_lens[r] + QUERY_BLOCK - 1) / QUERY_BLOCK);                      \
+    const int64_t rows = QUERY_BLOCK * G;                                                   \
+    int failed = 0;                                                                         \
+    _Pragma("omp parallel")                                                                 \
+    {                                                                                       \
+        float *scores = malloc(sizeof(float) * (rows * max_seq_len + 2 * rows * D           \
+                                                + 2 * KEY_TILE * D));                       \
+        if (scores == NULL) {                                                               \
+            _Pragma("omp atomic write")                                                     \
+            failed = 1;                                                                     \
+        }                                                                                   \
+        _Pragma("omp for schedule(dynamic, 1)")                                             \
+        for (int64_t item = 0; item < item_starts[num_reqs]; item++) {                      \
+            if (scores == NULL) continue;                                                   \
+            int64_t r = 0;                                                                  \
+            while (item_starts[r + 1] <= item) r++;                                         \
+            const int64_t local = item - item_starts[r], g = local % Hkv;                   \
+            const int64_t i0 = (local / Hkv) * QUERY_BLOCK;                                 \
+            const int64_t i1 = i0 + QUERY_BLOCK < query_lens[r] ? i0 + QUERY_BLOCK : query_lens[r]; \
+            float *qf = scores + rows * max_seq_len, *acc = qf + rows * D;                  \
+            void (*run)(const PagedDims *, const T *, int64_t, T *, const char *,           \
+                        const char *, const int32_t *, int64_t, int64_t, int64_t, int64_t,  \
+                        int64_t, float, float *, int64_t, float *, float *, float *) =      \
+                D == 64 ? NAME##_item_64 : D == 128 ? NAME##_item_128 : NAME##_item_any;    \
+            run(d, query, q_stride, out, keys, values, block_tables + r * d->max_blocks,    \
+                query_starts[r], context_lens[r], i0, i1, g, scale, scores, max_seq_len,    \
+                qf, acc, acc + rows * D);                                                   \
+        }                                                                                   \
+        free(scores);                                                                       \
+    }                                                                                       \
+    free(item_starts);                                                                      \
+    return failed;                                                                          \
+}
+
+DEFINE_PREFILL(paged_prefill_bf16, uint16_t, bf16_to_float, float_to_bf16, BF16)
+DEFINE_PREFILL(paged_prefill_bf16_int8, uint16_t, bf16_to_float, float_to_bf16, INT8)
+DEFINE_PREFILL(paged_prefill_f32, float, LOAD_F32, STORE_F32, F32)
+DEFINE_PREFILL(paged_prefill_f32_int8, float, LOAD_F32, STORE_F32, INT8)
+
+/* One int8 cache row from D values: scale = max |x| * (1 / 127), code = round(x * 127 /
+ * max |x|), with the same float32 operations as the torch writer (kv_quant.py), so both
+ * write equal rows (the scale is written as a product: -ffast-math turns a division by a
+ * constant into one anyway). */
+#define DEFINE_QUANTIZE_ROW(NAME, T, LOAD, STORE)                                                  \
+static void NAME(T *x, int8_t *row, int64_t D, int write_back) {                                  \
+    float amax = 0.f;                                                                       \
+    for (int64_t j = 0; j < D; j++) { float a = fabsf(LOAD(x[j])); amax = a > amax ? a : amax; } \
+    const float inv = amax > 0.f ? 127.f / amax : 0.f, s = amax * (1.f / 127.f);                    \
+    for (int64_t j = 0; j < D; j++) row[j] = (int8_t)nearbyintf(LOAD(x[j]) * inv);          \
+    memcpy(row + D, &s, sizeof s);                                                          \
+    if (write_back) /* x becomes what the cache gives back */                               \
+        for (int64_t j = 0; j < D; j++) x[j] = STORE((float)row[j] * s);                    \
+}
+
+/* Write the new tokens' K and V ([num_tokens, Hkv, D], rows `key_stride`/`value_stride`
+ * elements apart) into an int8 cache at `slots`; with `write_back`, also replace them by
+ * their round-tripped values (what attention reads for cached tokens). */
+#define DEFINE_STORE(NAME, T, LOAD, STORE)                                                         \
+DEFINE_QUANTIZE_ROW(NAME##_row, T, LOAD, STORE)                                                   \
+void NAME(const PagedDims *d, int8_t *kv_cache, T *key, T *value,                                \
+          int64_t key_stride, int64_t value_stride, const int64_t *slots,                   \
+          int64_t num_tokens, int32_t write_back) {                                                         \
+    const int64_t D = d->head_size, Hkv = d->num_kv_heads, rb = ROW_BYTES_INT8(D);          \
+    int8_t *values = kv_cache + d->num_blocks * d->block_size * Hkv * rb;                   \
+    _Pragma("omp parallel for if (num_tokens > 64)")                                        \
+    for (int64_t t = 0; t < num_tokens; t++) {                                              \
+        for (int64_t g = 0; g < Hkv; g++) {                                                 \
+            const int64_t at = (slots[t] * Hkv + g) * rb;                                   \
+            NAME##_row(key + t * key_stride + g * D, kv_cache + at, D, write_back);                     \
+            NAME##_row(value + t * value_stride + g * D, values + at, D, write_back);                   \
+        }                                                                                   \
+    }                                                                                       \
+}
+
+DEFINE_STORE(store_int8_f32, float, LOAD_F32, STORE_F32)
+DEFINE_STORE(store_int8_bf16, uint16_t, bf16_to_float, float_to_bf16)
