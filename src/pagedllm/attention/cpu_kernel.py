@@ -73,6 +73,20 @@ def can_store_int8(dtype: torch.dtype, device: torch.device | str = "cpu") -> bo
     )
 
 
+def _call_setup(
+    query: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor
+) -> tuple[ctypes.CDLL, _Dims]:
+    """The library and the cache/query shape an attention kernel call takes."""
+    library = _library()
+    assert library is not None, "call is_available() first"
+    _, num_blocks, block_size, num_kv_heads, _ = kv_cache.shape
+    dims = _Dims(
+        num_blocks, block_size, num_kv_heads, query.shape[1], query.shape[2],
+        block_tables.shape[1],
+    )
+    return library, dims
+
+
 def paged_decode_attention(
     out: torch.Tensor,  # [num_tokens, H, D], written at token_rows
     query: torch.Tensor,  # [num_tokens, H, D] contiguous
@@ -84,13 +98,7 @@ def paged_decode_attention(
     scale: float,
 ) -> None:
     """Attend the query rows `token_rows` to their paged contexts; write `out` there."""
-    library = _library()
-    assert library is not None, "call is_available() first"
-    _, num_blocks, block_size, num_kv_heads, _ = kv_cache.shape
-    dims = _Dims(
-        num_blocks, block_size, num_kv_heads, query.shape[1], query.shape[2],
-        block_tables.shape[1],
-    )
+    library, dims = _call_setup(query, kv_cache, block_tables)
     failed = getattr(library, _FUNCTIONS[(query.dtype, kv_cache.dtype)])(
         ctypes.byref(dims),
         native.pointer(query),
@@ -120,13 +128,7 @@ def paged_prefill_attention(
 ) -> None:
     """Causal attention of each request's new tokens to its cached context and themselves,
     read from the paged cache (the new K/V must be stored first)."""
-    library = _library()
-    assert library is not None, "call is_available() first"
-    _, num_blocks, block_size, num_kv_heads, _ = kv_cache.shape
-    dims = _Dims(
-        num_blocks, block_size, num_kv_heads, query.shape[1], query.shape[2],
-        block_tables.shape[1],
-    )
+    library, dims = _call_setup(query, kv_cache, block_tables)
     failed = getattr(library, _PREFILL_FUNCTIONS[(query.dtype, kv_cache.dtype)])(
         ctypes.byref(dims),
         native.pointer(query),

@@ -211,6 +211,13 @@ class TorchPagedMetadata:
     kernel_prefills: _KernelPrefills | None = None
     derived: dict[tuple[Any, ...], torch.Tensor] = field(default_factory=dict)
 
+    def kernel_decodes_only(self) -> _KernelDecodes | None:
+        """The step's decodes when the step is only decodes, all on the C kernel."""
+        decodes = self.kernel_decodes
+        if decodes is None or self.kernel_prefills is not None or self.prefill_groups:
+            return None
+        return decodes if decodes.seq_lens.shape[0] == self.num_tokens else None
+
 
 def _context_slots(
     block_tables: torch.Tensor, seq_lens: torch.Tensor, max_seq_len: int, block_size: int

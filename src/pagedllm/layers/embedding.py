@@ -112,7 +112,7 @@ class LMHead(nn.Module):
         values decide as float32 would, for the cost of a top-k and a few dot products.
         """
         num_tokens = hidden_states.shape[0]
-        if ranking_only and uses_quantized(self.ranking_shortlist, True, num_tokens):
+        if ranking_only and uses_quantized(self.ranking_shortlist, self.keeps_dense, num_tokens):
             assert self.ranking_shortlist is not None
             logits = self.ranking_shortlist.matmul(hidden_states)
         elif uses_quantized(self.quantized, self.keeps_dense, num_tokens):

@@ -42,6 +42,13 @@ _INT4_ROW_MULTIPLE = 16
 _INT4_MID = 8
 
 
+def _kernel_rows(x: torch.Tensor, format_name: str) -> torch.Tensor:
+    """x as the byte dot-product kernels take it: bfloat16 with dense rows."""
+    if x.dtype != torch.bfloat16:
+        raise ValueError(f"{format_name} takes bfloat16 activations, got {x.dtype}.")
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
 @dataclass
 class Int8Weight:
     """int8 codes [out, in] with one scale per output row: w = q * scale."""
@@ -97,11 +104,7 @@ class W4A8Weight:
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, in] bfloat16 @ w^T → [T, out] bfloat16."""
-        if x.dtype != torch.bfloat16:
-            raise ValueError(f"W4A8 takes bfloat16 activations, got {x.dtype}.")
-        if x.stride(-1) != 1:
-            x = x.contiguous()
-        return cpu_ops.w4a8_matmul(x, self.packed, self.scales_and_mins)
+        return cpu_ops.w4a8_matmul(_kernel_rows(x, "W4A8"), self.packed, self.scales_and_mins)
 
     def dense(self, dtype: torch.dtype) -> torch.Tensor:
         """The [out, in] weight d * q + m, computed in float32 from the codes."""
@@ -133,11 +136,7 @@ class W8A8Weight:
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, in] bfloat16 @ w^T → [T, out] bfloat16."""
-        if x.dtype != torch.bfloat16:
-            raise ValueError(f"W8A8 takes bfloat16 activations, got {x.dtype}.")
-        if x.stride(-1) != 1:
-            x = x.contiguous()
-        return cpu_ops.w8a8_matmul(x, self.codes, self.scales)
+        return cpu_ops.w8a8_matmul(_kernel_rows(x, "W8A8"), self.codes, self.scales)
 
     def dense(self, dtype: torch.dtype) -> torch.Tensor:
         """The [out, in] weight d * q, computed in float32 from the codes."""

@@ -159,14 +159,9 @@ class CpuDecodeStack:
             return False
         context = get_forward_context()
         metadata = context.attn_metadata
-        if not isinstance(metadata, TorchPagedMetadata):
-            return False
-        if metadata.prefill_groups or metadata.kernel_prefills is not None:
-            return False
-        decodes = metadata.kernel_decodes
         return (
-            decodes is not None
-            and decodes.seq_lens.shape[0] == num_tokens
+            isinstance(metadata, TorchPagedMetadata)
+            and metadata.kernel_decodes_only() is not None
             and len(context.kv_caches) == len(self.layers)
             and context.kv_caches[0].dtype == torch.int8
         )
@@ -178,7 +173,8 @@ class CpuDecodeStack:
         as the Python layers would return them. Call only when `serves` said yes."""
         context = get_forward_context()
         metadata = context.attn_metadata
-        decodes = metadata.kernel_decodes
+        decodes = metadata.kernel_decodes_only()
+        assert decodes is not None, "call serves() first"
         table = self._layer_table(context.kv_caches)
         self.dims.max_blocks = decodes.block_tables.shape[1]  # changes from step to step
         num_tokens, hidden = hidden_states.shape

@@ -200,6 +200,16 @@ static inline void weighted_sum(float *acc, int64_t D, const float *w, const flo
 #define VECTOR_DIMS(D) 0
 #endif
 
+/* Positions [k0, k0 + kt) of kv head g, rows read through the block table and converted to
+ * float32 into tile [kt][D]. */
+#define LOAD_TILE(CACHE, tile, cache_rows, blocks, bs, Hkv, g, D, k0, kt)                    \
+    for (int64_t t_ = 0; t_ < (kt); t_++) {                                                 \
+        const int64_t p_ = (k0) + t_;                                                       \
+        const int64_t slot_ = (int64_t)(blocks)[p_ / (bs)] * (bs) + p_ % (bs);              \
+        LOAD_ROW_##CACHE((tile) + t_ * (D),                                                 \
+                         (cache_rows) + (slot_ * (Hkv) + (g)) * ROW_BYTES_##CACHE(D), D);   \
+    }
+
 #define DEFINE_PREFILL_ITEM(NAME, T, LOAD, STORE, CACHE, HEAD_DIM)                           \
 static void NAME(const PagedDims *d, const T *query, int64_t q_stride, T *out,              \
                  const char *keys, const char *values, const int32_t *blocks,               \
@@ -207,7 +217,7 @@ static void NAME(const PagedDims *d, const T *query, int64_t q_stride, T *out,  
                  float scale, float *scores, int64_t max_keys, float *qf, float *acc,       \
                  float *tile) {                                                             \
     const int64_t D = (HEAD_DIM), H = d->num_heads, Hkv = d->num_kv_heads;                  \
-    const int64_t G = H / Hkv, bs = d->block_size, rb = ROW_BYTES_##CACHE(D);               \
+    const int64_t G = H / Hkv, bs = d->block_size;                                          \
     const int64_t rows = (i1 - i0) * G, num_keys = context + i1;                            \
     float *tile_t = tile + KEY_TILE * D;                                                    \
     for (int64_t r = 0; r < rows; r++) { /* row r: query i0 + r / G, head g * G + r % G */  \
@@ -216,11 +226,7 @@ static void NAME(const PagedDims *d, const T *query, int64_t q_stride, T *out,  
     }                                                                                       \
     for (int64_t k0 = 0; k0 < num_keys; k0 += KEY_TILE) {                                   \
         const int64_t kt = num_keys - k0 < KEY_TILE ? num_keys - k0 : KEY_TILE;             \
-        for (int64_t t = 0; t < kt; t++) {                                                  \
-            const int64_t p = k0 + t;                                                       \
-            LOAD_ROW_##CACHE(tile + t * D,                                                  \
-                             keys + (((int64_t)blocks[p / bs] * bs + p % bs) * Hkv + g) * rb, D); \
-        }                                                                                   \
+        LOAD_TILE(CACHE, tile, keys, blocks, bs, Hkv, g, D, k0, kt);                        \
         for (int64_t j = 0; j < D; j++)                                                     \
             for (int64_t t = 0; t < KEY_TILE; t++)                                          \
                 tile_t[j * KEY_TILE + t] = t < kt ? tile[t * D + j] : 0.f;                  \
@@ -247,11 +253,7 @@ static void NAME(const PagedDims *d, const T *query, int64_t q_stride, T *out,  
     memset(acc, 0, sizeof(float) * rows * D);                                               \
     for (int64_t k0 = 0; k0 < num_keys; k0 += KEY_TILE) {                                   \
         const int64_t kt = num_keys - k0 < KEY_TILE ? num_keys - k0 : KEY_TILE;             \
-        for (int64_t t = 0; t < kt; t++) {                                                  \
-            const int64_t p = k0 + t;                                                       \
-            LOAD_ROW_##CACHE(tile + t * D,                                                  \
-                             values + (((int64_t)blocks[p / bs] * bs + p % bs) * Hkv + g) * rb, D); \
-        }                                                                                   \
+        LOAD_TILE(CACHE, tile, values, blocks, bs, Hkv, g, D, k0, kt);                      \
         for (int64_t r = 0; r < rows; r++) {                                                \
             const int64_t n = context + i0 + r / G + 1 - k0; /* keys of this tile it sees */ \
             const float *w = scores + r * max_keys + k0;                                    \
