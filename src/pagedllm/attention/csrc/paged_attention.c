@@ -43,6 +43,15 @@
          memcpy(&s_, r_ + (D), sizeof s_);                                                  \
          for (int64_t j_ = 0; j_ < (D); j_++) (dst)[j_] = (float)r_[j_] * s_; } while (0)
 
+/* s[0..n) becomes softmax(s[0..n)), in float32. */
+static inline void softmax(float *s, int64_t n) {
+    float mx = -INFINITY, sum = 0.f;
+    for (int64_t p = 0; p < n; p++) mx = s[p] > mx ? s[p] : mx;
+    for (int64_t p = 0; p < n; p++) { s[p] = expf(s[p] - mx); sum += s[p]; }
+    const float inv = 1.f / sum;
+    for (int64_t p = 0; p < n; p++) s[p] *= inv;
+}
+
 /* One request's attention. T is the query/output type with LOAD/STORE conversions, CACHE
  * names the cache row format; HEAD_DIM is the head size, a constant in the specialised
  * versions so the compiler unrolls the dot products. */
@@ -67,13 +76,7 @@ static void NAME(const PagedDims *d, const T *q, T *out, const char *keys, const
             }                                                                               \
         }                                                                                   \
     }                                                                                       \
-    for (int64_t h = 0; h < H; h++) {                                                       \
-        float *s = scores + h * seq_len, mx = -INFINITY, sum = 0.f;                         \
-        for (int64_t p = 0; p < seq_len; p++) mx = s[p] > mx ? s[p] : mx;                   \
-        for (int64_t p = 0; p < seq_len; p++) { s[p] = expf(s[p] - mx); sum += s[p]; }      \
-        const float inv = 1.f / sum;                                                        \
-        for (int64_t p = 0; p < seq_len; p++) s[p] *= inv;                                  \
-    }                                                                                       \
+    for (int64_t h = 0; h < H; h++) softmax(scores + h * seq_len, seq_len);                 \
     memset(acc, 0, sizeof(float) * H * D);                                                  \
     for (int64_t p = 0; p < seq_len; p++) {                                                 \
         const char *v = values + ((int64_t)blocks[p / bs] * bs + p % bs) * Hkv * rb;        \
@@ -242,14 +245,8 @@ static void NAME(const PagedDims *d, const T *query, int64_t q_stride, T *out,  
             for (int64_t t = 0; t < kt; t++) scores[r * max_keys + k0 + t] = s[t];          \
         }                                                                                   \
     }                                                                                       \
-    for (int64_t r = 0; r < rows; r++) { /* causal: the row sees keys up to its position */ \
-        float *sr = scores + r * max_keys, mx = -INFINITY, sum = 0.f;                       \
-        const int64_t n = context + i0 + r / G + 1;                                         \
-        for (int64_t p = 0; p < n; p++) mx = sr[p] > mx ? sr[p] : mx;                       \
-        for (int64_t p = 0; p < n; p++) { sr[p] = expf(sr[p] - mx); sum += sr[p]; }         \
-        const float inv = 1.f / sum;                                                        \
-        for (int64_t p = 0; p < n; p++) sr[p] *= inv;                                       \
-    }                                                                                       \
+    for (int64_t r = 0; r < rows; r++) /* causal: the row sees keys up to its position */   \
+        softmax(scores + r * max_keys, context + i0 + r / G + 1);                           \
     memset(acc, 0, sizeof(float) * rows * D);                                               \
     for (int64_t k0 = 0; k0 < num_keys; k0 += KEY_TILE) {                                   \
         const int64_t kt = num_keys - k0 < KEY_TILE ? num_keys - k0 : KEY_TILE;             \
