@@ -1,4 +1,5 @@
-"""The int4 x int8 kernel (W4A8Weight): its layout, its arithmetic, and the LM head using it.
+"""The int4/int8 x int8 kernel (W4A8Weight, W8A8Weight): its layout, its arithmetic, and the
+LM head using it.
 
 The reference quantizes the activations the way the kernel documents (per token and 32
 values, scale max |x| / 127, round to nearest) and does the rest in float64, so the kernel
@@ -13,8 +14,8 @@ import torch
 
 from pagedllm.layers import cpu_ops
 from pagedllm.layers.embedding import LMHead, VocabEmbedding
+from pagedllm.layers.linear import Linear
 from pagedllm.layers.quantization import (
-    W4A8_MAX_TOKENS,
     Int8Weight,
     W4A8Weight,
     W8A8Weight,
@@ -46,8 +47,9 @@ def _reference(
 def test_layout_holds_the_int4_codes():
     w = torch.randn(48, 128, generator=torch.Generator().manual_seed(0)).bfloat16()
     packed = quantize_w4a8(w)
-    assert packed.packed.shape == (48, 64) and packed.packed.dtype == torch.uint8
-    assert packed.scales_and_mins.shape == (48, 2, 4)
+    # 3 panels of 16 rows x 4 groups: 256 bytes of codes, 16 scales and 16 minimums each.
+    assert packed.packed.shape == (3, 4, 256) and packed.packed.dtype == torch.uint8
+    assert packed.scales_and_mins.shape == (3, 4, 2, 16)
     # The same codes and scales as torch's int4 format: the dense weights agree.
     torch_int4 = quantize_int4(w.float())
     torch.testing.assert_close(
@@ -65,20 +67,23 @@ def test_int8_layout_holds_q8_0_codes():
     codes[:, :, 0] = 127  # each group reaches its range, so d is recovered exactly
     w = (codes * scales).view(40, 128).bfloat16()
     weight = quantize_w8a8(w)
-    assert weight.codes.shape == (40, 128) and weight.codes.dtype == torch.uint8
-    assert weight.scales.shape == (40, 4)
+    # 40 rows fill 3 panels of 16 (the last one padded), 4 groups of 512 code bytes each.
+    assert weight.codes.shape == (3, 4, 512) and weight.codes.dtype == torch.uint8
+    assert weight.scales.shape == (3, 4, 16)
     # The dense bfloat16 weight keeps 8 significant bits, so a code of up to 127 can come
     # back one off; the weight itself is kept to within half a step.
-    recovered = weight.codes.view(40, 4, 32).long() - 128
+    dense = dequantize(weight, 128, torch.float32).view(40, 4, 32)
+    row_scales = weight.scales.transpose(1, 2).reshape(48, 4)[:40]
+    recovered = (dense / row_scales[..., None]).round().long()
     assert (recovered - codes).abs().max() <= 1
-    torch.testing.assert_close(weight.scales, scales.squeeze(-1), atol=0, rtol=2**-7)
-    error = (dequantize(weight, 128, torch.float32) - w.float()).abs().view(40, 4, 32)
-    assert (error <= 0.5 * weight.scales[..., None] * (1 + 2**-6)).all()
+    torch.testing.assert_close(row_scales, scales.squeeze(-1), atol=0, rtol=2**-7)
+    error = (dense - w.float().view(40, 4, 32)).abs()
+    assert (error <= 0.5 * row_scales[..., None] * (1 + 2**-6)).all()
 
 
 @pytest.mark.parametrize("quantizer", FORMATS)
-@pytest.mark.parametrize("num_tokens", [1, 3, 16, 17])
-@pytest.mark.parametrize(("rows", "cols"), [(130, 64), (256, 576)])
+@pytest.mark.parametrize("num_tokens", [1, 3, 16, 17, 70])
+@pytest.mark.parametrize(("rows", "cols"), [(130, 64), (256, 576), (48, 96)])
 def test_matmul_matches_reference(quantizer, num_tokens, rows, cols):
     gen = torch.Generator().manual_seed(num_tokens + rows)
     w = torch.randn(rows, cols, generator=gen).bfloat16()
@@ -96,6 +101,17 @@ def test_matmul_matches_reference(quantizer, num_tokens, rows, cols):
 
 
 @pytest.mark.parametrize("quantizer", FORMATS)
+def test_a_tokens_result_does_not_depend_on_the_others(quantizer):
+    """Each token is quantized and multiplied on its own, so batching changes nothing."""
+    gen = torch.Generator().manual_seed(2)
+    weight = quantizer(torch.randn(80, 192, generator=gen).bfloat16())
+    x = torch.randn(21, 192, generator=gen).bfloat16()
+    together = weight.matmul(x)
+    for t in (0, 7, 8, 20):
+        assert torch.equal(together[t], weight.matmul(x[t : t + 1])[0])
+
+
+@pytest.mark.parametrize("quantizer", FORMATS)
 def test_matmul_reads_strided_rows(quantizer):
     w = torch.randn(64, 128).bfloat16()
     weight = quantizer(w)
@@ -110,14 +126,30 @@ def test_zero_activations_give_zero(quantizer):
     assert not weight.matmul(torch.zeros(2, 64, dtype=torch.bfloat16)).any()
 
 
-def test_only_bfloat16_cpu_weights_with_paired_groups():
-    assert can_quantize_w4a8(torch.randn(16, 128).bfloat16())
+def test_only_bfloat16_cpu_weights_with_whole_groups():
+    assert can_quantize_w4a8(torch.randn(16, 96).bfloat16())
     assert not can_quantize_w4a8(torch.randn(16, 128))
-    assert not can_quantize_w4a8(torch.randn(16, 96).bfloat16())  # 3 groups do not pair
+    assert not can_quantize_w4a8(torch.randn(16, 100).bfloat16())  # not whole groups of 32
     with pytest.raises(ValueError, match="W4A8"):
-        quantize_w4a8(torch.randn(16, 96).bfloat16())
+        quantize_w4a8(torch.randn(16, 100).bfloat16())
     with pytest.raises(ValueError, match="W8A8"):
-        quantize_w8a8(torch.randn(16, 96).bfloat16())
+        quantize_w8a8(torch.randn(16, 100).bfloat16())
+
+
+@pytest.mark.parametrize("keep_dense", [True, False])
+def test_linear_keeps_no_dense_copy_beside_w4a8(keep_dense):
+    """The kernel serves every step size, so the dense weight is released."""
+    linear = Linear(64, 48)
+    linear.weight.data = torch.randn(48, 64).bfloat16()
+    want = dequantize(quantize_w4a8(linear.weight.data), 64, torch.bfloat16)
+    linear.quantize("int4", keep_dense)
+    linear.pack_for_cpu()
+    assert isinstance(linear.quantized, W4A8Weight) and linear.quantized.max_tokens is None
+    assert linear.weight.numel() == 0 and linear.packed_weight is None
+    x = torch.randn(40, 64).bfloat16()
+    torch.testing.assert_close(linear(x), linear.quantized.matmul(x), atol=0, rtol=0)
+    exact = x.float() @ want.float().T
+    assert (linear(x).float() - exact).abs().max() < 0.02 * exact.abs().max()
 
 
 def _head(keep_dense: bool, dtype=torch.bfloat16) -> LMHead:
@@ -135,8 +167,9 @@ def test_head_refines_its_top_candidates_in_float32(ranking_only):
     head = _head(keep_dense=True)
     assert isinstance(head.quantized, W8A8Weight)
     assert isinstance(head.ranking_shortlist, W4A8Weight)
-    assert head.quantized.max_tokens == head.ranking_shortlist.max_tokens == W4A8_MAX_TOKENS
-    hidden = torch.randn(W4A8_MAX_TOKENS, 128, generator=torch.Generator().manual_seed(5))
+    assert head.quantized.max_tokens is None and head.ranking_shortlist.max_tokens is None
+    assert head.packed_weight is None  # the W8A8 weight serves every step
+    hidden = torch.randn(24, 128, generator=torch.Generator().manual_seed(5))
     logits = head(hidden.bfloat16(), ranking_only)
     exact = hidden.bfloat16().float() @ head.weight.float().T
     # The winners are recomputed in float32: same argmax, same value.
@@ -157,6 +190,7 @@ def test_head_logits_for_probabilities_are_8_bit_accurate():
     assert shortlist_error > 4 * full_error
 
 
-def test_head_keeps_int8_without_dense_weights_or_in_float32():
-    assert isinstance(_head(keep_dense=False).quantized, Int8Weight)
+def test_head_formats_without_dense_weights_or_in_float32():
+    lean = _head(keep_dense=False)
+    assert isinstance(lean.quantized, W8A8Weight) and lean.ranking_shortlist is None
     assert isinstance(_head(keep_dense=True, dtype=torch.float32).quantized, Int8Weight)

@@ -10,7 +10,7 @@ import pytest
 
 from pagedllm import LLM, SamplingParams
 from pagedllm.layers import cpu_ops
-from pagedllm.layers.quantization import W4A8_MAX_TOKENS, W4A8Weight
+from pagedllm.layers.quantization import W4A8Weight
 from pagedllm.models import cpu_decode_stack
 from pagedllm.models.cpu_decode_stack import CpuDecodeStack
 
@@ -20,6 +20,8 @@ pytestmark = pytest.mark.skipif(
 )
 
 PROMPTS = [[5, 17, 42, 8, 99, 3], [7, 7, 12], [101, 55, 23, 61, 9, 14, 30, 2, 77], [4, 44]]
+# More requests than the matmul kernel's tile of 8 tokens, all in one decode step.
+MANY_PROMPTS = [[i + 3, 2 * i + 5, 11] for i in range(10)]
 
 
 def _model(llm: LLM):
@@ -50,8 +52,10 @@ def test_default_quantized_model_gets_the_stack(llm):
     assert isinstance(model.model.layers[0].mlp.down_proj.quantized, W4A8Weight)
 
 
-@pytest.mark.parametrize("batch", [1, len(PROMPTS)])
-def test_stack_output_is_bit_identical_to_the_python_layers(llm, monkeypatch, batch):
+@pytest.mark.parametrize(
+    "prompts", [PROMPTS[:1], PROMPTS, MANY_PROMPTS], ids=["one", "four", "ten"]
+)
+def test_stack_output_is_bit_identical_to_the_python_layers(llm, monkeypatch, prompts):
     model = _model(llm).model
     stack = model.cpu_decode_stack
     calls = []
@@ -62,9 +66,9 @@ def test_stack_output_is_bit_identical_to_the_python_layers(llm, monkeypatch, ba
         return original(self, *args)
 
     monkeypatch.setattr(CpuDecodeStack, "__call__", counting)
-    prompts = PROMPTS[:batch]
     with_stack = _generate(llm, prompts)
-    assert calls and max(calls) == batch <= W4A8_MAX_TOKENS  # the decode steps ran on it
+    # The decode steps ran on it (each prompt has more than one token: no prefill did).
+    assert calls and max(calls) == len(prompts)
     model.cpu_decode_stack = None
     try:
         without = _generate(llm, prompts)
@@ -73,14 +77,25 @@ def test_stack_output_is_bit_identical_to_the_python_layers(llm, monkeypatch, ba
     assert with_stack == without
 
 
-def test_steps_of_more_decodes_run_the_python_layers(llm, monkeypatch):
+def test_prefills_and_mixed_steps_run_the_python_layers(tiny_llama_dir, monkeypatch):
     calls = []
-    monkeypatch.setattr(CpuDecodeStack, "__call__", lambda self, *args: calls.append(args))
-    # Equal requests move in lock-step: every decode step holds all of them.
-    prompts = [[i + 3, 2 * i + 5, 11] for i in range(W4A8_MAX_TOKENS + 2)]
-    outputs = _generate(llm, prompts)
-    assert calls == []
+    original = CpuDecodeStack.__call__
+
+    def counting(self, *args):
+        calls.append(args[0].shape[0])
+        return original(self, *args)
+
+    monkeypatch.setattr(CpuDecodeStack, "__call__", counting)
+    # A step budget of 6 tokens: the 9-token prompt is prefilled in chunks beside decodes.
+    small_steps = LLM(
+        str(tiny_llama_dir), dtype="bfloat16", quantization="int4",
+        max_model_len=256, max_num_batched_tokens=6, max_num_seqs=4,
+        enable_chunked_prefill=True,
+    )
+    outputs = _generate(small_steps, PROMPTS)
     assert all(len(tokens) == 24 for tokens, _ in outputs)
+    # Only decode-only steps reached the stack: never more tokens than requests.
+    assert calls and max(calls) <= len(PROMPTS)
 
 
 def test_models_outside_its_scope_run_without_it(tiny_llama_dir, tiny_qwen2_dir):

@@ -1,5 +1,5 @@
 """Fused bfloat16 element-wise ops for CPUs (csrc/cpu_ops.c), with torch ops as fallback,
-and the int4 x int8 matmul for small steps (csrc/w4a8.c, see quantization.W4A8Weight).
+and the int4/int8 x int8 matmul (csrc/w4a8.c, see quantization.W4A8Weight).
 
 A decode step of a small model on CPU is dominated by per-op overhead: RMSNorm with its
 residual add is a dozen torch ops, RoPE seven, SiLU-and-mul three, each a few microseconds
@@ -23,8 +23,6 @@ from pagedllm.utils import native
 
 _SOURCE = Path(__file__).with_name("csrc") / "cpu_ops.c"
 _W4A8_SOURCE = Path(__file__).with_name("csrc") / "w4a8.c"
-# Most tokens one w4a8/w8a8 kernel call takes (its MAX_TOKENS); larger steps are split.
-_KERNEL_MAX_TOKENS = 16
 _I64, _F32, _I32 = ctypes.c_int64, ctypes.c_float, ctypes.c_int32
 
 
@@ -125,38 +123,38 @@ def w4a8_available() -> bool:
 
 def w4a8_matmul(
     x: torch.Tensor,  # [T, K] bfloat16, rows dense
-    packed: torch.Tensor,  # [N, K / 2] uint8
-    scales_and_mins: torch.Tensor,  # [N, 2, K / 32] float32
-) -> torch.Tensor:  # [T, N] bfloat16
+    packed: torch.Tensor,  # [panels, K / 32, 256] uint8
+    scales_and_mins: torch.Tensor,  # [panels, K / 32, 2, 16] float32
+    out_features: int,
+) -> torch.Tensor:  # [T, out_features] bfloat16
     """x @ W^T for W in the W4A8Weight layout; activations quantized per 32 values."""
-    return _byte_dot_matmul("w4a8_matmul_bf16", x, packed, scales_and_mins)
+    return _byte_dot_matmul("w4a8_matmul_bf16", x, packed, scales_and_mins, out_features)
 
 
 def w8a8_matmul(
     x: torch.Tensor,  # [T, K] bfloat16, rows dense
-    codes: torch.Tensor,  # [N, K] uint8 (q + 128)
-    scales: torch.Tensor,  # [N, K / 32] float32
-) -> torch.Tensor:  # [T, N] bfloat16
+    codes: torch.Tensor,  # [panels, K / 32, 512] uint8 (q + 128)
+    scales: torch.Tensor,  # [panels, K / 32, 16] float32
+    out_features: int,
+) -> torch.Tensor:  # [T, out_features] bfloat16
     """x @ W^T for W in the W8A8Weight layout; activations quantized per 32 values."""
-    return _byte_dot_matmul("w8a8_matmul_bf16", x, codes, scales)
+    return _byte_dot_matmul("w8a8_matmul_bf16", x, codes, scales, out_features)
 
 
 def _byte_dot_matmul(
-    function: str, x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor
+    function: str, x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, out_features: int
 ) -> torch.Tensor:
     library = _w4a8_library()
     assert library is not None
     num_tokens, in_features = x.shape
-    out_features = codes.shape[0]
     out = torch.empty(num_tokens, out_features, dtype=torch.bfloat16)
-    for start in range(0, num_tokens, _KERNEL_MAX_TOKENS):
-        rows = min(_KERNEL_MAX_TOKENS, num_tokens - start)
-        failed = getattr(library, function)(
-            _I64(rows), _I64(out_features), _I64(in_features),
-            ctypes.c_void_p(x.data_ptr() + start * x.stride(0) * 2), _I64(x.stride(0)),
-            native.pointer(codes), native.pointer(scales),
-            ctypes.c_void_p(out.data_ptr() + start * out_features * 2), _I64(out_features),
-        )
-        if failed:
-            raise MemoryError(f"{function}: unsupported shape or out of memory")
+    if num_tokens == 0:
+        return out
+    failed = getattr(library, function)(
+        _I64(num_tokens), _I64(out_features), _I64(in_features),
+        native.pointer(x), _I64(x.stride(0)), native.pointer(codes), native.pointer(scales),
+        native.pointer(out), _I64(out_features),
+    )
+    if failed:
+        raise MemoryError(f"{function}: input size not a multiple of 32, or out of memory")
     return out

@@ -70,39 +70,47 @@ class LMHead(nn.Module):
             self.weight.weight_loader = default_weight_loader  # type: ignore[attr-defined]
 
     def quantize(self, method: str, keep_dense: bool) -> None:
-        """Add a quantized copy for the logits of small steps, whatever `method` the body uses.
+        """Add a quantized copy for the logits, whatever `method` the body uses.
 
         int8 for either method: the vocabulary projection decides the token directly, and
-        GGUF files keep it at 8 bits (Q8_0) for that reason. With a dense copy kept,
-        bfloat16 CPU models use Q8_0's own form with int8 activations (W8A8Weight, our VNNI
-        kernel), and the top REFINED_CANDIDATES logits are then recomputed in float32 from
-        the dense weight. They also get a 4-bit copy (W4A8Weight, 1.5 MB per 1k rows) for
-        steps that only need each row's argmax (`ranking_only`): it reads half the bytes,
-        but its noise over the 49k logits would bias their softmax normaliser (perplexity
-        +4% on natural text, measured), so it never serves logprobs or sampling.
-        Without `keep_dense` no packed dense copy is made and every step uses the int8
-        weight (a tied weight itself stays for the embedding lookup and the refinement).
+        GGUF files keep it at 8 bits (Q8_0) for that reason. bfloat16 CPU models use Q8_0's
+        own form with int8 activations (W8A8Weight, our VNNI kernel) for every step, and
+        the top REFINED_CANDIDATES logits are then recomputed in float32 from the dense
+        weight. With `keep_dense` they also get a 4-bit copy (W4A8Weight, 1.5 MB per 1k
+        rows) for steps that only need each row's argmax (`ranking_only`): it reads half
+        the bytes, but its noise over the 49k logits would bias their softmax normaliser
+        (perplexity +4% on natural text, measured), so it never serves logprobs or sampling.
+        Other models get torch's int8 weight for small steps, and for every step without
+        `keep_dense` (no packed dense copy is made then). The weight itself stays: a tied
+        one for the embedding lookup, and either for the refinement.
         """
         del method  # the head's format does not follow the body's, see above
         self.keeps_dense = keep_dense
-        if keep_dense and can_quantize_w4a8(self.weight.data):
+        if can_quantize_w4a8(self.weight.data):
             self.quantized = quantize_w8a8(self.weight.data)
-            self.ranking_shortlist = quantize_w4a8(self.weight.data)
+            if keep_dense:
+                self.ranking_shortlist = quantize_w4a8(self.weight.data)
         else:
             self.quantized = quantize_int8(self.weight.data)
 
     def pack_for_cpu(self) -> None:
-        """Keep a oneDNN-packed copy of the weight for the logits matmul (CPU, bfloat16).
+        """Keep a oneDNN-packed copy of the weight for the logits matmul (CPU, bfloat16),
+        unless a quantized copy serves every step.
 
         A copy, not a replacement: a tied weight is still read by the embedding lookup.
         """
-        if self.packed_weight is None and self.keeps_dense and can_pack_for_cpu(self.weight):
+        if (
+            self.packed_weight is None
+            and self.keeps_dense
+            and (self.quantized is None or self.quantized.max_tokens is not None)
+            and can_pack_for_cpu(self.weight)
+        ):
             self.packed_weight = pack_weight_for_cpu(self.weight.data)
 
     def forward(self, hidden_states: torch.Tensor, ranking_only: bool = False) -> torch.Tensor:
         """[N, embedding_dim] → [N, num_embeddings] float32 logits.
 
-        With `ranking_only` the caller uses only each row's argmax: small steps may then
+        With `ranking_only` the caller uses only each row's argmax: the step may then
         shortlist with the 4-bit copy, whose top candidates are refined as below.
 
         The vocabulary matmul runs in the model dtype (or int8); when that is not float32,

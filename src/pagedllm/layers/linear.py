@@ -24,8 +24,11 @@ def uses_quantized(
     quantized: QuantizedWeight | None, keeps_dense: bool, num_tokens: int
 ) -> bool:
     """Whether a step of `num_tokens` rows runs on the quantized copy of a weight: always
-    without a dense copy, else for steps of at most the weight's `max_tokens`."""
-    return quantized is not None and (not keeps_dense or num_tokens <= quantized.max_tokens)
+    without a dense copy, else for steps of at most the weight's `max_tokens` (None: all)."""
+    if quantized is None:
+        return False
+    limit = quantized.max_tokens
+    return not keeps_dense or limit is None or num_tokens <= limit
 
 
 def can_pack_for_cpu(weight: torch.Tensor) -> bool:
@@ -106,17 +109,19 @@ class Linear(nn.Module):
 
         With `keep_dense` False the dense weight is released and every step uses the
         quantized one (least memory). Shapes the int4 kernel cannot take stay dense.
-        With `keep_dense`, int4 bfloat16 weights on CPU take the W4A8 form instead: the
-        same int4 groups, multiplied by int8 activations in our C kernel, which the CPU
-        decode stack chains over all layers (see W4A8Weight). Call before `pack_for_cpu`.
+        int4 bfloat16 weights on CPU take the W4A8 form instead: the same int4 groups,
+        multiplied by int8 activations in our C kernel, which is faster than the dense
+        matmul at every step size, so the dense weight is released whatever `keep_dense`
+        says (see W4A8Weight). Call before `pack_for_cpu`.
         """
-        if method == "int4" and keep_dense and can_quantize_w4a8(self.weight.data):
+        if method == "int4" and can_quantize_w4a8(self.weight.data):
             self.quantized = quantize_w4a8(self.weight.data)
-            return
-        self.quantized = quantize(self.weight.data, method)
-        if self.quantized is not None and not keep_dense:
-            self.keeps_dense = False
-            self.weight.data = torch.empty(0, dtype=self.weight.dtype)
+        else:
+            self.quantized = quantize(self.weight.data, method)
+            if self.quantized is None or keep_dense:
+                return
+        self.keeps_dense = False
+        self.weight.data = torch.empty(0, dtype=self.weight.dtype)
 
     def pack_for_cpu(self) -> None:
         """Move the weight into oneDNN's packed layout (after loading, for speed).

@@ -10,11 +10,12 @@ q from its own min/max) is exactly this format with scale = d and zero = m + 8 d
 re-quantizing Q4_1 weights recovers their codes and loses nothing but the rounding of the
 scales to the model dtype.
 
-One exception to "weight-only": W4A8Weight, the same int4 format multiplied by activations
-quantized to int8 per 32 values (our C kernel). bfloat16 CPU models that keep a dense copy
-use it for steps of at most W4A8_MAX_TOKENS tokens: for the decoder's matrices (where the
-CPU decode stack, models/cpu_decode_stack.py, runs all layers in one C call) and for the
-LM head's shortlist.
+Two exceptions to "weight-only", for bfloat16 models on CPU (our C kernel, csrc/w4a8.c):
+W4A8Weight, the same int4 format multiplied by activations quantized to int8 per 32 values,
+and W8A8Weight, GGUF Q8_0's int8 form (the LM head) multiplied the same way. The kernel is
+faster than the dense bfloat16 matmul at every step size, so these weights serve every step
+and no dense copy of the decoder's matrices is kept; the CPU decode stack
+(models/cpu_decode_stack.py) chains it over all layers in one C call.
 """
 
 from __future__ import annotations
@@ -30,12 +31,10 @@ INT4_GROUP_SIZE = 32
 # Steps of at most this many tokens use torch's int8/int4 weights when a dense copy is also
 # kept: there reading fewer weight bytes wins; larger steps are compute-bound and the dense
 # oneDNN matmul is 2-3x faster than those kernels. Each weight carries its limit
-# (`max_tokens`); W4A8Weight's is set by its user (the LM head).
+# (`max_tokens`, None: every step).
 QUANTIZED_MAX_TOKENS = 8
-# The same for W4A8Weight: its kernel quantizes and multiplies each token on its own (no
-# weight reuse across tokens), so its cost grows with them; at 4 tokens it still reads the
-# weights faster than oneDNN's bfloat16 matmul in a real step.
-W4A8_MAX_TOKENS = 4
+# Output rows per panel of the W4A8/W8A8 layouts (one AVX-512 vector of float32).
+PANEL_ROWS = 16
 _QUANTIZE_CHUNK_ROWS = 4096
 # torch's CPU int4 kernel works on whole tiles of output rows and of input columns.
 _INT4_ROW_MULTIPLE = 16
@@ -91,28 +90,33 @@ class W4A8Weight:
     """int4 codes in groups of 32 multiplied by int8 activations (bfloat16 models on CPU).
 
     Same weight format as Int4Weight (w = d * q + m per group, Q4_1's), stored for the C
-    kernel (csrc/w4a8.c): two groups' codes per 32 bytes, (d, m) in float32. Activations
-    are quantized per token and 32 values to int8 on the fly, as llama.cpp does, so one
-    VNNI instruction does 32 multiply-adds. For one decode token it reads the 49k-row
-    vocabulary matrix about 2x faster than torch's int8 kernel (BENCHMARKS.md); for the
-    decoder matrices its gain is that the whole stack of layers runs in one C call.
+    kernel (csrc/w4a8.c) in panels of 16 output rows, codes as the VNNI byte dot product
+    reads them, (d, m) in float32. Activations are quantized per token and 32 values to
+    int8 on the fly, as llama.cpp does, so one instruction does 64 multiply-adds. It is
+    faster than oneDNN's bfloat16 matmul at every step size measured here (1.1-4x,
+    BENCHMARKS.md), so bfloat16 CPU models keep no dense copy of these matrices.
     """
 
-    packed: torch.Tensor  # [out, in / 2] uint8
-    scales_and_mins: torch.Tensor  # [out, 2, in / 32] float32: scales, then minimums
-    max_tokens: int = W4A8_MAX_TOKENS
+    packed: torch.Tensor  # [panels, in / 32, 256] uint8
+    scales_and_mins: torch.Tensor  # [panels, in / 32, 2, 16] float32: scales, then minimums
+    out_features: int
+    max_tokens: int | None = None
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, in] bfloat16 @ w^T → [T, out] bfloat16."""
-        return cpu_ops.w4a8_matmul(_kernel_rows(x, "W4A8"), self.packed, self.scales_and_mins)
+        return cpu_ops.w4a8_matmul(
+            _kernel_rows(x, "W4A8"), self.packed, self.scales_and_mins, self.out_features
+        )
 
     def dense(self, dtype: torch.dtype) -> torch.Tensor:
         """The [out, in] weight d * q + m, computed in float32 from the codes."""
-        rows = self.packed.shape[0]
-        pairs = self.packed.view(rows, -1, 1, INT4_GROUP_SIZE)
-        codes = torch.cat([pairs & 0x0F, pairs >> 4], dim=2).view(rows, -1, INT4_GROUP_SIZE)
-        scales, mins = self.scales_and_mins[:, 0, :, None], self.scales_and_mins[:, 1, :, None]
-        return (codes.float() * scales + mins).view(rows, -1).to(dtype)
+        panels, groups = self.packed.shape[:2]
+        blocks = self.packed.view(panels, groups, 4, PANEL_ROWS, 4)
+        quads = torch.cat([blocks & 0x0F, blocks >> 4], dim=2)  # [panels, groups, 8, 16, 4]
+        codes = _panel_rows(quads, groups).float()  # [rows, groups, 32]
+        scales_and_mins = self.scales_and_mins.permute(0, 3, 2, 1).reshape(-1, 2, groups)
+        scales, mins = scales_and_mins[:, 0, :, None], scales_and_mins[:, 1, :, None]
+        return (codes * scales + mins).view(codes.shape[0], -1)[: self.out_features].to(dtype)
 
     def nbytes(self) -> int:
         """Bytes held by this weight."""
@@ -123,30 +127,60 @@ class W4A8Weight:
 class W8A8Weight:
     """int8 codes in groups of 32 multiplied by int8 activations (bfloat16 models on CPU).
 
-    GGUF Q8_0's form, w = d * q with q in -127..127 and one float32 d per group, for the C
-    kernel: codes stored as q + 128 (unsigned bytes, as the VNNI instruction wants them).
-    The LM head uses it for the shortlist of small steps: GGUF files keep the vocabulary
-    matrix at 8 bits, and at 4 bits its noise over 49k logits shifts their normaliser
-    (perplexity +4% on natural text, measured), while this keeps it within 0.5%.
+    GGUF Q8_0's form, w = d * q with q in -127..127 and one float32 d per group, in the same
+    panels as W4A8Weight: codes stored as q + 128 (unsigned bytes, as the VNNI instruction
+    wants them). The LM head uses it: GGUF files keep the vocabulary matrix at 8 bits, and
+    at 4 bits its noise over 49k logits shifts their normaliser (perplexity +4% on natural
+    text, measured), while this keeps it within 0.5%.
     """
 
-    codes: torch.Tensor  # [out, in] uint8
-    scales: torch.Tensor  # [out, in / 32] float32
-    max_tokens: int = W4A8_MAX_TOKENS
+    codes: torch.Tensor  # [panels, in / 32, 512] uint8
+    scales: torch.Tensor  # [panels, in / 32, 16] float32
+    out_features: int
+    max_tokens: int | None = None
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, in] bfloat16 @ w^T → [T, out] bfloat16."""
-        return cpu_ops.w8a8_matmul(_kernel_rows(x, "W8A8"), self.codes, self.scales)
+        return cpu_ops.w8a8_matmul(
+            _kernel_rows(x, "W8A8"), self.codes, self.scales, self.out_features
+        )
 
     def dense(self, dtype: torch.dtype) -> torch.Tensor:
         """The [out, in] weight d * q, computed in float32 from the codes."""
-        rows = self.codes.shape[0]
-        codes = self.codes.view(rows, -1, INT4_GROUP_SIZE).float() - 128
-        return (codes * self.scales[..., None]).view(rows, -1).to(dtype)
+        panels, groups = self.codes.shape[:2]
+        quads = self.codes.view(panels, groups, 8, PANEL_ROWS, 4)
+        codes = _panel_rows(quads, groups).float() - 128  # [rows, groups, 32]
+        scales = self.scales.permute(0, 2, 1).reshape(-1, groups, 1)
+        return (codes * scales).view(codes.shape[0], -1)[: self.out_features].to(dtype)
 
     def nbytes(self) -> int:
         """Bytes held by this weight."""
         return self.codes.nbytes + self.scales.nbytes
+
+
+def _panel_quads(codes: torch.Tensor) -> torch.Tensor:
+    """Codes [rows, groups, 32] (rows a multiple of 16) → [panels, groups, 8, 16, 4]: per
+    panel and group, quad j holds inputs 4j..4j+3 of the 16 rows, row by row."""
+    rows, groups, _ = codes.shape
+    return codes.view(rows // PANEL_ROWS, PANEL_ROWS, groups, 8, 4).permute(0, 2, 3, 1, 4)
+
+
+def _panel_rows(quads: torch.Tensor, groups: int) -> torch.Tensor:
+    """The inverse of _panel_quads: [panels, groups, 8, 16, 4] → [rows, groups, 32]."""
+    return quads.permute(0, 3, 1, 2, 4).reshape(-1, groups, INT4_GROUP_SIZE)
+
+
+def _panel_scales(values: torch.Tensor) -> torch.Tensor:
+    """Per-row values [rows, groups] → [panels, groups, 16]."""
+    rows, groups = values.shape
+    return values.view(rows // PANEL_ROWS, PANEL_ROWS, groups).transpose(1, 2)
+
+
+def _padded_rows(weight: torch.Tensor, start: int) -> torch.Tensor:
+    """Rows [start, start + chunk) of `weight` as float32, zero-padded to whole panels."""
+    chunk = weight[start : start + _QUANTIZE_CHUNK_ROWS].float()
+    missing = -chunk.shape[0] % PANEL_ROWS
+    return torch.nn.functional.pad(chunk, (0, 0, 0, missing)) if missing else chunk
 
 
 QuantizedWeight = Int8Weight | Int4Weight | W4A8Weight | W8A8Weight
@@ -171,12 +205,12 @@ def can_quantize_int4(weight: torch.Tensor, group_size: int = INT4_GROUP_SIZE) -
 
 
 def can_quantize_w4a8(weight: torch.Tensor) -> bool:
-    """True when `weight` can be a W4A8Weight here: bfloat16 on CPU, input columns a multiple
-    of 64 (groups pair up), and the C kernel built."""
+    """True when `weight` can be a W4A8Weight (or W8A8Weight) here: bfloat16 on CPU, input
+    columns a multiple of 32, and the C kernel built."""
     return (
         weight.dtype == torch.bfloat16
         and weight.device.type == "cpu"
-        and weight.shape[1] % (2 * INT4_GROUP_SIZE) == 0
+        and weight.shape[1] % INT4_GROUP_SIZE == 0
         and cpu_ops.w4a8_available()
     )
 
@@ -193,40 +227,47 @@ def _int4_codes(
     return codes, scales, low
 
 
+def _num_panels(rows: int) -> int:
+    return -(-rows // PANEL_ROWS)
+
+
 def quantize_w4a8(weight: torch.Tensor) -> W4A8Weight:
     """`weight` [out, in] as int4 groups of 32 in the W4A8 layout (see can_quantize_w4a8)."""
     if not can_quantize_w4a8(weight):
-        raise ValueError(f"W4A8 needs a bfloat16 CPU weight with in % 64 == 0, got {weight.shape}.")
+        raise ValueError(f"W4A8 needs a bfloat16 CPU weight with in % 32 == 0, got {weight.shape}.")
     rows, cols = weight.shape
-    packed = torch.empty(rows, cols // 2, dtype=torch.uint8)
-    scales_and_mins = torch.empty(rows, 2, cols // INT4_GROUP_SIZE)
+    groups = cols // INT4_GROUP_SIZE
+    packed = torch.empty(_num_panels(rows), groups, 256, dtype=torch.uint8)
+    scales_and_mins = torch.empty(_num_panels(rows), groups, 2, PANEL_ROWS)
     # By row chunks: a vocabulary matrix in float32 temporaries would be several 100 MB.
     for start in range(0, rows, _QUANTIZE_CHUNK_ROWS):
-        chunk = slice(start, start + _QUANTIZE_CHUNK_ROWS)
-        codes, scales, mins = _int4_codes(weight[chunk], INT4_GROUP_SIZE)
-        pairs = codes.to(torch.uint8).view(codes.shape[0], -1, 2, INT4_GROUP_SIZE)
-        # Two groups per 32 bytes: the first in the low nibbles, the second in the high ones.
-        packed[chunk] = (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).reshape(codes.shape[0], -1)
-        scales_and_mins[chunk] = torch.stack([scales, mins], dim=1)  # [rows, 2, groups]
-    return W4A8Weight(packed, scales_and_mins)
+        codes, scales, mins = _int4_codes(_padded_rows(weight, start), INT4_GROUP_SIZE)
+        panels = slice(start // PANEL_ROWS, start // PANEL_ROWS + codes.shape[0] // PANEL_ROWS)
+        quads = _panel_quads(codes.to(torch.uint8))
+        # Block b of a group: quad b in the low nibbles, quad b + 4 in the high ones.
+        packed[panels] = (quads[:, :, :4] | (quads[:, :, 4:] << 4)).reshape(-1, groups, 256)
+        scales_and_mins[panels, :, 0] = _panel_scales(scales)
+        scales_and_mins[panels, :, 1] = _panel_scales(mins)
+    return W4A8Weight(packed, scales_and_mins, rows)
 
 
 def quantize_w8a8(weight: torch.Tensor) -> W8A8Weight:
     """`weight` [out, in] as int8 groups of 32 (d = max |w| / 127) in the W8A8 layout (same
     conditions as can_quantize_w4a8)."""
     if not can_quantize_w4a8(weight):
-        raise ValueError(f"W8A8 needs a bfloat16 CPU weight with in % 64 == 0, got {weight.shape}.")
+        raise ValueError(f"W8A8 needs a bfloat16 CPU weight with in % 32 == 0, got {weight.shape}.")
     rows, cols = weight.shape
-    codes = torch.empty(rows, cols, dtype=torch.uint8)
-    scales = torch.empty(rows, cols // INT4_GROUP_SIZE)
+    groups = cols // INT4_GROUP_SIZE
+    codes = torch.empty(_num_panels(rows), groups, 512, dtype=torch.uint8)
+    scales = torch.empty(_num_panels(rows), groups, PANEL_ROWS)
     for start in range(0, rows, _QUANTIZE_CHUNK_ROWS):
-        chunk = slice(start, start + _QUANTIZE_CHUNK_ROWS)
-        groups = weight[chunk].float().view(-1, cols // INT4_GROUP_SIZE, INT4_GROUP_SIZE)
-        step = (groups.abs().amax(dim=-1) / 127).clamp(min=torch.finfo(torch.float32).tiny)
-        q = (groups / step[..., None]).round().clamp(-127, 127) + 128
-        codes[chunk] = q.to(torch.uint8).view(-1, cols)
-        scales[chunk] = step
-    return W8A8Weight(codes, scales)
+        chunk = _padded_rows(weight, start).view(-1, groups, INT4_GROUP_SIZE)
+        step = (chunk.abs().amax(dim=-1) / 127).clamp(min=torch.finfo(torch.float32).tiny)
+        q = (chunk / step[..., None]).round().clamp(-127, 127) + 128
+        panels = slice(start // PANEL_ROWS, start // PANEL_ROWS + chunk.shape[0] // PANEL_ROWS)
+        codes[panels] = _panel_quads(q.to(torch.uint8)).reshape(-1, groups, 512)
+        scales[panels] = _panel_scales(step)
+    return W8A8Weight(codes, scales, rows)
 
 
 def quantize_int4(weight: torch.Tensor, group_size: int = INT4_GROUP_SIZE) -> Int4Weight:

@@ -3,12 +3,12 @@
 A decode step of one token through a 30-layer model is about 400 small ops. Each costs a
 few microseconds of Python and torch dispatch, more than the work of most of them: a
 single stream spends most of its step there. For bfloat16 Llama-style models whose matrices
-are W4A8 weights (int4 quantization with a dense copy kept, the CPU default), steps made
-only of decodes, at most W4A8_MAX_TOKENS of them, run every layer in one C loop over the
+are W4A8 weights (int4 quantization, the CPU default), steps made only of decodes (one
+token per request, any number of requests) run every layer in one C loop over the
 same kernels the Python layers call, in the same order: the result is bit-identical to the
 layer-by-layer path (tested), only the dispatch is gone.
 
-Anything else (prefills, mixed or larger steps, float32, other layer types) runs the
+Anything else (prefills, mixed steps, float32, other layer types) runs the
 Python layers. PAGEDLLM_DECODE_STACK=python switches the stack off.
 """
 
@@ -82,7 +82,7 @@ def _library() -> ctypes.CDLL | None:
 
 def _w4a8(linear: Linear) -> W4A8Weight | None:
     quantized = linear.quantized
-    usable = isinstance(quantized, W4A8Weight) and linear.bias is None and linear.keeps_dense
+    usable = isinstance(quantized, W4A8Weight) and linear.bias is None
     return quantized if usable else None
 
 
@@ -107,7 +107,7 @@ def _standard_layer(layer: DecoderLayer) -> bool:
 
 
 class CpuDecodeStack:
-    """Runs a DecoderModel's layers for decode-only steps of a few tokens in one C call.
+    """Runs a DecoderModel's layers for decode-only steps in one C call.
 
     Build it with `CpuDecodeStack.build(model)`, which returns None when the model does not
     qualify. It holds no weights of its own: only pointers into the model's tensors.
@@ -119,7 +119,6 @@ class CpuDecodeStack:
         first = self.layers[0]
         attn = first.self_attn.attn
         self.rotary = first.self_attn.rotary_emb
-        self.max_tokens = _w4a8(first.self_attn.qkv_proj).max_tokens  # type: ignore[union-attr]
         self.dims = _StackDims(
             num_layers=len(self.layers),
             hidden=first.input_layernorm.hidden_size,
@@ -152,10 +151,9 @@ class CpuDecodeStack:
         return None if library is None else cls(model, library)
 
     def serves(self, hidden_states: torch.Tensor, positions: torch.Tensor) -> bool:
-        """True when this step is for the stack: decodes only, at most `max_tokens`, read
-        by the C attention kernel from int8 caches."""
-        num_tokens = hidden_states.shape[0]
-        if not 0 < num_tokens <= self.max_tokens or positions.dtype != torch.int64:
+        """True when this step is for the stack: decodes only, read by the C attention
+        kernel from int8 caches."""
+        if hidden_states.shape[0] == 0 or positions.dtype != torch.int64:
             return False
         context = get_forward_context()
         metadata = context.attn_metadata
