@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, BinaryIO
 
 import gguf
 import numpy as np
@@ -98,21 +98,48 @@ def _head_count(value: Any, layer: int) -> int:
     return int(value[layer]) if isinstance(value, list) else int(value)
 
 
-def dequantize_tensor(tensor: gguf.ReaderTensor) -> torch.Tensor:
-    """A GGUF tensor as float32 in HF shape order (GGUF lists dimensions innermost first)."""
+# Rows dequantized at a time: a float32 vocabulary matrix and numpy's temporaries for it would
+# add several 100 MB to the peak memory of loading.
+_DEQUANTIZE_CHUNK_ROWS = 4096
+
+
+def read_tensor_data(file: BinaryIO, tensor: gguf.ReaderTensor) -> np.ndarray:
+    """A tensor's stored bytes, read from `file` into memory of our own, in the shape and
+    dtype of the reader's `tensor.data`.
+
+    The reader's arrays are views of its memory map of the whole file: every page read
+    through them stays in this process's resident memory while the reader lives (about
+    the file's size by the end of loading), while a read copy is freed with the tensor.
+    """
+    file.seek(int(tensor.data_offset))
+    raw = np.fromfile(file, dtype=np.uint8, count=int(tensor.n_bytes))
+    return raw.view(tensor.data.dtype).reshape(tensor.data.shape)
+
+
+def dequantize_tensor(
+    tensor: gguf.ReaderTensor, dtype: torch.dtype | None = None, data: np.ndarray | None = None
+) -> torch.Tensor:
+    """A GGUF tensor as `dtype` (default float32) in HF shape order (GGUF lists dimensions
+    innermost first), dequantized by chunks of rows from `data` (default: `tensor.data`)."""
     shape = tuple(int(dim) for dim in reversed(tensor.shape.tolist()))
-    try:
-        array = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
-    except NotImplementedError as e:
-        raise ValueError(
-            f"GGUF tensor {tensor.name!r} uses {tensor.tensor_type.name}, which the installed "
-            "gguf package cannot dequantize; re-quantize the model (e.g. Q4_K_M or Q8_0)."
-        ) from e
-    # Reader arrays of unquantized types are read-only views of the file's memory map.
-    array = np.asarray(array, dtype=np.float32)
-    if not array.flags.writeable:
-        array = array.copy()
-    return torch.from_numpy(array).reshape(shape)
+    out = torch.empty(shape, dtype=dtype or torch.float32)
+    rows = out.view(-1, shape[-1]) if out.dim() > 1 else out.view(1, -1)
+    data = (tensor.data if data is None else data).reshape(rows.shape[0], -1)
+    for start in range(0, rows.shape[0], _DEQUANTIZE_CHUNK_ROWS):
+        chunk = slice(start, start + _DEQUANTIZE_CHUNK_ROWS)
+        try:
+            array = gguf.quants.dequantize(data[chunk], tensor.tensor_type)
+        except NotImplementedError as e:
+            raise ValueError(
+                f"GGUF tensor {tensor.name!r} uses {tensor.tensor_type.name}, which the "
+                "installed gguf package cannot dequantize; re-quantize the model (e.g. Q4_K_M "
+                "or Q8_0)."
+            ) from e
+        array = np.asarray(array, dtype=np.float32)
+        if not array.flags.writeable:  # float types: a view of the file's memory map
+            array = array.copy()
+        rows[chunk] = torch.from_numpy(array).reshape(-1, rows.shape[1])
+    return out
 
 
 # GGUF block types by the weight-only method that holds them without (much) loss: 4-bit
@@ -145,7 +172,7 @@ def iterate_gguf_weights(
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (HF name, tensor) for every weight of a llama/qwen2 GGUF file.
 
-    Tensors are float32 (or `dtype` when given, cast after the Q/K fix-up). A tied model has no
+    Tensors are float32 (or `dtype` when given). A tied model has no
     "output.weight", so no "lm_head.weight" is yielded for it.
     """
     reader = gguf.GGUFReader(gguf_path)
@@ -154,16 +181,16 @@ def iterate_gguf_weights(
     num_kv_heads = _field_value(reader, f"{arch}.attention.head_count_kv")
     if num_kv_heads is None:
         num_kv_heads = num_heads
-    for tensor in reader.tensors:
-        hf_name = gguf_to_hf_name(tensor.name)
-        if hf_name is None:
-            continue
-        weight = dequantize_tensor(tensor)
-        if arch in _PERMUTED_ARCHITECTURES:
-            weight = _maybe_unpermute(hf_name, weight, num_heads, num_kv_heads)
-        if dtype is not None:
-            weight = weight.to(dtype)
-        yield hf_name, weight
+    with open(gguf_path, "rb") as file:
+        for tensor in reader.tensors:
+            hf_name = gguf_to_hf_name(tensor.name)
+            if hf_name is None:
+                continue
+            # In the target dtype from the start: the row permutation below is exact in any.
+            weight = dequantize_tensor(tensor, dtype, read_tensor_data(file, tensor))
+            if arch in _PERMUTED_ARCHITECTURES:
+                weight = _maybe_unpermute(hf_name, weight, num_heads, num_kv_heads)
+            yield hf_name, weight
 
 
 def _maybe_unpermute(

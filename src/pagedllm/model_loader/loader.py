@@ -18,6 +18,7 @@ from pagedllm.logger import init_logger
 from pagedllm.model_loader.gguf import iterate_gguf_weights
 from pagedllm.model_loader.safetensors import iterate_safetensors_weights
 from pagedllm.models.registry import resolve_model_class, verify_model_support
+from pagedllm.utils import native
 
 logger = init_logger(__name__)
 
@@ -107,6 +108,7 @@ def get_model(model_config: ModelConfig, device: str = "cpu") -> torch.nn.Module
         _quantize_weights(model, model_config.quantization, model_config.keep_dense_weights)
     _pack_linear_weights(model)
     _build_cpu_decode_stacks(model)
+    native.release_free_heap()  # the dense weights that quantization or packing replaced
     logger.info(
         "Loaded %s (%s) from %s in %s%s on %s.",
         model_config.architecture,
