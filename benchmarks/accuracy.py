@@ -52,10 +52,9 @@ NUM_SCORED = 32  # scored positions per text
 PROMPT_LOGPROBS = 2  # top-2: the rank-1 token and its lead over the runner-up
 KV_CACHE_BYTES = 256 << 20  # 32 short texts need a few MiB; keep several engines cheap
 # Tokens per engine step while scoring. Users see tokens chosen in decode steps of a few
-# tokens, and an engine may run such steps differently from long prefills (other kernels; with
-# quantization on CPU, the W4A8 weights and the W8A8 LM head serve only steps of at most 4
-# tokens while longer ones use the dense copy). Chunked prefill in steps of 4 scores every
-# position on that path.
+# tokens, and an engine may run such steps differently from long prefills (other kernels; e.g.
+# torch's weight-only int8/int4 copies serve only steps of at most 8 tokens, longer ones use
+# the dense weights). Chunked prefill in steps of 4 scores every position on that path.
 STEP_TOKENS = 4
 
 # Questions whose answers run well past 32 tokens, so no greedy answer ends early.
