@@ -110,7 +110,7 @@ class Linear(nn.Module):
         With `keep_dense` False the dense weight is released and every step uses the
         quantized one (least memory). Shapes the int4 kernel cannot take stay dense.
         int4 bfloat16 weights on CPU take the W4A8 form instead: the same int4 groups,
-        multiplied by int8 activations in our C kernel, which is faster than the dense
+        multiplied by int8 activations in our C kernel, at least as fast as the dense
         matmul at every step size, so the dense weight is released whatever `keep_dense`
         says (see W4A8Weight). Call before `pack_for_cpu`.
         """
