@@ -52,13 +52,10 @@ def test_default_quantized_model_gets_the_stack(llm):
     assert isinstance(model.model.layers[0].mlp.down_proj.quantized, W4A8Weight)
 
 
-@pytest.mark.parametrize(
-    "prompts", [PROMPTS[:1], PROMPTS, MANY_PROMPTS], ids=["one", "four", "ten"]
-)
-def test_stack_output_is_bit_identical_to_the_python_layers(llm, monkeypatch, prompts):
-    model = _model(llm).model
-    stack = model.cpu_decode_stack
-    calls = []
+@pytest.fixture
+def stack_calls(monkeypatch) -> list[int]:
+    """The token count of every step the stack runs (it still runs them)."""
+    calls: list[int] = []
     original = CpuDecodeStack.__call__
 
     def counting(self, *args):
@@ -66,6 +63,16 @@ def test_stack_output_is_bit_identical_to_the_python_layers(llm, monkeypatch, pr
         return original(self, *args)
 
     monkeypatch.setattr(CpuDecodeStack, "__call__", counting)
+    return calls
+
+
+@pytest.mark.parametrize(
+    "prompts", [PROMPTS[:1], PROMPTS, MANY_PROMPTS], ids=["one", "four", "ten"]
+)
+def test_stack_output_is_bit_identical_to_the_python_layers(llm, stack_calls, prompts):
+    model = _model(llm).model
+    stack = model.cpu_decode_stack
+    calls = stack_calls
     with_stack = _generate(llm, prompts)
     # The decode steps ran on it (each prompt has more than one token: no prefill did).
     assert calls and max(calls) == len(prompts)
@@ -77,15 +84,8 @@ def test_stack_output_is_bit_identical_to_the_python_layers(llm, monkeypatch, pr
     assert with_stack == without
 
 
-def test_prefills_and_mixed_steps_run_the_python_layers(tiny_llama_dir, monkeypatch):
-    calls = []
-    original = CpuDecodeStack.__call__
-
-    def counting(self, *args):
-        calls.append(args[0].shape[0])
-        return original(self, *args)
-
-    monkeypatch.setattr(CpuDecodeStack, "__call__", counting)
+def test_prefills_and_mixed_steps_run_the_python_layers(tiny_llama_dir, stack_calls):
+    calls = stack_calls
     # A step budget of 6 tokens: the 9-token prompt is prefilled in chunks beside decodes.
     small_steps = LLM(
         str(tiny_llama_dir), dtype="bfloat16", quantization="int4",
