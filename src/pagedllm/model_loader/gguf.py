@@ -1,7 +1,8 @@
 """Iterate HF-named float tensors out of a GGUF file.
 
 Maps llama.cpp tensor names to Hugging Face names (llama and qwen2 families), dequantizes any
-type the `gguf` package can read (F32/F16/BF16, Q4_0..Q8_0, K-quants, ...) to float32, restores
+type the `gguf` package can read (F32/F16/BF16, Q4_0..Q8_0, K-quants, ...) to float32 or the
+model's dtype (by chunks of rows, from bytes read rather than memory-mapped), restores
 HF's [out, in] shape order, and undoes the Q/K row permutation llama.cpp applies to llama
 checkpoints. Config and tokenizer come from transformers' own GGUF support, not from here.
 """

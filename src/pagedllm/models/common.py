@@ -4,7 +4,7 @@ A model file only states how its HF config maps onto a `DecoderSpec` (biases, ty
 file builds the decoder stack, runs it, and loads HF-named checkpoints through the
 parameters' `weight_loader` hooks. Attention metadata and the KV cache are never touched
 here: the `Attention` layer gets them from the forward context (as does the CPU decode
-stack, which replaces the layer loop for small decode steps: cpu_decode_stack.py).
+stack, which replaces the layer loop for decode-only steps: cpu_decode_stack.py).
 """
 
 from __future__ import annotations
@@ -142,7 +142,7 @@ class DecoderModel(nn.Module):
         self.cpu_decode_stack: CpuDecodeStack | None = None
 
     def build_cpu_decode_stack(self) -> None:
-        """After loading (and quantizing): run small decode steps as one C call when this
+        """After loading (and quantizing): run decode-only steps as one C call when this
         model qualifies (see cpu_decode_stack.py)."""
         self.cpu_decode_stack = CpuDecodeStack.build(self)
 

@@ -1,5 +1,5 @@
 /*
- * A Llama-style decoder stack for decode steps of a few tokens on CPU, in one C call.
+ * A Llama-style decoder stack for decode-only steps on CPU (any number of requests), in one C call.
  *
  * At one token per step a small model's layer is a dozen tiny ops; called one by one from
  * Python, their dispatch costs more than their work. This loop runs the same kernels the
