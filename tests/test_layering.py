@@ -25,6 +25,10 @@ FORBIDDEN = {
     "layers": ["pagedllm.core", "pagedllm.engine", "pagedllm.worker", "pagedllm.entrypoints"],
     "attention": ["pagedllm.core", "pagedllm.engine", "pagedllm.worker", "pagedllm.entrypoints"],
     "engine": ["pagedllm.entrypoints"],
+    # The C kernels are a leaf: layers, attention and models call them, never the reverse.
+    "kernels": ["pagedllm.core", "pagedllm.engine", "pagedllm.worker", "pagedllm.entrypoints",
+                "pagedllm.models", "pagedllm.layers", "pagedllm.attention",
+                "pagedllm.model_loader", "pagedllm.tokenizer"],
 }
 
 

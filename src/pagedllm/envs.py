@@ -1,4 +1,8 @@
-"""Every PAGEDLLM_* environment variable, typed and documented, in one place."""
+"""Every PAGEDLLM_* environment variable, typed and documented, in one place.
+
+Nothing else in the package reads `os.environ` for a PAGEDLLM_* name: the functions here
+are read at the moment of use, so tests can set a variable with monkeypatch.
+"""
 
 from __future__ import annotations
 
@@ -20,3 +24,41 @@ def num_threads() -> int | None:
 def api_key() -> str | None:
     """PAGEDLLM_API_KEY: API key the OpenAI server requires when --api-key is not given."""
     return os.environ.get("PAGEDLLM_API_KEY") or None
+
+
+def cpu_isa() -> str | None:
+    """PAGEDLLM_CPU_ISA: force one CPU kernel variant (avx512, avx2_vnni, avx2, neon_dotprod,
+    neon or scalar) instead of the best one the CPU runs (kernels/variants.py)."""
+    return os.environ.get("PAGEDLLM_CPU_ISA") or None
+
+
+def cache_dir() -> str:
+    """PAGEDLLM_CACHE_DIR: where built kernels (and other caches) are kept (default
+    $XDG_CACHE_HOME/pagedllm, i.e. ~/.cache/pagedllm)."""
+    root = os.environ.get("PAGEDLLM_CACHE_DIR")
+    if root:
+        return root
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return os.path.join(base, "pagedllm")
+
+
+def c_compiler() -> str | None:
+    """CC: the C compiler to build the kernels with (default: cc, gcc or clang on PATH)."""
+    return os.environ.get("CC") or None
+
+
+def fused_ops_enabled() -> bool:
+    """PAGEDLLM_FUSED_OPS=torch turns the fused C element-wise ops off (default "c")."""
+    return os.environ.get("PAGEDLLM_FUSED_OPS", "c") != "torch"
+
+
+def attention_kernel_enabled() -> bool:
+    """PAGEDLLM_ATTENTION_KERNEL=torch makes CPU attention use the torch backend instead of
+    the C kernels (default "c")."""
+    return os.environ.get("PAGEDLLM_ATTENTION_KERNEL", "c") != "torch"
+
+
+def decode_stack_enabled() -> bool:
+    """PAGEDLLM_DECODE_STACK=python runs decode steps through the Python layers instead of
+    the one-call C decoder stack (default "c")."""
+    return os.environ.get("PAGEDLLM_DECODE_STACK", "c") != "python"

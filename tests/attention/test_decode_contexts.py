@@ -26,7 +26,7 @@ def _step(backend, cache, requests, generator):
     fresh_cache = cache.clone()
     out = backend.forward(q, k, v, cache, metadata, HEAD_SIZE**-0.5)
     # A new backend has nothing kept, so it gathers: the reference for the same step.
-    fresh = TorchPagedBackend(use_cpu_kernel=False)
+    fresh = TorchPagedBackend()
     expected = fresh.forward(
         q, k, v, fresh_cache, fresh.build_metadata(common, BLOCK_SIZE), HEAD_SIZE**-0.5
     )
@@ -39,7 +39,7 @@ def test_kept_contexts_equal_fresh_gathers_over_many_steps():
     cache[:, 0] = 0  # the null block
     tables = {"a": [5, 9, 2, 30, 31, 40, 41, 42], "b": [7, 8, 12, 13, 14, 15, 16, 17]}
     lens = {"a": 6, "b": 11}
-    backend = TorchPagedBackend(use_cpu_kernel=False)
+    backend = TorchPagedBackend()
     extensions = 0
     for step in range(24):
         if step == 12:  # a request leaves: the next step must gather afresh
@@ -61,7 +61,7 @@ def test_extension_matches_dense_attention():
     blocks = [3, 4, 5, 6, 7]
     keys = torch.randn(20, NUM_KV_HEADS, HEAD_SIZE, generator=generator)
     values = torch.randn(20, NUM_KV_HEADS, HEAD_SIZE, generator=generator)
-    backend = TorchPagedBackend(use_cpu_kernel=False)
+    backend = TorchPagedBackend()
     for length in range(5, 12):
         common = make_common_metadata([(length, 1, blocks)], BLOCK_SIZE)
         metadata = backend.build_metadata(common, BLOCK_SIZE)

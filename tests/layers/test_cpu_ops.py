@@ -17,7 +17,7 @@ from pagedllm.layers.layernorm import RMSNorm
 from pagedllm.layers.rotary import RotaryEmbedding
 
 pytestmark = pytest.mark.skipif(
-    cpu_ops._library() is None, reason="no C compiler to build the fused ops"
+    not cpu_ops.fused_ops_available(), reason="no C compiler to build the fused ops"
 )
 BF16_STEP = 2**-7  # relative spacing of bfloat16 values
 

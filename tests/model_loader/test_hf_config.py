@@ -77,6 +77,19 @@ def test_resolve_auto_dtype(checkpoint, device, is_gguf, expected) -> None:
     assert resolve_dtype("auto", config, device, is_gguf) == expected
 
 
+@pytest.mark.parametrize(
+    ("checkpoint", "is_gguf", "expected"),
+    [("bfloat16", False, "float32"), ("float16", False, "float32"), (None, True, "float32"),
+     ("float32", False, "float32")],
+)
+def test_auto_dtype_avoids_emulated_bf16_on_cpu(checkpoint, is_gguf, expected) -> None:
+    """Where bf16 matmuls are emulated and no W4A8 kernel takes the weights, float32."""
+    config = LlamaConfig(dtype=checkpoint)
+    assert resolve_dtype("auto", config, "cpu", is_gguf, cpu_bf16_is_fast=False) == expected
+    assert resolve_dtype("bfloat16", config, "cpu", is_gguf, cpu_bf16_is_fast=False) == "bfloat16"
+    assert resolve_dtype("auto", LlamaConfig(dtype="float16"), "cuda", False, False) == "float16"
+
+
 def test_resolve_explicit_and_invalid_dtype() -> None:
     config = LlamaConfig(dtype="bfloat16")
     assert resolve_dtype("float16", config, "cpu", False) == "float16"

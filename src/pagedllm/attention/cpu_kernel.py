@@ -7,22 +7,20 @@ The decode kernel reads each decoding request's context straight out of the page
 no dense copy of any context is made (the torch path needs one: a gather, or the contexts it
 keeps across steps, which double the KV memory); the prefill kernel does the same for the
 new tokens of prefilling requests, causally. The library is compiled on first use for this
-machine (utils/native.py). Without a C compiler, or with PAGEDLLM_ATTENTION_KERNEL=torch,
-attention stays on the torch path.
+machine's instruction set (the kernels package). Without a C compiler, or with
+PAGEDLLM_ATTENTION_KERNEL=torch, attention stays on the torch path.
 """
 
 from __future__ import annotations
 
 import ctypes
-import os
-from functools import cache
-from pathlib import Path
+from typing import Any
 
 import torch
 
-from pagedllm.utils import native
+from pagedllm import envs, kernels
+from pagedllm.kernels import pointer
 
-_SOURCE = Path(__file__).with_name("csrc") / "paged_attention.c"
 # Decode functions by (query dtype, cache dtype); int8 writers by K/V dtype.
 _FUNCTIONS = {
     (torch.float32, torch.float32): "paged_decode_f32",
@@ -44,19 +42,12 @@ class _Dims(ctypes.Structure):
     ]
 
 
-@cache
-def _library() -> ctypes.CDLL | None:
-    """The loaded kernel library, or None when it cannot be built here (logged once)."""
-    if os.environ.get("PAGEDLLM_ATTENTION_KERNEL", "c") == "torch":
+def _library() -> Any:
+    """The kernel library's handle, or None when the C attention kernels are off here."""
+    if not envs.attention_kernel_enabled():
         return None
-    library = native.load_library(_SOURCE)
-    if library is None:
-        return None
-    for name in (*_FUNCTIONS.values(), *_PREFILL_FUNCTIONS.values()):
-        getattr(library, name).restype = ctypes.c_int
-    for name in _STORE_FUNCTIONS.values():
-        getattr(library, name).restype = None
-    return library
+    library = kernels.library()
+    return None if library is None else library.lib
 
 
 def is_available(dtype: torch.dtype, device: torch.device | str = "cpu") -> bool:
@@ -75,7 +66,7 @@ def can_store_int8(dtype: torch.dtype, device: torch.device | str = "cpu") -> bo
 
 def _call_setup(
     query: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor
-) -> tuple[ctypes.CDLL, _Dims]:
+) -> tuple[Any, _Dims]:
     """The library and the cache/query shape an attention kernel call takes."""
     library = _library()
     assert library is not None, "call is_available() first"
@@ -101,12 +92,12 @@ def paged_decode_attention(
     library, dims = _call_setup(query, kv_cache, block_tables)
     failed = getattr(library, _FUNCTIONS[(query.dtype, kv_cache.dtype)])(
         ctypes.byref(dims),
-        native.pointer(query),
-        native.pointer(out),
-        native.pointer(kv_cache),
-        native.pointer(block_tables),
-        native.pointer(seq_lens),
-        native.pointer(token_rows),
+        pointer(query),
+        pointer(out),
+        pointer(kv_cache),
+        pointer(block_tables),
+        pointer(seq_lens),
+        pointer(token_rows),
         ctypes.c_int64(seq_lens.shape[0]),
         ctypes.c_int64(max_seq_len),
         ctypes.c_float(scale),
@@ -131,14 +122,14 @@ def paged_prefill_attention(
     library, dims = _call_setup(query, kv_cache, block_tables)
     failed = getattr(library, _PREFILL_FUNCTIONS[(query.dtype, kv_cache.dtype)])(
         ctypes.byref(dims),
-        native.pointer(query),
+        pointer(query),
         ctypes.c_int64(_row_stride(query)),
-        native.pointer(out),
-        native.pointer(kv_cache),
-        native.pointer(block_tables),
-        native.pointer(query_starts),
-        native.pointer(query_lens),
-        native.pointer(context_lens),
+        pointer(out),
+        pointer(kv_cache),
+        pointer(block_tables),
+        pointer(query_starts),
+        pointer(query_lens),
+        pointer(context_lens),
         ctypes.c_int64(query_starts.shape[0]),
         ctypes.c_int64(max_seq_len),
         ctypes.c_float(scale),
@@ -176,12 +167,12 @@ def store_int8(
     dims = _Dims(num_blocks, block_size, num_kv_heads, 0, key.shape[2], 0)
     getattr(library, _STORE_FUNCTIONS[key.dtype])(
         ctypes.byref(dims),
-        native.pointer(kv_cache),
-        native.pointer(key),
-        native.pointer(value),
+        pointer(kv_cache),
+        pointer(key),
+        pointer(value),
         ctypes.c_int64(_row_stride(key)),
         ctypes.c_int64(_row_stride(value)),
-        native.pointer(slots),
+        pointer(slots),
         ctypes.c_int64(slots.shape[0]),
         ctypes.c_int32(write_back),
     )

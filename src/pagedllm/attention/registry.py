@@ -1,4 +1,4 @@
-"""Attention backend registry: backend name → lazily imported factory, picked by device.
+"""Attention backend registry: backend name → lazily imported factory, picked by platform.
 
 Only the chosen backend's module is imported, so CPU runs never import CUDA libraries.
 This module holds no state beyond the static name table.
@@ -8,12 +8,18 @@ from __future__ import annotations
 
 import importlib
 
+import torch
+
+from pagedllm.attention import cpu_kernel
 from pagedllm.attention.backend import AttentionBackend
 
 # name → (module, class); imported only when selected.
 _BACKENDS: dict[str, tuple[str, str]] = {
     "torch": ("pagedllm.attention.torch_paged", "TorchPagedBackend"),
+    "cpu": ("pagedllm.attention.cpu_paged", "CpuPagedBackend"),
 }
+# The model dtypes the C kernels serve.
+_CPU_KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def available_backends() -> list[str]:
@@ -32,18 +38,21 @@ def create_attention_backend(name: str) -> AttentionBackend:
     return backend_cls()
 
 
-def backend_name_for_device(device: str) -> str:
-    """Default backend for a device string ("cpu", "cuda", "cuda:0", ...).
+def backend_name_for_device(device: str, dtype: torch.dtype = torch.float32) -> str:
+    """Default backend for a device string ("cpu", "cuda", "cuda:0", ...) and model dtype.
 
-    CUDA would pick a flash backend once one is registered; until then every device uses
-    the portable torch backend.
+    CPU: the C kernels ("cpu") when they are built for this machine, not switched off
+    (PAGEDLLM_ATTENTION_KERNEL=torch) and serve the dtype; else the torch backend. CUDA
+    would pick a flash backend once one is registered; until then it uses torch too.
     """
     device_type = device.split(":", 1)[0]
     if device_type == "cuda" and "flash" in _BACKENDS:
         return "flash"
+    if device_type == "cpu" and dtype in _CPU_KERNEL_DTYPES and cpu_kernel.is_available(dtype):
+        return "cpu"
     return "torch"
 
 
-def get_attention_backend(device: str) -> AttentionBackend:
-    """The default attention backend for `device`."""
-    return create_attention_backend(backend_name_for_device(device))
+def get_attention_backend(device: str, dtype: torch.dtype = torch.float32) -> AttentionBackend:
+    """The default attention backend for `device` and a model of `dtype`."""
+    return create_attention_backend(backend_name_for_device(device, dtype))

@@ -1,4 +1,5 @@
-"""Portable paged-attention backend in plain PyTorch: the CPU hot path and the test oracle.
+"""Portable paged-attention backend in plain PyTorch: the reference and the test oracle, and
+the path of whatever the C kernels (cpu_paged.py) do not serve: CUDA, float16, no compiler.
 
 Per layer it writes the new tokens' K/V into the block-structured cache, gathers each
 request's context into a padded dense layout and attends with batched matmuls. Everything
@@ -24,7 +25,7 @@ from typing import Any
 
 import torch
 
-from pagedllm.attention import cpu_kernel, kv_quant
+from pagedllm.attention import kv_quant
 from pagedllm.attention.backend import AttentionBackend, CommonAttentionMetadata
 
 # Score elements per attention head in one prefill query chunk (x num_heads in all, ~2.4M
@@ -131,73 +132,14 @@ class _PrefillGroup:
 
 
 @dataclass
-class _KernelDecodes:
-    """All decode requests of a step, for the C kernel that reads the paged cache directly.
-
-    Attributes:
-        token_rows: [n] int32 batch token of each decode request.
-        block_tables: [n, max_blocks] int32.
-        seq_lens: [n] int32 context length including the new token.
-        max_seq_len: the longest of them.
-    """
-
-    token_rows: torch.Tensor
-    block_tables: torch.Tensor
-    seq_lens: torch.Tensor
-    max_seq_len: int
-
-
-@dataclass
-class _KernelPrefills:
-    """All prefill requests of a step, for the C kernel that reads the paged cache directly.
-
-    Attributes:
-        block_tables: [n, max_blocks] int32.
-        query_starts: [n] int32 batch token of each request's first query.
-        query_lens: [n] int32 new tokens of each request.
-        context_lens: [n] int32 tokens cached before this step.
-        max_seq_len: the longest context + new tokens.
-    """
-
-    block_tables: torch.Tensor
-    query_starts: torch.Tensor
-    query_lens: torch.Tensor
-    context_lens: torch.Tensor
-    max_seq_len: int
-
-
-def _kernel_prefills(common: CommonAttentionMetadata, rows: list[int]) -> _KernelPrefills:
-    index = torch.tensor(rows)
-    return _KernelPrefills(
-        block_tables=common.block_tables[index].to(torch.int32).contiguous(),
-        query_starts=common.query_start_loc[index].to(torch.int32),
-        query_lens=common.query_lens[index].to(torch.int32),
-        context_lens=common.context_lens[index].to(torch.int32),
-        max_seq_len=max(common.seq_lens_cpu[i] for i in rows),
-    )
-
-
-def _kernel_decodes(common: CommonAttentionMetadata, rows: list[int]) -> _KernelDecodes:
-    index = torch.tensor(rows)
-    return _KernelDecodes(
-        token_rows=common.query_start_loc[index].to(torch.int32),
-        block_tables=common.block_tables[index].to(torch.int32).contiguous(),
-        seq_lens=common.seq_lens[index].to(torch.int32),
-        max_seq_len=max(common.seq_lens_cpu[i] for i in rows),
-    )
-
-
-@dataclass
 class TorchPagedMetadata:
     """Per-step metadata of `TorchPagedBackend`, shared by all layers of the step.
 
     Attributes:
         num_tokens: tokens in the batch.
         slot_mapping: [num_tokens] cache slot of each new token.
-        decode_buckets: the decode requests, grouped by context length (torch path).
-        kernel_decodes: the decode requests for the C kernel (CPU path), instead of buckets.
-        prefill_groups: the prefill requests, grouped by length (torch path).
-        kernel_prefills: the prefill requests for the C kernel (CPU path), instead of groups.
+        decode_buckets: the decode requests, grouped by context length.
+        prefill_groups: the prefill requests, grouped by length.
         derived: tensors derived on the first layer call because they depend on the
             layers' kv head count or dtype (head-expanded gather indices, additive masks);
             later layers of the step reuse them.
@@ -206,17 +148,8 @@ class TorchPagedMetadata:
     num_tokens: int
     slot_mapping: torch.Tensor
     decode_buckets: list[_DecodeBucket] = field(default_factory=list)
-    kernel_decodes: _KernelDecodes | None = None
     prefill_groups: list[_PrefillGroup] = field(default_factory=list)
-    kernel_prefills: _KernelPrefills | None = None
     derived: dict[tuple[Any, ...], torch.Tensor] = field(default_factory=dict)
-
-    def kernel_decodes_only(self) -> _KernelDecodes | None:
-        """The step's decodes when the step is only decodes, all on the C kernel."""
-        decodes = self.kernel_decodes
-        if decodes is None or self.kernel_prefills is not None or self.prefill_groups:
-            return None
-        return decodes if decodes.seq_lens.shape[0] == self.num_tokens else None
 
 
 def _context_slots(
@@ -353,9 +286,8 @@ class TorchPagedBackend(AttentionBackend):
 
     name = "torch"
 
-    def __init__(self, use_cpu_kernel: bool = True) -> None:
+    def __init__(self) -> None:
         self.decode_contexts = _DecodeContexts()
-        self.use_cpu_kernel = use_cpu_kernel
 
     @staticmethod
     def get_kv_cache_shape(
@@ -379,14 +311,6 @@ class TorchPagedBackend(AttentionBackend):
         )
         decode_rows = [i for i, n in enumerate(common.query_lens_cpu) if n == 1]
         prefill_rows = [i for i, n in enumerate(common.query_lens_cpu) if n > 1]
-        if self._kernel_serves(common.block_tables.device):
-            # The C kernels read every context from the cache: no groups, buckets or masks.
-            if decode_rows:
-                metadata.kernel_decodes = _kernel_decodes(common, decode_rows)
-            if prefill_rows:
-                metadata.kernel_prefills = _kernel_prefills(common, prefill_rows)
-            self.decode_contexts.start_step([])
-            return metadata
         if decode_rows:
             metadata.decode_buckets = _build_decode_buckets(common, decode_rows, block_size)
         self.decode_contexts.start_step(metadata.decode_buckets)
@@ -399,10 +323,6 @@ class TorchPagedBackend(AttentionBackend):
             ]
         return metadata
 
-    def _kernel_serves(self, device: torch.device) -> bool:
-        # Both kernel dtypes are built together: float32 availability means the library is.
-        return self.use_cpu_kernel and cpu_kernel.is_available(torch.float32, device)
-
     def forward(
         self,
         query: torch.Tensor,  # [num_tokens, num_heads, head_size]
@@ -413,7 +333,6 @@ class TorchPagedBackend(AttentionBackend):
         scale: float,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_size]
         """Store the new K/V at `slot_mapping`, then attend each query to its context."""
-        kernel_step = metadata.kernel_decodes is not None or metadata.kernel_prefills is not None
         if kv_cache.dtype == torch.int8:
             key, value = self._store_int8(key, value, kv_cache, metadata)
         else:
@@ -425,8 +344,6 @@ class TorchPagedBackend(AttentionBackend):
         # One group covering the whole batch (in order) needs no scatter.
         if len(groups) == 1 and groups[0].token_indices is None:
             return _prefill_attention(query, key, value, kv_cache, groups[0], derived, 0, scale)
-        if kernel_step:
-            return self._forward_with_kernel(query, kv_cache, metadata, scale)
         contexts = self.decode_contexts
         if len(buckets) == 1 and buckets[0].token_indices is None:
             keys, values = contexts.get(kv_cache, buckets[0], 0, key, value, derived)
@@ -445,7 +362,6 @@ class TorchPagedBackend(AttentionBackend):
             out.index_copy_(0, group.token_indices, group_out)
         return out
 
-
     def _store_int8(
         self,
         key: torch.Tensor,
@@ -457,50 +373,13 @@ class TorchPagedBackend(AttentionBackend):
 
         Attention reads every cached token back from the int8 rows, so the new tokens are
         attended in their round-tripped form too: a result then does not depend on whether
-        a token came from this step, an earlier chunk or the prefix cache. The C writer
-        overwrites `key`/`value` (this step's fresh projections) with that form in place.
+        a token came from this step, an earlier chunk or the prefix cache.
         """
-        if self.use_cpu_kernel and cpu_kernel.can_store_int8(key.dtype, key.device):
-            # The C kernels read everything from the cache; the torch path needs K/V back.
-            kernel_step = (
-                metadata.kernel_decodes is not None or metadata.kernel_prefills is not None
-            )
-            return cpu_kernel.store_int8(
-                kv_cache, key, value, metadata.slot_mapping, write_back=not kernel_step
-            )
         rows = kv_quant.quantize_rows(torch.stack([key, value]))  # [2, T, Hkv, D + 4]
         flat_cache = kv_cache.view(2, -1, *rows.shape[2:])  # [2, num_slots, Hkv, D + 4]
         flat_cache.index_copy_(1, metadata.slot_mapping, rows)
         new = kv_quant.dequantize_rows(rows, key.dtype)
         return new[0], new[1]
-
-    def _forward_with_kernel(
-        self,
-        query: torch.Tensor,
-        kv_cache: torch.Tensor,
-        metadata: TorchPagedMetadata,
-        scale: float,
-    ) -> torch.Tensor:
-        """Decodes and prefills by the C kernels, straight from the cache (K/V stored)."""
-        if query.dtype not in (torch.float32, torch.bfloat16):
-            raise NotImplementedError(
-                f"The CPU attention kernels support float32 and bfloat16, not {query.dtype}; "
-                "use dtype float32/bfloat16 or PAGEDLLM_ATTENTION_KERNEL=torch."
-            )
-        out = torch.empty_like(query)  # [num_tokens, H, D]
-        decodes, prefills = metadata.kernel_decodes, metadata.kernel_prefills
-        if decodes is not None:
-            cpu_kernel.paged_decode_attention(
-                out, query.contiguous(), kv_cache, decodes.block_tables, decodes.seq_lens,
-                decodes.token_rows, decodes.max_seq_len, scale,
-            )
-        if prefills is not None:
-            cpu_kernel.paged_prefill_attention(
-                out, query, kv_cache, prefills.block_tables, prefills.query_starts,
-                prefills.query_lens, prefills.context_lens, prefills.max_seq_len, scale,
-            )
-        return out
-
 
 class _DecodeContexts:
     """Dense decode contexts kept from one step to the next, per layer and decode bucket.

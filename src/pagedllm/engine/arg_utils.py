@@ -17,10 +17,28 @@ from pagedllm.config import (
     ModelConfig,
     SchedulerConfig,
 )
+from pagedllm.logger import init_logger
+
+logger = init_logger(__name__)
 
 # A CPU step of this many tokens already keeps the matmuls efficient; larger steps only
 # lengthen the time new requests wait for their first token.
 _DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
+
+
+def _cpu_bf16_is_fast(quantization: str | None) -> bool:
+    """Whether bfloat16 runs at speed on this CPU for these weights: its bf16 matmuls are
+    native, or its int4 weights run on the W4A8 kernels (which take bf16 activations and
+    leave no dense matmul). Logs the CPU plan's reason when the answer is no."""
+    from pagedllm.kernels import cpu_plan
+
+    plan = cpu_plan()
+    fast = plan.native_bf16 or (quantization == "int4" and plan.byte_dot_kernels)
+    if not fast:
+        logger.info(
+            "bfloat16 would be emulated here, so dtype auto means float32 (%s).", plan.reason
+        )
+    return fast
 
 
 @dataclass
@@ -146,15 +164,21 @@ class EngineArgs:
         hf_config = load_hf_config(model_dir, gguf_file)
         max_model_len = get_max_model_len(hf_config, self.max_model_len)
         verify_model_support(hf_config, max_model_len)
+        quantization = self._resolve_quantization(model_dir, gguf_file, device)
+        is_gguf = gguf_file is not None
+        cpu_bf16_is_fast = True
+        if device == "cpu" and self.dtype == "auto":
+            cpu_bf16_is_fast = _cpu_bf16_is_fast(quantization)
+        dtype = resolve_dtype(self.dtype, hf_config, device, is_gguf, cpu_bf16_is_fast)
         return ModelConfig(
             model=self.model or model_dir,
             model_dir=model_dir,
             gguf_file=gguf_file,
-            dtype=resolve_dtype(self.dtype, hf_config, device, gguf_file is not None),
+            dtype=dtype,
             max_model_len=max_model_len,
             seed=self.seed,
             architecture=get_architecture(hf_config),
             hf_config=hf_config,
-            quantization=self._resolve_quantization(model_dir, gguf_file, device),
+            quantization=quantization,
             keep_dense_weights=self.keep_dense_weights,
         )

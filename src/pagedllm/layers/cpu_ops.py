@@ -12,40 +12,26 @@ them off.
 from __future__ import annotations
 
 import ctypes
-import os
-from functools import cache
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from pagedllm.utils import native
+from pagedllm import envs, kernels
+from pagedllm.kernels import pointer
 
-_SOURCE = Path(__file__).with_name("csrc") / "cpu_ops.c"
-_W4A8_SOURCE = Path(__file__).with_name("csrc") / "w4a8.c"
 _I64, _F32, _I32 = ctypes.c_int64, ctypes.c_float, ctypes.c_int32
 
 
-def _load(source: Path, restypes: dict[str, Any]) -> ctypes.CDLL | None:
-    """`source` built and loaded with its functions' return types set, unless switched off."""
-    if os.environ.get("PAGEDLLM_FUSED_OPS", "c") == "torch":
-        return None
-    library = native.load_library(source)
-    if library is not None:
-        for name, restype in restypes.items():
-            getattr(library, name).restype = restype
-    return library
-
-
-@cache
-def _library() -> ctypes.CDLL | None:
-    names = ("add_rms_norm_bf16", "silu_and_mul_bf16", "rope_neox_bf16")
-    return _load(_SOURCE, dict.fromkeys(names))
+def _fused_lib() -> Any:
+    """The kernel library's handle when the fused ops are on (asserted by callers)."""
+    library = kernels.library()
+    assert library is not None and envs.fused_ops_enabled()
+    return library.lib
 
 
 def fused_ops_available() -> bool:
     """True when the fused element-wise ops are built here and not switched off."""
-    return _library() is not None
+    return envs.fused_ops_enabled() and kernels.library() is not None
 
 
 def serves(x: torch.Tensor) -> bool:
@@ -66,30 +52,28 @@ def add_rms_norm(
     eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(weight * rms_norm(x + residual) in bfloat16, x + residual in float32)."""
-    library = _library()
-    assert library is not None
+    library = _fused_lib()
     num_tokens, hidden = x.shape
     has_residual = residual is not None
     if residual is None:
         residual = torch.empty(num_tokens, hidden, dtype=torch.float32)
     out = torch.empty(num_tokens, hidden, dtype=torch.bfloat16)
     library.add_rms_norm_bf16(
-        _I64(num_tokens), _I64(hidden), native.pointer(x), _I64(x.stride(0)),
-        native.pointer(residual), _I32(has_residual), native.pointer(weight),
-        native.pointer(out), _F32(eps),
+        _I64(num_tokens), _I64(hidden), pointer(x), _I64(x.stride(0)),
+        pointer(residual), _I32(has_residual), pointer(weight),
+        pointer(out), _F32(eps),
     )
     return out, residual
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """x [T, 2d] (gate | up) bfloat16 → silu(gate) * up [T, d]."""
-    library = _library()
-    assert library is not None
+    library = _fused_lib()
     num_tokens, width = x.shape
     out = torch.empty(num_tokens, width // 2, dtype=torch.bfloat16)
     library.silu_and_mul_bf16(
-        _I64(num_tokens), _I64(width // 2), native.pointer(x), _I64(x.stride(0)),
-        native.pointer(out),
+        _I64(num_tokens), _I64(width // 2), pointer(x), _I64(x.stride(0)),
+        pointer(out),
     )
     return out
 
@@ -101,24 +85,20 @@ def rope_neox_(
     head_size: int,
 ) -> None:
     """Rotate every head of `x` in place by its token's position (neox pairing)."""
-    library = _library()
-    assert library is not None
+    library = _fused_lib()
     num_tokens, width = x.shape
     library.rope_neox_bf16(
         _I64(num_tokens), _I64(width // head_size), _I64(head_size),
-        _I64(cos_sin_cache.shape[1]), native.pointer(x), _I64(x.stride(0)),
-        native.pointer(positions), native.pointer(cos_sin_cache),
+        _I64(cos_sin_cache.shape[1]), pointer(x), _I64(x.stride(0)),
+        pointer(positions), pointer(cos_sin_cache),
     )
 
 
-@cache
-def _w4a8_library() -> ctypes.CDLL | None:
-    return _load(_W4A8_SOURCE, {"w4a8_matmul_bf16": ctypes.c_int, "w8a8_matmul_bf16": ctypes.c_int})
-
-
 def w4a8_available() -> bool:
-    """True when the int4 x int8 kernel is built here."""
-    return _w4a8_library() is not None
+    """True when the int4/int8 x int8 kernels serve here: a vector variant is loaded (the
+    plan never sends quantized weights to the scalar reference, which torch outruns)."""
+    library = kernels.library()
+    return library is not None and library.variant.simd
 
 
 def w4a8_matmul(
@@ -144,16 +124,16 @@ def w8a8_matmul(
 def _byte_dot_matmul(
     function: str, x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, out_features: int
 ) -> torch.Tensor:
-    library = _w4a8_library()
+    library = kernels.library()
     assert library is not None
     num_tokens, in_features = x.shape
     out = torch.empty(num_tokens, out_features, dtype=torch.bfloat16)
     if num_tokens == 0:
         return out
-    failed = getattr(library, function)(
+    failed = getattr(library.lib, function)(
         _I64(num_tokens), _I64(out_features), _I64(in_features),
-        native.pointer(x), _I64(x.stride(0)), native.pointer(codes), native.pointer(scales),
-        native.pointer(out), _I64(out_features),
+        pointer(x), _I64(x.stride(0)), pointer(codes), pointer(scales),
+        pointer(out), _I64(out_features),
     )
     if failed:
         raise MemoryError(f"{function}: input size not a multiple of 32, or out of memory")

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pagedllm.kernels import cpu_plan
 from pagedllm.layers.quantization import (
     QuantizedWeight,
     can_quantize_w4a8,
@@ -32,11 +33,13 @@ def uses_quantized(
 
 
 def can_pack_for_cpu(weight: torch.Tensor) -> bool:
-    """True when oneDNN can prepack this weight (bfloat16 on a CPU with mkldnn)."""
+    """True when oneDNN's packed bf16 layout pays for this weight: bfloat16 on a CPU whose
+    bf16 matmuls are native (kernels/plan.py; elsewhere oneDNN refuses or emulates it)."""
     return (
         weight.device.type == "cpu"
         and weight.dtype == torch.bfloat16
         and torch.backends.mkldnn.is_available()
+        and cpu_plan().native_bf16
     )
 
 

@@ -100,13 +100,22 @@ def get_checkpoint_dtype(hf_config: PretrainedConfig) -> str | None:
     return str(dtype).removeprefix("torch.")
 
 
-def resolve_dtype(dtype: str, hf_config: PretrainedConfig, device: str, is_gguf: bool) -> str:
+def resolve_dtype(
+    dtype: str,
+    hf_config: PretrainedConfig,
+    device: str,
+    is_gguf: bool,
+    cpu_bf16_is_fast: bool = True,
+) -> str:
     """Choose the torch dtype name the model runs in.
 
     "auto" picks the checkpoint's dtype, except: GGUF weights are dequantized to bfloat16;
     float16 becomes bfloat16 on CPU (CPU half-precision matmuls are slow and overflow-prone);
     float32 checkpoints stay float32; an unrecorded dtype means float32 on CPU and bfloat16
-    elsewhere. Explicit names are returned as given.
+    elsewhere. On a CPU where bfloat16 would be slow (`cpu_bf16_is_fast` False: no native
+    bf16 matmuls and no W4A8 kernels for the weights, see kernels/plan.py) every bfloat16
+    choice becomes float32, which torch runs at full speed there. Explicit names are
+    returned as given.
 
     Raises:
         ValueError: for a name outside SUPPORTED_DTYPES.
@@ -117,13 +126,18 @@ def resolve_dtype(dtype: str, hf_config: PretrainedConfig, device: str, is_gguf:
         return dtype
     is_cpu = device.split(":")[0] == "cpu"
     if is_gguf:
-        return "bfloat16"
-    checkpoint_dtype = get_checkpoint_dtype(hf_config)
-    if checkpoint_dtype not in ("float32", "bfloat16", "float16"):
-        return "float32" if is_cpu else "bfloat16"
-    if checkpoint_dtype == "float16" and is_cpu:
-        return "bfloat16"
-    return checkpoint_dtype
+        chosen = "bfloat16"
+    else:
+        checkpoint_dtype = get_checkpoint_dtype(hf_config)
+        if checkpoint_dtype not in ("float32", "bfloat16", "float16"):
+            chosen = "float32" if is_cpu else "bfloat16"
+        elif checkpoint_dtype == "float16" and is_cpu:
+            chosen = "bfloat16"
+        else:
+            chosen = checkpoint_dtype
+    if is_cpu and chosen == "bfloat16" and not cpu_bf16_is_fast:
+        return "float32"
+    return chosen
 
 
 def get_rope_theta(hf_config: PretrainedConfig, default: float = 10000.0) -> float:

@@ -9,21 +9,21 @@ same kernels the Python layers call, in the same order: the result is bit-identi
 layer-by-layer path (tested), only the dispatch is gone.
 
 Anything else (prefills, mixed steps, float32, other layer types) runs the
-Python layers. PAGEDLLM_DECODE_STACK=python switches the stack off.
+Python layers. PAGEDLLM_DECODE_STACK=python switches the stack off. The C loop is
+csrc/decode_stack.c in the kernels package, built with the other kernels for this CPU.
 """
 
 from __future__ import annotations
 
 import ctypes
-import os
-from functools import cache
-from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from pagedllm import envs, kernels
 from pagedllm.attention import cpu_kernel
-from pagedllm.attention.torch_paged import TorchPagedMetadata
+from pagedllm.attention.cpu_paged import CpuPagedMetadata
+from pagedllm.kernels import pointer
 from pagedllm.layers import cpu_ops
 from pagedllm.layers.activation import SiluAndMul
 from pagedllm.layers.forward_context import get_forward_context
@@ -31,20 +31,9 @@ from pagedllm.layers.layernorm import RMSNorm
 from pagedllm.layers.linear import Linear
 from pagedllm.layers.quantization import W4A8Weight
 from pagedllm.layers.rotary import RotaryEmbedding
-from pagedllm.utils import native
 
 if TYPE_CHECKING:
     from pagedllm.models.common import DecoderLayer, DecoderModel
-
-_CSRC = Path(__file__).parent.parent
-# decode_stack.c first; the kernels it chains are linked into the same library.
-_SOURCES = (
-    _CSRC / "models" / "csrc" / "decode_stack.c",
-    _CSRC / "layers" / "csrc" / "cpu_ops.c",
-    _CSRC / "layers" / "csrc" / "w4a8.c",
-    _CSRC / "attention" / "csrc" / "paged_attention.c",
-)
-
 
 class _StackDims(ctypes.Structure):
     _fields_ = [
@@ -66,18 +55,15 @@ class _StackLayer(ctypes.Structure):
     ]
 
 
-@cache
-def _library() -> ctypes.CDLL | None:
-    """The stack's library, or None when switched off or its parts are (they must run
-    here as they do in the Python layers for the results to agree)."""
-    if os.environ.get("PAGEDLLM_DECODE_STACK", "c") == "python":
+def _library() -> Any:
+    """The kernel library's handle, or None when the stack is switched off or its parts are
+    (they must run here as they do in the Python layers for the results to agree)."""
+    if not envs.decode_stack_enabled():
         return None
     if not (cpu_ops.fused_ops_available() and cpu_kernel.is_available(torch.bfloat16)):
         return None
-    library = native.load_library(*_SOURCES)
-    if library is not None:
-        library.decode_stack_bf16.restype = ctypes.c_int
-    return library
+    library = kernels.library()
+    return None if library is None else library.lib
 
 
 def _w4a8(linear: Linear) -> W4A8Weight | None:
@@ -113,7 +99,7 @@ class CpuDecodeStack:
     qualify. It holds no weights of its own: only pointers into the model's tensors.
     """
 
-    def __init__(self, model: DecoderModel, library: ctypes.CDLL) -> None:
+    def __init__(self, model: DecoderModel, library: Any) -> None:
         self.library = library
         self.layers = list(model.layers)
         first = self.layers[0]
@@ -158,8 +144,8 @@ class CpuDecodeStack:
         context = get_forward_context()
         metadata = context.attn_metadata
         return (
-            isinstance(metadata, TorchPagedMetadata)
-            and metadata.kernel_decodes_only() is not None
+            isinstance(metadata, CpuPagedMetadata)
+            and metadata.decodes_only() is not None
             and len(context.kv_caches) == len(self.layers)
             and context.kv_caches[0].dtype == torch.int8
         )
@@ -171,7 +157,7 @@ class CpuDecodeStack:
         as the Python layers would return them. Call only when `serves` said yes."""
         context = get_forward_context()
         metadata = context.attn_metadata
-        decodes = metadata.kernel_decodes_only()
+        decodes = metadata.decodes_only()
         assert decodes is not None, "call serves() first"
         table = self._layer_table(context.kv_caches)
         self.dims.max_blocks = decodes.block_tables.shape[1]  # changes from step to step
@@ -181,10 +167,10 @@ class CpuDecodeStack:
         slots = metadata.slot_mapping.to(torch.int64).contiguous()
         failed = self.library.decode_stack_bf16(
             ctypes.byref(self.dims), table, ctypes.c_int64(num_tokens),
-            native.pointer(out), native.pointer(residual), native.pointer(positions),
-            native.pointer(self.rotary.cos_sin_cache), native.pointer(slots),
-            native.pointer(decodes.block_tables), native.pointer(decodes.seq_lens),
-            native.pointer(decodes.token_rows), ctypes.c_int64(decodes.max_seq_len),
+            pointer(out), pointer(residual), pointer(positions),
+            pointer(self.rotary.cos_sin_cache), pointer(slots),
+            pointer(decodes.block_tables), pointer(decodes.seq_lens),
+            pointer(decodes.token_rows), ctypes.c_int64(decodes.max_seq_len),
         )
         if failed:
             raise RuntimeError(f"The CPU decode stack failed (code {failed}).")

@@ -48,7 +48,7 @@ class Worker:
             torch.set_num_threads(threads)
         self.dtype = to_torch_dtype(engine_config.model_config.dtype)
         self.model = get_model(engine_config.model_config, str(self.device))
-        self.backend = get_attention_backend(self.device.type)
+        self.backend = get_attention_backend(self.device.type, self.dtype)
         self.kv_cache_spec = self._determine_kv_cache_spec()
         self.host_kv_caches = self._allocate_host_kv_caches()
         self.model_runner = ModelRunner(

@@ -22,20 +22,6 @@
 
 #include "kernels.h"
 
-typedef struct {
-    int64_t num_layers, hidden, num_heads, num_kv_heads, head_size, intermediate, rot_dim;
-    int64_t num_blocks, block_size, max_blocks; /* the paged KV cache of every layer */
-    float eps, scale;
-} StackDims;
-
-/* One decoder layer: its norms' weights, its four W4A8 matrices and its int8 KV cache. */
-typedef struct {
-    const uint16_t *input_norm, *post_norm;
-    const uint8_t *qkv, *o, *gate_up, *down; /* int4 codes, two per byte */
-    const float *qkv_dm, *o_dm, *gate_up_dm, *down_dm; /* their scales and minimums */
-    int8_t *kv_cache;
-} StackLayer;
-
 /* hidden [T, hidden] bfloat16: the embeddings in, the last layer's MLP output out;
  * residual [T, hidden] float32 out. positions and slots [T] int64; block_tables
  * [T, max_blocks], seq_lens [T] and token_rows [T] int32: token t is request t's query. */

@@ -6,7 +6,8 @@
  * through its block table: no dense copy of the context is ever made. Per request the keys
  * of a position are read once for all heads (the cache stores a position's kv heads next to
  * each other), scores and softmax are kept in float32 and each output row is rounded once.
- * Requests are spread over OpenMP threads (the process's OpenMP runtime, i.e. torch's).
+ * Requests are spread over OpenMP threads. This code is the same on every ISA (the compiler
+ * vectorizes its loops for the variant's flags); the prefill's inner products are isa.h's.
  *
  * Layout (see TorchPagedBackend): kv_cache [2, num_blocks, block_size, num_kv_heads, ROW],
  * query/out rows [num_tokens, num_heads, D], block_tables [num_reqs, max_blocks] int32,
@@ -22,6 +23,7 @@
 #include <string.h>
 
 #include "bf16.h"
+#include "isa.h"
 #include "kernels.h" /* PagedDims */
 
 #define INT8_SCALE_BYTES 4
@@ -144,64 +146,16 @@ DEFINE_DECODE(paged_decode_bf16_int8, uint16_t, bf16_to_float, float_to_bf16, IN
  * Work items are (request, kv head, block of QUERY_BLOCK queries). An item converts its keys
  * KEY_TILE positions at a time to float32, transposed, so the scores of a query row against
  * a tile are D vector multiply-adds with no horizontal sums; the item's G * QUERY_BLOCK query
- * rows (the G query heads of the kv head) share every tile. Scores and softmax are float32,
- * each output value rounded once. Items are spread over OpenMP threads.
+ * rows (the G query heads of the kv head) share every tile, four rows at a time
+ * (isa_attn_scores_4; rows are padded with zeros to a multiple of 4), and the weighted sum
+ * of values is isa_attn_weighted_sum. Scores and softmax are float32, each output value
+ * rounded once. Items are spread over OpenMP threads.
  *
  * query rows are `q_stride` elements apart (heads dense within a token), out [T, H * D];
  * query_starts [n] int32: the batch token of each request's first query; query_lens and
  * context_lens [n] int32 (context: tokens cached before this step).
  */
 #define QUERY_BLOCK 16
-#define KEY_TILE 16
-
-#if defined(__AVX512F__)
-#include <immintrin.h>
-
-/* s[r][0..16) = q_r . key t of the tile, for rows r < 4 (tile_t is [D][16]). Four rows
- * give four independent multiply-add chains that share each tile load. */
-static inline void scores_4_rows(const float *q, int64_t D, const float *tile_t, float *s,
-                                 int64_t s_stride) {
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    for (int64_t j = 0; j < D; j++) {
-        const __m512 k = _mm512_loadu_ps(tile_t + j * KEY_TILE);
-        a0 = _mm512_fmadd_ps(_mm512_set1_ps(q[j]), k, a0);
-        a1 = _mm512_fmadd_ps(_mm512_set1_ps(q[D + j]), k, a1);
-        a2 = _mm512_fmadd_ps(_mm512_set1_ps(q[2 * D + j]), k, a2);
-        a3 = _mm512_fmadd_ps(_mm512_set1_ps(q[3 * D + j]), k, a3);
-    }
-    _mm512_storeu_ps(s, a0);
-    _mm512_storeu_ps(s + s_stride, a1);
-    _mm512_storeu_ps(s + 2 * s_stride, a2);
-    _mm512_storeu_ps(s + 3 * s_stride, a3);
-}
-
-/* acc[0..D) += sum_t w[t] * tile[t][0..D), for n tile rows; D a multiple of 16. */
-static inline void weighted_sum(float *acc, int64_t D, const float *w, const float *tile,
-                                int64_t n) {
-    for (int64_t j = 0; j < D; j += 64) { /* 64 values in four registers at a time */
-        const int64_t width = D - j < 64 ? D - j : 64;
-        __m512 a[4];
-        for (int v = 0; v < width / 16; v++) a[v] = _mm512_loadu_ps(acc + j + 16 * v);
-        for (int64_t t = 0; t < n; t++) {
-            const __m512 wt = _mm512_set1_ps(w[t]);
-            for (int v = 0; v < width / 16; v++)
-                a[v] = _mm512_fmadd_ps(wt, _mm512_loadu_ps(tile + t * D + j + 16 * v), a[v]);
-        }
-        for (int v = 0; v < width / 16; v++) _mm512_storeu_ps(acc + j + 16 * v, a[v]);
-    }
-}
-#define VECTOR_DIMS(D) ((D) % 16 == 0)
-#else
-static inline void scores_4_rows(const float *q, int64_t D, const float *tile_t, float *s,
-                                 int64_t s_stride) {
-    (void)q; (void)D; (void)tile_t; (void)s; (void)s_stride;
-}
-static inline void weighted_sum(float *acc, int64_t D, const float *w, const float *tile,
-                                int64_t n) {
-    (void)acc; (void)D; (void)w; (void)tile; (void)n;
-}
-#define VECTOR_DIMS(D) 0
-#endif
 
 /* Positions [k0, k0 + kt) of kv head g, rows read through the block table and converted to
  * float32 into tile [kt][D]. */
@@ -227,22 +181,20 @@ static void NAME(const PagedDims *d, const T *query, int64_t q_stride, T *out,  
         const T *q = query + (first + i0 + r / G) * q_stride + (g * G + r % G) * D;         \
         for (int64_t j = 0; j < D; j++) qf[r * D + j] = LOAD(q[j]) * scale;                 \
     }                                                                                       \
+    const int64_t padded_rows = (rows + 3) / 4 * 4; /* isa_attn_scores_4 takes 4 rows */    \
+    memset(qf + rows * D, 0, sizeof(float) * (padded_rows - rows) * D);                     \
     for (int64_t k0 = 0; k0 < num_keys; k0 += KEY_TILE) {                                   \
         const int64_t kt = num_keys - k0 < KEY_TILE ? num_keys - k0 : KEY_TILE;             \
         LOAD_TILE(CACHE, tile, keys, blocks, bs, Hkv, g, D, k0, kt);                        \
         for (int64_t j = 0; j < D; j++)                                                     \
             for (int64_t t = 0; t < KEY_TILE; t++)                                          \
                 tile_t[j * KEY_TILE + t] = t < kt ? tile[t * D + j] : 0.f;                  \
-        int64_t r = 0;                                                                      \
-        if (VECTOR_DIMS(D) && kt == KEY_TILE) /* whole tiles: k0 + KEY_TILE <= max_keys */  \
-            for (; r + 4 <= rows; r += 4)                                                   \
-                scores_4_rows(qf + r * D, D, tile_t, scores + r * max_keys + k0, max_keys); \
-        for (; r < rows; r++) {                                                             \
-            float s[KEY_TILE] = {0.f};                                                      \
-            const float *qr = qf + r * D;                                                   \
-            for (int64_t j = 0; j < D; j++)                                                 \
-                for (int64_t t = 0; t < KEY_TILE; t++) s[t] += qr[j] * tile_t[j * KEY_TILE + t]; \
-            for (int64_t t = 0; t < kt; t++) scores[r * max_keys + k0 + t] = s[t];          \
+        for (int64_t r = 0; r < padded_rows; r += 4) {                                      \
+            float s4[4 * KEY_TILE];                                                         \
+            isa_attn_scores_4(qf + r * D, D, tile_t, s4, KEY_TILE);                         \
+            for (int64_t i = 0; i < 4 && r + i < rows; i++)                                 \
+                memcpy(scores + (r + i) * max_keys + k0, s4 + i * KEY_TILE,                 \
+                       sizeof(float) * kt);                                                 \
         }                                                                                   \
     }                                                                                       \
     for (int64_t r = 0; r < rows; r++) /* causal: the row sees keys up to its position */   \
@@ -255,13 +207,7 @@ static void NAME(const PagedDims *d, const T *query, int64_t q_stride, T *out,  
             const int64_t n = context + i0 + r / G + 1 - k0; /* keys of this tile it sees */ \
             const float *w = scores + r * max_keys + k0;                                    \
             float *a = acc + r * D;                                                         \
-            const int64_t seen = n < kt ? n : kt;                                           \
-            if (VECTOR_DIMS(D)) {                                                           \
-                weighted_sum(a, D, w, tile, seen);                                          \
-                continue;                                                                   \
-            }                                                                               \
-            for (int64_t t = 0; t < seen; t++)                                              \
-                for (int64_t j = 0; j < D; j++) a[j] += w[t] * tile[t * D + j];             \
+            isa_attn_weighted_sum(a, D, w, tile, n < kt ? n : kt);                         \
         }                                                                                   \
     }                                                                                       \
     for (int64_t r = 0; r < rows; r++) {                                                    \

@@ -1,4 +1,4 @@
-/* bfloat16 <-> float32 for the engine's C sources (included through utils/native.py's -I). */
+/* bfloat16 <-> float32 for the engine's C sources (csrc/ is on every build's include path). */
 #ifndef PAGEDLLM_BF16_H
 #define PAGEDLLM_BF16_H
 

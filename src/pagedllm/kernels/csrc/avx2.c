@@ -1,0 +1,245 @@
+/*
+ * isa.h on AVX2 + FMA, with or without AVX-VNNI (built with -mavxvnni when the CPU has it).
+ *
+ * A 16-row panel is two halves of 8 rows, one 256-bit vector of int32 lanes each; a quad of a
+ * group (4 input bytes per row) is 32 bytes per half. The integer dot products per lane:
+ *  - AVX-VNNI: vpdpbusd, as on AVX-512 (unsigned weight bytes x signed activations).
+ *  - Otherwise vpmaddubsw (u8 x s8 pairs summed to int16, saturating) and vpmaddwd against
+ *    ones (int16 pairs to int32). int4 codes are at most 15, so 8 quads of pair sums stay
+ *    within int16 (8 x 2 x 15 x 127 = 30480) and one vpmaddwd per group suffices. int8
+ *    codes (q + 128) would saturate, so they are made signed (q) and multiplied as |q| x
+ *    (x with q's sign) (at most 2 x 127 x 127 per pair); the dot of q + 128 is then that
+ *    sum plus 128 x sum(x), exactly.
+ * A tile is up to 4 tokens (16 vector registers: 4 accumulators, 4 dot sums, codes, scales).
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#include "bf16.h"
+#include "isa.h"
+
+#if defined(__AVXVNNI__)
+const char ISA_NAME[] = "avx2_vnni";
+#else
+const char ISA_NAME[] = "avx2";
+#endif
+const int ISA_TILE_TOKENS = 4;
+
+static inline int32_t load_i32(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline __m256 load_bf16x8(const uint16_t *p) {
+    const __m128i h = _mm_loadu_si128((const __m128i *)p);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+static inline float hmax8(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+    return _mm_cvtss_f32(m);
+}
+
+static inline int32_t hsum8_epi32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtsi128_si32(s);
+}
+
+void isa_quantize_q8_bf16(const Q8Activations *a, const uint16_t *x, int64_t t) {
+    const __m256 sign = _mm256_set1_ps(-0.f);
+    for (int64_t g = 0; g < a->G; g++) {
+        __m256 v[4];
+        __m256 amax8 = _mm256_setzero_ps();
+        for (int i = 0; i < 4; i++) {
+            v[i] = load_bf16x8(x + g * Q8_GROUP + 8 * i);
+            amax8 = _mm256_max_ps(amax8, _mm256_andnot_ps(sign, v[i]));
+        }
+        const float amax = hmax8(amax8);
+        const __m256 inv = _mm256_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+        __m256i q[4];
+        for (int i = 0; i < 4; i++) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inv));
+        const int32_t sum = hsum8_epi32(
+            _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
+        /* Narrow to bytes: the packs work per 128-bit lane, the permute restores the order. */
+        const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]),
+                                                 _mm256_packs_epi32(q[2], q[3]));
+        const __m256i ordered =
+            _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i *)(a->xq + t * a->K + g * Q8_GROUP), ordered);
+        const float step = amax * (1.f / 127.f);
+        a->dx[t * a->G + g] = step;
+        a->c[t * a->G + g] = step * (float)sum;
+        a->sums[t * a->G + g] = sum;
+    }
+}
+
+/* 8 float32 → bfloat16 (round to nearest even), the first `lanes` stored. */
+static inline void store_bf16x8(uint16_t *dst, __m256 v, int lanes) {
+    __m256i bits = _mm256_castps_si256(v);
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+    bits = _mm256_add_epi32(bits, _mm256_add_epi32(_mm256_set1_epi32(0x7FFF), odd));
+    bits = _mm256_srli_epi32(bits, 16);
+    const __m128i half =
+        _mm_packus_epi32(_mm256_castsi256_si128(bits), _mm256_extracti128_si256(bits, 1));
+    if (lanes == 8) {
+        _mm_storeu_si128((__m128i *)dst, half);
+    } else {
+        uint16_t tmp[8];
+        _mm_storeu_si128((__m128i *)tmp, half);
+        memcpy(dst, tmp, sizeof(uint16_t) * (size_t)lanes);
+    }
+}
+
+#if defined(__AVXVNNI__)
+#define DOT_ADD(acc, w, x) _mm256_dpbusd_avx_epi32((acc), (w), (x))
+#endif
+
+/* The int32 dot products of R tokens with one half-panel's group (8 rows x 32 inputs). */
+static inline __attribute__((always_inline)) void group_dots(
+    const int R, const int INT8, const uint8_t *group, int half, const int8_t *const *xq,
+    const int32_t *sums, __m256i *dot) {
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    for (int r = 0; r < R; r++) dot[r] = _mm256_setzero_si256();
+#if defined(__AVXVNNI__)
+    (void)sums;
+    for (int b = 0; b < (INT8 ? 8 : 4); b++) {
+        const __m256i raw = _mm256_loadu_si256((const __m256i *)(group + b * 64 + half * 32));
+        if (INT8) {
+            for (int r = 0; r < R; r++)
+                dot[r] = DOT_ADD(dot[r], raw, _mm256_set1_epi32(load_i32(xq[r] + 4 * b)));
+        } else {
+            const __m256i lo = _mm256_and_si256(raw, low);
+            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
+            for (int r = 0; r < R; r++) {
+                dot[r] = DOT_ADD(dot[r], lo, _mm256_set1_epi32(load_i32(xq[r] + 4 * b)));
+                dot[r] = DOT_ADD(dot[r], hi, _mm256_set1_epi32(load_i32(xq[r] + 4 * b + 16)));
+            }
+        }
+    }
+#else
+    const __m256i ones = _mm256_set1_epi16(1);
+    if (INT8) {
+        const __m256i flip = _mm256_set1_epi8((char)0x80);
+        for (int j = 0; j < 8; j++) {
+            const __m256i q = _mm256_xor_si256(
+                _mm256_loadu_si256((const __m256i *)(group + j * 64 + half * 32)), flip);
+            const __m256i magnitude = _mm256_sign_epi8(q, q);
+            for (int r = 0; r < R; r++) {
+                const __m256i x = _mm256_sign_epi8(_mm256_set1_epi32(load_i32(xq[r] + 4 * j)), q);
+                dot[r] = _mm256_add_epi32(
+                    dot[r], _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, x), ones));
+            }
+        }
+        for (int r = 0; r < R; r++) /* the codes' +128 offset, added back exactly */
+            dot[r] = _mm256_add_epi32(dot[r], _mm256_set1_epi32(128 * sums[r]));
+    } else {
+        __m256i pairs[MAX_TILE_TOKENS];
+        for (int r = 0; r < R; r++) pairs[r] = _mm256_setzero_si256();
+        for (int b = 0; b < 4; b++) {
+            const __m256i raw = _mm256_loadu_si256((const __m256i *)(group + b * 64 + half * 32));
+            const __m256i lo = _mm256_and_si256(raw, low);
+            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
+            for (int r = 0; r < R; r++) {
+                const __m256i xlo = _mm256_set1_epi32(load_i32(xq[r] + 4 * b));
+                const __m256i xhi = _mm256_set1_epi32(load_i32(xq[r] + 4 * b + 16));
+                pairs[r] = _mm256_add_epi16(pairs[r], _mm256_maddubs_epi16(lo, xlo));
+                pairs[r] = _mm256_add_epi16(pairs[r], _mm256_maddubs_epi16(hi, xhi));
+            }
+        }
+        for (int r = 0; r < R; r++) dot[r] = _mm256_madd_epi16(pairs[r], ones);
+    }
+#endif
+}
+
+/* Tokens t .. t + R - 1 times rows 8 * half .. 8 * half + 7 of a panel. */
+static inline __attribute__((always_inline)) void half_tile(
+    const int R, const int INT8, const Q8Activations *a, int64_t t, const uint8_t *codes,
+    const float *dm, uint16_t *out, int64_t out_stride, int lanes, int half) {
+    const int64_t group_bytes = INT8 ? 512 : 256, dm_stride = INT8 ? PANEL_ROWS : 2 * PANEL_ROWS;
+    __m256 acc[MAX_TILE_TOKENS];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < a->G; g++) {
+        const int8_t *xq[MAX_TILE_TOKENS];
+        int32_t sums[MAX_TILE_TOKENS];
+        for (int r = 0; r < R; r++) {
+            xq[r] = a->xq + (t + r) * a->K + g * Q8_GROUP;
+            sums[r] = a->sums[(t + r) * a->G + g];
+        }
+        __m256i dot[MAX_TILE_TOKENS];
+        group_dots(R, INT8, codes + g * group_bytes, half, xq, sums, dot);
+        const __m256 d = _mm256_loadu_ps(dm + g * dm_stride + 8 * half);
+        const __m256 m = INT8 ? _mm256_mul_ps(d, _mm256_set1_ps(-128.f))
+                              : _mm256_loadu_ps(dm + g * dm_stride + PANEL_ROWS + 8 * half);
+        for (int r = 0; r < R; r++) {
+            const int64_t row = t + r;
+            const __m256 scale = _mm256_mul_ps(d, _mm256_set1_ps(a->dx[row * a->G + g]));
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[r]), scale, acc[r]);
+            acc[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(a->c[row * a->G + g]), acc[r]);
+        }
+    }
+    const int half_lanes = lanes - 8 * half < 8 ? lanes - 8 * half : 8;
+    for (int r = 0; r < R; r++) store_bf16x8(out + r * out_stride + 8 * half, acc[r], half_lanes);
+}
+
+static inline __attribute__((always_inline)) void tile(
+    const int R, const int INT8, const Q8Activations *a, int64_t t, const uint8_t *codes,
+    const float *dm, uint16_t *out, int64_t out_stride, int lanes) {
+    half_tile(R, INT8, a, t, codes, dm, out, out_stride, lanes, 0);
+    if (lanes > 8) half_tile(R, INT8, a, t, codes, dm, out, out_stride, lanes, 1);
+}
+
+void isa_byte_dot_tile(int int8, const Q8Activations *a, int64_t t, int rows,
+                       const uint8_t *codes, const float *dm, uint16_t *out,
+                       int64_t out_stride, int lanes) {
+#define TILE_CASE(R)                                                                         \
+    case R:                                                                                  \
+        if (int8) tile(R, 1, a, t, codes, dm, out, out_stride, lanes);                       \
+        else tile(R, 0, a, t, codes, dm, out, out_stride, lanes);                            \
+        break;
+    switch (rows) { TILE_CASE(4) TILE_CASE(3) TILE_CASE(2) TILE_CASE(1) }
+#undef TILE_CASE
+}
+
+/* Four query rows against the 16 keys of a tile: two vectors of 8 keys per row. */
+void isa_attn_scores_4(const float *q, int64_t D, const float *tile_t, float *s,
+                       int64_t s_stride) {
+    __m256 lo[4], hi[4];
+    for (int r = 0; r < 4; r++) lo[r] = hi[r] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < D; j++) {
+        const __m256 k0 = _mm256_loadu_ps(tile_t + j * KEY_TILE);
+        const __m256 k1 = _mm256_loadu_ps(tile_t + j * KEY_TILE + 8);
+        for (int r = 0; r < 4; r++) {
+            const __m256 qr = _mm256_set1_ps(q[r * D + j]);
+            lo[r] = _mm256_fmadd_ps(qr, k0, lo[r]);
+            hi[r] = _mm256_fmadd_ps(qr, k1, hi[r]);
+        }
+    }
+    for (int r = 0; r < 4; r++) {
+        _mm256_storeu_ps(s + r * s_stride, lo[r]);
+        _mm256_storeu_ps(s + r * s_stride + 8, hi[r]);
+    }
+}
+
+void isa_attn_weighted_sum(float *acc, int64_t D, const float *w, const float *tile, int64_t n) {
+    int64_t j = 0;
+    for (; j + 8 <= D; j += 32) { /* up to 32 values in four registers at a time */
+        const int vectors = (int)((D - j) / 8 < 4 ? (D - j) / 8 : 4);
+        __m256 a[4];
+        for (int v = 0; v < vectors; v++) a[v] = _mm256_loadu_ps(acc + j + 8 * v);
+        for (int64_t t = 0; t < n; t++) {
+            const __m256 wt = _mm256_set1_ps(w[t]);
+            for (int v = 0; v < vectors; v++)
+                a[v] = _mm256_fmadd_ps(wt, _mm256_loadu_ps(tile + t * D + j + 8 * v), a[v]);
+        }
+        for (int v = 0; v < vectors; v++) _mm256_storeu_ps(acc + j + 8 * v, a[v]);
+        if (vectors < 4) { j += 8 * vectors; break; }
+    }
+    for (; j < D; j++)
+        for (int64_t t = 0; t < n; t++) acc[j] = fmaf(w[t], tile[t * D + j], acc[j]);
+}

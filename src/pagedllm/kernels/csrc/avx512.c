@@ -1,0 +1,145 @@
+/*
+ * isa.h on AVX-512 (F, BW, VL, DQ) with VNNI: a panel's 16 output rows are the 16 lanes of
+ * one vector, and vpdpbusd multiplies 4 unsigned weight bytes by 4 signed activation bytes
+ * per lane, 64 multiply-adds per instruction. A tile is up to 8 tokens: a group's codes are
+ * unpacked once into 8 registers for all of them, each token's 8 dot products one chain.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#include "bf16.h"
+#include "isa.h"
+
+const char ISA_NAME[] = "avx512";
+const int ISA_TILE_TOKENS = 8;
+
+static inline int32_t load_i32(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline __m512 load_bf16x16(const uint16_t *p) {
+    const __m256i h = _mm256_loadu_si256((const __m256i *)p);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+void isa_quantize_q8_bf16(const Q8Activations *a, const uint16_t *x, int64_t t) {
+    for (int64_t g = 0; g < a->G; g++) {
+        const __m512 lo = load_bf16x16(x + g * Q8_GROUP), hi = load_bf16x16(x + g * Q8_GROUP + 16);
+        const float amax =
+            _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
+        const __m512 inv = _mm512_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+        /* Rounds half to even (the default MXCSR mode), as nearbyintf does. */
+        const __m512i qlo = _mm512_cvtps_epi32(_mm512_mul_ps(lo, inv));
+        const __m512i qhi = _mm512_cvtps_epi32(_mm512_mul_ps(hi, inv));
+        int8_t *q = a->xq + t * a->K + g * Q8_GROUP;
+        _mm_storeu_si128((__m128i *)q, _mm512_cvtepi32_epi8(qlo));
+        _mm_storeu_si128((__m128i *)(q + 16), _mm512_cvtepi32_epi8(qhi));
+        const int32_t sum = _mm512_reduce_add_epi32(_mm512_add_epi32(qlo, qhi));
+        const float step = amax * (1.f / 127.f);
+        a->dx[t * a->G + g] = step;
+        a->c[t * a->G + g] = step * (float)sum;
+        a->sums[t * a->G + g] = sum;
+    }
+}
+
+/* 16 float32 → bfloat16 (round to nearest even, as float_to_bf16), the first `lanes` stored. */
+static inline void store_bf16x16(uint16_t *dst, __m512 v, int lanes) {
+    __m512i bits = _mm512_castps_si512(v);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+    bits = _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), odd));
+    const __m256i half = _mm512_cvtepi32_epi16(_mm512_srli_epi32(bits, 16));
+    if (lanes == PANEL_ROWS)
+        _mm256_storeu_si256((__m256i *)dst, half);
+    else
+        _mm256_mask_storeu_epi16(dst, (__mmask16)((1u << lanes) - 1), half);
+}
+
+/* R and INT8 are constants at every call site, so each variant is fully unrolled. */
+static inline __attribute__((always_inline)) void tile(
+    const int R, const int INT8, const Q8Activations *a, int64_t t, const uint8_t *codes,
+    const float *dm, uint16_t *out, int64_t out_stride, int lanes) {
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    const int64_t group_bytes = INT8 ? 512 : 256, dm_stride = INT8 ? PANEL_ROWS : 2 * PANEL_ROWS;
+    __m512 acc[MAX_TILE_TOKENS];
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < a->G; g++) {
+        const uint8_t *group = codes + g * group_bytes;
+        __m512i w[8];
+        if (INT8) {
+            for (int j = 0; j < 8; j++) w[j] = _mm512_loadu_si512(group + j * 64);
+        } else {
+            for (int b = 0; b < 4; b++) {
+                const __m512i raw = _mm512_loadu_si512(group + b * 64);
+                w[b] = _mm512_and_si512(raw, low);
+                w[b + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low);
+            }
+        }
+        const __m512 d = _mm512_loadu_ps(dm + g * dm_stride);
+        const __m512 m = INT8 ? _mm512_mul_ps(d, _mm512_set1_ps(-128.f))
+                              : _mm512_loadu_ps(dm + g * dm_stride + PANEL_ROWS);
+        for (int r = 0; r < R; r++) {
+            const int64_t row = t + r;
+            const int8_t *xq = a->xq + row * a->K + g * Q8_GROUP;
+            __m512i dot = _mm512_setzero_si512();
+            for (int j = 0; j < 8; j++)
+                dot = _mm512_dpbusd_epi32(dot, w[j], _mm512_set1_epi32(load_i32(xq + 4 * j)));
+            const __m512 scale = _mm512_mul_ps(d, _mm512_set1_ps(a->dx[row * a->G + g]));
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[r]);
+            acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(a->c[row * a->G + g]), acc[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) store_bf16x16(out + r * out_stride, acc[r], lanes);
+}
+
+void isa_byte_dot_tile(int int8, const Q8Activations *a, int64_t t, int rows,
+                       const uint8_t *codes, const float *dm, uint16_t *out,
+                       int64_t out_stride, int lanes) {
+#define TILE_CASE(R)                                                                         \
+    case R:                                                                                  \
+        if (int8) tile(R, 1, a, t, codes, dm, out, out_stride, lanes);                       \
+        else tile(R, 0, a, t, codes, dm, out, out_stride, lanes);                            \
+        break;
+    switch (rows) {
+        TILE_CASE(8) TILE_CASE(7) TILE_CASE(6) TILE_CASE(5)
+        TILE_CASE(4) TILE_CASE(3) TILE_CASE(2) TILE_CASE(1)
+    }
+#undef TILE_CASE
+}
+
+/* Four query rows share each load of the transposed tile: four independent fma chains. */
+void isa_attn_scores_4(const float *q, int64_t D, const float *tile_t, float *s,
+                       int64_t s_stride) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t j = 0; j < D; j++) {
+        const __m512 k = _mm512_loadu_ps(tile_t + j * KEY_TILE);
+        a0 = _mm512_fmadd_ps(_mm512_set1_ps(q[j]), k, a0);
+        a1 = _mm512_fmadd_ps(_mm512_set1_ps(q[D + j]), k, a1);
+        a2 = _mm512_fmadd_ps(_mm512_set1_ps(q[2 * D + j]), k, a2);
+        a3 = _mm512_fmadd_ps(_mm512_set1_ps(q[3 * D + j]), k, a3);
+    }
+    _mm512_storeu_ps(s, a0);
+    _mm512_storeu_ps(s + s_stride, a1);
+    _mm512_storeu_ps(s + 2 * s_stride, a2);
+    _mm512_storeu_ps(s + 3 * s_stride, a3);
+}
+
+void isa_attn_weighted_sum(float *acc, int64_t D, const float *w, const float *tile, int64_t n) {
+    int64_t j = 0;
+    for (; j + 16 <= D; j += 64) { /* up to 64 values in four registers at a time */
+        const int vectors = (int)((D - j) / 16 < 4 ? (D - j) / 16 : 4);
+        __m512 a[4];
+        for (int v = 0; v < vectors; v++) a[v] = _mm512_loadu_ps(acc + j + 16 * v);
+        for (int64_t t = 0; t < n; t++) {
+            const __m512 wt = _mm512_set1_ps(w[t]);
+            for (int v = 0; v < vectors; v++)
+                a[v] = _mm512_fmadd_ps(wt, _mm512_loadu_ps(tile + t * D + j + 16 * v), a[v]);
+        }
+        for (int v = 0; v < vectors; v++) _mm512_storeu_ps(acc + j + 16 * v, a[v]);
+        if (vectors < 4) { j += 16 * vectors; break; }
+    }
+    for (; j < D; j++) /* a tail of fewer than 16 values */
+        for (int64_t t = 0; t < n; t++) acc[j] = fmaf(w[t], tile[t * D + j], acc[j]);
+}

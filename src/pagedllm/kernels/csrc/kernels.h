@@ -1,0 +1,98 @@
+/*
+ * The CPU kernel library's interface: every function Python calls (kernels/library.py sets
+ * their ctypes signatures) and that one source calls in another (the decode stack chains
+ * them). The same functions exist in every variant's library; only isa.h's primitives
+ * differ between them. Everything else is compiled hidden (-fvisibility=hidden), so two
+ * variants loaded in one process (the tests do) never resolve each other's symbols.
+ */
+#ifndef PAGEDLLM_KERNELS_H
+#define PAGEDLLM_KERNELS_H
+
+#include <stdint.h>
+
+#define PAGEDLLM_API __attribute__((visibility("default")))
+
+/* The variant this library was built as ("avx512", "avx2_vnni", "avx2", "neon_dotprod",
+ * "neon" or "scalar"; w4a8.c). */
+PAGEDLLM_API const char *pagedllm_isa(void);
+
+/* paged_attention.c: the paged KV cache's shape and the query heads. */
+typedef struct {
+    int64_t num_blocks, block_size, num_kv_heads, num_heads, head_size, max_blocks;
+} PagedDims;
+
+/* Decode attention: one query row per request (token_rows), context read from the cache.
+ * Four entry points by (query dtype, cache format); returns non-zero when out of memory. */
+#define DECLARE_DECODE(NAME, T)                                                              \
+    PAGEDLLM_API int NAME(const PagedDims *d, const T *query, T *out, const char *kv_cache,  \
+                          const int32_t *block_tables, const int32_t *seq_lens,             \
+                          const int32_t *token_rows, int64_t num_reqs, int64_t max_seq_len, \
+                          float scale);
+DECLARE_DECODE(paged_decode_f32, float)
+DECLARE_DECODE(paged_decode_bf16, uint16_t)
+DECLARE_DECODE(paged_decode_f32_int8, float)
+DECLARE_DECODE(paged_decode_bf16_int8, uint16_t)
+#undef DECLARE_DECODE
+
+/* Causal prefill attention of each request's new query rows, from the cache. */
+#define DECLARE_PREFILL(NAME, T)                                                             \
+    PAGEDLLM_API int NAME(const PagedDims *d, const T *query, int64_t q_stride, T *out,      \
+                          const char *kv_cache, const int32_t *block_tables,                \
+                          const int32_t *query_starts, const int32_t *query_lens,           \
+                          const int32_t *context_lens, int64_t num_reqs,                    \
+                          int64_t max_seq_len, float scale);
+DECLARE_PREFILL(paged_prefill_f32, float)
+DECLARE_PREFILL(paged_prefill_bf16, uint16_t)
+DECLARE_PREFILL(paged_prefill_f32_int8, float)
+DECLARE_PREFILL(paged_prefill_bf16_int8, uint16_t)
+#undef DECLARE_PREFILL
+
+/* The int8 cache's writer: K/V rows of the new tokens quantized into their slots. */
+PAGEDLLM_API void store_int8_f32(const PagedDims *d, int8_t *kv_cache, float *key,
+                                 float *value, int64_t key_stride, int64_t value_stride,
+                                 const int64_t *slots, int64_t num_tokens, int32_t write_back);
+PAGEDLLM_API void store_int8_bf16(const PagedDims *d, int8_t *kv_cache, uint16_t *key,
+                                  uint16_t *value, int64_t key_stride, int64_t value_stride,
+                                  const int64_t *slots, int64_t num_tokens, int32_t write_back);
+
+/* cpu_ops.c: fused bfloat16 element-wise ops of a decoder layer. */
+PAGEDLLM_API void add_rms_norm_bf16(int64_t T, int64_t H, const uint16_t *x, int64_t x_stride,
+                                    float *residual, int32_t has_residual,
+                                    const uint16_t *weight, uint16_t *out, float eps);
+PAGEDLLM_API void silu_and_mul_bf16(int64_t T, int64_t d, const uint16_t *x, int64_t x_stride,
+                                    uint16_t *out);
+PAGEDLLM_API void rope_neox_bf16(int64_t T, int64_t heads, int64_t head_size, int64_t rot_dim,
+                                 uint16_t *x, int64_t x_stride, const int64_t *positions,
+                                 const float *cos_sin);
+
+/* w4a8.c: int4 / int8 weights x int8 activations; returns 1 when K % 32 != 0, 2 when out
+ * of memory. */
+PAGEDLLM_API int w4a8_matmul_bf16(int64_t M, int64_t N, int64_t K, const uint16_t *x,
+                                  int64_t x_stride, const uint8_t *qs, const float *dm,
+                                  uint16_t *out, int64_t out_stride);
+PAGEDLLM_API int w8a8_matmul_bf16(int64_t M, int64_t N, int64_t K, const uint16_t *x,
+                                  int64_t x_stride, const uint8_t *qs, const float *dm,
+                                  uint16_t *out, int64_t out_stride);
+
+/* decode_stack.c: a Llama-style decoder stack for decode-only steps, in one call. */
+typedef struct {
+    int64_t num_layers, hidden, num_heads, num_kv_heads, head_size, intermediate, rot_dim;
+    int64_t num_blocks, block_size, max_blocks; /* the paged KV cache of every layer */
+    float eps, scale;
+} StackDims;
+
+/* One decoder layer: its norms' weights, its four W4A8 matrices and its int8 KV cache. */
+typedef struct {
+    const uint16_t *input_norm, *post_norm;
+    const uint8_t *qkv, *o, *gate_up, *down; /* int4 codes, two per byte */
+    const float *qkv_dm, *o_dm, *gate_up_dm, *down_dm; /* their scales and minimums */
+    int8_t *kv_cache;
+} StackLayer;
+
+PAGEDLLM_API int decode_stack_bf16(const StackDims *d, const StackLayer *layers, int64_t T,
+                                   uint16_t *hidden, float *residual, const int64_t *positions,
+                                   const float *cos_sin, const int64_t *slots,
+                                   const int32_t *block_tables, const int32_t *seq_lens,
+                                   const int32_t *token_rows, int64_t max_seq_len);
+
+#endif

@@ -1,0 +1,188 @@
+/*
+ * isa.h on Arm NEON (AArch64), with or without the dot-product extension (ARMv8.2 dotprod,
+ * built with +dotprod when the CPU has it).
+ *
+ * A 16-row panel is four chunks of 4 rows, one 128-bit vector of int32 lanes each; a quad of
+ * a group is 16 bytes per chunk. vdotq_laneq_s32 multiplies the 4 bytes of each lane by the
+ * 4 bytes of one lane of the activations (signed x signed), so int4 codes (0..15) are used as
+ * they are and int8 codes (q + 128) are made signed (q); the dot of q + 128 is then that sum
+ * plus 128 x sum(x), exactly. Without dotprod, widening multiplies and pairwise adds give the
+ * same integers. A tile is up to 4 tokens.
+ */
+#include <arm_neon.h>
+#include <math.h>
+#include <string.h>
+
+#include "bf16.h"
+#include "isa.h"
+
+#if defined(__ARM_FEATURE_DOTPROD)
+const char ISA_NAME[] = "neon_dotprod";
+#else
+const char ISA_NAME[] = "neon";
+#endif
+const int ISA_TILE_TOKENS = 4;
+
+static inline float32x4_t load_bf16x4(const uint16_t *p) {
+    return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16));
+}
+
+void isa_quantize_q8_bf16(const Q8Activations *a, const uint16_t *x, int64_t t) {
+    for (int64_t g = 0; g < a->G; g++) {
+        float32x4_t v[8];
+        float32x4_t amax4 = vdupq_n_f32(0.f);
+        for (int i = 0; i < 8; i++) {
+            v[i] = load_bf16x4(x + g * Q8_GROUP + 4 * i);
+            amax4 = vmaxq_f32(amax4, vabsq_f32(v[i]));
+        }
+        const float amax = vmaxvq_f32(amax4);
+        const float inv = amax > 0.f ? 127.f / amax : 0.f;
+        int8_t *q = a->xq + t * a->K + g * Q8_GROUP;
+        int32x4_t total = vdupq_n_s32(0);
+        for (int i = 0; i < 8; i += 2) {
+            /* vcvtnq rounds half to even, as nearbyintf does. */
+            const int32x4_t q0 = vcvtnq_s32_f32(vmulq_n_f32(v[i], inv));
+            const int32x4_t q1 = vcvtnq_s32_f32(vmulq_n_f32(v[i + 1], inv));
+            total = vaddq_s32(total, vaddq_s32(q0, q1));
+            const int16x8_t narrow = vcombine_s16(vmovn_s32(q0), vmovn_s32(q1));
+            vst1_s8(q + 4 * i, vmovn_s16(narrow));
+        }
+        const int32_t sum = vaddvq_s32(total);
+        const float step = amax * (1.f / 127.f);
+        a->dx[t * a->G + g] = step;
+        a->c[t * a->G + g] = step * (float)sum;
+        a->sums[t * a->G + g] = sum;
+    }
+}
+
+/* 4 float32 → bfloat16 (round to nearest even), the first `lanes` stored. */
+static inline void store_bf16x4(uint16_t *dst, float32x4_t v, int lanes) {
+    uint32x4_t bits = vreinterpretq_u32_f32(v);
+    const uint32x4_t odd = vandq_u32(vshrq_n_u32(bits, 16), vdupq_n_u32(1));
+    bits = vaddq_u32(bits, vaddq_u32(vdupq_n_u32(0x7FFF), odd));
+    const uint16x4_t half = vshrn_n_u32(bits, 16);
+    if (lanes == 4) {
+        vst1_u16(dst, half);
+    } else {
+        uint16_t tmp[4];
+        vst1_u16(tmp, half);
+        memcpy(dst, tmp, sizeof(uint16_t) * (size_t)lanes);
+    }
+}
+
+/* dot + the 4 lane-wise dot products of w (4 rows x 4 bytes) with the 4 bytes `quad`. */
+static inline int32x4_t dot_quad(int32x4_t dot, int8x16_t w, int8x16_t x, int lane_pair_base,
+                                 int32_t quad) {
+#if defined(__ARM_FEATURE_DOTPROD)
+    (void)quad;
+    switch (lane_pair_base) { /* the lane index must be a constant */
+    case 0: return vdotq_laneq_s32(dot, w, x, 0);
+    case 1: return vdotq_laneq_s32(dot, w, x, 1);
+    case 2: return vdotq_laneq_s32(dot, w, x, 2);
+    default: return vdotq_laneq_s32(dot, w, x, 3);
+    }
+#else
+    (void)x;
+    (void)lane_pair_base;
+    const int8x16_t xb = vreinterpretq_s8_s32(vdupq_n_s32(quad));
+    const int32x4_t lo = vpaddlq_s16(vmull_s8(vget_low_s8(w), vget_low_s8(xb)));
+    const int32x4_t hi = vpaddlq_s16(vmull_s8(vget_high_s8(w), vget_high_s8(xb)));
+    return vaddq_s32(dot, vpaddq_s32(lo, hi));
+#endif
+}
+
+/* Tokens t .. t + R - 1 times rows 4 * chunk .. 4 * chunk + 3 of a panel. */
+static inline __attribute__((always_inline)) void chunk_tile(
+    const int R, const int INT8, const Q8Activations *a, int64_t t, const uint8_t *codes,
+    const float *dm, uint16_t *out, int64_t out_stride, int lanes, int chunk) {
+    const int64_t group_bytes = INT8 ? 512 : 256, dm_stride = INT8 ? PANEL_ROWS : 2 * PANEL_ROWS;
+    float32x4_t acc[MAX_TILE_TOKENS];
+    for (int r = 0; r < R; r++) acc[r] = vdupq_n_f32(0.f);
+    for (int64_t g = 0; g < a->G; g++) {
+        const uint8_t *group = codes + g * group_bytes + 16 * chunk;
+        int8x16_t w[8];
+        if (INT8) {
+            for (int j = 0; j < 8; j++)
+                w[j] = vreinterpretq_s8_u8(veorq_u8(vld1q_u8(group + j * 64), vdupq_n_u8(0x80)));
+        } else {
+            for (int b = 0; b < 4; b++) {
+                const uint8x16_t raw = vld1q_u8(group + b * 64);
+                w[b] = vreinterpretq_s8_u8(vandq_u8(raw, vdupq_n_u8(0x0F)));
+                w[b + 4] = vreinterpretq_s8_u8(vshrq_n_u8(raw, 4));
+            }
+        }
+        const float32x4_t d = vld1q_f32(dm + g * dm_stride + 4 * chunk);
+        const float32x4_t m = INT8 ? vmulq_n_f32(d, -128.f)
+                                   : vld1q_f32(dm + g * dm_stride + PANEL_ROWS + 4 * chunk);
+        for (int r = 0; r < R; r++) {
+            const int64_t row = t + r;
+            const int8_t *xq = a->xq + row * a->K + g * Q8_GROUP;
+            const int8x16_t x0 = vld1q_s8(xq), x1 = vld1q_s8(xq + 16);
+            int32_t quads[8];
+            memcpy(quads, xq, sizeof quads);
+            int32x4_t dot = vdupq_n_s32(0);
+            for (int j = 0; j < 4; j++) dot = dot_quad(dot, w[j], x0, j, quads[j]);
+            for (int j = 4; j < 8; j++) dot = dot_quad(dot, w[j], x1, j - 4, quads[j]);
+            if (INT8) dot = vaddq_s32(dot, vdupq_n_s32(128 * a->sums[row * a->G + g]));
+            const float32x4_t scale = vmulq_n_f32(d, a->dx[row * a->G + g]);
+            acc[r] = vfmaq_f32(acc[r], vcvtq_f32_s32(dot), scale);
+            acc[r] = vfmaq_f32(acc[r], m, vdupq_n_f32(a->c[row * a->G + g]));
+        }
+    }
+    const int chunk_lanes = lanes - 4 * chunk < 4 ? lanes - 4 * chunk : 4;
+    for (int r = 0; r < R; r++) store_bf16x4(out + r * out_stride + 4 * chunk, acc[r], chunk_lanes);
+}
+
+static inline __attribute__((always_inline)) void tile(
+    const int R, const int INT8, const Q8Activations *a, int64_t t, const uint8_t *codes,
+    const float *dm, uint16_t *out, int64_t out_stride, int lanes) {
+    for (int chunk = 0; chunk < 4 && 4 * chunk < lanes; chunk++)
+        chunk_tile(R, INT8, a, t, codes, dm, out, out_stride, lanes, chunk);
+}
+
+void isa_byte_dot_tile(int int8, const Q8Activations *a, int64_t t, int rows,
+                       const uint8_t *codes, const float *dm, uint16_t *out,
+                       int64_t out_stride, int lanes) {
+#define TILE_CASE(R)                                                                         \
+    case R:                                                                                  \
+        if (int8) tile(R, 1, a, t, codes, dm, out, out_stride, lanes);                       \
+        else tile(R, 0, a, t, codes, dm, out, out_stride, lanes);                            \
+        break;
+    switch (rows) { TILE_CASE(4) TILE_CASE(3) TILE_CASE(2) TILE_CASE(1) }
+#undef TILE_CASE
+}
+
+void isa_attn_scores_4(const float *q, int64_t D, const float *tile_t, float *s,
+                       int64_t s_stride) {
+    float32x4_t acc[4][4];
+    for (int r = 0; r < 4; r++)
+        for (int v = 0; v < 4; v++) acc[r][v] = vdupq_n_f32(0.f);
+    for (int64_t j = 0; j < D; j++) {
+        float32x4_t k[4];
+        for (int v = 0; v < 4; v++) k[v] = vld1q_f32(tile_t + j * KEY_TILE + 4 * v);
+        for (int r = 0; r < 4; r++) {
+            const float32x4_t qr = vdupq_n_f32(q[r * D + j]);
+            for (int v = 0; v < 4; v++) acc[r][v] = vfmaq_f32(acc[r][v], qr, k[v]);
+        }
+    }
+    for (int r = 0; r < 4; r++)
+        for (int v = 0; v < 4; v++) vst1q_f32(s + r * s_stride + 4 * v, acc[r][v]);
+}
+
+void isa_attn_weighted_sum(float *acc, int64_t D, const float *w, const float *tile, int64_t n) {
+    int64_t j = 0;
+    for (; j + 4 <= D; j += 16) { /* up to 16 values in four registers at a time */
+        const int vectors = (int)((D - j) / 4 < 4 ? (D - j) / 4 : 4);
+        float32x4_t a[4];
+        for (int v = 0; v < vectors; v++) a[v] = vld1q_f32(acc + j + 4 * v);
+        for (int64_t t = 0; t < n; t++) {
+            const float32x4_t wt = vdupq_n_f32(w[t]);
+            for (int v = 0; v < vectors; v++)
+                a[v] = vfmaq_f32(a[v], wt, vld1q_f32(tile + t * D + j + 4 * v));
+        }
+        for (int v = 0; v < vectors; v++) vst1q_f32(acc + j + 4 * v, a[v]);
+        if (vectors < 4) { j += 4 * vectors; break; }
+    }
+    for (; j < D; j++)
+        for (int64_t t = 0; t < n; t++) acc[j] = fmaf(w[t], tile[t * D + j], acc[j]);
+}

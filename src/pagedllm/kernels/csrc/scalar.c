@@ -1,0 +1,81 @@
+/*
+ * The reference implementation of isa.h in plain C: one value at a time, in the order the
+ * vector versions use (lanes side by side, groups and keys one after another), with explicit
+ * fused multiply-adds. It defines the arithmetic the other ISA sources must reproduce, and it
+ * is the library of CPUs no other variant fits (compiled for the architecture's baseline).
+ */
+#include <math.h>
+#include <string.h>
+
+#include "bf16.h"
+#include "isa.h"
+
+const char ISA_NAME[] = "scalar";
+const int ISA_TILE_TOKENS = 1;
+
+void isa_quantize_q8_bf16(const Q8Activations *a, const uint16_t *x, int64_t t) {
+    for (int64_t g = 0; g < a->G; g++) {
+        float v[Q8_GROUP], amax = 0.f;
+        for (int i = 0; i < Q8_GROUP; i++) {
+            v[i] = bf16_to_float(x[g * Q8_GROUP + i]);
+            amax = fabsf(v[i]) > amax ? fabsf(v[i]) : amax;
+        }
+        const float inv = amax > 0.f ? 127.f / amax : 0.f;
+        int8_t *q = a->xq + t * a->K + g * Q8_GROUP;
+        int32_t sum = 0;
+        for (int i = 0; i < Q8_GROUP; i++) {
+            q[i] = (int8_t)nearbyintf(v[i] * inv); /* the default rounding: half to even */
+            sum += q[i];
+        }
+        const float step = amax * (1.f / 127.f);
+        a->dx[t * a->G + g] = step;
+        a->c[t * a->G + g] = step * (float)sum;
+        a->sums[t * a->G + g] = sum;
+    }
+}
+
+/* Code k (0..31) of panel row `lane` in one group's bytes (see w4a8.c for the layout). */
+static inline int code_at(int int8, const uint8_t *group, int lane, int k) {
+    if (int8) return group[(k / 4) * 64 + lane * 4 + k % 4];
+    return (group[((k % 16) / 4) * 64 + lane * 4 + k % 4] >> (4 * (k / 16))) & 0x0F;
+}
+
+void isa_byte_dot_tile(int int8, const Q8Activations *a, int64_t t, int rows,
+                       const uint8_t *codes, const float *dm, uint16_t *out,
+                       int64_t out_stride, int lanes) {
+    const int64_t group_bytes = int8 ? 512 : 256, dm_stride = int8 ? PANEL_ROWS : 2 * PANEL_ROWS;
+    for (int r = 0; r < rows; r++) {
+        const int64_t row = t + r;
+        float acc[PANEL_ROWS] = {0.f};
+        for (int64_t g = 0; g < a->G; g++) {
+            const int8_t *xq = a->xq + row * a->K + g * Q8_GROUP;
+            const float dx = a->dx[row * a->G + g], c = a->c[row * a->G + g];
+            for (int lane = 0; lane < lanes; lane++) {
+                int32_t dot = 0;
+                for (int k = 0; k < Q8_GROUP; k++)
+                    dot += code_at(int8, codes + g * group_bytes, lane, k) * xq[k];
+                const float d = dm[g * dm_stride + lane];
+                const float m = int8 ? -128.f * d : dm[g * dm_stride + PANEL_ROWS + lane];
+                acc[lane] = fmaf((float)dot, d * dx, acc[lane]);
+                acc[lane] = fmaf(m, c, acc[lane]);
+            }
+        }
+        for (int lane = 0; lane < lanes; lane++) out[r * out_stride + lane] = float_to_bf16(acc[lane]);
+    }
+}
+
+void isa_attn_scores_4(const float *q, int64_t D, const float *tile_t, float *s,
+                       int64_t s_stride) {
+    for (int r = 0; r < 4; r++) {
+        float acc[KEY_TILE] = {0.f};
+        for (int64_t j = 0; j < D; j++)
+            for (int t = 0; t < KEY_TILE; t++)
+                acc[t] = fmaf(q[r * D + j], tile_t[j * KEY_TILE + t], acc[t]);
+        memcpy(s + r * s_stride, acc, sizeof acc);
+    }
+}
+
+void isa_attn_weighted_sum(float *acc, int64_t D, const float *w, const float *tile, int64_t n) {
+    for (int64_t t = 0; t < n; t++)
+        for (int64_t j = 0; j < D; j++) acc[j] = fmaf(w[t], tile[t * D + j], acc[j]);
+}

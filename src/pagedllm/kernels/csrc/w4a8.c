@@ -1,0 +1,72 @@
+/*
+ * int4 or int8 weights x int8 activations on CPU: the matmul of bfloat16 models with quantized
+ * weights, for steps of any size. This file holds the layout, the threading and the memory;
+ * the products themselves are the ISA source's (isa.h: isa_quantize_q8_bf16, isa_byte_dot_tile).
+ *
+ * Weights are stored in panels of 16 output rows; a panel is a run of groups of 32 input
+ * values. Byte dot-product instructions (vpdpbusd, vpmaddubsw, vdotq) multiply, per 32-bit
+ * lane, 4 consecutive weight bytes by 4 activation bytes, so a group's codes are kept as
+ * quads: quad j holds inputs 4j..4j+3 of the panel's 16 rows, 64 bytes, row by row.
+ *  - int4 (GGUF Q4_1's form, w = d * q + m, q in 0..15): 256 bytes per group, 4 blocks of
+ *    64 bytes, block b holding quad b in its low nibbles and quad b + 4 in its high ones;
+ *    dm [panels, groups, 2, 16] float32: the 16 rows' scales d, then their minimums m.
+ *  - int8 (GGUF Q8_0's form, w = d * q, q in -127..127): q + 128 (unsigned) as 8 quads,
+ *    512 bytes per group; dm [panels, groups, 16] float32: d only, the minimum is -128 d.
+ * Activations are quantized per token and group of 32 to int8 with their own step dx, as
+ * llama.cpp does for its 4-bit dot products; c = dx * sum(xq) carries the minimums' share:
+ *   sum_i w_i x_i = d dx sum_i q_i xq_i + m c.
+ * A tile is up to ISA_TILE_TOKENS tokens x one panel. The output rows of a token do not
+ * depend on the other tokens of the call, nor on the ISA (isa.h fixes the order of every
+ * float operation). OpenMP threads take panels; the last panel may be partly padding (rows
+ * beyond N are never stored).
+ */
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "isa.h"
+#include "kernels.h"
+
+const char *pagedllm_isa(void) { return ISA_NAME; }
+
+/* out [M, N] bfloat16 (rows out_stride apart) = x [M, K] bfloat16 (rows x_stride apart) @ W^T
+ * for W in either layout. Returns 1 when K is not a multiple of 32, 2 when out of memory. */
+static int byte_dot_matmul(int INT8, int64_t M, int64_t N, int64_t K, const uint16_t *x,
+                           int64_t x_stride, const uint8_t *codes, const float *dm,
+                           uint16_t *out, int64_t out_stride) {
+    if (K % Q8_GROUP != 0) return 1;
+    const int64_t G = K / Q8_GROUP, panels = (N + PANEL_ROWS - 1) / PANEL_ROWS;
+    const int64_t group_bytes = INT8 ? 512 : 256, dm_stride = INT8 ? PANEL_ROWS : 2 * PANEL_ROWS;
+    Q8Activations a = {K, G, malloc((size_t)(M * K)), malloc(sizeof(float) * (size_t)(3 * M * G)),
+                       NULL, NULL};
+    if (a.xq == NULL || a.dx == NULL) { free(a.xq); free(a.dx); return 2; }
+    a.c = a.dx + M * G;
+    a.sums = (int32_t *)(a.c + M * G);
+    #pragma omp parallel
+    {
+        #pragma omp for schedule(static)
+        for (int64_t t = 0; t < M; t++) isa_quantize_q8_bf16(&a, x + t * x_stride, t);
+        #pragma omp for schedule(static)
+        for (int64_t p = 0; p < panels; p++) {
+            const int lanes = N - p * PANEL_ROWS < PANEL_ROWS ? (int)(N - p * PANEL_ROWS) : PANEL_ROWS;
+            for (int64_t t = 0; t < M; t += ISA_TILE_TOKENS) {
+                const int rows = M - t < ISA_TILE_TOKENS ? (int)(M - t) : ISA_TILE_TOKENS;
+                isa_byte_dot_tile(INT8, &a, t, rows, codes + p * G * group_bytes,
+                                  dm + p * G * dm_stride, out + t * out_stride + p * PANEL_ROWS,
+                                  out_stride, lanes);
+            }
+        }
+    }
+    free(a.xq);
+    free(a.dx);
+    return 0;
+}
+
+int w4a8_matmul_bf16(int64_t M, int64_t N, int64_t K, const uint16_t *x, int64_t x_stride,
+                     const uint8_t *qs, const float *dm, uint16_t *out, int64_t out_stride) {
+    return byte_dot_matmul(0, M, N, K, x, x_stride, qs, dm, out, out_stride);
+}
+
+int w8a8_matmul_bf16(int64_t M, int64_t N, int64_t K, const uint16_t *x, int64_t x_stride,
+                     const uint8_t *qs, const float *dm, uint16_t *out, int64_t out_stride) {
+    return byte_dot_matmul(1, M, N, K, x, x_stride, qs, dm, out, out_stride);
+}

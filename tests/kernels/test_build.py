@@ -1,0 +1,124 @@
+"""Building and loading the kernel library: per-variant flags and cache names, clang, and the
+one warning when no compiler is there."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+
+import pytest
+import torch
+
+from pagedllm import kernels
+from pagedllm.kernels import build, loader
+from pagedllm.kernels.cpu_features import CpuFeatures, detect
+from pagedllm.kernels.plan import plan_for
+from pagedllm.kernels.variants import best_variant, get_variant
+from pagedllm.layers.quantization import quantize_w4a8
+
+needs_compiler = pytest.mark.skipif(build.find_compiler() is None, reason="no C compiler")
+
+
+def test_each_variant_has_its_own_flags_and_never_march_native():
+    command = build.compile_command(get_variant("avx2"), "cc", build.CSRC / "x.so", True, "Linux")
+    assert "-mavx2" in command and "-mfma" in command and "-fopenmp" in command
+    assert not any(flag.startswith(("-march=native", "-mavx512")) for flag in command)
+    assert "-mprefer-vector-width=512" not in command  # Arm's compilers reject it
+    assert command[-1] == "-lm" and str(build.CSRC / "avx2.c") in command
+    neon = build.compile_command(get_variant("neon_dotprod"), "cc", build.CSRC / "x.so", False)
+    assert "-march=armv8.2-a+dotprod" in neon and "-fopenmp" not in neon
+
+
+def test_macos_builds_a_dylib_without_openmp():
+    command = build.compile_command(get_variant("neon"), "clang", build.CSRC / "x", False, "Darwin")
+    assert "-dynamiclib" in command and "-shared" not in command and "-fopenmp" not in command
+    assert build.library_suffix("Darwin") == ".dylib" and build.library_suffix("Linux") == ".so"
+
+
+@needs_compiler
+def test_cache_file_names_the_variant(tmp_path):
+    path = build.build_variant(get_variant("scalar"), cache_dir=tmp_path)
+    assert path.name.startswith("pagedllm-scalar-") and path.parent == tmp_path
+    assert build.build_variant(get_variant("scalar"), cache_dir=tmp_path) == path  # cached
+
+
+@pytest.mark.skipif(shutil.which("clang") is None, reason="clang is not installed")
+@pytest.mark.skipif(build.find_compiler() is None, reason="no C compiler")
+def test_clang_builds_the_same_arithmetic(tmp_path):
+    variant = best_variant(detect())
+    built = build.build_variant(variant, compiler=shutil.which("clang"), cache_dir=tmp_path)
+    clang = loader.open_library(built, variant)
+    assert clang.isa == variant.name
+    if not variant.simd:
+        return
+    weight = quantize_w4a8(torch.randn(80, 192).bfloat16())
+    x = torch.randn(9, 192).bfloat16()
+    with kernels.use(clang):
+        from_clang = weight.matmul(x)
+    with kernels.use(kernels.load_variant(variant.name)):
+        from_gcc = weight.matmul(x)
+    assert torch.equal(from_clang, from_gcc)
+
+
+class _Records(logging.Handler):
+    """Collects the package logger's records (pagedllm's logger does not propagate)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@pytest.fixture
+def package_log():
+    handler = _Records()
+    logging.getLogger("pagedllm").addHandler(handler)
+    yield handler.records
+    logging.getLogger("pagedllm").removeHandler(handler)
+
+
+def test_no_compiler_means_torch_paths_and_one_warning(monkeypatch, package_log):
+    plan = plan_for(CpuFeatures("x86_64", frozenset({"avx2", "fma", "f16c"})), False)
+    monkeypatch.setattr(loader, "cpu_plan", lambda: plan)
+    assert loader._load_planned() is None
+    warnings = [r.getMessage() for r in package_log if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and len(package_log) == 1
+    assert "no C compiler" in warnings[0] and "several times slower" in warnings[0]
+
+
+def test_a_failed_build_falls_back_with_a_warning(monkeypatch, package_log):
+    def refuse(*args, **kwargs):
+        raise build.BuildError("avx2: error: unknown flag")
+
+    monkeypatch.setattr(build, "build_variant", refuse)
+    plan = plan_for(CpuFeatures("x86_64", frozenset({"avx2", "fma", "f16c"})), True)
+    monkeypatch.setattr(loader, "cpu_plan", lambda: plan)
+    assert loader._load_planned() is None
+    assert [r.levelno for r in package_log] == [logging.WARNING]
+    assert "could not be built" in package_log[0].getMessage()
+
+
+@needs_compiler
+def test_the_choice_is_logged_once_at_info(monkeypatch, package_log):
+    plan = plan_for(CpuFeatures("x86_64", frozenset({"avx2", "fma", "f16c"})), True)
+    monkeypatch.setattr(loader, "cpu_plan", lambda: plan)
+    loaded = loader._load_planned()
+    assert loaded is not None and loaded.isa == "avx2"
+    assert [r.levelno for r in package_log] == [logging.INFO]
+    assert "W4A8 on avx2 kernels" in package_log[0].getMessage()
+
+
+def test_forced_variant_is_loaded(monkeypatch):
+    monkeypatch.setenv("PAGEDLLM_CPU_ISA", "scalar")
+    from pagedllm.kernels.plan import cpu_plan
+
+    cpu_plan.cache_clear()
+    try:
+        plan = cpu_plan()
+        assert plan.variant is not None and plan.variant.name == "scalar"
+        assert not plan.byte_dot_kernels and "forced by PAGEDLLM_CPU_ISA" in plan.reason
+    finally:
+        monkeypatch.delenv("PAGEDLLM_CPU_ISA")
+        cpu_plan.cache_clear()
