@@ -25,6 +25,11 @@ run: install
 test: install
 	$(PY) -m pytest -q $(PYTEST_ARGS) tests
 
+lint: install
+	$(PIP) install --quiet -e ".[lint]" $(TORCH_PIN)
+	$(PY) -m ruff check src tests benchmarks examples
+	$(PY) -m mypy
+
 bench: install
 	$(PIP) install --quiet -e ".[bench]" $(TORCH_PIN)
 	$(PY) benchmarks/throughput.py --compare hf,llamacpp

@@ -25,7 +25,7 @@ def main() -> None:
     params = SamplingParams(temperature=0.0, max_tokens=64)
     conversations = [[{"role": "user", "content": p}] for p in PROMPTS]
     outputs = llm.chat(conversations, params)
-    for prompt, output in zip(PROMPTS, outputs):
+    for prompt, output in zip(PROMPTS, outputs, strict=True):
         print(f"Prompt: {prompt!r}\nCompletion: {output.outputs[0].text!r}\n")
 
 

@@ -109,7 +109,11 @@ class AsyncEngineCoreClient(EngineCoreClient):
         raise NotImplementedError("An async core client delivers outputs via get_output_async.")
 
     latest_scheduler_stats: SchedulerStats | None = None
-    num_gpu_blocks: int
+
+    @property
+    @abstractmethod
+    def num_gpu_blocks(self) -> int:
+        """KV-cache blocks of the core."""
 
     @abstractmethod
     async def get_output_async(self) -> EngineCoreOutputs:

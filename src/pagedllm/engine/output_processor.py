@@ -225,7 +225,7 @@ class OutputProcessor:
 
     def abort_requests(self, request_ids: list[str]) -> list[str]:
         """Forget user requests; returns the core request ids to abort."""
-        core_ids = []
+        core_ids: list[str] = []
         for request_id in request_ids:
             state = self.requests.get(request_id)
             if state is not None:

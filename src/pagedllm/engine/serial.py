@@ -6,6 +6,7 @@ payload. Core → frontend messages are one frame: an encoded EngineCoreOutputs.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -44,7 +45,9 @@ class CoreRequestDecoder:
             for kind, payload_type in _PAYLOAD_TYPES.items()
         }
 
-    def decode(self, frames: list[bytes]) -> tuple[EngineCoreRequestType, Any]:
+    def decode(
+        self, frames: Sequence[bytes | memoryview]
+    ) -> tuple[EngineCoreRequestType, Any]:
         """The message's type and payload (raises on a malformed message)."""
         kind = EngineCoreRequestType(bytes(frames[0]))
         return kind, self._decoders[kind].decode(frames[1])

@@ -165,7 +165,7 @@ class PrometheusStatLogger:
         disable_created_metrics()
         self.registry = CollectorRegistry()
         self._labels = {"model_name": model_name, "engine": "0"}
-        self._last_cumulative: dict[str, int] = {}
+        self._last_cumulative: dict[str, float] = {}
         self._make_scheduler_metrics(config_labels or {})
         self._make_request_metrics(build_1_2_5_buckets(max_model_len))
 

@@ -16,7 +16,7 @@ csrc/decode_stack.c in the kernels package, built with the other kernels for thi
 from __future__ import annotations
 
 import ctypes
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -68,8 +68,14 @@ def _library() -> Any:
 
 def _w4a8(linear: Linear) -> W4A8Weight | None:
     quantized = linear.quantized
-    usable = isinstance(quantized, W4A8Weight) and linear.bias is None
-    return quantized if usable else None
+    if isinstance(quantized, W4A8Weight) and linear.bias is None:
+        return quantized
+    return None
+
+
+def _decoder_layers(model: DecoderModel) -> list[DecoderLayer]:
+    """The model's layers with their type (a ModuleList only knows they are Modules)."""
+    return cast("list[DecoderLayer]", list(model.layers))
 
 
 def _standard_layer(layer: DecoderLayer) -> bool:
@@ -101,7 +107,7 @@ class CpuDecodeStack:
 
     def __init__(self, model: DecoderModel, library: Any) -> None:
         self.library = library
-        self.layers = list(model.layers)
+        self.layers = _decoder_layers(model)
         first = self.layers[0]
         attn = first.self_attn.attn
         self.rotary = first.self_attn.rotary_emb
@@ -123,7 +129,7 @@ class CpuDecodeStack:
     def build(cls, model: DecoderModel) -> CpuDecodeStack | None:
         """The stack for `model`, or None: it needs bfloat16 Llama-style layers with W4A8
         matrices, no biases, neox RoPE with a float32 table, and the C library."""
-        layers = list(model.layers)
+        layers = _decoder_layers(model)
         if not layers or not all(_standard_layer(layer) for layer in layers):
             return None
         rotary = layers[0].self_attn.rotary_emb

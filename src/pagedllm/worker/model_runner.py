@@ -13,6 +13,8 @@ accumulated over chunks and sent once the prompt is done.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, cast
+
 import numpy as np
 import torch
 
@@ -30,6 +32,9 @@ from pagedllm.worker.logprobs import (
     split_logprobs,
 )
 from pagedllm.worker.outputs import LogprobsLists, ModelRunnerOutput
+
+if TYPE_CHECKING:
+    from pagedllm.models.interfaces import CausalLM
 
 # Prompt positions scored per logits computation: bounds the [M, vocab] float32 temporaries.
 _PROMPT_LOGPROBS_CHUNK = 256
@@ -55,6 +60,8 @@ class ModelRunner:
         device: torch.device,
     ) -> None:
         self.model = model
+        # The same object, typed as what the runner calls on it beyond forward().
+        self._causal_lm = cast("CausalLM", model)
         self.backend = backend
         self.kv_caches = kv_caches
         self.block_size = block_size
@@ -184,7 +191,7 @@ class ModelRunner:
             and all(s.sampling_params.logprobs is None for s in states)
         )
         logits_indices = self._to_device(inputs.logits_indices)
-        logits = self.model.compute_logits(hidden_states[logits_indices], ranking_only)
+        logits = self._causal_lm.compute_logits(hidden_states[logits_indices], ranking_only)
         logits = logits.float()  # [n, vocab]
         sampled = self.sampler(logits, metadata)  # [n]
         return sampled.tolist(), self._sampled_logprobs(states, logits, sampled)
@@ -222,7 +229,7 @@ class ModelRunner:
         for start in range(0, num_scored, _PROMPT_LOGPROBS_CHUNK):
             end = min(start + _PROMPT_LOGPROBS_CHUNK, num_scored)
             index = self._to_device(plan.hidden_indices[start:end])
-            logits = self.model.compute_logits(hidden_states[index])  # [m, vocab]
+            logits = self._causal_lm.compute_logits(hidden_states[index])  # [m, vocab]
             vocab_size = logits.shape[-1]
             max_top = max(resolve_num_top(n, vocab_size) for n in plan.num_logprobs)
             targets = self._to_device(plan.target_ids[start:end])  # [m]
