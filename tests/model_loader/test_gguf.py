@@ -209,3 +209,59 @@ def test_get_model_from_gguf(monkeypatch, tmp_path: Path, tiny_llama_dir: Path) 
     model = loader.get_model(config)
     for name, param in model.named_parameters():
         assert np.array_equal(param.numpy(), hf[name]), name
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q8_0], ids=lambda q: q.name)
+def test_file_codes_decode_as_the_gguf_package_dequantizes(tmp_path: Path, qtype: Q) -> None:
+    """GroupCodes hold the file's own codes and scales: their dense form is exactly what
+    gguf's dequantization gives, and they repack into W4A8/W8A8 losslessly."""
+    from pagedllm.layers.quantization import (
+        GroupCodes,
+        can_quantize_w4a8,
+        w4a8_from_codes,
+        w8a8_from_codes,
+    )
+
+    values = np.random.default_rng(1).standard_normal((40, 96)).astype(np.float32)
+    path = _write_gguf(tmp_path / "c.gguf", "qwen2", {"blk.0.ffn_down.weight": (values, qtype)})
+    [(_, dense)] = list(iterate_gguf_weights(str(path)))
+    [(name, codes)] = list(iterate_gguf_weights(str(path), keep_codes=True))
+    assert name == "model.layers.0.mlp.down_proj.weight" and isinstance(codes, GroupCodes)
+    assert codes.shape == (40, 96) and codes.is_int4 == (qtype != Q.Q8_0)
+    assert torch.equal(codes.dense(torch.float32), dense)
+    if can_quantize_w4a8(torch.empty(40, 96, dtype=torch.bfloat16)):
+        packed = w4a8_from_codes(codes) if codes.is_int4 else w8a8_from_codes(codes)
+        assert torch.equal(packed.dense(torch.float32), dense)
+
+
+def test_llama_rows_are_unpermuted_on_codes_too(tmp_path: Path) -> None:
+    values = np.random.default_rng(2).standard_normal((64, 64)).astype(np.float32)
+    permuted = _llama_cpp_permute(values, 4)
+    path = _write_gguf(tmp_path / "p.gguf", "llama", {"blk.0.attn_q.weight": (permuted, Q.Q4_1)})
+    [(_, dense)] = list(iterate_gguf_weights(str(path)))
+    [(_, codes)] = list(iterate_gguf_weights(str(path), keep_codes=True))
+    assert torch.equal(codes.dense(torch.float32), dense)
+    assert np.abs(dense.numpy() - values).max() < 0.2  # un-permuted: close to the original
+
+
+def test_tensor_index_is_cached_per_file(tmp_path: Path, monkeypatch) -> None:
+    """The second read of a file builds no GGUFReader; a rewritten file is read again."""
+    monkeypatch.setenv("PAGEDLLM_CACHE_DIR", str(tmp_path / "cache"))
+    values = np.ones((16, 32), np.float32)
+    path = _write_gguf(tmp_path / "i.gguf", "qwen2", {"blk.0.ffn_up.weight": (values, Q.F32)})
+    first = dict(iterate_gguf_weights(str(path)))
+
+    def no_reader(*args, **kwargs):
+        raise AssertionError("the cached index should be used")
+
+    monkeypatch.setattr(gguf, "GGUFReader", no_reader)
+    assert torch.equal(dict(iterate_gguf_weights(str(path)))["model.layers.0.mlp.up_proj.weight"],
+                       first["model.layers.0.mlp.up_proj.weight"])
+    monkeypatch.undo()
+    monkeypatch.setenv("PAGEDLLM_CACHE_DIR", str(tmp_path / "cache"))
+    _write_gguf(path, "qwen2", {"blk.0.ffn_up.weight": (2 * values, Q.F32)})
+    import os
+
+    os.utime(path, ns=(1, 1))  # a different modification time: a different cache entry
+    [(_, tensor)] = list(iterate_gguf_weights(str(path)))
+    assert torch.equal(tensor, 2 * first["model.layers.0.mlp.up_proj.weight"])

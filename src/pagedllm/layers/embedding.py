@@ -25,6 +25,7 @@ from pagedllm.layers.quantization import (
     quantize_int8,
     quantize_w4a8,
     quantize_w8a8,
+    w8a8_from_codes,
 )
 
 # Logits per row recomputed in float32 after a reduced-precision vocabulary matmul.
@@ -76,18 +77,26 @@ class LMHead(nn.Module):
         GGUF files keep it at 8 bits (Q8_0) for that reason. bfloat16 CPU models use Q8_0's
         own form with int8 activations (W8A8Weight, our VNNI kernel) for every step, and
         the top REFINED_CANDIDATES logits are then recomputed in float32 from the dense
-        weight. With `keep_dense` they also get a 4-bit copy (W4A8Weight, 1.5 MB per 1k
-        rows) for steps that only need each row's argmax (`ranking_only`): it reads half
-        the bytes, but its noise over the 49k logits would bias their softmax normaliser
-        (perplexity +4% on natural text, measured), so it never serves logprobs or sampling.
+        weight; a Q8_0 GGUF matrix is taken with its own codes and scales (exactly). With
+        `keep_dense` they also get a 4-bit copy (W4A8Weight, 1.5 MB per 1k rows) for steps
+        that only need each row's argmax (`ranking_only`): it reads half the bytes, but its
+        noise over the 49k logits would bias their softmax normaliser (perplexity +4% on
+        natural text, measured), so it never serves logprobs or sampling.
         Other models get torch's int8 weight for small steps, and for every step without
         `keep_dense` (no packed dense copy is made then). The weight itself stays: a tied
         one for the embedding lookup, and either for the refinement.
         """
         del method  # the head's format does not follow the body's, see above
         self.keeps_dense = keep_dense
+        # Q8_0 codes of the file (loaded by default_weight_loader): used as they are.
+        codes = getattr(self.weight, "file_codes", None)
+        if codes is not None:
+            del self.weight.file_codes  # type: ignore[attr-defined]
         if can_quantize_w4a8(self.weight.data):
-            self.quantized = quantize_w8a8(self.weight.data)
+            if codes is not None and not codes.is_int4:
+                self.quantized = w8a8_from_codes(codes)
+            else:
+                self.quantized = quantize_w8a8(self.weight.data)
             if keep_dense:
                 self.ranking_shortlist = quantize_w4a8(self.weight.data)
         else:

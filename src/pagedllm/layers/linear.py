@@ -14,10 +14,13 @@ from torch import nn
 
 from pagedllm.kernels import cpu_plan
 from pagedllm.layers.quantization import (
+    GroupCodes,
     QuantizedWeight,
     can_quantize_w4a8,
     quantize,
     quantize_w4a8,
+    w4a8_from_codes,
+    w8a8_from_codes,
 )
 
 
@@ -60,8 +63,14 @@ def packed_linear(
     return torch.ops.mkldnn._linear_pointwise(x, packed_weight, bias, "none", [], "")
 
 
-def default_weight_loader(param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
-    """Copy a checkpoint tensor into `param` (same shape; dtype converted)."""
+def default_weight_loader(
+    param: nn.Parameter, loaded_weight: torch.Tensor | GroupCodes
+) -> None:
+    """Copy a checkpoint tensor into `param` (same shape; dtype converted). File codes are
+    dequantized, and kept on the parameter as `file_codes` for a quantized copy to reuse."""
+    if isinstance(loaded_weight, GroupCodes):
+        param.file_codes = loaded_weight  # type: ignore[attr-defined]
+        loaded_weight = loaded_weight.dense(param.dtype)
     if param.shape != loaded_weight.shape:
         raise ValueError(
             f"Shape mismatch while loading weights: parameter {tuple(param.shape)} "
@@ -71,15 +80,12 @@ def default_weight_loader(param: nn.Parameter, loaded_weight: torch.Tensor) -> N
         param.copy_(loaded_weight)
 
 
-def _copy_shard(param: nn.Parameter, loaded_weight: torch.Tensor, offset: int, size: int) -> None:
-    """Copy `loaded_weight` into rows [offset, offset + size) of a fused parameter."""
-    if loaded_weight.shape[0] != size or loaded_weight.shape[1:] != param.shape[1:]:
+def _check_shard(param: nn.Parameter, shape: tuple[int, ...], offset: int, size: int) -> None:
+    if shape[0] != size or tuple(shape[1:]) != tuple(param.shape[1:]):
         raise ValueError(
-            f"Shard shape {tuple(loaded_weight.shape)} does not fit rows {offset}:{offset + size} "
+            f"Shard shape {tuple(shape)} does not fit rows {offset}:{offset + size} "
             f"of fused parameter {tuple(param.shape)}."
         )
-    with torch.no_grad():
-        param.narrow(0, offset, size).copy_(loaded_weight)
 
 
 class Linear(nn.Module):
@@ -102,10 +108,58 @@ class Linear(nn.Module):
         self.packed_weight: torch.Tensor | None = None
         self.quantized: QuantizedWeight | None = None
         self.keeps_dense = True
+        # File codes of the weight's rows, by first row, until quantize() repacks them.
+        self.pending_codes: list[tuple[int, GroupCodes]] = []
 
-    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
+    def weight_loader(
+        self, param: nn.Parameter, loaded_weight: torch.Tensor | GroupCodes
+    ) -> None:
         """Load the whole parameter from one checkpoint tensor."""
+        if isinstance(loaded_weight, GroupCodes) and param is self.weight:
+            _check_shard(param, loaded_weight.shape, 0, param.shape[0])
+            self.pending_codes.append((0, loaded_weight))
+            return
         default_weight_loader(param, loaded_weight)
+
+    def load_rows(
+        self, param: nn.Parameter, loaded: torch.Tensor | GroupCodes, offset: int, size: int
+    ) -> None:
+        """Load rows [offset, offset + size) of a fused parameter (a weight's file codes are
+        kept for quantize(), which repacks them without a dense copy)."""
+        _check_shard(param, tuple(loaded.shape), offset, size)
+        if isinstance(loaded, GroupCodes):
+            if param is self.weight:
+                self.pending_codes.append((offset, loaded))
+                return
+            loaded = loaded.dense(param.dtype)
+        with torch.no_grad():
+            param.narrow(0, offset, size).copy_(loaded)
+
+    def _take_file_codes(self, usable: bool) -> GroupCodes | None:
+        """The whole weight as file codes, when they are `usable` and its loaded shards were
+        all codes of one kind covering every row; else they are dequantized into the dense
+        weight (None)."""
+        pending, self.pending_codes = sorted(self.pending_codes, key=lambda p: p[0]), []
+        starts = [offset for offset, _ in pending]
+        ends = [offset + codes.shape[0] for offset, codes in pending]
+        if (
+            usable
+            and pending
+            and starts == [0, *ends[:-1]]
+            and ends[-1] == self.output_size
+            and len({codes.is_int4 for _, codes in pending}) == 1
+        ):
+            parts = [codes for _, codes in pending]
+            mins = [c.mins for c in parts if c.mins is not None]
+            return GroupCodes(
+                torch.cat([c.codes for c in parts]), torch.cat([c.scales for c in parts]),
+                torch.cat(mins) if mins else None,
+            )
+        with torch.no_grad():
+            for offset, codes in pending:
+                rows = self.weight.data.narrow(0, offset, codes.shape[0])
+                rows.copy_(codes.dense(self.weight.dtype))
+        return None
 
     def quantize(self, method: str, keep_dense: bool) -> None:
         """Add a weight-only `method` copy ("int8"/"int4") used for small steps.
@@ -115,9 +169,13 @@ class Linear(nn.Module):
         int4 bfloat16 weights on CPU take the W4A8 form instead: the same int4 groups,
         multiplied by int8 activations in our C kernel, at least as fast as the dense
         matmul at every step size, so the dense weight is released whatever `keep_dense`
-        says (see W4A8Weight). Call before `pack_for_cpu`.
+        says (see W4A8Weight). A weight loaded as file codes (Q4_0/Q4_1/Q8_0, see GroupCodes)
+        becomes W4A8 / W8A8 from those codes exactly. Call before `pack_for_cpu`.
         """
-        if method == "int4" and can_quantize_w4a8(self.weight.data):
+        codes = self._take_file_codes(usable=can_quantize_w4a8(self.weight.data))
+        if codes is not None:
+            self.quantized = w4a8_from_codes(codes) if codes.is_int4 else w8a8_from_codes(codes)
+        elif method == "int4" and can_quantize_w4a8(self.weight.data):
             self.quantized = quantize_w4a8(self.weight.data)
         else:
             self.quantized = quantize(self.weight.data, method)
@@ -132,6 +190,8 @@ class Linear(nn.Module):
         The plain weight's storage is released so the model is not held twice in memory;
         from then on only forward() uses the weight.
         """
+        if self.pending_codes:  # not quantized: the codes become the dense weight
+            self._take_file_codes(usable=False)
         if (
             self.packed_weight is not None
             or not self.keeps_dense
@@ -167,11 +227,11 @@ class MergedColumnLinear(Linear):
         self.output_sizes = list(output_sizes)
 
     def weight_loader(  # type: ignore[override]
-        self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: int
+        self, param: nn.Parameter, loaded_weight: torch.Tensor | GroupCodes, shard_id: int
     ) -> None:
         """Load shard `shard_id` (an index into output_sizes) of the fused parameter."""
         offset = sum(self.output_sizes[:shard_id])
-        _copy_shard(param, loaded_weight, offset, self.output_sizes[shard_id])
+        self.load_rows(param, loaded_weight, offset, self.output_sizes[shard_id])
 
 
 class QKVLinear(Linear):
@@ -190,7 +250,7 @@ class QKVLinear(Linear):
         super().__init__(hidden_size, self.q_size + 2 * self.kv_size, bias)
 
     def weight_loader(  # type: ignore[override]
-        self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: str
+        self, param: nn.Parameter, loaded_weight: torch.Tensor | GroupCodes, shard_id: str
     ) -> None:
         """Load the "q", "k" or "v" shard of the fused parameter."""
         offsets = {
@@ -201,7 +261,7 @@ class QKVLinear(Linear):
         if shard_id not in offsets:
             raise ValueError(f"QKV shard_id must be 'q', 'k' or 'v', got {shard_id!r}.")
         offset, size = offsets[shard_id]
-        _copy_shard(param, loaded_weight, offset, size)
+        self.load_rows(param, loaded_weight, offset, size)
 
     def split_qk_v(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """[T, q_size + 2 * kv_size] → views qk [T, q_size + kv_size] (q and k side by side,

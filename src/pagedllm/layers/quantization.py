@@ -20,6 +20,7 @@ and no dense copy of the decoder's matrices is kept; the CPU decode stack
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -177,13 +178,6 @@ def _panel_scales(values: torch.Tensor) -> torch.Tensor:
     return values.view(rows // PANEL_ROWS, PANEL_ROWS, groups).transpose(1, 2)
 
 
-def _padded_rows(weight: torch.Tensor, start: int) -> torch.Tensor:
-    """Rows [start, start + chunk) of `weight` as float32, zero-padded to whole panels."""
-    chunk = weight[start : start + _QUANTIZE_CHUNK_ROWS].float()
-    missing = -chunk.shape[0] % PANEL_ROWS
-    return torch.nn.functional.pad(chunk, (0, 0, 0, missing)) if missing else chunk
-
-
 QuantizedWeight = Int8Weight | Int4Weight | W4A8Weight | W8A8Weight
 
 
@@ -232,6 +226,103 @@ def _num_panels(rows: int) -> int:
     return -(-rows // PANEL_ROWS)
 
 
+@dataclass
+class GroupCodes:
+    """A weight as a GGUF file stores it: codes in groups of 32 per output row, each group
+    with a float32 scale d and (int4) a minimum m. int4: w = d * q + m, q in 0..15 (Q4_1;
+    Q4_0 is d * (q - 8), i.e. m = -8 d); int8: w = d * q, q in -127..127 (Q8_0).
+
+    The loader hands these to the layers instead of dense tensors when the weights will run
+    on the byte dot-product kernels: they become W4A8Weight / W8A8Weight exactly, with the
+    file's own scales, and no dense copy is ever made.
+    """
+
+    codes: torch.Tensor  # [rows, groups, 32] uint8 (int4) or int8 (int8)
+    scales: torch.Tensor  # [rows, groups] float32
+    mins: torch.Tensor | None  # [rows, groups] float32 for int4, None for int8
+
+    @property
+    def is_int4(self) -> bool:
+        """True for the 4-bit form (with minimums)."""
+        return self.mins is not None
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """The dense weight's shape [out, in]."""
+        rows, groups, _ = self.codes.shape
+        return rows, groups * INT4_GROUP_SIZE
+
+    def map_rows(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> GroupCodes:
+        """The same weight with `fn` (a row permutation) applied to every part's rows."""
+        mins = None if self.mins is None else fn(self.mins)
+        return GroupCodes(fn(self.codes), fn(self.scales), mins)
+
+    def dense(self, dtype: torch.dtype) -> torch.Tensor:
+        """The [out, in] weight, computed in float32 as the file defines it."""
+        values = self.codes.float() * self.scales[..., None]
+        if self.mins is not None:
+            values += self.mins[..., None]
+        return values.view(self.shape).to(dtype)
+
+
+def w4a8_from_codes(codes: GroupCodes) -> W4A8Weight:
+    """An int4 GroupCodes weight in the W4A8 layout, exactly (its codes and scales kept)."""
+    assert codes.mins is not None, "int4 codes have minimums"
+    rows, groups, _ = codes.codes.shape
+    packed = torch.empty(_num_panels(rows), groups, 256, dtype=torch.uint8)
+    scales_and_mins = torch.empty(_num_panels(rows), groups, 2, PANEL_ROWS)
+    for start in range(0, rows, _QUANTIZE_CHUNK_ROWS):
+        chunk = slice(start, start + _QUANTIZE_CHUNK_ROWS)
+        _pack_int4(packed, scales_and_mins, start, codes.codes[chunk], codes.scales[chunk],
+                   codes.mins[chunk])
+    return W4A8Weight(packed, scales_and_mins, rows)
+
+
+def w8a8_from_codes(codes: GroupCodes) -> W8A8Weight:
+    """An int8 GroupCodes weight in the W8A8 layout, exactly."""
+    rows, groups, _ = codes.codes.shape
+    stored = torch.empty(_num_panels(rows), groups, 512, dtype=torch.uint8)
+    scales = torch.empty(_num_panels(rows), groups, PANEL_ROWS)
+    for start in range(0, rows, _QUANTIZE_CHUNK_ROWS):
+        chunk = slice(start, start + _QUANTIZE_CHUNK_ROWS)
+        unsigned = (codes.codes[chunk].to(torch.int16) + 128).to(torch.uint8)
+        _pack_int8(stored, scales, start, unsigned, codes.scales[chunk])
+    return W8A8Weight(stored, scales, rows)
+
+
+def _pad_rows(x: torch.Tensor) -> torch.Tensor:
+    """x [rows, ...] zero-padded to whole panels of rows."""
+    missing = -x.shape[0] % PANEL_ROWS
+    return torch.nn.functional.pad(x, (0, 0) * (x.dim() - 1) + (0, missing)) if missing else x
+
+
+def _pack_int4(
+    packed: torch.Tensor, scales_and_mins: torch.Tensor, start: int, codes: torch.Tensor,
+    scales: torch.Tensor, mins: torch.Tensor,
+) -> None:
+    """Rows start.. of an int4 weight (codes [n, groups, 32] in 0..15) into the W4A8 layout."""
+    codes, scales, mins = _pad_rows(codes.to(torch.uint8)), _pad_rows(scales), _pad_rows(mins)
+    groups = codes.shape[1]
+    panels = slice(start // PANEL_ROWS, start // PANEL_ROWS + codes.shape[0] // PANEL_ROWS)
+    quads = _panel_quads(codes)
+    # Block b of a group: quad b in the low nibbles, quad b + 4 in the high ones.
+    packed[panels] = (quads[:, :, :4] | (quads[:, :, 4:] << 4)).reshape(-1, groups, 256)
+    scales_and_mins[panels, :, 0] = _panel_scales(scales)
+    scales_and_mins[panels, :, 1] = _panel_scales(mins)
+
+
+def _pack_int8(
+    stored: torch.Tensor, scales: torch.Tensor, start: int, unsigned: torch.Tensor,
+    step: torch.Tensor,
+) -> None:
+    """Rows start.. of an int8 weight (codes + 128 as uint8 [n, groups, 32]) into W8A8's."""
+    unsigned, step = _pad_rows(unsigned), _pad_rows(step)
+    groups = unsigned.shape[1]
+    panels = slice(start // PANEL_ROWS, start // PANEL_ROWS + unsigned.shape[0] // PANEL_ROWS)
+    stored[panels] = _panel_quads(unsigned).reshape(-1, groups, 512)
+    scales[panels] = _panel_scales(step)
+
+
 def quantize_w4a8(weight: torch.Tensor) -> W4A8Weight:
     """`weight` [out, in] as int4 groups of 32 in the W4A8 layout (see can_quantize_w4a8)."""
     if not can_quantize_w4a8(weight):
@@ -242,13 +333,9 @@ def quantize_w4a8(weight: torch.Tensor) -> W4A8Weight:
     scales_and_mins = torch.empty(_num_panels(rows), groups, 2, PANEL_ROWS)
     # By row chunks: a vocabulary matrix in float32 temporaries would be several 100 MB.
     for start in range(0, rows, _QUANTIZE_CHUNK_ROWS):
-        codes, scales, mins = _int4_codes(_padded_rows(weight, start), INT4_GROUP_SIZE)
-        panels = slice(start // PANEL_ROWS, start // PANEL_ROWS + codes.shape[0] // PANEL_ROWS)
-        quads = _panel_quads(codes.to(torch.uint8))
-        # Block b of a group: quad b in the low nibbles, quad b + 4 in the high ones.
-        packed[panels] = (quads[:, :, :4] | (quads[:, :, 4:] << 4)).reshape(-1, groups, 256)
-        scales_and_mins[panels, :, 0] = _panel_scales(scales)
-        scales_and_mins[panels, :, 1] = _panel_scales(mins)
+        chunk = weight[start : start + _QUANTIZE_CHUNK_ROWS]
+        codes, scales, mins = _int4_codes(chunk, INT4_GROUP_SIZE)
+        _pack_int4(packed, scales_and_mins, start, codes, scales, mins)
     return W4A8Weight(packed, scales_and_mins, rows)
 
 
@@ -259,16 +346,15 @@ def quantize_w8a8(weight: torch.Tensor) -> W8A8Weight:
         raise ValueError(f"W8A8 needs a bfloat16 CPU weight with in % 32 == 0, got {weight.shape}.")
     rows, cols = weight.shape
     groups = cols // INT4_GROUP_SIZE
-    codes = torch.empty(_num_panels(rows), groups, 512, dtype=torch.uint8)
+    stored = torch.empty(_num_panels(rows), groups, 512, dtype=torch.uint8)
     scales = torch.empty(_num_panels(rows), groups, PANEL_ROWS)
     for start in range(0, rows, _QUANTIZE_CHUNK_ROWS):
-        chunk = _padded_rows(weight, start).view(-1, groups, INT4_GROUP_SIZE)
+        chunk = weight[start : start + _QUANTIZE_CHUNK_ROWS].float()
+        chunk = chunk.view(-1, groups, INT4_GROUP_SIZE)
         step = (chunk.abs().amax(dim=-1) / 127).clamp(min=torch.finfo(torch.float32).tiny)
         q = (chunk / step[..., None]).round().clamp(-127, 127) + 128
-        panels = slice(start // PANEL_ROWS, start // PANEL_ROWS + chunk.shape[0] // PANEL_ROWS)
-        codes[panels] = _panel_quads(q.to(torch.uint8)).reshape(-1, groups, 512)
-        scales[panels] = _panel_scales(step)
-    return W8A8Weight(codes, scales, rows)
+        _pack_int8(stored, scales, start, q.to(torch.uint8), step)
+    return W8A8Weight(stored, scales, rows)
 
 
 def quantize_int4(weight: torch.Tensor, group_size: int = INT4_GROUP_SIZE) -> Int4Weight:

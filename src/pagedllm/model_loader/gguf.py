@@ -1,10 +1,13 @@
-"""Iterate HF-named float tensors out of a GGUF file.
+"""Iterate HF-named weights out of a GGUF file.
 
 Maps llama.cpp tensor names to Hugging Face names (llama and qwen2 families), dequantizes any
 type the `gguf` package can read (F32/F16/BF16, Q4_0..Q8_0, K-quants, ...) to float32 or the
 model's dtype (by chunks of rows, from bytes read rather than memory-mapped), restores
 HF's [out, in] shape order, and undoes the Q/K row permutation llama.cpp applies to llama
-checkpoints. Config and tokenizer come from transformers' own GGUF support, not from here.
+checkpoints. Asked to, it hands Q4_0, Q4_1 and Q8_0 matrices over as their codes and scales
+(`GroupCodes`) instead, which the byte dot-product kernels use as they are. Tensors are
+found through the file's cached index (gguf_cache.py); config and tokenizer come from
+transformers' own GGUF support, converted once per file there.
 """
 
 from __future__ import annotations
@@ -16,6 +19,9 @@ from typing import Any, BinaryIO
 import gguf
 import numpy as np
 import torch
+
+from pagedllm.layers.quantization import GroupCodes
+from pagedllm.model_loader.gguf_cache import GgufTensorInfo, load_index
 
 # Per-block tensor names (llama.cpp → HF), shared by the llama and qwen2 families.
 _BLOCK_NAME_MAP = {
@@ -62,21 +68,14 @@ def gguf_to_hf_name(gguf_name: str) -> str | None:
     )
 
 
-def _field_value(reader: gguf.GGUFReader, key: str) -> Any:
-    """A metadata value (scalar, string or list), or None when the key is absent."""
-    field = reader.get_field(key)
-    return None if field is None else field.contents()
-
-
-def read_gguf_architecture(reader: gguf.GGUFReader) -> str:
-    """`general.architecture` of the file, checked against the supported families."""
-    arch = _field_value(reader, "general.architecture")
+def check_architecture(arch: str) -> str:
+    """`general.architecture` of a file, checked against the supported families."""
     if arch not in SUPPORTED_GGUF_ARCHITECTURES:
         raise ValueError(
             f"GGUF architecture {arch!r} is not supported; supported: "
             f"{', '.join(SUPPORTED_GGUF_ARCHITECTURES)}."
         )
-    return str(arch)
+    return arch
 
 
 def unpermute_llama_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -104,43 +103,73 @@ def _head_count(value: Any, layer: int) -> int:
 _DEQUANTIZE_CHUNK_ROWS = 4096
 
 
-def read_tensor_data(file: BinaryIO, tensor: gguf.ReaderTensor) -> np.ndarray:
+def read_tensor_data(file: BinaryIO, tensor: GgufTensorInfo) -> np.ndarray:
     """A tensor's stored bytes, read from `file` into memory of our own, in the shape and
-    dtype of the reader's `tensor.data`.
+    dtype `gguf.quants.dequantize` takes (uint8 blocks per row for quantized types).
 
-    The reader's arrays are views of its memory map of the whole file: every page read
-    through them stays in this process's resident memory while the reader lives (about
-    the file's size by the end of loading), while a read copy is freed with the tensor.
+    Read, not memory-mapped: every page read through a map of the whole file would stay in
+    this process's resident memory while the map lives, a read copy is freed with the tensor.
     """
-    file.seek(int(tensor.data_offset))
-    raw = np.fromfile(file, dtype=np.uint8, count=int(tensor.n_bytes))
-    return raw.view(tensor.data.dtype).reshape(tensor.data.shape)
+    file.seek(tensor.offset)
+    raw = np.fromfile(file, dtype=np.uint8, count=tensor.n_bytes)
+    return raw.view(np.dtype(tensor.data_dtype)).reshape(tensor.data_shape)
 
 
 def dequantize_tensor(
-    tensor: gguf.ReaderTensor, dtype: torch.dtype | None = None, data: np.ndarray | None = None
+    tensor: GgufTensorInfo, data: np.ndarray, dtype: torch.dtype | None = None
 ) -> torch.Tensor:
     """A GGUF tensor as `dtype` (default float32) in HF shape order (GGUF lists dimensions
-    innermost first), dequantized by chunks of rows from `data` (default: `tensor.data`)."""
-    shape = tuple(int(dim) for dim in reversed(tensor.shape.tolist()))
+    innermost first), dequantized by chunks of rows from its bytes `data`."""
+    shape = tuple(reversed(tensor.shape))
     out = torch.empty(shape, dtype=dtype or torch.float32)
     rows = out.view(-1, shape[-1]) if out.dim() > 1 else out.view(1, -1)
-    data = (tensor.data if data is None else data).reshape(rows.shape[0], -1)
+    data = data.reshape(rows.shape[0], -1)
+    qtype = gguf.GGMLQuantizationType[tensor.type_name]
     for start in range(0, rows.shape[0], _DEQUANTIZE_CHUNK_ROWS):
         chunk = slice(start, start + _DEQUANTIZE_CHUNK_ROWS)
         try:
-            array = gguf.quants.dequantize(data[chunk], tensor.tensor_type)
+            array = gguf.quants.dequantize(data[chunk], qtype)
         except NotImplementedError as e:
             raise ValueError(
-                f"GGUF tensor {tensor.name!r} uses {tensor.tensor_type.name}, which the "
+                f"GGUF tensor {tensor.name!r} uses {tensor.type_name}, which the "
                 "installed gguf package cannot dequantize; re-quantize the model (e.g. Q4_K_M "
                 "or Q8_0)."
             ) from e
         array = np.asarray(array, dtype=np.float32)
-        if not array.flags.writeable:  # float types: a view of the file's memory map
+        if not array.flags.writeable:  # float types: a view of the bytes read
             array = array.copy()
         rows[chunk] = torch.from_numpy(array).reshape(-1, rows.shape[1])
     return out
+
+
+# Block types kept as codes: (bytes per block of 32, has a minimum, 4-bit).
+_CODE_BLOCKS = {"Q4_0": (18, False, True), "Q4_1": (20, True, True), "Q8_0": (34, False, False)}
+CODE_TYPES = frozenset(_CODE_BLOCKS)
+
+
+def _half(blocks: np.ndarray, at: int) -> np.ndarray:
+    """The float16 at byte `at` of every block, as float32."""
+    return blocks[..., at : at + 2].copy().view(np.float16)[..., 0].astype(np.float32)
+
+
+def group_codes(tensor: GgufTensorInfo, data: np.ndarray) -> GroupCodes:
+    """A Q4_0 / Q4_1 / Q8_0 matrix's codes and scales, exactly as stored (HF row order).
+
+    Q4_0 blocks are (d, 16 bytes), w = d * (q - 8); Q4_1 (d, m, 16 bytes), w = d * q + m; a
+    byte holds value j in its low nibble and value j + 16 in its high one. Q8_0 blocks are
+    (d, 32 int8 codes), w = d * q. d and m are float16, exact in float32.
+    """
+    block_bytes, has_min, four_bit = _CODE_BLOCKS[tensor.type_name]
+    rows = tensor.shape[1]
+    blocks = data.reshape(rows, -1, block_bytes)  # [rows, groups, block_bytes]
+    scales = _half(blocks, 0)
+    if not four_bit:
+        signed = torch.from_numpy(blocks[..., 2:].copy().view(np.int8))
+        return GroupCodes(signed, torch.from_numpy(scales), None)
+    packed = blocks[..., 4 if has_min else 2 :]
+    nibbles = np.concatenate([packed & 0x0F, packed >> 4], axis=-1)  # [rows, groups, 32]
+    mins = _half(blocks, 2) if has_min else -8.0 * scales
+    return GroupCodes(torch.from_numpy(nibbles), torch.from_numpy(scales), torch.from_numpy(mins))
 
 
 # GGUF block types by the weight-only method that holds them without (much) loss: 4-bit
@@ -155,10 +184,9 @@ def gguf_weight_quantization(gguf_path: str) -> str | None:
     "int4" when all are 4-bit, "int8" when all are quantized and some are wider, None when
     any is a float type (F32/F16/BF16): such files are served with dense weights.
     """
-    reader = gguf.GGUFReader(gguf_path)
     types = {
-        tensor.tensor_type.name
-        for tensor in reader.tensors
+        tensor.type_name
+        for tensor in load_index(gguf_path).tensors
         if tensor.name.startswith("blk.") and len(tensor.shape) == 2
     }
     if types and types <= _INT4_TYPES:
@@ -169,38 +197,45 @@ def gguf_weight_quantization(gguf_path: str) -> str | None:
 
 
 def iterate_gguf_weights(
-    gguf_path: str, dtype: torch.dtype | None = None
-) -> Iterator[tuple[str, torch.Tensor]]:
+    gguf_path: str, dtype: torch.dtype | None = None, keep_codes: bool = False
+) -> Iterator[tuple[str, torch.Tensor | GroupCodes]]:
     """Yield (HF name, tensor) for every weight of a llama/qwen2 GGUF file.
 
-    Tensors are float32 (or `dtype` when given). A tied model has no
-    "output.weight", so no "lm_head.weight" is yielded for it.
+    Tensors are float32 (or `dtype` when given); with `keep_codes`, Q4_0 / Q4_1 / Q8_0
+    matrices come as GroupCodes instead. A tied model has no "output.weight", so no
+    "lm_head.weight" is yielded for it.
     """
-    reader = gguf.GGUFReader(gguf_path)
-    arch = read_gguf_architecture(reader)
-    num_heads = _field_value(reader, f"{arch}.attention.head_count")
-    num_kv_heads = _field_value(reader, f"{arch}.attention.head_count_kv")
+    index = load_index(gguf_path)
+    arch = check_architecture(index.architecture)
+    num_heads = index.metadata["attention.head_count"]
+    num_kv_heads = index.metadata["attention.head_count_kv"]
     if num_kv_heads is None:
         num_kv_heads = num_heads
     with open(gguf_path, "rb") as file:
-        for tensor in reader.tensors:
+        for tensor in index.tensors:
             hf_name = gguf_to_hf_name(tensor.name)
             if hf_name is None:
                 continue
-            # In the target dtype from the start: the row permutation below is exact in any.
-            weight = dequantize_tensor(tensor, dtype, read_tensor_data(file, tensor))
+            data = read_tensor_data(file, tensor)
+            weight: torch.Tensor | GroupCodes
+            if keep_codes and tensor.type_name in CODE_TYPES and len(tensor.shape) == 2:
+                weight = group_codes(tensor, data)
+            else:  # in the target dtype from the start: the row permutation is exact in any
+                weight = dequantize_tensor(tensor, data, dtype)
             if arch in _PERMUTED_ARCHITECTURES:
                 weight = _maybe_unpermute(hf_name, weight, num_heads, num_kv_heads)
             yield hf_name, weight
 
 
 def _maybe_unpermute(
-    hf_name: str, weight: torch.Tensor, num_heads: Any, num_kv_heads: Any
-) -> torch.Tensor:
+    hf_name: str, weight: torch.Tensor | GroupCodes, num_heads: Any, num_kv_heads: Any
+) -> torch.Tensor | GroupCodes:
     """Undo the permutation on q_proj/k_proj tensors (weights and, if present, biases)."""
     match = re.match(r"model\.layers\.(\d+)\.self_attn\.([qk])_proj\.", hf_name)
     if match is None:
         return weight
     layer = int(match.group(1))
-    heads = num_heads if match.group(2) == "q" else num_kv_heads
-    return unpermute_llama_rows(weight, _head_count(heads, layer))
+    heads = _head_count(num_heads if match.group(2) == "q" else num_kv_heads, layer)
+    if isinstance(weight, GroupCodes):
+        return weight.map_rows(lambda rows: unpermute_llama_rows(rows, heads))
+    return unpermute_llama_rows(weight, heads)

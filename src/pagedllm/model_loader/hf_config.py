@@ -13,6 +13,7 @@ from typing import Any
 from transformers import AutoConfig, PretrainedConfig
 
 from pagedllm.config import SUPPORTED_DTYPES
+from pagedllm.model_loader.gguf_cache import config_folder
 
 # GGUF configs carry no `architectures`; transformers' model_type names the family instead.
 _MODEL_TYPE_TO_ARCHITECTURE = {
@@ -36,8 +37,8 @@ _DEFAULT_MAX_MODEL_LEN = 2048
 
 def load_hf_config(model_dir: str, gguf_file: str | None) -> PretrainedConfig:
     """Load the transformers config from `model_dir`'s config.json or from the GGUF metadata."""
-    if gguf_file is not None:
-        return AutoConfig.from_pretrained(model_dir, gguf_file=gguf_file)
+    if gguf_file is not None:  # converted once per file (gguf_cache.py)
+        return AutoConfig.from_pretrained(config_folder(os.path.join(model_dir, gguf_file)))
     if not os.path.isfile(os.path.join(model_dir, "config.json")):
         raise ValueError(f"{model_dir!r} has no config.json; pass an HF folder or a .gguf file.")
     return AutoConfig.from_pretrained(model_dir)

@@ -14,6 +14,8 @@ from collections.abc import Iterable, Iterator
 import torch
 
 from pagedllm.config import ModelConfig
+from pagedllm.layers import cpu_ops
+from pagedllm.layers.quantization import GroupCodes
 from pagedllm.logger import init_logger
 from pagedllm.model_loader.gguf import iterate_gguf_weights
 from pagedllm.model_loader.safetensors import iterate_safetensors_weights
@@ -51,13 +53,25 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
 
 
 def iterate_checkpoint_weights(
-    model_config: ModelConfig, dtype: torch.dtype | None = None
-) -> Iterable[tuple[str, torch.Tensor]]:
-    """HF-named CPU tensors of the configured checkpoint (GGUF file or safetensors folder)."""
+    model_config: ModelConfig, dtype: torch.dtype | None = None, keep_codes: bool = False
+) -> Iterable[tuple[str, torch.Tensor | GroupCodes]]:
+    """HF-named CPU tensors of the configured checkpoint (GGUF file or safetensors folder);
+    with `keep_codes`, a GGUF's Q4_0/Q4_1/Q8_0 matrices as their codes (GroupCodes)."""
     if model_config.gguf_file is not None:
         path = os.path.join(model_config.model_dir, model_config.gguf_file)
-        return iterate_gguf_weights(path, dtype=dtype)
+        return iterate_gguf_weights(path, dtype=dtype, keep_codes=keep_codes)
     return iterate_safetensors_weights(model_config.model_dir, dtype=dtype)
+
+
+def _keeps_file_codes(model_config: ModelConfig, dtype: torch.dtype, device: str) -> bool:
+    """Whether the layers take GGUF codes as they are: int4 weights of a bfloat16 CPU model
+    run on the byte dot-product kernels (W4A8 / W8A8), which hold the file's codes exactly."""
+    return (
+        model_config.quantization == "int4"
+        and dtype == torch.bfloat16
+        and torch.device(device).type == "cpu"
+        and cpu_ops.w4a8_available()
+    )
 
 
 def _pack_linear_weights(model: torch.nn.Module) -> None:
@@ -97,7 +111,8 @@ def get_model(model_config: ModelConfig, device: str = "cpu") -> torch.nn.Module
     with _default_dtype(dtype), torch.device(device):
         model = model_class(model_config.hf_config)
     # Casting on CPU while streaming halves the host memory a float32 dequantized GGUF needs.
-    loaded = model.load_weights(iterate_checkpoint_weights(model_config, dtype=dtype))
+    keep_codes = _keeps_file_codes(model_config, dtype, device)
+    loaded = model.load_weights(iterate_checkpoint_weights(model_config, dtype, keep_codes))
     check_all_loaded(model, loaded, model_config.hf_config)
     for param in model.parameters():
         if param.is_floating_point() and param.dtype != dtype:

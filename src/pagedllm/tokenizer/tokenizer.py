@@ -18,17 +18,15 @@ _CHAT_TEMPLATE_KEY = "tokenizer.chat_template"
 def get_tokenizer(model_dir: str, gguf_file: str | None) -> PreTrainedTokenizerBase:
     """The tokenizer of an HF folder, or of a GGUF file inside `model_dir`.
 
-    For GGUF the chat template stored under the `tokenizer.chat_template` metadata key is set
-    on the tokenizer when transformers did not already carry it over.
+    A GGUF's tokenizer is transformers' conversion of its vocabulary, with the chat template
+    of its `tokenizer.chat_template` metadata, made once per file and then read back from
+    the converted folder (model_loader/gguf_cache.py).
     """
     if gguf_file is None:
         return AutoTokenizer.from_pretrained(model_dir)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir, gguf_file=gguf_file)
-    if not getattr(tokenizer, "chat_template", None):
-        template = read_gguf_chat_template(os.path.join(model_dir, gguf_file))
-        if template:
-            tokenizer.chat_template = template
-    return tokenizer
+    from pagedllm.model_loader.gguf_cache import tokenizer_folder
+
+    return AutoTokenizer.from_pretrained(tokenizer_folder(os.path.join(model_dir, gguf_file)))
 
 
 def read_gguf_chat_template(gguf_path: str) -> str | None:
