@@ -24,10 +24,19 @@ Per set (16 x 32 = 512 positions) and mode:
 - perplexity: exp of the mean negative logprob of the actual next tokens, and its relative
   difference to the reference's (mode / reference - 1). The chat set scores the reference's
   own greedy choices, so its perplexities are low (about 1.8, natural text about 13.5).
+- continuation loglikelihood, as lm-eval scores multiple-choice and loglikelihood tasks
+  (echo + prompt logprobs, summed over a continuation): each text's 32 scored tokens are 4
+  continuations of CONTINUATION_TOKENS (8) tokens, each conditioned on everything before
+  it, and a mode's sum over a continuation is compared with the reference's: mean and max
+  |difference| in nats over the 64 continuations of a set.
 - free-running greedy (chat set): how many of the 16 greedy answers equal the reference's
   token for token, and where they first differ. For context only: one flipped near-tie
   changes the whole rest of an answer, and reduced-precision results also depend on the
   batch the request shares.
+
+`--compare-llamacpp` scores llama.cpp (llama-cpp-python, the same GGUF, the same token ids,
+all logits of one evaluation per text) against the same float32 reference, so the two
+engines' distances to the file's own float32 math are measured side by side.
 
 Model loading and the timing of the scoring pass are reported but are not the point; use
 latency.py or throughput.py for speed.
@@ -50,6 +59,7 @@ from typing import Any
 REFERENCE_MODE = "float32"
 NUM_SCORED = 32  # scored positions per text
 PROMPT_LOGPROBS = 2  # top-2: the rank-1 token and its lead over the runner-up
+CONTINUATION_TOKENS = 8  # tokens per scored continuation (lm-eval-style loglikelihood)
 KV_CACHE_BYTES = 256 << 20  # 32 short texts need a few MiB; keep several engines cheap
 # Tokens per engine step while scoring. Users see tokens chosen in decode steps of a few
 # tokens, and an engine may run such steps differently from long prefills (other kernels; e.g.
@@ -310,6 +320,15 @@ def _count(flags: list[bool]) -> int:
     return sum(1 for f in flags if f)
 
 
+def continuation_sums(logprobs: list[float]) -> list[float]:
+    """Sums of consecutive CONTINUATION_TOKENS logprobs: the loglikelihood of each
+    continuation (the positions of a set are text-major, NUM_SCORED per text)."""
+    return [
+        math.fsum(logprobs[i : i + CONTINUATION_TOKENS])
+        for i in range(0, len(logprobs), CONTINUATION_TOKENS)
+    ]
+
+
 def compare(scores: PositionScores, reference: PositionScores, near_tie: float) -> dict[str, Any]:
     """Agreement, perplexities and a breakdown of the disagreements of a mode vs the reference.
 
@@ -324,6 +343,14 @@ def compare(scores: PositionScores, reference: PositionScores, near_tie: float) 
     ppl, ref_ppl = perplexity(scores.actual_logprob), perplexity(reference.actual_logprob)
     diffs = [
         abs(a - b) for a, b in zip(scores.actual_logprob, reference.actual_logprob, strict=True)
+    ]
+    continuation_diffs = [
+        abs(a - b)
+        for a, b in zip(
+            continuation_sums(scores.actual_logprob),
+            continuation_sums(reference.actual_logprob),
+            strict=True,
+        )
     ]
     return {
         "positions": len(agree),
@@ -342,6 +369,9 @@ def compare(scores: PositionScores, reference: PositionScores, near_tie: float) 
         "perplexity_rel_diff": ppl / ref_ppl - 1.0,
         "mean_abs_logprob_diff": statistics.fmean(diffs),
         "max_abs_logprob_diff": max(diffs),
+        "continuations": len(continuation_diffs),
+        "continuation_mean_abs_diff": statistics.fmean(continuation_diffs),
+        "continuation_max_abs_diff": max(continuation_diffs),
     }
 
 
@@ -432,22 +462,56 @@ def evaluate_mode(
     return result, elapsed
 
 
+def score_llamacpp(
+    model_path: str, text_sets: list[TextSet], threads: int | None
+) -> dict[str, PositionScores]:
+    """llama.cpp's scores of every text set: each text evaluated once with all logits kept
+    (llama-cpp-python's `logits_all`), teacher-forced on the same ids as every mode."""
+    import numpy as np
+    from llamacpp_peer import import_llama_cpp  # late: optional, and loaded by path in tests
+
+    llama_cpp = import_llama_cpp()
+    llm = llama_cpp.Llama(
+        model_path=model_path, n_ctx=512, logits_all=True, n_threads=threads,
+        n_threads_batch=threads, verbose=False,
+    )
+    result = {}
+    for text_set in text_sets:
+        scores = PositionScores()
+        for ids, first in zip(text_set.token_ids, text_set.first_scored, strict=True):
+            llm.reset()
+            llm.eval(ids)
+            logits = np.asarray(llm.scores[: len(ids)], dtype=np.float64)  # row j predicts j + 1
+            logprobs = logits - np.logaddexp.reduce(logits, axis=-1, keepdims=True)
+            for j in range(first, len(ids)):
+                row = logprobs[j - 1]
+                top2 = np.argsort(row)[-2:][::-1]
+                scores.top1.append(int(top2[0]))
+                scores.actual_logprob.append(float(row[ids[j]]))
+                scores.margin.append(float(row[top2[0]] - row[top2[1]]))
+        result[text_set.name] = scores
+    llm.close()
+    return result
+
+
 def print_report(results: dict[str, Any]) -> None:
     """One row per (mode, text set)."""
     header = (
         f"{'mode':<18} {'text':<8} {'agree':>6} {'disagree':>8} {'@ref near-tie':>13} "
-        f"{'@own exact tie':>14} {'ppl':>8} {'ref ppl':>8} {'ppl diff':>8} {'greedy same':>11}"
+        f"{'@own exact tie':>14} {'ppl':>8} {'ref ppl':>8} {'ppl diff':>8} {'cont |d|':>8} "
+        f"{'max':>6} {'greedy same':>11}"
     )
     print("\n" + header + "\n" + "-" * len(header))
     for name, mode_result in results.items():
-        free = mode_result["free_running"]
+        free = mode_result.get("free_running")
         for set_name, r in mode_result["sets"].items():
-            same = f"{free['identical']}/{free['texts']}" if set_name == "chat" else ""
+            same = f"{free['identical']}/{free['texts']}" if free and set_name == "chat" else ""
             print(
                 f"{name:<18} {set_name:<8} {r['agreement']:>6.3f} {r['disagreements']:>8} "
                 f"{r['disagreements_at_reference_near_ties']:>13} "
                 f"{r['disagreements_at_mode_exact_ties']:>14} {r['perplexity']:>8.4f} "
                 f"{r['reference_perplexity']:>8.4f} {r['perplexity_rel_diff'] * 100:>7.2f}% "
+                f"{r['continuation_mean_abs_diff']:>8.3f} {r['continuation_max_abs_diff']:>6.2f} "
                 f"{same:>11}"
             )
 
@@ -483,6 +547,12 @@ def build_parser() -> argparse.ArgumentParser:
         "whole-prompt prefills)",
     )
     add("--seed", type=int, default=0, help="engine seed (decoding is greedy anyway)")
+    add(
+        "--compare-llamacpp",
+        action="store_true",
+        help="also score llama.cpp (llama-cpp-python) on the same token ids",
+    )
+    add("--llamacpp-threads", type=int, default=None, help="llama.cpp threads (default: all)")
     add("--output-json", default=None, metavar="PATH", help="write config, machine, results")
     return p
 
@@ -522,6 +592,15 @@ def main(argv: list[str] | None = None) -> None:
         results[mode.name], timings[mode.name] = evaluate_mode(
             location.path, mode, args.seed, text_sets, reference, args.near_tie, args.step_tokens
         )
+    if args.compare_llamacpp:
+        print("llama.cpp")
+        llamacpp_scores = score_llamacpp(location.path, text_sets, args.llamacpp_threads)
+        results["llama.cpp"] = {
+            "sets": {
+                ts.name: compare(llamacpp_scores[ts.name], reference[ts.name], args.near_tie)
+                for ts in text_sets
+            }
+        }
     print_report(results)
     answers = text_sets[0].scored_tokens()
     answers_with_eos = sum(tokenizer.eos_token_id in a for a in answers)

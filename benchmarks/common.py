@@ -207,6 +207,50 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+# CPU features that decide which kernels each engine can use (Linux /proc/cpuinfo names).
+_ISA_FEATURES = (
+    "avx2", "fma", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni",
+    "avx512_bf16", "amx_bf16", "amx_int8", "asimd", "asimddp", "bf16", "i8mm",
+)
+# Environment variables that hold an engine below its CPU (an AVX2 machine emulated on an
+# AVX-512 one: pagedllm's kernels, ATen, oneDNN and MKL each have their own).
+_ISA_LIMITS = (
+    "PAGEDLLM_CPU_ISA", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS",
+)
+
+
+def cpu_isa() -> dict[str, Any]:
+    """The CPU's instruction-set features, the limits set in this run's environment, and
+    a label: the ISA the run stands for ("avx2, emulated on avx512" under limits)."""
+    import torch
+
+    flags: set[str] = set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                name, _, value = line.partition(":")
+                if name.strip().lower() in ("flags", "features"):
+                    flags = set(value.split())
+                    break
+    except OSError:
+        pass
+    features = [f for f in _ISA_FEATURES if f in flags]
+    limits = {k: os.environ[k] for k in _ISA_LIMITS if k in os.environ}
+    native = (
+        "avx512" if {"avx512f", "avx512_vnni"} <= flags
+        else "avx2" if "avx2" in flags
+        else "neon" if "asimd" in flags
+        else platform.machine()
+    )
+    label = native if not limits else f"{limits.get('PAGEDLLM_CPU_ISA', '?')}, emulated on {native}"
+    return {
+        "label": label,
+        "features": features,
+        "limits": limits,
+        "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+    }
+
+
 def machine_info() -> dict[str, Any]:
     """What ran the benchmark: CPU, cores, threads, library versions, load, date."""
     import torch
@@ -216,6 +260,7 @@ def machine_info() -> dict[str, Any]:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),
+        "cpu_isa": cpu_isa(),
         "torch_num_threads": torch.get_num_threads(),
         "torch_version": torch.__version__,
         "transformers_version": transformers.__version__,

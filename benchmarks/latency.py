@@ -59,6 +59,7 @@ from llamacpp_peer import (
     add_llamacpp_args,
     context_per_sequence,
     import_llama_cpp,
+    llama_cpp_system_info,
     llama_cpp_version,
     require_gguf,
     settings_from_args,
@@ -199,6 +200,7 @@ class LlamaCppPeer:
             "flash_attn": flash_attn,
             "n_ctx": n_ctx,
             "llama_cpp_python_version": llama_cpp_version(),
+            "llama_cpp_system_info": llama_cpp_system_info(),
             **vars(settings),
         }
 

@@ -59,6 +59,17 @@ def import_llama_cpp() -> ModuleType:
     return llama_cpp
 
 
+def llama_cpp_system_info() -> str | None:
+    """llama.cpp's own report of the instruction sets its build uses ("AVX2 = 1 | AVX512 =
+    0 | ..."), or None when it is not installed: which ISA the peer really ran."""
+    try:
+        import llama_cpp
+    except ImportError:
+        return None
+    info = llama_cpp.llama_print_system_info()
+    return info.decode() if isinstance(info, bytes) else str(info)
+
+
 def llama_cpp_version() -> str | None:
     """llama-cpp-python's version, or None when it is not installed."""
     try:

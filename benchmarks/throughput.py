@@ -56,6 +56,7 @@ from llamacpp_peer import (
     add_llamacpp_args,
     context_per_sequence,
     import_llama_cpp,
+    llama_cpp_system_info,
     llama_cpp_version,
     require_gguf,
     settings_from_args,
@@ -367,6 +368,7 @@ def _llamacpp_config(
         "batch_size": batch_size,
         "n_ctx_per_sequence": n_ctx_seq,
         "llama_cpp_python_version": llama_cpp_version(),
+        "llama_cpp_system_info": llama_cpp_system_info(),
         **vars(settings),
     }
 
