@@ -232,10 +232,12 @@ def chat_prompt_ids(tokenizer: Any, question: str) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False)
 
 
-def natural_text_ids(tokenizer: Any, text: str, context_len: int) -> list[int]:
-    """A passage's first `context_len + NUM_SCORED` tokens (no special tokens)."""
+def natural_text_ids(
+    tokenizer: Any, text: str, context_len: int, num_scored: int = NUM_SCORED
+) -> list[int]:
+    """A text's first `context_len + num_scored` tokens (no special tokens)."""
     ids = tokenizer.encode(text, add_special_tokens=False)
-    needed = context_len + NUM_SCORED
+    needed = context_len + num_scored
     if len(ids) < needed:
         raise ValueError(f"passage has {len(ids)} tokens, needs {needed}: {text[:40]!r}...")
     return ids[:needed]
@@ -254,7 +256,9 @@ def greedy_generate(
     return [o.outputs[0] for o in outputs]
 
 
-def build_chat_set(reference_llm: Any) -> tuple[TextSet, PositionScores]:
+def build_chat_set(
+    reference_llm: Any, num_scored: int = NUM_SCORED
+) -> tuple[TextSet, PositionScores]:
     """The chat set (each question + the reference's greedy answer) and the reference's scores.
 
     The scores are the logprobs the reference chose each answer token with, so its top-1 is
@@ -262,7 +266,7 @@ def build_chat_set(reference_llm: Any) -> tuple[TextSet, PositionScores]:
     """
     tokenizer = reference_llm.get_tokenizer()
     prompts = [chat_prompt_ids(tokenizer, q) for q in CHAT_QUESTIONS]
-    answers = greedy_generate(reference_llm, prompts, NUM_SCORED, logprobs=PROMPT_LOGPROBS)
+    answers = greedy_generate(reference_llm, prompts, num_scored, logprobs=PROMPT_LOGPROBS)
     scores = PositionScores()
     for answer in answers:
         for token, position in zip(answer.token_ids, answer.logprobs, strict=True):
@@ -275,9 +279,15 @@ def build_chat_set(reference_llm: Any) -> tuple[TextSet, PositionScores]:
     return chat, scores
 
 
-def build_natural_set(tokenizer: Any, context_len: int) -> TextSet:
-    """The natural passages, `context_len` unscored tokens then NUM_SCORED scored ones."""
-    natural_ids = [natural_text_ids(tokenizer, t, context_len) for t in NATURAL_TEXTS]
+def build_natural_set(tokenizer: Any, context_len: int, num_scored: int = NUM_SCORED) -> TextSet:
+    """The natural passages, `context_len` unscored tokens then `num_scored` scored ones.
+    Text i is passage i followed by the next ones (cyclically) as far as it needs, so a
+    long `num_scored` reads on into other passages."""
+    count = len(NATURAL_TEXTS)
+    texts = [
+        " ".join(NATURAL_TEXTS[(i + k) % count] for k in range(count)) for i in range(count)
+    ]
+    natural_ids = [natural_text_ids(tokenizer, t, context_len, num_scored) for t in texts]
     return TextSet("natural", natural_ids, [context_len] * len(natural_ids))
 
 
@@ -322,7 +332,7 @@ def _count(flags: list[bool]) -> int:
 
 def continuation_sums(logprobs: list[float]) -> list[float]:
     """Sums of consecutive CONTINUATION_TOKENS logprobs: the loglikelihood of each
-    continuation (the positions of a set are text-major, NUM_SCORED per text)."""
+    continuation (the positions of a set are text-major, a multiple of it per text)."""
     return [
         math.fsum(logprobs[i : i + CONTINUATION_TOKENS])
         for i in range(0, len(logprobs), CONTINUATION_TOKENS)
@@ -377,14 +387,15 @@ def compare(scores: PositionScores, reference: PositionScores, near_tie: float) 
 
 def free_running(answers: list[list[int]], reference: list[list[int]]) -> dict[str, Any]:
     """How many greedy answers equal the reference's, and where they first differ."""
-    first_diffs = []
+    first_diffs, identical = [], 0
     for got, want in zip(answers, reference, strict=True):
         diff = next(
             (i for i, (a, b) in enumerate(zip(got, want, strict=True)) if a != b), len(want)
         )
         first_diffs.append(diff)
+        identical += diff == len(want)
     return {
-        "identical": sum(d == NUM_SCORED for d in first_diffs),
+        "identical": identical,
         "texts": len(first_diffs),
         "mean_first_difference": statistics.fmean(first_diffs),
         "first_difference": first_diffs,
@@ -449,7 +460,8 @@ def evaluate_mode(
     llm = make_llm(model, mode, seed, step_tokens)
     try:
         scores, elapsed = score_sets(llm, text_sets)
-        answers = [list(a.token_ids) for a in greedy_generate(llm, chat.prefixes(), NUM_SCORED)]
+        num_scored = len(chat.scored_tokens()[0])
+        answers = [list(a.token_ids) for a in greedy_generate(llm, chat.prefixes(), num_scored)]
     finally:
         del llm
         gc.collect()  # one engine (weights and KV cache) in memory at a time
@@ -533,6 +545,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add("--context-len", type=int, default=16, help="unscored leading tokens of natural texts")
     add(
+        "--num-scored",
+        type=int,
+        default=NUM_SCORED,
+        help="scored tokens per text (the chat answers' length; natural texts read on into "
+        "the next passages); a multiple of 8, the continuation length",
+    )
+    add(
         "--near-tie",
         type=float,
         default=0.1,
@@ -564,6 +583,8 @@ def main(argv: list[str] | None = None) -> None:
     modes = [Mode.parse(m) for m in args.modes.split(",") if m.strip()]
     if args.context_len < 1 or args.step_tokens < 1:
         parser.error("--context-len and --step-tokens must be at least 1.")
+    if args.num_scored < 1 or args.num_scored % CONTINUATION_TOKENS:
+        parser.error(f"--num-scored must be a positive multiple of {CONTINUATION_TOKENS}.")
     if any(m.quantization for m in modes) and not engine_knows_quantization():
         parser.error("this pagedllm's LLM has no quantization= argument; drop the :method.")
     from common import load_average, locate_model, machine_info, write_json
@@ -574,8 +595,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"model {location.path}; reference {REFERENCE_MODE}")
 
     llm = make_llm(location.path, Mode(REFERENCE_MODE), args.seed, args.step_tokens)
-    chat, chat_reference = build_chat_set(llm)
-    natural = build_natural_set(llm.get_tokenizer(), args.context_len)
+    chat, chat_reference = build_chat_set(llm, args.num_scored)
+    natural = build_natural_set(llm.get_tokenizer(), args.context_len, args.num_scored)
     text_sets = [chat, natural]
     reference, reference_s = score_sets(llm, [natural])
     reference[chat.name] = chat_reference

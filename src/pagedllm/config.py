@@ -16,7 +16,7 @@ QUANTIZATION_METHODS = ("int8", "int4")
 # What `quantization` accepts: None (the checkpoint decides), "none" (dense weights) or a method.
 QUANTIZATION_CHOICES = ("none", *QUANTIZATION_METHODS)
 # KV cache formats: "auto" is the model's dtype (as in vLLM); "int8" stores codes with one
-# float32 scale per (position, kv head) row (attention/kv_quant.py).
+# float32 scale per 16 values of a (position, kv head) row (attention/kv_quant.py).
 KV_CACHE_DTYPES = ("auto", "int8")
 PREEMPTION_MODES = ("recompute", "swap")
 SCHEDULING_POLICIES = ("fcfs", "priority")

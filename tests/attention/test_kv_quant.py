@@ -16,29 +16,41 @@ from pagedllm.attention.torch_paged import TorchPagedBackend
 from .test_torch_paged import BATCHES, KERNELS, _Case, make_backend, make_common_metadata
 
 
-def test_row_format_is_codes_then_float32_scale() -> None:
-    x = torch.tensor([[0.5, -1.27, 0.0, 1.0]])
+def test_row_format_is_codes_then_a_float32_scale_per_16() -> None:
+    x = torch.zeros(1, 32)
+    x[0, :4] = torch.tensor([0.5, -1.27, 0.0, 1.0])
+    x[0, 16] = 20.0  # the second group's scale is its own
+    x[0, 17] = 10.0
     rows = kv_quant.quantize_rows(x)
-    assert rows.dtype == torch.int8 and rows.shape == (1, 4 + kv_quant.SCALE_BYTES)
+    assert rows.dtype == torch.int8 and rows.shape == (1, 32 + 2 * kv_quant.SCALE_BYTES)
+    assert rows.shape[-1] == kv_quant.cache_row_size(32)
     assert rows[0, :4].tolist() == [50, -127, 0, 100]
-    scale = rows[0, 4:].contiguous().view(torch.float32).item()
-    assert scale == pytest.approx(1.27 / 127)
-    assert rows.shape[-1] == kv_quant.cache_row_size(4)
+    assert rows[0, 16:18].tolist() == [127, 64]
+    scales = rows[0, 32:].contiguous().view(torch.float32).tolist()
+    assert scales == pytest.approx([1.27 / 127, 20 / 127])
 
 
-def test_round_trip_error_is_at_most_half_a_step_per_row() -> None:
+def test_head_sizes_must_be_whole_groups() -> None:
+    with pytest.raises(ValueError, match="multiple of 16"):
+        kv_quant.cache_row_size(40)
+
+
+def test_round_trip_error_is_at_most_half_a_step_per_group() -> None:
     x = torch.randn(64, 3, 64, generator=torch.Generator().manual_seed(0)) * 5
     back = kv_quant.round_trip(x)
-    step = x.abs().amax(dim=-1, keepdim=True) / 127
-    assert ((back - x).abs() <= step / 2 + 1e-6).all()
-    # each row's largest value survives up to float rounding
-    torch.testing.assert_close(back.abs().amax(-1), x.abs().amax(-1), atol=0, rtol=1e-6)
+    groups = x.unflatten(-1, (4, 16))
+    step = groups.abs().amax(dim=-1, keepdim=True) / 127
+    assert ((back.unflatten(-1, (4, 16)) - groups).abs() <= step / 2 + 1e-6).all()
+    # each group's largest value survives up to float rounding
+    torch.testing.assert_close(
+        back.unflatten(-1, (4, 16)).abs().amax(-1), groups.abs().amax(-1), atol=0, rtol=1e-6
+    )
 
 
 def test_zero_rows_stay_zero() -> None:
-    rows = kv_quant.quantize_rows(torch.zeros(2, 8))
+    rows = kv_quant.quantize_rows(torch.zeros(2, 16))
     assert torch.equal(rows, torch.zeros_like(rows))
-    assert torch.equal(kv_quant.dequantize_rows(rows, torch.float32), torch.zeros(2, 8))
+    assert torch.equal(kv_quant.dequantize_rows(rows, torch.float32), torch.zeros(2, 16))
 
 
 @pytest.mark.skipif(not cpu_kernel.can_store_int8(torch.float32), reason="no C compiler")
@@ -101,7 +113,7 @@ def test_attention_over_int8_cache_matches_dense_over_round_trip(
     assert torch.equal(case.cache, expected_cache)
     pairs = zip(case.full_kv, case.requests, strict=True)
     new_keys = torch.cat([kv[0, context_len:] for kv, (context_len, _, _) in pairs])
-    flat = case.cache.view(2, -1, heads[1], 64 + kv_quant.SCALE_BYTES)
+    flat = case.cache.view(2, -1, heads[1], kv_quant.cache_row_size(64))
     written = kv_quant.dequantize_rows(flat[0, metadata.slot_mapping], torch.float32)
     torch.testing.assert_close(written, new_keys, atol=0, rtol=0)
 
@@ -126,3 +138,11 @@ def test_int8_attention_is_close_to_unquantized() -> None:
     exact = case.expected(0.125)
     quantized = _int8_case("mixed", 16, (6, 2), head_size=64).expected(0.125)
     assert (quantized - exact).abs().max() < 0.02 * exact.abs().max()
+
+
+def test_codes_round_as_a_true_division_does() -> None:
+    """-2.9375 * (127 / 5.875) is exactly -63.5, which rounds to even (-64); with 127 times
+    a rounded reciprocal of 5.875 the product is just above it and rounds to -63."""
+    x = torch.zeros(1, 16)
+    x[0, 0], x[0, 1] = 5.875, -2.9375
+    assert kv_quant.quantize_rows(x)[0, :2].tolist() == [127, -64]

@@ -106,7 +106,7 @@ typedef struct {
 static Paged make_paged(int kind /* 0 f32, 1 bf16, 2 int8 */) {
     Paged p = {{24, 16, 3, 9, 64, 3}, NULL, {1, 5, 9, 2, 0, 0, 7, 3, 0}, {40, 1, 23}};
     const int64_t rows = 2 * 24 * 16 * 3, D = 64;
-    const int64_t row_bytes = kind == 0 ? 4 * D : kind == 1 ? 2 * D : D + 4;
+    const int64_t row_bytes = kind == 0 ? 4 * D : kind == 1 ? 2 * D : D + D / 4;
     p.cache = calloc(rows, row_bytes);
     for (int64_t r = 0; r < rows; r++) {
         char *row = p.cache + r * row_bytes;
@@ -117,9 +117,9 @@ static Paged make_paged(int kind /* 0 f32, 1 bf16, 2 int8 */) {
             else if (kind == 1) ((uint16_t *)row)[j] = float_to_bf16(v);
             else ((int8_t *)row)[j] = (int8_t)(next_u32() % 255 - 127);
         }
-        if (kind == 2) {
+        for (int64_t g = 0; kind == 2 && g < D / 16; g++) { /* a scale per 16 codes */
             const float scale = uniform(0.001f, 0.02f);
-            memcpy(row + D, &scale, sizeof scale);
+            memcpy(row + D + 4 * g, &scale, sizeof scale);
         }
     }
     return p;

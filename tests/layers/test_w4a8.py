@@ -1,7 +1,7 @@
 """The int4/int8 x int8 kernel (W4A8Weight, W8A8Weight): its layout, its arithmetic, and the
 LM head using it.
 
-The reference quantizes the activations the way the kernel documents (per token and 32
+The reference quantizes the activations the way the kernel documents (per token and 16
 values, scale max |x| / 127, round to nearest) and does the rest in float64, so the kernel
 must match it up to bfloat16 output rounding and float32 accumulation; against
 unquantized activations it is within the int8 quantization error.
@@ -35,8 +35,9 @@ pytestmark = pytest.mark.skipif(not cpu_ops.w4a8_available(), reason="no C compi
 def _reference(
     x: torch.Tensor, weight: W4A8Weight | W8A8Weight, in_features: int
 ) -> torch.Tensor:
-    """x @ W^T with x quantized per 32 values as the kernel does, summed in float64."""
-    groups = x.float().view(x.shape[0], -1, 32)
+    """x @ W^T with x quantized as the kernel does (per 16 values for int4 weights, 32 for
+    int8 ones), summed in float64."""
+    groups = x.float().view(x.shape[0], -1, 16 if isinstance(weight, W4A8Weight) else 32)
     step = groups.abs().amax(-1, keepdim=True) / 127
     inv = torch.where(step > 0, 127 / groups.abs().amax(-1, keepdim=True), 0)
     xq = (groups * inv).round() * step

@@ -58,15 +58,15 @@ def test_int8_cache_layout_and_block_budget(tiny_llama_dir):
     head_size = dense.model_runner.kv_caches[0].shape[-1]
     for cache in int8.model_runner.kv_caches:
         assert cache.dtype == torch.int8
-        assert cache.shape[-1] == head_size + kv_quant.SCALE_BYTES
+        assert cache.shape[-1] == kv_quant.cache_row_size(head_size)
         assert not cache[:, 0].any()  # the null block
     layers = len(int8.model_runner.kv_caches)
     one_block = math.prod(int8.model_runner.kv_caches[0][:, :1].shape)
     assert int8.kv_cache_spec.bytes_per_block == layers * one_block
     assert int8.kv_cache_spec.num_blocks == budget // int8.kv_cache_spec.bytes_per_block
-    # bf16 rows of 2 * D bytes against D + 4: the same budget holds more int8 blocks.
+    # bf16 rows of 2 * D bytes against D + D / 4: the same budget holds more int8 blocks.
     ratio = int8.kv_cache_spec.num_blocks / dense.kv_cache_spec.num_blocks
-    assert ratio == pytest.approx(2 * head_size / (head_size + kv_quant.SCALE_BYTES), rel=0.02)
+    assert ratio == pytest.approx(2 * head_size / kv_quant.cache_row_size(head_size), rel=0.02)
 
 
 _RNG = random.Random(0)

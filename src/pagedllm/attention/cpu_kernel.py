@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from pagedllm import envs, kernels
+from pagedllm.attention import kv_quant
 from pagedllm.kernels import pointer
 
 # Decode functions by (query dtype, cache dtype); int8 writers by K/V dtype.
@@ -71,6 +72,7 @@ def _call_setup(
     library = _library()
     assert library is not None, "call is_available() first"
     _, num_blocks, block_size, num_kv_heads, _ = kv_cache.shape
+    _check_row(kv_cache, query.shape[2])
     dims = _Dims(
         num_blocks, block_size, num_kv_heads, query.shape[1], query.shape[2],
         block_tables.shape[1],
@@ -138,6 +140,17 @@ def paged_prefill_attention(
         raise MemoryError("CPU prefill attention could not allocate its score buffers.")
 
 
+def _check_row(kv_cache: torch.Tensor, head_size: int) -> None:
+    """The kernels compute row sizes from the head size: a cache of another layout would be
+    read or written out of bounds, so it is refused here."""
+    want = kv_quant.cache_row_size(head_size) if kv_cache.dtype == torch.int8 else head_size
+    if kv_cache.shape[-1] != want or not kv_cache.is_contiguous():
+        raise ValueError(
+            f"KV cache rows of {kv_cache.shape[-1]} {kv_cache.dtype} elements do not hold "
+            f"head size {head_size} (want {want}, contiguous)."
+        )
+
+
 def _row_stride(x: torch.Tensor) -> int:
     """Elements between tokens of a [num_tokens, Hkv, D] tensor whose (Hkv, D) part is dense."""
     assert x.stride(2) == 1 and x.stride(1) == x.shape[2], "each token's heads must be dense"
@@ -145,7 +158,7 @@ def _row_stride(x: torch.Tensor) -> int:
 
 
 def store_int8(
-    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, Hkv, D + 4] int8 contiguous
+    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, Hkv, D + D / 4] int8 contiguous
     key: torch.Tensor,  # [num_tokens, Hkv, D]
     value: torch.Tensor,  # [num_tokens, Hkv, D]
     slot_mapping: torch.Tensor,  # [num_tokens] int64
@@ -159,6 +172,7 @@ def store_int8(
     library = _library()
     assert library is not None, "call can_store_int8() first"
     _, num_blocks, block_size, num_kv_heads, _ = kv_cache.shape
+    _check_row(kv_cache, key.shape[2])
     if key.stride(2) != 1 or key.stride(1) != key.shape[2]:
         key = key.contiguous()
     if value.stride(2) != 1 or value.stride(1) != value.shape[2]:

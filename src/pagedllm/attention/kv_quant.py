@@ -1,46 +1,61 @@
-"""The int8 KV cache format (`kv_cache_dtype="int8"`): rows of codes with their own scale.
+"""The int8 KV cache format (`kv_cache_dtype="int8"`): codes with a scale per 16 values.
 
 A cache row is one position's K (or V) for one kv head: D values. In the int8 cache it is
-stored as D int8 codes followed by the float32 scale of that row, D + 4 bytes in all
-(value = code * scale, scale = max |x| / 127). One scale per row of D values keeps the
-error at most half a step of the row's own range, so the measured next-token agreement with
-float32 is that of the bf16 cache (BENCHMARKS.md); the cache takes 53% of bf16's memory for
-D = 64 and reads half the bytes per decode step.
+stored as D int8 codes followed by D / 16 float32 scales, one per group of 16 values
+(value = code * scale, scale = max |x| / 127 over the group): D + D / 4 bytes, 62.5% of a
+bf16 row. A scale per 16 values rather than per row matters for keys: a few channels of a
+rotated key are much larger than the rest, and with one scale per row they set the step of
+every value. Measured against the file's float32 math (benchmarks/accuracy.py, 2,048
+positions per text set), per-16 scales took most of the int8 cache's extra error away.
 
 These are the torch reference ops (any device); on CPU the C library writes rows with the
-same float32 operations (csrc/paged_attention.c) and the decode kernel reads them directly.
+same float32 operations (kernels/csrc/paged_attention.c) and its kernels read them directly.
 """
 
 from __future__ import annotations
 
 import torch
 
-SCALE_BYTES = 4  # one float32 scale per row
+SCALE_BYTES = 4  # a float32 scale
+GROUP = 16  # values per scale
 _LEVELS = 127.0
 _STEP = 1.0 / _LEVELS  # a scale is max |x| * _STEP, as the C writer computes it
 
 
 def cache_row_size(head_size: int) -> int:
-    """Bytes of one int8 cache row of `head_size` values."""
-    return head_size + SCALE_BYTES
+    """Bytes of one int8 cache row of `head_size` values.
+
+    Raises:
+        ValueError: when `head_size` is not a multiple of the scale group.
+    """
+    if head_size % GROUP:
+        raise ValueError(
+            f"kv_cache_dtype='int8' needs a head size that is a multiple of {GROUP}, got "
+            f"{head_size}; use kv_cache_dtype='auto'."
+        )
+    return head_size + SCALE_BYTES * (head_size // GROUP)
 
 
 def quantize_rows(x: torch.Tensor) -> torch.Tensor:
-    """[..., D] values → [..., D + 4] int8 rows (codes, then the float32 scale's bytes)."""
-    values = x.float()
-    amax = values.abs().amax(dim=-1, keepdim=True)
+    """[..., D] values → [..., D + D / 4] int8 rows (codes, then the float32 scales' bytes)."""
+    cache_row_size(x.shape[-1])
+    groups = x.float().unflatten(-1, (-1, GROUP))  # [..., D / 16, 16]
+    amax = groups.abs().amax(dim=-1, keepdim=True)
     safe = torch.where(amax > 0, amax, torch.ones_like(amax))
-    inv = torch.where(amax > 0, _LEVELS / safe, torch.zeros_like(amax))
-    codes = (values * inv).round_().clamp_(-_LEVELS, _LEVELS).to(torch.int8)
-    scale = (amax * _STEP).view(torch.int8)  # [..., 4]: the float32's bytes
-    return torch.cat([codes, scale], dim=-1)
+    # A true float32 division, as the C writer's: torch computes `scalar / tensor` as the
+    # scalar times a rounded reciprocal, which rounds ties at x.5 the other way.
+    inv = torch.where(amax > 0, torch.full_like(safe, _LEVELS) / safe, torch.zeros_like(amax))
+    codes = (groups * inv).round_().clamp_(-_LEVELS, _LEVELS).to(torch.int8).flatten(-2)
+    scales = (amax * _STEP).squeeze(-1).contiguous().view(torch.int8)  # [..., D / 4] bytes
+    return torch.cat([codes, scales], dim=-1)
 
 
 def dequantize_rows(rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """[..., D + 4] int8 rows → [..., D] values in `dtype` (computed in float32)."""
-    head_size = rows.shape[-1] - SCALE_BYTES
-    scale = rows[..., head_size:].contiguous().view(torch.float32)  # [..., 1]
-    return (rows[..., :head_size].float() * scale).to(dtype)
+    """[..., D + D / 4] int8 rows → [..., D] values in `dtype` (computed in float32)."""
+    head_size = rows.shape[-1] * GROUP // (GROUP + SCALE_BYTES)
+    scales = rows[..., head_size:].contiguous().view(torch.float32)  # [..., D / 16]
+    codes = rows[..., :head_size].float().unflatten(-1, (-1, GROUP))
+    return (codes * scales.unsqueeze(-1)).flatten(-2).to(dtype)
 
 
 def round_trip(x: torch.Tensor) -> torch.Tensor:

@@ -140,8 +140,13 @@ class EngineArgs:
         """
         if self.kv_cache_dtype is not None:
             return self.kv_cache_dtype
+        from pagedllm.attention.kv_quant import GROUP
+
         quantized_cpu = device == "cpu" and model_config.quantization is not None
-        return "int8" if quantized_cpu and model_config.dtype != "float32" else "auto"
+        hf = model_config.hf_config
+        head_size = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
+        fits = head_size % GROUP == 0  # the int8 format scales groups of GROUP values
+        return "int8" if quantized_cpu and model_config.dtype != "float32" and fits else "auto"
 
     def _create_model_config(self, device: str) -> ModelConfig:
         from pagedllm.model_loader.hf_config import (

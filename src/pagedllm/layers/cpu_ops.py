@@ -107,7 +107,7 @@ def w4a8_matmul(
     scales_and_mins: torch.Tensor,  # [panels, K / 32, 2, 16] float32
     out_features: int,
 ) -> torch.Tensor:  # [T, out_features] bfloat16
-    """x @ W^T for W in the W4A8Weight layout; activations quantized per 32 values."""
+    """x @ W^T for W in the W4A8Weight layout; activations quantized per 16 values."""
     return _byte_dot_matmul("w4a8_matmul_bf16", x, packed, scales_and_mins, out_features)
 
 
@@ -117,7 +117,7 @@ def w8a8_matmul(
     scales: torch.Tensor,  # [panels, K / 32, 16] float32
     out_features: int,
 ) -> torch.Tensor:  # [T, out_features] bfloat16
-    """x @ W^T for W in the W8A8Weight layout; activations quantized per 32 values."""
+    """x @ W^T for W in the W8A8Weight layout; activations quantized per 16 values."""
     return _byte_dot_matmul("w8a8_matmul_bf16", x, codes, scales, out_features)
 
 

@@ -11,7 +11,7 @@ re-quantizing Q4_1 weights recovers their codes and loses nothing but the roundi
 scales to the model dtype.
 
 Two exceptions to "weight-only", for bfloat16 models on CPU (our C kernel, csrc/w4a8.c):
-W4A8Weight, the same int4 format multiplied by activations quantized to int8 per 32 values,
+W4A8Weight, the same int4 format multiplied by activations quantized to int8 per 16 values,
 and W8A8Weight, GGUF Q8_0's int8 form (the LM head) multiplied the same way. The kernel is
 at least as fast as the dense bfloat16 matmul at every step size, so these weights serve every step
 and no dense copy of the decoder's matrices is kept; the CPU decode stack
@@ -91,12 +91,12 @@ class W4A8Weight:
     """int4 codes in groups of 32 multiplied by int8 activations (bfloat16 models on CPU).
 
     Same weight format as Int4Weight (w = d * q + m per group, Q4_1's), stored for the C
-    kernel (csrc/w4a8.c) in panels of 16 output rows, codes as the VNNI byte dot product
-    reads them, (d, m) in float32. Activations are quantized per token and 32 values to
-    int8 on the fly, as llama.cpp does, so one instruction does 64 multiply-adds. It is at
-    least as fast as oneDNN's bfloat16 matmul at every step size measured here (1.0-2.7x on
-    the decoder's matrices, benchmarks/matmul.py), so bfloat16 CPU models keep no dense copy
-    of these matrices.
+    kernels (kernels/csrc/w4a8.c) in panels of 16 output rows, codes as the byte dot-product
+    instructions read them, (d, m) in float32. Activations are quantized to int8 on the fly
+    per token and 16 values (llama.cpp uses 32; half-groups cut the error against float32
+    by a fifth, benchmarks/accuracy.py), so one VNNI instruction does 64 multiply-adds. On
+    every ISA with a vector variant it is faster than torch's dense matmul on the same CPU
+    (benchmarks/matmul.py), so bfloat16 CPU models keep no dense copy of these matrices.
     """
 
     packed: torch.Tensor  # [panels, in / 32, 256] uint8

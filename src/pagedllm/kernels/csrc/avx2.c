@@ -6,11 +6,12 @@
  *  - AVX-VNNI: vpdpbusd, as on AVX-512 (unsigned weight bytes x signed activations).
  *  - Otherwise vpmaddubsw (u8 x s8 pairs summed to int16, saturating) and vpmaddwd against
  *    ones (int16 pairs to int32). int4 codes are at most 15, so 8 quads of pair sums stay
- *    within int16 (8 x 2 x 15 x 127 = 30480) and one vpmaddwd per group suffices. int8
+ *    within int16 (8 x 2 x 15 x 127 = 30480) and one vpmaddwd per half-group suffices. int8
  *    codes (q + 128) would saturate, so they are made signed (q) and multiplied as |q| x
  *    (x with q's sign) (at most 2 x 127 x 127 per pair); the dot of q + 128 is then that
  *    sum plus 128 x sum(x), exactly.
- * A tile is up to 4 tokens (16 vector registers: 4 accumulators, 4 dot sums, codes, scales).
+ * A tile is 4 tokens with AVX-VNNI, 2 without (16 vector registers hold a token's pair sums,
+ * dot sums and accumulator, the codes and the scales).
  */
 #include <immintrin.h>
 #include <math.h>
@@ -24,7 +25,13 @@ const char ISA_NAME[] = "avx2_vnni";
 #else
 const char ISA_NAME[] = "avx2";
 #endif
+/* Tokens per tile: without VNNI each token keeps two int16 pair sums besides its dot sums
+ * and accumulator, and a third token already spills registers (measured: 40% slower). */
+#if defined(__AVXVNNI__)
 const int ISA_TILE_TOKENS = 4;
+#else
+const int ISA_TILE_TOKENS = 2;
+#endif
 
 static inline int32_t load_i32(const int8_t *p) {
     int32_t v;
@@ -51,31 +58,38 @@ static inline int32_t hsum8_epi32(__m256i v) {
     return _mm_cvtsi128_si32(s);
 }
 
-void isa_quantize_q8_bf16(const Q8Activations *a, const uint16_t *x, int64_t t) {
+void isa_quantize_q8_bf16(const Q8Activations *a, const uint16_t *x, int64_t t, int halves) {
     const __m256 sign = _mm256_set1_ps(-0.f);
     for (int64_t g = 0; g < a->G; g++) {
         __m256 v[4];
-        __m256 amax8 = _mm256_setzero_ps();
-        for (int i = 0; i < 4; i++) {
-            v[i] = load_bf16x8(x + g * Q8_GROUP + 8 * i);
-            amax8 = _mm256_max_ps(amax8, _mm256_andnot_ps(sign, v[i]));
+        float amax[2];
+        for (int h = 0; h < 2; h++) { /* two vectors per half-group of 16 */
+            v[2 * h] = load_bf16x8(x + g * Q8_GROUP + h * Q8_HALF);
+            v[2 * h + 1] = load_bf16x8(x + g * Q8_GROUP + h * Q8_HALF + 8);
+            amax[h] = hmax8(_mm256_max_ps(_mm256_andnot_ps(sign, v[2 * h]),
+                                          _mm256_andnot_ps(sign, v[2 * h + 1])));
         }
-        const float amax = hmax8(amax8);
-        const __m256 inv = _mm256_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+        if (!halves) amax[0] = amax[1] = amax[0] > amax[1] ? amax[0] : amax[1];
         __m256i q[4];
-        for (int i = 0; i < 4; i++) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inv));
-        const int32_t sum = hsum8_epi32(
-            _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
+        float steps[2];
+        int32_t sums[2];
+        for (int h = 0; h < 2; h++) {
+            const __m256 inv = _mm256_set1_ps(amax[h] > 0.f ? 127.f / amax[h] : 0.f);
+            q[2 * h] = _mm256_cvtps_epi32(_mm256_mul_ps(v[2 * h], inv));
+            q[2 * h + 1] = _mm256_cvtps_epi32(_mm256_mul_ps(v[2 * h + 1], inv));
+            steps[h] = amax[h] * (1.f / 127.f);
+            sums[h] = hsum8_epi32(_mm256_add_epi32(q[2 * h], q[2 * h + 1]));
+            a->dx[(t * a->G + g) * 2 + h] = steps[h];
+            a->sums[(t * a->G + g) * 2 + h] = sums[h];
+        }
         /* Narrow to bytes: the packs work per 128-bit lane, the permute restores the order. */
         const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]),
                                                  _mm256_packs_epi32(q[2], q[3]));
         const __m256i ordered =
             _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
         _mm256_storeu_si256((__m256i *)(a->xq + t * a->K + g * Q8_GROUP), ordered);
-        const float step = amax * (1.f / 127.f);
-        a->dx[t * a->G + g] = step;
-        a->c[t * a->G + g] = step * (float)sum;
-        a->sums[t * a->G + g] = sum;
+        a->c[t * a->G + g] = halves ? fmaf(steps[1], (float)sums[1], steps[0] * (float)sums[0])
+                                    : steps[0] * (float)(sums[0] + sums[1]);
     }
 }
 
@@ -100,26 +114,28 @@ static inline void store_bf16x8(uint16_t *dst, __m256 v, int lanes) {
 #define DOT_ADD(acc, w, x) _mm256_dpbusd_avx_epi32((acc), (w), (x))
 #endif
 
-/* The int32 dot products of R tokens with one half-panel's group (8 rows x 32 inputs). */
+/* The int32 dot products of R tokens with one half-panel's group (8 rows x 32 inputs): int4,
+ * per half-group: dot0 over the first 16 inputs (quads 0-3), dot1 over the last 16; int8,
+ * over the whole group in dot0 (one activation scale). sums[2 r + h] is token r's code sum
+ * over half-group h. */
 static inline __attribute__((always_inline)) void group_dots(
     const int R, const int INT8, const uint8_t *group, int half, const int8_t *const *xq,
-    const int32_t *sums, __m256i *dot) {
+    const int32_t *sums, __m256i *dot0, __m256i *dot1) {
     const __m256i low = _mm256_set1_epi8(0x0F);
-    for (int r = 0; r < R; r++) dot[r] = _mm256_setzero_si256();
+    for (int r = 0; r < R; r++) dot0[r] = dot1[r] = _mm256_setzero_si256();
 #if defined(__AVXVNNI__)
     (void)sums;
-    for (int b = 0; b < (INT8 ? 8 : 4); b++) {
+    for (int b = 0; b < 4; b++) {
         const __m256i raw = _mm256_loadu_si256((const __m256i *)(group + b * 64 + half * 32));
-        if (INT8) {
-            for (int r = 0; r < R; r++)
-                dot[r] = DOT_ADD(dot[r], raw, _mm256_set1_epi32(load_i32(xq[r] + 4 * b)));
-        } else {
-            const __m256i lo = _mm256_and_si256(raw, low);
-            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
-            for (int r = 0; r < R; r++) {
-                dot[r] = DOT_ADD(dot[r], lo, _mm256_set1_epi32(load_i32(xq[r] + 4 * b)));
-                dot[r] = DOT_ADD(dot[r], hi, _mm256_set1_epi32(load_i32(xq[r] + 4 * b + 16)));
-            }
+        const __m256i first = INT8 ? raw : _mm256_and_si256(raw, low);
+        const __m256i second = INT8
+            ? _mm256_loadu_si256((const __m256i *)(group + (b + 4) * 64 + half * 32))
+            : _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
+        __m256i *second_dot = INT8 ? dot0 : dot1;
+        for (int r = 0; r < R; r++) {
+            dot0[r] = DOT_ADD(dot0[r], first, _mm256_set1_epi32(load_i32(xq[r] + 4 * b)));
+            second_dot[r] = DOT_ADD(second_dot[r], second,
+                                    _mm256_set1_epi32(load_i32(xq[r] + 16 + 4 * b)));
         }
     }
 #else
@@ -132,15 +148,16 @@ static inline __attribute__((always_inline)) void group_dots(
             const __m256i magnitude = _mm256_sign_epi8(q, q);
             for (int r = 0; r < R; r++) {
                 const __m256i x = _mm256_sign_epi8(_mm256_set1_epi32(load_i32(xq[r] + 4 * j)), q);
-                dot[r] = _mm256_add_epi32(
-                    dot[r], _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, x), ones));
+                dot0[r] = _mm256_add_epi32(
+                    dot0[r], _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, x), ones));
             }
         }
         for (int r = 0; r < R; r++) /* the codes' +128 offset, added back exactly */
-            dot[r] = _mm256_add_epi32(dot[r], _mm256_set1_epi32(128 * sums[r]));
+            dot0[r] = _mm256_add_epi32(dot0[r],
+                                       _mm256_set1_epi32(128 * (sums[2 * r] + sums[2 * r + 1])));
     } else {
-        __m256i pairs[MAX_TILE_TOKENS];
-        for (int r = 0; r < R; r++) pairs[r] = _mm256_setzero_si256();
+        __m256i pairs0[MAX_TILE_TOKENS], pairs1[MAX_TILE_TOKENS];
+        for (int r = 0; r < R; r++) pairs0[r] = pairs1[r] = _mm256_setzero_si256();
         for (int b = 0; b < 4; b++) {
             const __m256i raw = _mm256_loadu_si256((const __m256i *)(group + b * 64 + half * 32));
             const __m256i lo = _mm256_and_si256(raw, low);
@@ -148,11 +165,14 @@ static inline __attribute__((always_inline)) void group_dots(
             for (int r = 0; r < R; r++) {
                 const __m256i xlo = _mm256_set1_epi32(load_i32(xq[r] + 4 * b));
                 const __m256i xhi = _mm256_set1_epi32(load_i32(xq[r] + 4 * b + 16));
-                pairs[r] = _mm256_add_epi16(pairs[r], _mm256_maddubs_epi16(lo, xlo));
-                pairs[r] = _mm256_add_epi16(pairs[r], _mm256_maddubs_epi16(hi, xhi));
+                pairs0[r] = _mm256_add_epi16(pairs0[r], _mm256_maddubs_epi16(lo, xlo));
+                pairs1[r] = _mm256_add_epi16(pairs1[r], _mm256_maddubs_epi16(hi, xhi));
             }
         }
-        for (int r = 0; r < R; r++) dot[r] = _mm256_madd_epi16(pairs[r], ones);
+        for (int r = 0; r < R; r++) {
+            dot0[r] = _mm256_madd_epi16(pairs0[r], ones);
+            dot1[r] = _mm256_madd_epi16(pairs1[r], ones);
+        }
     }
 #endif
 }
@@ -166,20 +186,26 @@ static inline __attribute__((always_inline)) void half_tile(
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t g = 0; g < a->G; g++) {
         const int8_t *xq[MAX_TILE_TOKENS];
-        int32_t sums[MAX_TILE_TOKENS];
+        int32_t sums[2 * MAX_TILE_TOKENS];
         for (int r = 0; r < R; r++) {
             xq[r] = a->xq + (t + r) * a->K + g * Q8_GROUP;
-            sums[r] = a->sums[(t + r) * a->G + g];
+            sums[2 * r] = a->sums[((t + r) * a->G + g) * 2];
+            sums[2 * r + 1] = a->sums[((t + r) * a->G + g) * 2 + 1];
         }
-        __m256i dot[MAX_TILE_TOKENS];
-        group_dots(R, INT8, codes + g * group_bytes, half, xq, sums, dot);
+        __m256i dot0[MAX_TILE_TOKENS], dot1[MAX_TILE_TOKENS];
+        group_dots(R, INT8, codes + g * group_bytes, half, xq, sums, dot0, dot1);
         const __m256 d = _mm256_loadu_ps(dm + g * dm_stride + 8 * half);
         const __m256 m = INT8 ? _mm256_mul_ps(d, _mm256_set1_ps(-128.f))
                               : _mm256_loadu_ps(dm + g * dm_stride + PANEL_ROWS + 8 * half);
         for (int r = 0; r < R; r++) {
             const int64_t row = t + r;
-            const __m256 scale = _mm256_mul_ps(d, _mm256_set1_ps(a->dx[row * a->G + g]));
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[r]), scale, acc[r]);
+            const float *dx = a->dx + (row * a->G + g) * 2;
+            const __m256 scale0 = _mm256_mul_ps(d, _mm256_set1_ps(dx[0]));
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot0[r]), scale0, acc[r]);
+            if (!INT8) {
+                const __m256 scale1 = _mm256_mul_ps(d, _mm256_set1_ps(dx[1]));
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot1[r]), scale1, acc[r]);
+            }
             acc[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(a->c[row * a->G + g]), acc[r]);
         }
     }

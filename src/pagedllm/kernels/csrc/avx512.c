@@ -2,7 +2,8 @@
  * isa.h on AVX-512 (F, BW, VL, DQ) with VNNI: a panel's 16 output rows are the 16 lanes of
  * one vector, and vpdpbusd multiplies 4 unsigned weight bytes by 4 signed activation bytes
  * per lane, 64 multiply-adds per instruction. A tile is up to 8 tokens: a group's codes are
- * unpacked once into 8 registers for all of them, each token's 8 dot products one chain.
+ * unpacked once into 8 registers for all of them; a token's dot products are one chain of 8
+ * (int8) or two of 4, one per half-group with its own activation scale (int4).
  */
 #include <immintrin.h>
 #include <math.h>
@@ -25,23 +26,27 @@ static inline __m512 load_bf16x16(const uint16_t *p) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-void isa_quantize_q8_bf16(const Q8Activations *a, const uint16_t *x, int64_t t) {
+void isa_quantize_q8_bf16(const Q8Activations *a, const uint16_t *x, int64_t t, int halves) {
     for (int64_t g = 0; g < a->G; g++) {
-        const __m512 lo = load_bf16x16(x + g * Q8_GROUP), hi = load_bf16x16(x + g * Q8_GROUP + 16);
-        const float amax =
-            _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
-        const __m512 inv = _mm512_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
-        /* Rounds half to even (the default MXCSR mode), as nearbyintf does. */
-        const __m512i qlo = _mm512_cvtps_epi32(_mm512_mul_ps(lo, inv));
-        const __m512i qhi = _mm512_cvtps_epi32(_mm512_mul_ps(hi, inv));
-        int8_t *q = a->xq + t * a->K + g * Q8_GROUP;
-        _mm_storeu_si128((__m128i *)q, _mm512_cvtepi32_epi8(qlo));
-        _mm_storeu_si128((__m128i *)(q + 16), _mm512_cvtepi32_epi8(qhi));
-        const int32_t sum = _mm512_reduce_add_epi32(_mm512_add_epi32(qlo, qhi));
-        const float step = amax * (1.f / 127.f);
-        a->dx[t * a->G + g] = step;
-        a->c[t * a->G + g] = step * (float)sum;
-        a->sums[t * a->G + g] = sum;
+        const __m512 v[2] = {load_bf16x16(x + g * Q8_GROUP), load_bf16x16(x + g * Q8_GROUP + 16)};
+        float amax[2] = {_mm512_reduce_max_ps(_mm512_abs_ps(v[0])),
+                         _mm512_reduce_max_ps(_mm512_abs_ps(v[1]))};
+        if (!halves) amax[0] = amax[1] = amax[0] > amax[1] ? amax[0] : amax[1];
+        float steps[2];
+        int32_t sums[2];
+        for (int h = 0; h < 2; h++) { /* one vector per half-group of 16 */
+            const __m512 inv = _mm512_set1_ps(amax[h] > 0.f ? 127.f / amax[h] : 0.f);
+            /* Rounds half to even (the default MXCSR mode), as nearbyintf does. */
+            const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(v[h], inv));
+            _mm_storeu_si128((__m128i *)(a->xq + t * a->K + g * Q8_GROUP + h * Q8_HALF),
+                             _mm512_cvtepi32_epi8(q));
+            steps[h] = amax[h] * (1.f / 127.f);
+            sums[h] = _mm512_reduce_add_epi32(q);
+            a->dx[(t * a->G + g) * 2 + h] = steps[h];
+            a->sums[(t * a->G + g) * 2 + h] = sums[h];
+        }
+        a->c[t * a->G + g] = halves ? fmaf(steps[1], (float)sums[1], steps[0] * (float)sums[0])
+                                    : steps[0] * (float)(sums[0] + sums[1]);
     }
 }
 
@@ -83,11 +88,25 @@ static inline __attribute__((always_inline)) void tile(
         for (int r = 0; r < R; r++) {
             const int64_t row = t + r;
             const int8_t *xq = a->xq + row * a->K + g * Q8_GROUP;
-            __m512i dot = _mm512_setzero_si512();
-            for (int j = 0; j < 8; j++)
-                dot = _mm512_dpbusd_epi32(dot, w[j], _mm512_set1_epi32(load_i32(xq + 4 * j)));
-            const __m512 scale = _mm512_mul_ps(d, _mm512_set1_ps(a->dx[row * a->G + g]));
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[r]);
+            const float *dx = a->dx + (row * a->G + g) * 2;
+            if (INT8) { /* one activation scale per group: one chain of 8 */
+                __m512i dot = _mm512_setzero_si512();
+                for (int j = 0; j < 8; j++)
+                    dot = _mm512_dpbusd_epi32(dot, w[j], _mm512_set1_epi32(load_i32(xq + 4 * j)));
+                const __m512 scale = _mm512_mul_ps(d, _mm512_set1_ps(dx[0]));
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[r]);
+            } else { /* a scale per half-group: quads 0-3 are the first 16 inputs */
+                __m512i dot0 = _mm512_setzero_si512(), dot1 = _mm512_setzero_si512();
+                for (int j = 0; j < 4; j++) {
+                    dot0 = _mm512_dpbusd_epi32(dot0, w[j], _mm512_set1_epi32(load_i32(xq + 4 * j)));
+                    dot1 = _mm512_dpbusd_epi32(dot1, w[j + 4],
+                                               _mm512_set1_epi32(load_i32(xq + 16 + 4 * j)));
+                }
+                const __m512 scale0 = _mm512_mul_ps(d, _mm512_set1_ps(dx[0]));
+                const __m512 scale1 = _mm512_mul_ps(d, _mm512_set1_ps(dx[1]));
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot0), scale0, acc[r]);
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot1), scale1, acc[r]);
+            }
             acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(a->c[row * a->G + g]), acc[r]);
         }
     }

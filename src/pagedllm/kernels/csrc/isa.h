@@ -14,12 +14,23 @@
  * only these functions touch vector registers.
  *
  * Byte dot products must give the same bits on every ISA: the integer sums are exact, and
- * the float steps are done in one order everywhere, per output row and group g:
- *   acc = fma((float)dot_g, d_g * dx_g, acc);  acc = fma(m_g, c_g, acc)
- * then acc rounded to bfloat16 (nearest even). Activations are quantized per token and
- * group of 32: amax = max |x|, q = round_half_even(x * (127 / amax)), dx = amax * (1 / 127),
- * c = dx * sum(q). The attention primitives sum in one order too (fma over the head
- * dimension per key, over keys per output value), so they match up to libm's expf.
+ * the float steps are done in one order everywhere.
+ *
+ * int4 weights (W4A8): activations are quantized per token and half-group h of 16 values
+ * (a weight group's first and last 16 inputs, its low and high nibbles in the layout):
+ * amax = max |x|, q = round_half_even(x * (127 / amax)), dx_h = amax * (1 / 127),
+ * s_h = sum(q), c = fma(dx_1, s_1, dx_0 * s_0). Per output row and group g, with dot_h the
+ * integer dot of the half-group's codes:
+ *   acc = fma((float)dot_0, d_g * dx_0, acc);  acc = fma((float)dot_1, d_g * dx_1, acc);
+ *   acc = fma(m_g, c_g, acc)
+ * int8 weights (W8A8, the LM head): one scale per group of 32 (amax over the group, so
+ * dx_0 = dx_1 = dx), c = dx * (s_0 + s_1), dot the integer dot over the group, m = -128 d:
+ *   acc = fma((float)dot, d_g * dx, acc);  acc = fma(m_g, c_g, acc)
+ * (half-groups cut the W4A8 error against float32 by a fifth and cost the int4 kernel ~9%;
+ * the LM head's error hardly matters and its int8 kernel would lose more, so it keeps 32.)
+ * Either way acc is then rounded to bfloat16 (nearest even). The attention primitives sum in one order too
+ * (fma over the head dimension per key, over keys per output value), so they match up to
+ * libm's expf.
  */
 #ifndef PAGEDLLM_ISA_H
 #define PAGEDLLM_ISA_H
@@ -35,8 +46,11 @@
 /* Keys per tile of the prefill attention kernel (its transposed tiles are [D][KEY_TILE]). */
 #define KEY_TILE 16
 
-/* The int8 activations of one matmul call: codes xq [M, K]; per token and group the step
- * dx, c = dx * sum(codes) and the integer sum itself [M, G]. */
+/* Activation values per scale: half of a weight group. */
+#define Q8_HALF 16
+
+/* The int8 activations of one matmul call: codes xq [M, K]; per token, group and half the
+ * step dx and the integer sum of the codes [M, G, 2]; per token and group c [M, G]. */
 typedef struct {
     int64_t K, G;
     int8_t *xq;
@@ -48,8 +62,9 @@ typedef struct {
 extern const char ISA_NAME[];
 extern const int ISA_TILE_TOKENS;
 
-/* Token t of x (bfloat16, K values) → a's codes, dx, c and sums for that token. */
-void isa_quantize_q8_bf16(const Q8Activations *a, const uint16_t *x, int64_t t);
+/* Token t of x (bfloat16, K values) → a's codes, dx, c and sums for that token; a scale per
+ * half-group when `halves` (for int4 weights), else per group (dx stored for both halves). */
+void isa_quantize_q8_bf16(const Q8Activations *a, const uint16_t *x, int64_t t, int halves);
 
 /* Tokens t .. t + rows - 1 (rows <= ISA_TILE_TOKENS) times one panel of 16 output rows:
  * int4 codes (int8 == 0: 256 bytes per group, dm = [G][2][16] scales then minimums) or int8

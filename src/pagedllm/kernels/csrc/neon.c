@@ -27,31 +27,42 @@ static inline float32x4_t load_bf16x4(const uint16_t *p) {
     return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16));
 }
 
-void isa_quantize_q8_bf16(const Q8Activations *a, const uint16_t *x, int64_t t) {
+void isa_quantize_q8_bf16(const Q8Activations *a, const uint16_t *x, int64_t t, int halves) {
     for (int64_t g = 0; g < a->G; g++) {
-        float32x4_t v[8];
-        float32x4_t amax4 = vdupq_n_f32(0.f);
-        for (int i = 0; i < 8; i++) {
-            v[i] = load_bf16x4(x + g * Q8_GROUP + 4 * i);
-            amax4 = vmaxq_f32(amax4, vabsq_f32(v[i]));
+        float32x4_t values[2][4];
+        float amaxes[2];
+        for (int h = 0; h < 2; h++) { /* four vectors per half-group of 16 */
+            float32x4_t amax4 = vdupq_n_f32(0.f);
+            for (int i = 0; i < 4; i++) {
+                values[h][i] = load_bf16x4(x + g * Q8_GROUP + h * Q8_HALF + 4 * i);
+                amax4 = vmaxq_f32(amax4, vabsq_f32(values[h][i]));
+            }
+            amaxes[h] = vmaxvq_f32(amax4);
         }
-        const float amax = vmaxvq_f32(amax4);
-        const float inv = amax > 0.f ? 127.f / amax : 0.f;
-        int8_t *q = a->xq + t * a->K + g * Q8_GROUP;
-        int32x4_t total = vdupq_n_s32(0);
-        for (int i = 0; i < 8; i += 2) {
-            /* vcvtnq rounds half to even, as nearbyintf does. */
-            const int32x4_t q0 = vcvtnq_s32_f32(vmulq_n_f32(v[i], inv));
-            const int32x4_t q1 = vcvtnq_s32_f32(vmulq_n_f32(v[i + 1], inv));
-            total = vaddq_s32(total, vaddq_s32(q0, q1));
-            const int16x8_t narrow = vcombine_s16(vmovn_s32(q0), vmovn_s32(q1));
-            vst1_s8(q + 4 * i, vmovn_s16(narrow));
+        if (!halves) amaxes[0] = amaxes[1] = amaxes[0] > amaxes[1] ? amaxes[0] : amaxes[1];
+        float steps[2];
+        int32_t sums[2];
+        for (int h = 0; h < 2; h++) {
+            const float32x4_t *v = values[h];
+            const float amax = amaxes[h];
+            const float inv = amax > 0.f ? 127.f / amax : 0.f;
+            int8_t *q = a->xq + t * a->K + g * Q8_GROUP + h * Q8_HALF;
+            int32x4_t total = vdupq_n_s32(0);
+            for (int i = 0; i < 4; i += 2) {
+                /* vcvtnq rounds half to even, as nearbyintf does. */
+                const int32x4_t q0 = vcvtnq_s32_f32(vmulq_n_f32(v[i], inv));
+                const int32x4_t q1 = vcvtnq_s32_f32(vmulq_n_f32(v[i + 1], inv));
+                total = vaddq_s32(total, vaddq_s32(q0, q1));
+                const int16x8_t narrow = vcombine_s16(vmovn_s32(q0), vmovn_s32(q1));
+                vst1_s8(q + 4 * i, vmovn_s16(narrow));
+            }
+            steps[h] = amax * (1.f / 127.f);
+            sums[h] = vaddvq_s32(total);
+            a->dx[(t * a->G + g) * 2 + h] = steps[h];
+            a->sums[(t * a->G + g) * 2 + h] = sums[h];
         }
-        const int32_t sum = vaddvq_s32(total);
-        const float step = amax * (1.f / 127.f);
-        a->dx[t * a->G + g] = step;
-        a->c[t * a->G + g] = step * (float)sum;
-        a->sums[t * a->G + g] = sum;
+        a->c[t * a->G + g] = halves ? fmaf(steps[1], (float)sums[1], steps[0] * (float)sums[0])
+                                    : steps[0] * (float)(sums[0] + sums[1]);
     }
 }
 
@@ -120,12 +131,19 @@ static inline __attribute__((always_inline)) void chunk_tile(
             const int8x16_t x0 = vld1q_s8(xq), x1 = vld1q_s8(xq + 16);
             int32_t quads[8];
             memcpy(quads, xq, sizeof quads);
-            int32x4_t dot = vdupq_n_s32(0);
-            for (int j = 0; j < 4; j++) dot = dot_quad(dot, w[j], x0, j, quads[j]);
-            for (int j = 4; j < 8; j++) dot = dot_quad(dot, w[j], x1, j - 4, quads[j]);
-            if (INT8) dot = vaddq_s32(dot, vdupq_n_s32(128 * a->sums[row * a->G + g]));
-            const float32x4_t scale = vmulq_n_f32(d, a->dx[row * a->G + g]);
-            acc[r] = vfmaq_f32(acc[r], vcvtq_f32_s32(dot), scale);
+            int32x4_t dot0 = vdupq_n_s32(0), dot1 = vdupq_n_s32(0);
+            for (int j = 0; j < 4; j++) dot0 = dot_quad(dot0, w[j], x0, j, quads[j]);
+            for (int j = 4; j < 8; j++) dot1 = dot_quad(dot1, w[j], x1, j - 4, quads[j]);
+            const int32_t *sums = a->sums + (row * a->G + g) * 2;
+            const float *dx = a->dx + (row * a->G + g) * 2;
+            if (INT8) { /* one scale per group; the codes' +128 offset added back exactly */
+                const int32x4_t dot = vaddq_s32(vaddq_s32(dot0, dot1),
+                                                vdupq_n_s32(128 * (sums[0] + sums[1])));
+                acc[r] = vfmaq_f32(acc[r], vcvtq_f32_s32(dot), vmulq_n_f32(d, dx[0]));
+            } else {
+                acc[r] = vfmaq_f32(acc[r], vcvtq_f32_s32(dot0), vmulq_n_f32(d, dx[0]));
+                acc[r] = vfmaq_f32(acc[r], vcvtq_f32_s32(dot1), vmulq_n_f32(d, dx[1]));
+            }
             acc[r] = vfmaq_f32(acc[r], m, vdupq_n_f32(a->c[row * a->G + g]));
         }
     }

@@ -15,7 +15,8 @@
  * [num_reqs] int32 (the request's query row in query/out).
  *
  * A cache row (one position, one kv head) is D values in the model's dtype, or in the int8
- * cache D int8 codes followed by their float32 scale (value = code * scale; D + 4 bytes).
+ * cache D int8 codes followed by one float32 scale per 16 of them (value = code * scale;
+ * D + D / 4 bytes).
  */
 #include <math.h>
 #include <stdint.h>
@@ -27,12 +28,13 @@
 #include "kernels.h" /* PagedDims */
 
 #define INT8_SCALE_BYTES 4
+#define INT8_GROUP 16 /* values per scale (kv_quant.GROUP) */
 
 
 /* Cache rows: ROW_BYTES(D) is the size of one, LOAD_ROW converts one to D floats. */
 #define ROW_BYTES_F32(D) ((D) * 4)
 #define ROW_BYTES_BF16(D) ((D) * 2)
-#define ROW_BYTES_INT8(D) ((D) + INT8_SCALE_BYTES)
+#define ROW_BYTES_INT8(D) ((D) + INT8_SCALE_BYTES * ((D) / INT8_GROUP))
 
 #define LOAD_ROW_F32(dst, row, D)                                                            \
     do { const float *r_ = (const float *)(row);                                            \
@@ -41,9 +43,13 @@
     do { const uint16_t *r_ = (const uint16_t *)(row);                                      \
          for (int64_t j_ = 0; j_ < (D); j_++) (dst)[j_] = bf16_to_float(r_[j_]); } while (0)
 #define LOAD_ROW_INT8(dst, row, D)                                                           \
-    do { const int8_t *r_ = (const int8_t *)(row); float s_;                                \
-         memcpy(&s_, r_ + (D), sizeof s_);                                                  \
-         for (int64_t j_ = 0; j_ < (D); j_++) (dst)[j_] = (float)r_[j_] * s_; } while (0)
+    do { const int8_t *r_ = (const int8_t *)(row);                                          \
+         for (int64_t g_ = 0; g_ < (D) / INT8_GROUP; g_++) {                                \
+             float s_;                                                                      \
+             memcpy(&s_, r_ + (D) + INT8_SCALE_BYTES * g_, sizeof s_);                      \
+             for (int64_t j_ = g_ * INT8_GROUP; j_ < (g_ + 1) * INT8_GROUP; j_++)            \
+                 (dst)[j_] = (float)r_[j_] * s_;                                            \
+         } } while (0)
 
 /* s[0..n) becomes softmax(s[0..n)), in float32. */
 static inline void softmax(float *s, int64_t n) {
@@ -271,19 +277,26 @@ DEFINE_PREFILL(paged_prefill_bf16_int8, uint16_t, bf16_to_float, float_to_bf16, 
 DEFINE_PREFILL(paged_prefill_f32, float, LOAD_F32, STORE_F32, F32)
 DEFINE_PREFILL(paged_prefill_f32_int8, float, LOAD_F32, STORE_F32, INT8)
 
-/* One int8 cache row from D values: scale = max |x| * (1 / 127), code = round(x * 127 /
- * max |x|), with the same float32 operations as the torch writer (kv_quant.py), so both
- * write equal rows (the scale is written as a product: -ffast-math turns a division by a
- * constant into one anyway). */
-#define DEFINE_QUANTIZE_ROW(NAME, T, LOAD, STORE)                                                  \
-static void NAME(T *x, int8_t *row, int64_t D, int write_back) {                                  \
-    float amax = 0.f;                                                                       \
-    for (int64_t j = 0; j < D; j++) { float a = fabsf(LOAD(x[j])); amax = a > amax ? a : amax; } \
-    const float inv = amax > 0.f ? 127.f / amax : 0.f, s = amax * (1.f / 127.f);                    \
-    for (int64_t j = 0; j < D; j++) row[j] = (int8_t)nearbyintf(LOAD(x[j]) * inv);          \
-    memcpy(row + D, &s, sizeof s);                                                          \
-    if (write_back) /* x becomes what the cache gives back */                               \
-        for (int64_t j = 0; j < D; j++) x[j] = STORE((float)row[j] * s);                    \
+/* One int8 cache row from D values, per group of INT8_GROUP: scale = max |x| * (1 / 127),
+ * code = round(x * 127 / max |x|), with the same float32 operations as the torch writer
+ * (kv_quant.py), so both write equal rows (the scale is written as a product: -ffast-math
+ * turns a division by a constant into one anyway). */
+#define DEFINE_QUANTIZE_ROW(NAME, T, LOAD, STORE)                                           \
+static void NAME(T *x, int8_t *row, int64_t D, int write_back) {                           \
+    for (int64_t g = 0; g < D / INT8_GROUP; g++) {                                          \
+        T *xg = x + g * INT8_GROUP;                                                         \
+        int8_t *codes = row + g * INT8_GROUP;                                               \
+        float amax = 0.f;                                                                   \
+        for (int j = 0; j < INT8_GROUP; j++) {                                              \
+            const float a = fabsf(LOAD(xg[j]));                                             \
+            amax = a > amax ? a : amax;                                                     \
+        }                                                                                   \
+        const float inv = amax > 0.f ? 127.f / amax : 0.f, s = amax * (1.f / 127.f);        \
+        for (int j = 0; j < INT8_GROUP; j++) codes[j] = (int8_t)nearbyintf(LOAD(xg[j]) * inv); \
+        memcpy(row + D + INT8_SCALE_BYTES * g, &s, sizeof s);                               \
+        if (write_back) /* x becomes what the cache gives back */                           \
+            for (int j = 0; j < INT8_GROUP; j++) xg[j] = STORE((float)codes[j] * s);        \
+    }                                                                                       \
 }
 
 /* Write the new tokens' K and V ([num_tokens, Hkv, D], rows `key_stride`/`value_stride`

@@ -13,24 +13,31 @@
 const char ISA_NAME[] = "scalar";
 const int ISA_TILE_TOKENS = 1;
 
-void isa_quantize_q8_bf16(const Q8Activations *a, const uint16_t *x, int64_t t) {
+void isa_quantize_q8_bf16(const Q8Activations *a, const uint16_t *x, int64_t t, int halves) {
     for (int64_t g = 0; g < a->G; g++) {
-        float v[Q8_GROUP], amax = 0.f;
+        float steps[2], amaxes[2] = {0.f, 0.f}, v[Q8_GROUP];
+        int32_t sums[2];
         for (int i = 0; i < Q8_GROUP; i++) {
             v[i] = bf16_to_float(x[g * Q8_GROUP + i]);
-            amax = fabsf(v[i]) > amax ? fabsf(v[i]) : amax;
+            amaxes[i / Q8_HALF] = fabsf(v[i]) > amaxes[i / Q8_HALF] ? fabsf(v[i]) : amaxes[i / Q8_HALF];
         }
-        const float inv = amax > 0.f ? 127.f / amax : 0.f;
-        int8_t *q = a->xq + t * a->K + g * Q8_GROUP;
-        int32_t sum = 0;
-        for (int i = 0; i < Q8_GROUP; i++) {
-            q[i] = (int8_t)nearbyintf(v[i] * inv); /* the default rounding: half to even */
-            sum += q[i];
+        if (!halves) amaxes[0] = amaxes[1] = amaxes[0] > amaxes[1] ? amaxes[0] : amaxes[1];
+        for (int h = 0; h < 2; h++) {
+            const float amax = amaxes[h];
+            const float inv = amax > 0.f ? 127.f / amax : 0.f;
+            int8_t *q = a->xq + t * a->K + g * Q8_GROUP + h * Q8_HALF;
+            int32_t sum = 0;
+            for (int i = 0; i < Q8_HALF; i++) {
+                q[i] = (int8_t)nearbyintf(v[h * Q8_HALF + i] * inv); /* half to even */
+                sum += q[i];
+            }
+            steps[h] = amax * (1.f / 127.f);
+            sums[h] = sum;
+            a->dx[(t * a->G + g) * 2 + h] = steps[h];
+            a->sums[(t * a->G + g) * 2 + h] = sum;
         }
-        const float step = amax * (1.f / 127.f);
-        a->dx[t * a->G + g] = step;
-        a->c[t * a->G + g] = step * (float)sum;
-        a->sums[t * a->G + g] = sum;
+        a->c[t * a->G + g] = halves ? fmaf(steps[1], (float)sums[1], steps[0] * (float)sums[0])
+                                    : steps[0] * (float)(sums[0] + sums[1]);
     }
 }
 
@@ -49,14 +56,19 @@ void isa_byte_dot_tile(int int8, const Q8Activations *a, int64_t t, int rows,
         float acc[PANEL_ROWS] = {0.f};
         for (int64_t g = 0; g < a->G; g++) {
             const int8_t *xq = a->xq + row * a->K + g * Q8_GROUP;
-            const float dx = a->dx[row * a->G + g], c = a->c[row * a->G + g];
+            const float *dx = a->dx + (row * a->G + g) * 2, c = a->c[row * a->G + g];
             for (int lane = 0; lane < lanes; lane++) {
-                int32_t dot = 0;
+                int32_t dot[2] = {0, 0};
                 for (int k = 0; k < Q8_GROUP; k++)
-                    dot += code_at(int8, codes + g * group_bytes, lane, k) * xq[k];
+                    dot[k / Q8_HALF] += code_at(int8, codes + g * group_bytes, lane, k) * xq[k];
                 const float d = dm[g * dm_stride + lane];
                 const float m = int8 ? -128.f * d : dm[g * dm_stride + PANEL_ROWS + lane];
-                acc[lane] = fmaf((float)dot, d * dx, acc[lane]);
+                if (int8) { /* one scale per group */
+                    acc[lane] = fmaf((float)(dot[0] + dot[1]), d * dx[0], acc[lane]);
+                } else {
+                    acc[lane] = fmaf((float)dot[0], d * dx[0], acc[lane]);
+                    acc[lane] = fmaf((float)dot[1], d * dx[1], acc[lane]);
+                }
                 acc[lane] = fmaf(m, c, acc[lane]);
             }
         }

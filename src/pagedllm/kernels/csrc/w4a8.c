@@ -12,9 +12,10 @@
  *    dm [panels, groups, 2, 16] float32: the 16 rows' scales d, then their minimums m.
  *  - int8 (GGUF Q8_0's form, w = d * q, q in -127..127): q + 128 (unsigned) as 8 quads,
  *    512 bytes per group; dm [panels, groups, 16] float32: d only, the minimum is -128 d.
- * Activations are quantized per token and group of 32 to int8 with their own step dx, as
- * llama.cpp does for its 4-bit dot products; c = dx * sum(xq) carries the minimums' share:
- *   sum_i w_i x_i = d dx sum_i q_i xq_i + m c.
+ * Activations are quantized per token to int8 with their own step dx, per 16 values for int4
+ * weights (llama.cpp uses 32 for its 4-bit dot products; isa.h says why 16) and per 32 for
+ * int8 ones; c = the sum over the halves of dx * sum(xq) carries the minimums' share:
+ *   sum_i w_i x_i = d (dx_0 sum_{i<16} q_i xq_i + dx_1 sum_{i>=16} q_i xq_i) + m c.
  * A tile is up to ISA_TILE_TOKENS tokens x one panel. The output rows of a token do not
  * depend on the other tokens of the call, nor on the ISA (isa.h fixes the order of every
  * float operation). OpenMP threads take panels; the last panel may be partly padding (rows
@@ -36,15 +37,16 @@ static int byte_dot_matmul(int INT8, int64_t M, int64_t N, int64_t K, const uint
     if (K % Q8_GROUP != 0) return 1;
     const int64_t G = K / Q8_GROUP, panels = (N + PANEL_ROWS - 1) / PANEL_ROWS;
     const int64_t group_bytes = INT8 ? 512 : 256, dm_stride = INT8 ? PANEL_ROWS : 2 * PANEL_ROWS;
-    Q8Activations a = {K, G, malloc((size_t)(M * K)), malloc(sizeof(float) * (size_t)(3 * M * G)),
+    /* dx [M, G, 2], c [M, G] and sums [M, G, 2] in one allocation (all 4-byte values) */
+    Q8Activations a = {K, G, malloc((size_t)(M * K)), malloc(sizeof(float) * (size_t)(5 * M * G)),
                        NULL, NULL};
     if (a.xq == NULL || a.dx == NULL) { free(a.xq); free(a.dx); return 2; }
-    a.c = a.dx + M * G;
+    a.c = a.dx + 2 * M * G;
     a.sums = (int32_t *)(a.c + M * G);
     #pragma omp parallel
     {
         #pragma omp for schedule(static)
-        for (int64_t t = 0; t < M; t++) isa_quantize_q8_bf16(&a, x + t * x_stride, t);
+        for (int64_t t = 0; t < M; t++) isa_quantize_q8_bf16(&a, x + t * x_stride, t, !INT8);
         #pragma omp for schedule(static)
         for (int64_t p = 0; p < panels; p++) {
             const int lanes = N - p * PANEL_ROWS < PANEL_ROWS ? (int)(N - p * PANEL_ROWS) : PANEL_ROWS;
