@@ -42,13 +42,19 @@
 #define LOAD_ROW_BF16(dst, row, D)                                                           \
     do { const uint16_t *r_ = (const uint16_t *)(row);                                      \
          for (int64_t j_ = 0; j_ < (D); j_++) (dst)[j_] = bf16_to_float(r_[j_]); } while (0)
+/* Codes converted in one flat loop, then each group scaled in place: written as one nested
+ * loop, gcc fully unrolls the 16-long inner loop and leaves it scalar (measured: decode
+ * attention 3.4x slower); these two forms vectorize. restrict: an int8 pointer may alias
+ * anything, the float stores included. */
 #define LOAD_ROW_INT8(dst, row, D)                                                           \
-    do { const int8_t *r_ = (const int8_t *)(row);                                          \
+    do { const int8_t *restrict r_ = (const int8_t *)(row);                                 \
+         float *restrict d_ = (dst);                                                        \
+         float s_[(D) / INT8_GROUP];                                                        \
+         memcpy(s_, r_ + (D), sizeof s_);                                                   \
+         for (int64_t j_ = 0; j_ < (D); j_++) d_[j_] = (float)r_[j_];                       \
          for (int64_t g_ = 0; g_ < (D) / INT8_GROUP; g_++) {                                \
-             float s_;                                                                      \
-             memcpy(&s_, r_ + (D) + INT8_SCALE_BYTES * g_, sizeof s_);                      \
-             for (int64_t j_ = g_ * INT8_GROUP; j_ < (g_ + 1) * INT8_GROUP; j_++)            \
-                 (dst)[j_] = (float)r_[j_] * s_;                                            \
+             const float sc_ = s_[g_];                                                      \
+             for (int64_t j_ = 0; j_ < INT8_GROUP; j_++) d_[g_ * INT8_GROUP + j_] *= sc_;   \
          } } while (0)
 
 /* s[0..n) becomes softmax(s[0..n)), in float32. */
