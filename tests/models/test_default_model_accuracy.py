@@ -14,8 +14,8 @@ The default mode is also held to the issue's bar on a longer set (the same quest
 answer tokens each: 2,048 positions, 256 continuations of 8 tokens) with every vector kernel
 variant this CPU can execute: next-token agreement of at least 97%, and continuation
 loglikelihoods (lm-eval's sums) as close to float32 as llama.cpp's on the same GGUF and ids
-(0.117 nats on average with its AVX-512 build, 0.125 with its AVX2 one, measured by `benchmarks/accuracy.py --compare-llamacpp
---num-scored 128`, BENCHMARKS.md).
+(0.117 nats on average with its AVX-512 build, 0.125 with its AVX2 one, measured by
+`benchmarks/accuracy.py --compare-llamacpp --num-scored 128`, BENCHMARKS.md).
 """
 
 from __future__ import annotations
