@@ -242,6 +242,8 @@ def cpu_isa() -> dict[str, Any]:
         else "neon" if "asimd" in flags
         else platform.machine()
     )
+    if "amx_bf16" in flags:  # matrix units: torch's bf16 matmuls use them unless limited
+        native += "+amx"
     label = native if not limits else f"{limits.get('PAGEDLLM_CPU_ISA', '?')}, emulated on {native}"
     return {
         "label": label,

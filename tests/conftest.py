@@ -156,3 +156,18 @@ def hf_greedy_tokens(model, prompts: list[list[int]], max_new_tokens: int) -> li
         )
         results.append(out[0, len(ids) :].tolist())
     return results
+
+
+@pytest.fixture
+def dense_from_tokens(monkeypatch: pytest.MonkeyPatch):
+    """Set PAGEDLLM_DENSE_FROM_TOKENS for one test ("never", "auto" or a count): from how
+    many tokens quantized layers use kept dense weights (layers/dense_crossover.py, whose
+    once-per-process answer is cleared before and after)."""
+    from pagedllm.layers import dense_crossover
+
+    def set_value(value: str) -> None:
+        monkeypatch.setenv("PAGEDLLM_DENSE_FROM_TOKENS", value)
+        dense_crossover.dense_from_tokens.cache_clear()
+
+    yield set_value
+    dense_crossover.dense_from_tokens.cache_clear()

@@ -62,3 +62,27 @@ def decode_stack_enabled() -> bool:
     """PAGEDLLM_DECODE_STACK=python runs decode steps through the Python layers instead of
     the one-call C decoder stack (default "c")."""
     return os.environ.get("PAGEDLLM_DECODE_STACK", "c") != "python"
+
+
+
+def dense_from_tokens() -> int | str:
+    """PAGEDLLM_DENSE_FROM_TOKENS: steps of at least this many tokens use the dense bfloat16
+    weights instead of W4A8/W8A8 (when keep_dense_weights keeps them); "never" keeps every
+    step on W4A8/W8A8; "auto" (the default) measures where dense wins, once per process
+    (layers/dense_crossover.py).
+
+    Returns:
+        "auto", "never", or the number of tokens.
+
+    Raises:
+        ValueError: for a value that is neither "auto", "never" nor a positive integer.
+    """
+    value = os.environ.get("PAGEDLLM_DENSE_FROM_TOKENS", "").strip().lower() or "auto"
+    if value in ("auto", "never"):
+        return value
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(
+            "PAGEDLLM_DENSE_FROM_TOKENS must be 'auto', 'never' or a positive integer, "
+            f"not {value!r}."
+        )
+    return int(value)

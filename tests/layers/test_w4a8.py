@@ -13,9 +13,10 @@ import pytest
 import torch
 
 from pagedllm.layers import cpu_ops
-from pagedllm.layers.embedding import LMHead, VocabEmbedding
+from pagedllm.layers.embedding import REFINED_CANDIDATES, LMHead, VocabEmbedding
 from pagedllm.layers.linear import Linear
 from pagedllm.layers.quantization import (
+    GroupCodes,
     Int8Weight,
     W4A8Weight,
     W8A8Weight,
@@ -30,6 +31,13 @@ from pagedllm.layers.quantization import (
 FORMATS = [pytest.param(quantize_w4a8, id="w4a8"), pytest.param(quantize_w8a8, id="w8a8")]
 
 pytestmark = pytest.mark.skipif(not cpu_ops.w4a8_available(), reason="no C compiler")
+
+
+@pytest.fixture(autouse=True)
+def _quantized_for_every_step(dense_from_tokens):
+    """These tests are about the kernels: no step goes to dense weights, whatever the CPU
+    (with matrix units the engine keeps dense weights for large steps; tested below)."""
+    dense_from_tokens("never")
 
 
 def _reference(
@@ -139,7 +147,7 @@ def test_only_bfloat16_cpu_weights_with_whole_groups():
 
 @pytest.mark.parametrize("keep_dense", [True, False])
 def test_linear_keeps_no_dense_copy_beside_w4a8(keep_dense):
-    """The kernel serves every step size, so the dense weight is released."""
+    """Where the kernel is fastest at every step size, the dense weight is released."""
     linear = Linear(64, 48)
     linear.weight.data = torch.randn(48, 64).bfloat16()
     want = dequantize(quantize_w4a8(linear.weight.data), 64, torch.bfloat16)
@@ -195,3 +203,62 @@ def test_head_formats_without_dense_weights_or_in_float32():
     lean = _head(keep_dense=False)
     assert isinstance(lean.quantized, W8A8Weight) and lean.ranking_shortlist is None
     assert isinstance(_head(keep_dense=True, dtype=torch.float32).quantized, Int8Weight)
+
+
+def _q4_1_codes(weight: torch.Tensor) -> GroupCodes:
+    """`weight` as a Q4_1 file would store it: per 32 values, d * q + m, q in 0..15."""
+    groups = weight.float().view(weight.shape[0], -1, 32)
+    low, high = groups.amin(-1), groups.amax(-1)
+    scales = (high - low) / 15
+    codes = ((groups - low[..., None]) / scales[..., None]).round().clamp(0, 15)
+    return GroupCodes(codes.to(torch.uint8), scales, low)
+
+
+@pytest.mark.parametrize("from_codes", [False, True])
+def test_linear_keeps_dense_weights_where_they_win_large_steps(dense_from_tokens, from_codes):
+    """With a crossover (CPUs with matrix units), steps below it run W4A8 and larger ones the
+    kept dense weight, which for file codes is their exact dequantization."""
+    dense_from_tokens("16")
+    weight = torch.randn(48, 64, generator=torch.Generator().manual_seed(7)).bfloat16()
+    linear = Linear(64, 48)
+    if from_codes:
+        linear.weight.data = torch.empty(48, 64, dtype=torch.bfloat16)  # as models allocate
+        codes = _q4_1_codes(weight)
+        linear.weight_loader(linear.weight, codes)
+        want_dense = codes.dense(torch.bfloat16)
+    else:
+        linear.weight.data = weight.clone()
+        want_dense = weight
+    linear.quantize("int4", keep_dense=True)
+    linear.pack_for_cpu()
+    assert isinstance(linear.quantized, W4A8Weight) and linear.quantized.max_tokens == 15
+    assert linear.keeps_dense
+    small, large = torch.randn(15, 64).bfloat16(), torch.randn(16, 64).bfloat16()
+    assert torch.equal(linear(small), linear.quantized.matmul(small))
+    torch.testing.assert_close(
+        linear(large), torch.nn.functional.linear(large, want_dense), atol=0, rtol=0
+    )
+
+
+def test_linear_drops_dense_weights_without_keep_dense(dense_from_tokens):
+    dense_from_tokens("16")
+    linear = Linear(64, 48)
+    linear.weight.data = torch.randn(48, 64).bfloat16()
+    linear.quantize("int4", keep_dense=False)
+    assert linear.quantized.max_tokens is None and linear.weight.numel() == 0
+
+
+def test_head_uses_its_dense_weight_for_large_steps_where_that_wins(dense_from_tokens):
+    dense_from_tokens("8")
+    head = _head(keep_dense=True)
+    assert head.quantized.max_tokens == 7 and head.ranking_shortlist.max_tokens == 7
+    hidden = torch.randn(8, 128, generator=torch.Generator().manual_seed(8)).bfloat16()
+    dense = torch.nn.functional.linear(hidden, head.weight).float()
+    exact = hidden.float() @ head.weight.float().T
+    for ranking_only in (False, True):
+        logits = head(hidden, ranking_only)
+        assert torch.equal(logits.argmax(-1), exact.argmax(-1))
+        # The dense bf16 logits, but for the top candidates refined in float32.
+        assert (logits != dense).sum(-1).max() <= REFINED_CANDIDATES
+    # Seven tokens are below the crossover: W8A8 logits, off the dense ones almost everywhere.
+    assert (head(hidden[:7]) != dense[:7]).sum(-1).min() > REFINED_CANDIDATES

@@ -117,3 +117,22 @@ def test_switched_off_by_environment(monkeypatch, tiny_llama_dir):
 def test_no_stack_without_quantized_weights(tiny_llama_dir):
     llm = LLM(str(tiny_llama_dir), dtype="bfloat16", max_model_len=128)
     assert _model(llm).model.cpu_decode_stack is None
+
+
+def test_steps_for_kept_dense_weights_run_the_python_layers(
+    tiny_llama_dir, dense_from_tokens, stack_calls
+):
+    """Where dense bf16 wins from some step size (CPUs with matrix units), the layers keep
+    dense weights for such steps and the stack takes only the smaller ones."""
+    dense_from_tokens("4")
+    llm = LLM(str(tiny_llama_dir), dtype="bfloat16", quantization="int4", max_model_len=256)
+    model = _model(llm).model
+    assert model.layers[0].mlp.down_proj.keeps_dense
+    assert model.cpu_decode_stack.max_tokens == 3
+    with_stack = [_generate(llm, prompts) for prompts in (PROMPTS[:2], MANY_PROMPTS)]
+    assert stack_calls == [2] * 23  # the 2-request decode steps; the 10-request ones ran dense
+    stack, model.cpu_decode_stack = model.cpu_decode_stack, None
+    try:
+        assert [_generate(llm, prompts) for prompts in (PROMPTS[:2], MANY_PROMPTS)] == with_stack
+    finally:
+        model.cpu_decode_stack = stack

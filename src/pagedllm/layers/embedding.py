@@ -7,10 +7,13 @@ matmul of a step.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pagedllm.layers.dense_crossover import dense_from_tokens
 from pagedllm.layers.linear import (
     can_pack_for_cpu,
     default_weight_loader,
@@ -75,9 +78,10 @@ class LMHead(nn.Module):
 
         int8 for either method: the vocabulary projection decides the token directly, and
         GGUF files keep it at 8 bits (Q8_0) for that reason. bfloat16 CPU models use Q8_0's
-        own form with int8 activations (W8A8Weight, our VNNI kernel) for every step, and
-        the top REFINED_CANDIDATES logits are then recomputed in float32 from the dense
-        weight; a Q8_0 GGUF matrix is taken with its own codes and scales (exactly). With
+        own form with int8 activations (W8A8Weight, our VNNI kernel) for every step (with
+        `keep_dense`, large ones go dense where that wins: dense_crossover.py), and the
+        top REFINED_CANDIDATES logits are then recomputed in float32 from the dense weight;
+        a Q8_0 GGUF matrix is taken with its own codes and scales (exactly). With
         `keep_dense` they also get a 4-bit copy (W4A8Weight, 1.5 MB per 1k rows) for steps
         that only need each row's argmax (`ranking_only`): it reads half the bytes, but its
         noise over the 49k logits would bias their softmax normaliser (perplexity +4% on
@@ -99,6 +103,12 @@ class LMHead(nn.Module):
                 self.quantized = quantize_w8a8(self.weight.data)
             if keep_dense:
                 self.ranking_shortlist = quantize_w4a8(self.weight.data)
+                dense_from = dense_from_tokens()
+                if dense_from is not None:  # large steps on the packed dense copy (AMX)
+                    self.quantized = replace(self.quantized, max_tokens=dense_from - 1)
+                    self.ranking_shortlist = replace(
+                        self.ranking_shortlist, max_tokens=dense_from - 1
+                    )
         else:
             self.quantized = quantize_int8(self.weight.data)
 

@@ -8,14 +8,19 @@ knows about models, attention or the KV cache.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from pagedllm.kernels import cpu_plan
+from pagedllm.layers.dense_crossover import dense_from_tokens
 from pagedllm.layers.quantization import (
     GroupCodes,
     QuantizedWeight,
+    W4A8Weight,
+    W8A8Weight,
     can_quantize_w4a8,
     quantize,
     quantize_w4a8,
@@ -167,20 +172,33 @@ class Linear(nn.Module):
         With `keep_dense` False the dense weight is released and every step uses the
         quantized one (least memory). Shapes the int4 kernel cannot take stay dense.
         int4 bfloat16 weights on CPU take the W4A8 form instead: the same int4 groups,
-        multiplied by int8 activations in our C kernel, at least as fast as the dense
-        matmul at every step size, so the dense weight is released whatever `keep_dense`
-        says (see W4A8Weight). A weight loaded as file codes (Q4_0/Q4_1/Q8_0, see GroupCodes)
-        becomes W4A8 / W8A8 from those codes exactly. Call before `pack_for_cpu`.
+        multiplied by int8 activations in our C kernel, faster than the dense matmul at
+        every step size on vector units, so the dense weight is released; only on CPUs where
+        dense bf16 wins for large steps (matrix units, see dense_crossover.py) does
+        `keep_dense` keep it for those steps. A weight loaded as file codes (Q4_0/Q4_1/Q8_0,
+        see GroupCodes) becomes W4A8 / W8A8 from those codes exactly. Call before
+        `pack_for_cpu`.
         """
         codes = self._take_file_codes(usable=can_quantize_w4a8(self.weight.data))
+        byte_dot: W4A8Weight | W8A8Weight | None = None
         if codes is not None:
-            self.quantized = w4a8_from_codes(codes) if codes.is_int4 else w8a8_from_codes(codes)
+            byte_dot = w4a8_from_codes(codes) if codes.is_int4 else w8a8_from_codes(codes)
         elif method == "int4" and can_quantize_w4a8(self.weight.data):
-            self.quantized = quantize_w4a8(self.weight.data)
+            byte_dot = quantize_w4a8(self.weight.data)
         else:
             self.quantized = quantize(self.weight.data, method)
             if self.quantized is None or keep_dense:
                 return
+        dense_from = dense_from_tokens() if keep_dense and byte_dot is not None else None
+        if byte_dot is not None and dense_from is not None:
+            # Dense matmuls win from `dense_from` tokens on this CPU (AMX): keep both.
+            if codes is not None:  # the dense weight was never filled from the file
+                with torch.no_grad():
+                    self.weight.data.copy_(byte_dot.dense(self.weight.dtype))
+            self.quantized = dataclasses.replace(byte_dot, max_tokens=dense_from - 1)
+            return
+        if byte_dot is not None:
+            self.quantized = byte_dot
         self.keeps_dense = False
         self.weight.data = torch.empty(0, dtype=self.weight.dtype)
 

@@ -6,7 +6,9 @@ single stream spends most of its step there. For bfloat16 Llama-style models who
 are W4A8 weights (int4 quantization, the CPU default), steps made only of decodes (one
 token per request, any number of requests) run every layer in one C loop over the
 same kernels the Python layers call, in the same order: the result is bit-identical to the
-layer-by-layer path (tested), only the dispatch is gone.
+layer-by-layer path (tested), only the dispatch is gone. Where the layers keep dense
+weights for large steps (CPUs with matrix units, layers/dense_crossover.py), the stack
+takes only the steps small enough for W4A8.
 
 Anything else (prefills, mixed steps, float32, other layer types) runs the
 Python layers. PAGEDLLM_DECODE_STACK=python switches the stack off. The C loop is
@@ -73,6 +75,20 @@ def _w4a8(linear: Linear) -> W4A8Weight | None:
     return None
 
 
+def _max_quantized_tokens(layers: list[DecoderLayer]) -> int | None:
+    """The largest step every layer runs on W4A8 (None: any); larger steps use the dense
+    weights the layers also keep where those win (layers/dense_crossover.py)."""
+    limits = [
+        weight.max_tokens
+        for layer in layers
+        for linear in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
+                       layer.mlp.gate_up_proj, layer.mlp.down_proj)
+        if linear.keeps_dense and (weight := _w4a8(linear)) is not None
+        and weight.max_tokens is not None
+    ]
+    return min(limits) if limits else None
+
+
 def _decoder_layers(model: DecoderModel) -> list[DecoderLayer]:
     """The model's layers with their type (a ModuleList only knows they are Modules)."""
     return cast("list[DecoderLayer]", list(model.layers))
@@ -124,6 +140,7 @@ class CpuDecodeStack:
         )
         self._table: ctypes.Array[_StackLayer] | None = None
         self._table_key: tuple[int, ...] = ()
+        self.max_tokens = _max_quantized_tokens(self.layers)
 
     @classmethod
     def build(cls, model: DecoderModel) -> CpuDecodeStack | None:
@@ -145,8 +162,11 @@ class CpuDecodeStack:
     def serves(self, hidden_states: torch.Tensor, positions: torch.Tensor) -> bool:
         """True when this step is for the stack: decodes only, read by the C attention
         kernel from int8 caches."""
-        if hidden_states.shape[0] == 0 or positions.dtype != torch.int64:
+        num_tokens = hidden_states.shape[0]
+        if num_tokens == 0 or positions.dtype != torch.int64:
             return False
+        if self.max_tokens is not None and num_tokens > self.max_tokens:
+            return False  # the layers' dense weights are faster for this step
         context = get_forward_context()
         metadata = context.attn_metadata
         return (

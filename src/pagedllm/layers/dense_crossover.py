@@ -1,0 +1,104 @@
+"""From how many tokens a step is faster on dense bfloat16 weights than on W4A8, on this CPU.
+
+The W4A8/W8A8 kernels read 4-8 bits per weight, so they win wherever reading weights is
+the cost: small steps, and every step on CPUs whose bf16 matmuls are vector instructions
+(AVX-512 BF16: 2-3x faster than oneDNN's bf16 at every size, BENCHMARKS.md). A CPU with
+matrix units (Intel AMX) multiplies bf16 tiles several times faster than any vector
+kernel: there oneDNN's dense matmul beats W4A8 from a few dozen tokens on (2.5-5x at 64 and
+more). Which case holds cannot be read from the feature flags alone (ONEDNN_MAX_CPU_ISA, the
+kernel a oneDNN version picks, the core count), so it is measured once per process at load:
+both matmuls on one 1024 -> 4096 matrix at a few step sizes, about 0.1 s. With a crossover,
+quantized linear layers also keep their dense weight (unless keep_dense_weights=False) and
+use it for steps of that many tokens or more. PAGEDLLM_DENSE_FROM_TOKENS overrides.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from functools import cache
+
+import torch
+
+from pagedllm import envs
+from pagedllm.kernels import cpu_plan
+from pagedllm.layers import cpu_ops
+from pagedllm.logger import init_logger
+
+logger = init_logger(__name__)
+
+# Step sizes tried, and the matrix (in, out) timed: the size of a small model's MLP.
+CANDIDATE_TOKENS = (8, 16, 32, 64, 128)
+_IN_FEATURES, _OUT_FEATURES = 1024, 4096
+# Dense must be this much faster to be chosen: keeping the dense copy costs memory, and a
+# near-tie is within the measurement's noise.
+MARGIN = 1.2
+_REPEATS = 5
+
+
+def choose_dense_from(
+    timings: Mapping[int, tuple[float, float]], margin: float = MARGIN
+) -> int | None:
+    """The smallest step size from which dense wins: `timings[tokens]` is (quantized
+    seconds, dense seconds); dense must be `margin` times faster there and at every larger
+    size timed. None when it never is."""
+    chosen = None
+    for tokens in sorted(timings, reverse=True):
+        quantized_s, dense_s = timings[tokens]
+        if quantized_s < dense_s * margin:
+            break
+        chosen = tokens
+    return chosen
+
+
+def _best_time(fn: Callable[[], object]) -> float:
+    fn()  # warm-up: oneDNN creates its primitive on the first call
+    times = []
+    for _ in range(_REPEATS):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def measure_timings() -> dict[int, tuple[float, float]]:
+    """(W4A8 seconds, packed dense bf16 seconds) per candidate step size, on this CPU."""
+    from pagedllm.layers.linear import pack_weight_for_cpu, packed_linear
+    from pagedllm.layers.quantization import quantize_w4a8
+
+    gen = torch.Generator().manual_seed(0)
+    weight = (torch.randn(_OUT_FEATURES, _IN_FEATURES, generator=gen) * 0.05).bfloat16()
+    quantized, packed = quantize_w4a8(weight), pack_weight_for_cpu(weight)
+    timings = {}
+    for tokens in CANDIDATE_TOKENS:
+        x = torch.randn(tokens, _IN_FEATURES, generator=gen).bfloat16()
+        timings[tokens] = (
+            _best_time(lambda: quantized.matmul(x)),  # noqa: B023 (timed right here)
+            _best_time(lambda: packed_linear(x, packed, None)),  # noqa: B023
+        )
+    return timings
+
+
+@cache
+def dense_from_tokens() -> int | None:
+    """Steps of at least this many tokens run faster on dense bf16 weights than on W4A8
+    here (None: never). Measured once per process unless PAGEDLLM_DENSE_FROM_TOKENS says."""
+    setting = envs.dense_from_tokens()
+    if setting == "never":
+        return None
+    if isinstance(setting, int):
+        return setting
+    plan = cpu_plan()
+    if not (plan.native_bf16 and plan.byte_dot_kernels and cpu_ops.w4a8_available()):
+        return None  # dense bf16 is emulated here, or there is no W4A8 to compare
+    timings = measure_timings()
+    chosen = choose_dense_from(timings)
+    ratios = ", ".join(f"{t}: {q / d:.2f}x" for t, (q, d) in sorted(timings.items()))
+    if chosen is None:
+        logger.info("W4A8 at least as fast as dense bf16 at every step size (dense speedup "
+                    "by tokens %s): quantized weights only.", ratios)
+    else:
+        logger.info("Dense bf16 matmuls beat W4A8 from %d tokens here (dense speedup by "
+                    "tokens %s): quantized layers keep their dense weights for such steps "
+                    "(keep_dense_weights=False saves that memory).", chosen, ratios)
+    return chosen
