@@ -17,7 +17,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "pagedllm"
 FORBIDDEN = {
     "core": ["torch", "numpy", "transformers", "pagedllm.worker", "pagedllm.engine",
              "pagedllm.tokenizer", "pagedllm.models", "pagedllm.layers", "pagedllm.attention",
-             "pagedllm.entrypoints"],
+             "pagedllm.entrypoints", "pagedllm.structured_output", "xgrammar"],
     "worker": ["pagedllm.core.scheduler", "pagedllm.core.kv_cache_manager",
                "pagedllm.core.block_pool", "pagedllm.engine", "pagedllm.entrypoints",
                "pagedllm.tokenizer"],
@@ -25,6 +25,11 @@ FORBIDDEN = {
     "layers": ["pagedllm.core", "pagedllm.engine", "pagedllm.worker", "pagedllm.entrypoints"],
     "attention": ["pagedllm.core", "pagedllm.engine", "pagedllm.worker", "pagedllm.entrypoints"],
     "engine": ["pagedllm.entrypoints"],
+    # Structured outputs: called by the engine core (manager), the input processor (parse)
+    # and the model runner (bitmask); it calls none of them.
+    "structured_output": ["pagedllm.core", "pagedllm.engine", "pagedllm.worker",
+                          "pagedllm.entrypoints", "pagedllm.models", "pagedllm.layers",
+                          "pagedllm.attention"],
     # The C kernels are a leaf: layers, attention and models call them, never the reverse.
     "kernels": ["pagedllm.core", "pagedllm.engine", "pagedllm.worker", "pagedllm.entrypoints",
                 "pagedllm.models", "pagedllm.layers", "pagedllm.attention",

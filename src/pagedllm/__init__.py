@@ -6,7 +6,13 @@ The public API mirrors vLLM's: `LLM`, `SamplingParams`, `RequestOutput`, `LLMEng
 from pagedllm.config import EngineConfig
 from pagedllm.engine.arg_utils import EngineArgs
 from pagedllm.outputs import CompletionOutput, Logprob, RequestOutput
-from pagedllm.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
+from pagedllm.sampling_params import (
+    BeamSearchParams,
+    GuidedDecodingParams,
+    RequestOutputKind,
+    SamplingParams,
+    StructuredOutputsParams,
+)
 
 __version__ = "0.1.0"
 
@@ -19,10 +25,12 @@ __all__ = [
     "CompletionOutput",
     "EngineArgs",
     "EngineConfig",
+    "GuidedDecodingParams",
     "Logprob",
     "RequestOutput",
     "RequestOutputKind",
     "SamplingParams",
+    "StructuredOutputsParams",
     "__version__",
 ]
 

@@ -152,6 +152,27 @@ class DeviceConfig:
     device: str = "cpu"
 
 
+STRUCTURED_OUTPUT_BACKENDS = ("auto", "xgrammar")
+
+
+@dataclass(frozen=True)
+class StructuredOutputsConfig:
+    """How constrained requests are compiled (vLLM's `structured_outputs_config`).
+
+    Attributes:
+        backend: "auto" or "xgrammar" (the grammar library; "auto" is xgrammar).
+    """
+
+    backend: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.backend not in STRUCTURED_OUTPUT_BACKENDS:
+            raise ValueError(
+                f"structured_outputs_config backend must be one of "
+                f"{STRUCTURED_OUTPUT_BACKENDS}, got {self.backend!r}."
+            )
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """All sub-configs of one engine."""
@@ -160,3 +181,6 @@ class EngineConfig:
     cache_config: CacheConfig
     scheduler_config: SchedulerConfig
     device_config: DeviceConfig
+    structured_outputs_config: StructuredOutputsConfig = field(
+        default_factory=StructuredOutputsConfig
+    )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from pagedllm.sampling_params import SamplingParams
 
@@ -74,6 +75,7 @@ class Request:
         priority: scheduling priority under the "priority" policy (lower runs first).
         num_cached_tokens: prefix-cache hits (in tokens) at its first admission.
         block_hashes: chained hashes of its full blocks, in order (see core/block_hash.py).
+        structured_output: its grammar when `sampling_params.structured_outputs` is set.
     """
 
     request_id: str
@@ -90,6 +92,9 @@ class Request:
     priority: int = 0
     num_cached_tokens: int | None = None
     block_hashes: list[bytes] = field(default_factory=list)
+    # Its grammar (structured_output.RequestGrammar) when it has a constraint: compiled in
+    # the background, then its matcher, advanced by the scheduler with every token.
+    structured_output: Any = None
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.prompt_token_ids)

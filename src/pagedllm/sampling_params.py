@@ -20,6 +20,73 @@ MAX_LOGPROBS = 20
 _MAX_LOGIT_BIAS = 100.0
 
 
+@dataclass
+class StructuredOutputsParams:
+    """A constraint on the output, vLLM's `StructuredOutputsParams`: exactly one of
+
+    Attributes:
+        json: a JSON schema (dict or JSON text): the output is one JSON value valid under it.
+        regex: a regular expression the whole output matches.
+        choice: the output is exactly one of these strings.
+        grammar: a grammar in EBNF (GBNF, as llama.cpp writes it) or Lark.
+        json_object: True: any JSON object (OpenAI's `response_format: json_object`).
+        structural_tag: xgrammar's structural tag, as JSON text.
+        disable_any_whitespace: JSON without whitespace between tokens (compact output).
+        disable_additional_properties: treat schemas as `additionalProperties: false`.
+        whitespace_pattern: accepted for vLLM compatibility only when None (not built).
+
+    The constraint is compiled into a grammar off the step loop; a request waits (without
+    holding others back) until it is ready. A malformed schema, regex or grammar raises
+    ValueError naming the field when the request is added.
+    """
+
+    json: str | dict | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    structural_tag: str | None = None
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+    whitespace_pattern: str | None = None
+
+    def __post_init__(self) -> None:
+        kinds = [name for name in _STRUCTURED_KINDS if getattr(self, name) not in (None, False)]
+        if len(kinds) != 1:
+            raise ValueError(
+                "structured_outputs needs exactly one of json, regex, choice, grammar, "
+                f"json_object or structural_tag, got {kinds or 'none'}."
+            )
+        choice = self.choice
+        if choice is not None and (
+            not isinstance(choice, list)
+            or not choice
+            or any(not isinstance(c, str) for c in choice)
+        ):
+            raise ValueError(
+                f"structured_outputs.choice must be a non-empty list of strings, got {choice!r}."
+            )
+        if self.whitespace_pattern is not None:
+            raise ValueError(
+                "structured_outputs.whitespace_pattern is not supported (the grammar backends "
+                "here take disable_any_whitespace instead)."
+            )
+
+    @property
+    def kind(self) -> str:
+        """Which constraint this is: "json", "regex", "choice", "grammar", "json_object" or
+        "structural_tag"."""
+        return next(n for n in _STRUCTURED_KINDS if getattr(self, n) not in (None, False))
+
+
+_STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+
+
+@dataclass
+class GuidedDecodingParams(StructuredOutputsParams):
+    """vLLM's older name of StructuredOutputsParams (`SamplingParams(guided_decoding=...)`)."""
+
+
 class RequestOutputKind(IntEnum):
     """What each streamed RequestOutput carries."""
 
@@ -78,6 +145,9 @@ class SamplingParams:
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
     best_of: int | None = None
+    structured_outputs: StructuredOutputsParams | None = None
+    # vLLM's older name of `structured_outputs`; moved there on construction.
+    guided_decoding: StructuredOutputsParams | None = None
     # Filled from the stop-string list: chars the detokenizer holds back while streaming.
     output_text_buffer_length: int = field(default=0, init=False)
     # Filled by the input processor from `bad_words` (it has the tokenizer): token id sequences.
@@ -94,6 +164,7 @@ class SamplingParams:
         if 0 < self.temperature < _MAX_TEMPERATURE_CLAMP:
             self.temperature = _MAX_TEMPERATURE_CLAMP
         self._normalize_logits_fields()
+        self._take_guided_decoding()
         self._verify_args()
         verify_logprobs_and_penalties(self)
         if self.stop and not self.include_stop_str_in_output:
@@ -159,6 +230,22 @@ class SamplingParams:
             self.bad_words = [self.bad_words]
         elif self.bad_words is not None:
             self.bad_words = list(self.bad_words)
+
+    def _take_guided_decoding(self) -> None:
+        """`guided_decoding` (vLLM's older name) becomes `structured_outputs`."""
+        if self.guided_decoding is not None:
+            if self.structured_outputs is not None:
+                raise ValueError("Give structured_outputs or guided_decoding, not both.")
+            self.structured_outputs, self.guided_decoding = self.guided_decoding, None
+        constraint = self.structured_outputs
+        if isinstance(constraint, dict):  # e.g. from a JSON request body
+            constraint = StructuredOutputsParams(**constraint)
+        if constraint is not None and not isinstance(constraint, StructuredOutputsParams):
+            raise ValueError(
+                "structured_outputs must be a StructuredOutputsParams, got "
+                f"{type(constraint).__name__}."
+            )
+        self.structured_outputs = constraint
 
     def _verify_args(self) -> None:
         self._verify_type("n", int)

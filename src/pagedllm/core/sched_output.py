@@ -14,6 +14,7 @@ computed token count: the worker rebuilds its state without recomputing anything
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from pagedllm.sampling_params import SamplingParams
 
@@ -74,6 +75,10 @@ class SchedulerOutput:
             the worker drops their state.
         blocks_to_swap_out: (device block id, host block id) pairs to copy device → host.
         blocks_to_swap_in: (device block id, host block id) pairs to copy host → device.
+        structured_output_request_ids: requests that sample this step under a grammar, in
+            the order of `grammar_bitmask`'s rows.
+        grammar_bitmask: [len(structured_output_request_ids), ceil(vocab / 32)] int32 tensor
+            of the tokens each may sample (filled by the engine core), or None.
     """
 
     scheduled_new_reqs: list[NewRequestData]
@@ -83,6 +88,8 @@ class SchedulerOutput:
     finished_request_ids: set[str]
     blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
+    structured_output_request_ids: list[str] = field(default_factory=list)
+    grammar_bitmask: Any = None
 
     @property
     def is_empty(self) -> bool:

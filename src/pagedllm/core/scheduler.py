@@ -316,13 +316,31 @@ class Scheduler:
             plan.add(request, num_new_tokens, new_block_ids, is_new=True)
 
     def _schedule_waiting(self, plan: StepPlan) -> None:
-        """Admit waiting requests in queue order while budget, seats and blocks last."""
+        """Admit waiting requests in queue order while budget, seats and blocks last.
+
+        A request whose grammar is still compiling is passed over (it keeps its place).
+        """
+        compiling: list[Request] = []
+        try:
+            self._admit_waiting(plan, compiling)
+        finally:
+            for request in reversed(compiling):
+                self.waiting.prepend(request)
+
+    def _admit_waiting(self, plan: StepPlan, compiling: list[Request]) -> None:
         max_num_seqs = self.scheduler_config.max_num_seqs
         manager = self.kv_cache_manager
         while self.waiting and plan.token_budget > 0 and len(self.running) < max_num_seqs:
             request = self.waiting.peek()
             if request.request_id in plan.preempted_ids:
                 break  # preempted this step: re-admitting it now would only thrash
+            grammar = request.structured_output
+            if grammar is not None and not grammar.is_ready():
+                compiling.append(self.waiting.pop())
+                continue
+            if grammar is not None and grammar.error is not None:
+                self._fail_grammar(request, grammar.error)
+                continue
             if self.swapped and not self.waiting.outranks(request, self.swapped.peek()):
                 break  # swapped requests resume first
             computed_blocks, num_cached = manager.get_computed_blocks(request)
@@ -339,6 +357,12 @@ class Scheduler:
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             plan.add(request, num_new_tokens, new_block_ids, is_new=True)
+
+    def _fail_grammar(self, request: Request, error: str) -> None:
+        logger.error("Request %s: its grammar did not compile: %s", request.request_id, error)
+        self.waiting.pop()
+        request.status = RequestStatus.FINISHED_ABORTED
+        self._free_request(request)
 
     def _make_output(self, plan: StepPlan) -> SchedulerOutput:
         """Package the plan for the worker, then advance `num_computed_tokens`."""
@@ -383,6 +407,8 @@ class Scheduler:
                 f"request {request_id} sampled before its prompt was computed"
             )
             new_token_ids = append_and_check_stop(request, token_ids, self.max_model_len)
+            if request.structured_output is not None:
+                self._advance_grammar(request, new_token_ids)
             results.append((request, new_token_ids))
             if request.is_finished():
                 finished.append(request)
@@ -391,6 +417,22 @@ class Scheduler:
         if finished:
             self._remove_from_running(finished)
         return results
+
+    @staticmethod
+    def _advance_grammar(request: Request, new_token_ids: list[int]) -> None:
+        """Move the request's matcher over its new tokens; a complete grammar ends it."""
+        grammar = request.structured_output
+        if not grammar.accept_tokens(new_token_ids):
+            # Only a token outside the bitmask gets here (e.g. EOS forced by ignore_eos=False
+            # under min_tokens masking): end it rather than run on unconstrained.
+            logger.error(
+                "Request %s sampled a token its grammar does not allow; stopping it.",
+                request.request_id,
+            )
+            if not request.is_finished():
+                request.status = RequestStatus.FINISHED_STOPPED
+        elif grammar.is_terminated() and not request.is_finished():
+            request.status = RequestStatus.FINISHED_STOPPED
 
     # ----------------------------------------------------------------------- inspection
 

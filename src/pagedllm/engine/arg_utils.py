@@ -6,6 +6,7 @@ its context length and the dtype to run in. Invalid values raise ValueError nami
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from pagedllm.config import (
@@ -16,6 +17,7 @@ from pagedllm.config import (
     EngineConfig,
     ModelConfig,
     SchedulerConfig,
+    StructuredOutputsConfig,
 )
 from pagedllm.logger import init_logger
 
@@ -64,6 +66,7 @@ class EngineArgs:
     kv_cache_dtype: str | None = None
     preemption_mode: str | None = None
     scheduling_policy: str = "fcfs"
+    structured_outputs_config: dict | str | StructuredOutputsConfig | None = None
 
     def create_engine_config(self) -> EngineConfig:
         """Validate the arguments and resolve everything the engine needs to start."""
@@ -98,7 +101,26 @@ class EngineArgs:
                 scheduling_policy=self.scheduling_policy,
             ),
             device_config=DeviceConfig(device),
+            structured_outputs_config=self._structured_outputs_config(),
         )
+
+    def _structured_outputs_config(self) -> StructuredOutputsConfig:
+        config = self.structured_outputs_config
+        if config is None:
+            return StructuredOutputsConfig()
+        if isinstance(config, StructuredOutputsConfig):
+            return config
+        if isinstance(config, str):  # the CLI's --structured-outputs-config '{"backend": ...}'
+            try:
+                config = json.loads(config)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"structured_outputs_config is not valid JSON: {exc}") from None
+        if not isinstance(config, dict) or set(config) - {"backend"}:
+            raise ValueError(
+                "structured_outputs_config must be a dict with the key 'backend', got "
+                f"{config!r}."
+            )
+        return StructuredOutputsConfig(**config)
 
     def _resolve_device(self) -> str:
         if self.device not in ("auto", "cpu", "cuda"):

@@ -10,9 +10,12 @@ import time
 from collections.abc import Iterable
 
 from pagedllm.config import EngineConfig
+from pagedllm.core.sched_output import SchedulerOutput
 from pagedllm.core.scheduler import Scheduler
 from pagedllm.engine.protocol import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
 from pagedllm.request import Request
+from pagedllm.structured_output import StructuredOutputManager
+from pagedllm.tokenizer.tokenizer import get_tokenizer
 from pagedllm.worker.executor import UniProcExecutor
 
 
@@ -31,6 +34,12 @@ class EngineCore:
             spec.num_blocks,
             num_cpu_blocks=spec.num_cpu_blocks,
         )
+        model_config = engine_config.model_config
+        self.structured_output = StructuredOutputManager(
+            lambda: get_tokenizer(model_config.model_dir, model_config.gguf_file),
+            model_config.hf_config.vocab_size,
+            backend=engine_config.structured_outputs_config.backend,
+        )
 
     def _check_kv_capacity(self, num_blocks: int, block_size: int) -> None:
         # Block 0 is the null block; one request must always fit alone or it could never run.
@@ -44,17 +53,22 @@ class EngineCore:
             )
 
     def add_request(self, request: EngineCoreRequest) -> None:
-        """Queue a tokenized request."""
-        self.scheduler.add_request(
-            Request(
-                request_id=request.request_id,
-                prompt_token_ids=request.prompt_token_ids,
-                sampling_params=request.sampling_params,
-                eos_token_id=request.eos_token_id,
-                arrival_time=request.arrival_time,
-                priority=request.priority,
-            )
+        """Queue a tokenized request (a constrained one's grammar starts compiling)."""
+        params = request.sampling_params
+        core_request = Request(
+            request_id=request.request_id,
+            prompt_token_ids=request.prompt_token_ids,
+            sampling_params=params,
+            eos_token_id=request.eos_token_id,
+            arrival_time=request.arrival_time,
+            priority=request.priority,
         )
+        if params.structured_outputs is not None:
+            stop_ids = [request.eos_token_id] if request.eos_token_id is not None else []
+            core_request.structured_output = self.structured_output.grammar_for(
+                params.structured_outputs, stop_ids + list(params.stop_token_ids or [])
+            )
+        self.scheduler.add_request(core_request)
 
     def abort_requests(self, request_ids: Iterable[str]) -> None:
         """Stop requests wherever they are and free their KV blocks."""
@@ -71,6 +85,7 @@ class EngineCore:
         if not (scheduler.has_unfinished_requests() or scheduler.has_finished_requests()):
             return EngineCoreOutputs()
         scheduler_output = self.scheduler.schedule()
+        self._add_grammar_bitmask(scheduler_output)
         start = time.perf_counter()
         model_output = self.executor.execute_model(scheduler_output)
         self.model_execute_seconds += time.perf_counter() - start
@@ -94,10 +109,27 @@ class EngineCore:
             scheduler_stats=stats,
         )
 
+    def _add_grammar_bitmask(self, scheduler_output: SchedulerOutput) -> None:
+        """The allowed tokens of every constrained request that samples this step."""
+        requests = self.scheduler.requests
+        sampling = [
+            requests[request_id]
+            for request_id in scheduler_output.num_scheduled_tokens
+            if requests[request_id].structured_output is not None
+            and requests[request_id].num_computed_tokens >= requests[request_id].num_tokens
+        ]
+        if not sampling:
+            return
+        scheduler_output.structured_output_request_ids = [r.request_id for r in sampling]
+        scheduler_output.grammar_bitmask = self.structured_output.grammar_bitmask(
+            [r.structured_output for r in sampling]
+        )
+
     def reset_prefix_cache(self) -> bool:
         """Forget every cached KV block; False (nothing done) while requests hold blocks."""
         return self.scheduler.reset_prefix_cache()
 
     def shutdown(self) -> None:
-        """Release the executor."""
+        """Release the executor and the grammar compile threads."""
+        self.structured_output.shutdown()
         self.executor.shutdown()

@@ -48,6 +48,8 @@ ENGINE_ARG_HELP = {
                       "when the weights run quantized (a 4-bit GGUF), else auto.",
     "preemption_mode": "How requests are preempted when KV blocks run out (recompute, swap).",
     "scheduling_policy": "Admission order: fcfs, or priority (the request's `priority`).",
+    "structured_outputs_config": "JSON, e.g. '{\"backend\": \"xgrammar\"}': the grammar "
+                                 "library of structured outputs (auto or xgrammar).",
 }
 ENGINE_ARG_CHOICES: dict[str, Sequence[str]] = {
     "dtype": SUPPORTED_DTYPES,

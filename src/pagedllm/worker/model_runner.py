@@ -23,6 +23,7 @@ from pagedllm.core.sched_output import NewRequestData, SchedulerOutput
 from pagedllm.layers.forward_context import ForwardContext, set_forward_context
 from pagedllm.layers.logprobs import compute_token_logprobs
 from pagedllm.layers.sampler import Sampler, SamplingMetadata
+from pagedllm.structured_output.bitmask import apply_grammar_bitmask
 from pagedllm.worker.block_table import compute_slot_mapping, make_block_table_array
 from pagedllm.worker.input_batch import CachedRequestState, StepInputs
 from pagedllm.worker.logprobs import (
@@ -81,7 +82,7 @@ class ModelRunner:
         hidden_states = self._forward(inputs)
         # Before sampling: _make_output appends the sampled tokens to the states.
         prompt_logprobs = self._compute_prompt_logprobs(inputs, hidden_states)
-        sampled, logprobs = self._sample(inputs, hidden_states)
+        sampled, logprobs = self._sample(inputs, hidden_states, scheduler_output)
         output = self._make_output(inputs, sampled)
         output.logprobs = logprobs
         output.prompt_logprobs = prompt_logprobs
@@ -171,10 +172,11 @@ class ModelRunner:
         )
 
     def _sample(
-        self, inputs: StepInputs, hidden_states: torch.Tensor
+        self, inputs: StepInputs, hidden_states: torch.Tensor, scheduler_output: SchedulerOutput
     ) -> tuple[list[int], dict[str, LogprobsLists]]:
         if not inputs.sample_rows:
             return [], {}
+        constrained = scheduler_output.structured_output_request_ids
         states = [self.requests[inputs.request_ids[row]] for row in inputs.sample_rows]
         metadata = SamplingMetadata.build(
             [s.sampling_params for s in states],
@@ -185,14 +187,20 @@ class ModelRunner:
             num_prompt_tokens=[s.num_prompt_tokens for s in states],
         )
         # Plain greedy rows without logprobs use nothing but the argmax.
+        # (A grammar may forbid every shortlisted candidate: constrained steps need all logits.)
         ranking_only = (
             metadata.all_greedy
             and metadata.logits_processors is None
+            and not constrained
             and all(s.sampling_params.logprobs is None for s in states)
         )
         logits_indices = self._to_device(inputs.logits_indices)
         logits = self._causal_lm.compute_logits(hidden_states[logits_indices], ranking_only)
         logits = logits.float()  # [n, vocab]
+        if constrained:
+            row_of = {state.request_id: row for row, state in enumerate(states)}
+            rows = [row_of[request_id] for request_id in constrained]
+            apply_grammar_bitmask(logits, scheduler_output.grammar_bitmask, rows)
         sampled = self.sampler(logits, metadata)  # [n]
         return sampled.tolist(), self._sampled_logprobs(states, logits, sampled)
 

@@ -82,6 +82,15 @@ class SamplingExtras(OpenAIBaseModel):
     priority: int = 0
     request_id: str | None = None
     response_format: dict[str, Any] | None = None
+    # Structured outputs: vLLM's field, and its older guided_* extras.
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_decoding_backend: str | None = None
+    guided_whitespace_pattern: str | None = None
+    structural_tag: str | None = None
 
     @model_validator(mode="after")
     def _check_stream_fields(self) -> SamplingExtras:

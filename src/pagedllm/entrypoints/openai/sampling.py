@@ -15,7 +15,8 @@ from typing import Any
 
 from pagedllm.entrypoints.openai.errors import APIError
 from pagedllm.entrypoints.openai.protocol import SamplingExtras
-from pagedllm.sampling_params import RequestOutputKind, SamplingParams
+from pagedllm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
+from pagedllm.structured_output import parse_constraint
 
 _LOGIT_BIAS_LIMIT = 100.0
 # Keys of generation_config.json that become server-side sampling defaults.
@@ -70,12 +71,74 @@ def _parse_logit_bias(logit_bias: dict[str, float] | None) -> dict[int, float] |
 def _check_unsupported(request: SamplingExtras) -> None:
     if request.use_beam_search:
         raise APIError("use_beam_search is not supported yet.", param="use_beam_search")
-    response_format = request.response_format or {}
-    if response_format.get("type", "text") != "text":
+    if request.guided_whitespace_pattern is not None:
         raise APIError(
-            "response_format other than 'text' (structured outputs) is not supported yet.",
-            param="response_format",
+            "guided_whitespace_pattern is not supported (the grammar backend takes "
+            "structured_outputs.disable_any_whitespace instead).",
+            param="guided_whitespace_pattern",
         )
+    if request.guided_decoding_backend not in (None, "auto", "xgrammar"):
+        raise APIError(
+            f"guided_decoding_backend {request.guided_decoding_backend!r} is not available: "
+            "this server has xgrammar.",
+            param="guided_decoding_backend",
+        )
+
+
+def _response_format_constraint(response_format: dict[str, Any]) -> dict[str, Any] | None:
+    """OpenAI's response_format as StructuredOutputsParams fields (None for text)."""
+    kind = response_format.get("type", "text")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"json_object": True}
+    if kind == "json_schema":
+        spec = response_format.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
+            raise APIError(
+                "response_format json_schema needs a 'json_schema' object with a 'schema'.",
+                param="response_format",
+            )
+        # OpenAI's "strict" only asks for what the grammar always does: a valid output.
+        return {"json": spec.get("schema", {})}
+    raise APIError(
+        f"response_format type must be 'text', 'json_object' or 'json_schema', got {kind!r}.",
+        param="response_format",
+    )
+
+
+def build_structured_outputs(request: SamplingExtras) -> StructuredOutputsParams | None:
+    """The request's constraint, from whichever field gives it (at most one may).
+
+    Raises:
+        APIError: (400, naming the field) for two constraints or a malformed one.
+    """
+    given: list[tuple[str, dict[str, Any]]] = []
+    if request.structured_outputs is not None:
+        given.append(("structured_outputs", dict(request.structured_outputs)))
+    for name, key in (("guided_json", "json"), ("guided_regex", "regex"),
+                      ("guided_choice", "choice"), ("guided_grammar", "grammar"),
+                      ("structural_tag", "structural_tag")):
+        value = getattr(request, name)
+        if value is not None:
+            given.append((name, {key: value}))
+    from_format = _response_format_constraint(request.response_format or {})
+    if from_format is not None:
+        given.append(("response_format", from_format))
+    if not given:
+        return None
+    if len(given) > 1:
+        raise APIError(
+            f"Give one structured output constraint, got {[name for name, _ in given]}.",
+            param=given[1][0],
+        )
+    name, fields = given[0]
+    try:
+        params = StructuredOutputsParams(**fields)
+        parse_constraint(params)
+    except (TypeError, ValueError) as exc:
+        raise APIError(str(exc), param=name) from None
+    return params
 
 
 def build_sampling_params(
@@ -132,6 +195,7 @@ def build_sampling_params(
         "best_of": None if request.best_of in (None, request.n) else request.best_of,
     }
     kwargs.update(_supported_optional(optional))
+    kwargs["structured_outputs"] = build_structured_outputs(request)
     return SamplingParams(**kwargs)
 
 

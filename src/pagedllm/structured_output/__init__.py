@@ -1,0 +1,37 @@
+"""Structured outputs: constraining a request's tokens to a JSON schema, regex, choice or
+grammar, with a per-step token bitmask (vLLM's design; xgrammar does the grammar work).
+
+The small interface the rest of the engine calls:
+  - `parse_constraint(params)` (frontend): rejects a malformed constraint with ValueError
+    before the request is queued;
+  - `StructuredOutputManager` (engine core): compiles grammars off the step loop with an
+    LRU cache, gives each request a `RequestGrammar` (its matcher, advanced by the
+    scheduler with every accepted token) and fills each step's bitmask;
+  - `apply_grammar_bitmask` (model runner): masks the constrained rows' logits in one op.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pagedllm.sampling_params import StructuredOutputsParams
+from pagedllm.structured_output.bitmask import apply_grammar_bitmask
+from pagedllm.structured_output.manager import RequestGrammar, StructuredOutputManager
+
+
+def parse_constraint(params: StructuredOutputsParams) -> Any:
+    """Parse `params` without a tokenizer (xgrammar, imported on first use: ~1 s).
+
+    Raises:
+        ValueError: naming the field (`structured_outputs.json` ...) when it is malformed.
+    """
+    from pagedllm.structured_output.xgrammar_backend import parse
+
+    return parse(params)
+
+__all__ = [
+    "RequestGrammar",
+    "StructuredOutputManager",
+    "apply_grammar_bitmask",
+    "parse_constraint",
+]

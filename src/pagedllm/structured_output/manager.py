@@ -1,0 +1,165 @@
+"""The engine core's side of structured outputs: compiling grammars off the step loop, and
+each step's token bitmask.
+
+Compiling a JSON schema for a 49k-token vocabulary takes tens to hundreds of milliseconds,
+so it runs in a small thread pool; a request waits in the scheduler until its grammar is
+ready, without holding back the others (`RequestGrammar.is_ready`). Compiled grammars are
+kept in an LRU cache keyed by the constraint, so a repeated schema compiles once. Each
+request gets its own matcher, the state that survives preemption (it lives on the request,
+not in the worker), advanced by the scheduler with every accepted token.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import torch
+
+from pagedllm.logger import init_logger
+from pagedllm.sampling_params import StructuredOutputsParams
+from pagedllm.structured_output.backend import GrammarBackend, GrammarMatcher
+
+logger = init_logger(__name__)
+
+BACKENDS = ("auto", "xgrammar")
+_DEFAULT_CACHE_SIZE = 128
+
+
+def cache_key(params: StructuredOutputsParams) -> tuple[Any, ...]:
+    """What makes two constraints compile to the same grammar."""
+    value: Any = getattr(params, params.kind)
+    if isinstance(value, dict):
+        value = json.dumps(value, sort_keys=True)
+    elif isinstance(value, list):
+        value = tuple(value)
+    return (params.kind, value, params.disable_any_whitespace)
+
+
+class RequestGrammar:
+    """One request's grammar: a compile in flight, then the request's matcher.
+
+    Args:
+        compiled: the (possibly pending) compiled grammar.
+        make_matcher: builds the matcher from the compiled grammar.
+    """
+
+    def __init__(self, compiled: Future, make_matcher: Callable[[Any], GrammarMatcher]) -> None:
+        self._compiled = compiled
+        self._make_matcher = make_matcher
+        self._matcher: GrammarMatcher | None = None
+
+    def is_ready(self) -> bool:
+        """True once compiling ended (successfully or not: see `error`)."""
+        return self._compiled.done()
+
+    @property
+    def error(self) -> str | None:
+        """Why compiling failed, or None (call when ready)."""
+        exc = self._compiled.exception()
+        return None if exc is None else str(exc)
+
+    @property
+    def matcher(self) -> GrammarMatcher:
+        """The request's matcher (made on first use; the grammar must be ready)."""
+        if self._matcher is None:
+            self._matcher = self._make_matcher(self._compiled.result())
+        return self._matcher
+
+    def accept_tokens(self, token_ids: list[int]) -> bool:
+        """Advance over sampled tokens; False if the grammar refused one."""
+        return self.matcher.accept_tokens(token_ids)
+
+    def is_terminated(self) -> bool:
+        """True once the grammar is complete and a stop token was accepted."""
+        return self.matcher.is_terminated()
+
+
+class StructuredOutputManager:
+    """Compiles grammars in threads with an LRU cache, and fills each step's bitmask.
+
+    Args:
+        load_tokenizer: returns the model's tokenizer (called once, in a compile thread).
+        vocab_size: the model's logits width.
+        backend: "auto" or "xgrammar".
+        max_workers: compile threads.
+        cache_size: compiled grammars kept.
+    """
+
+    def __init__(
+        self,
+        load_tokenizer: Callable[[], Any],
+        vocab_size: int,
+        backend: str = "auto",
+        max_workers: int = 2,
+        cache_size: int = _DEFAULT_CACHE_SIZE,
+    ) -> None:
+        if backend not in BACKENDS:
+            raise ValueError(
+                f"structured_outputs_config backend must be one of {BACKENDS}, got {backend!r}."
+            )
+        self._load_tokenizer = load_tokenizer
+        self.vocab_size = vocab_size
+        self.backend_name = "xgrammar"
+        self._backend: GrammarBackend | None = None
+        self._backend_lock = threading.Lock()
+        self._executor: ThreadPoolExecutor | None = None
+        self._max_workers = max_workers
+        self._cache: OrderedDict[tuple[Any, ...], Future] = OrderedDict()
+        self._cache_size = cache_size
+        self._bitmask: torch.Tensor | None = None
+
+    # ------------------------------------------------------------------- compiling
+
+    def _get_backend(self) -> GrammarBackend:
+        with self._backend_lock:
+            if self._backend is None:
+                from pagedllm.structured_output.xgrammar_backend import XgrammarBackend
+
+                self._backend = XgrammarBackend(self._load_tokenizer(), self.vocab_size)
+            return self._backend
+
+    def _compile(self, params: StructuredOutputsParams) -> Any:
+        return self._get_backend().compile(params)
+
+    def grammar_for(
+        self, params: StructuredOutputsParams, stop_token_ids: Sequence[int]
+    ) -> RequestGrammar:
+        """The grammar of a new request: compiled in the background unless cached."""
+        key = cache_key(params)
+        future = self._cache.get(key)
+        if future is None or (future.done() and future.exception() is not None):
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(
+                    self._max_workers, thread_name_prefix="pagedllm-grammar"
+                )
+            future = self._executor.submit(self._compile, params)
+            self._cache[key] = future
+            while len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        else:
+            self._cache.move_to_end(key)
+        stops = list(stop_token_ids)
+        return RequestGrammar(future, lambda compiled: self._get_backend().matcher(compiled, stops))
+
+    # -------------------------------------------------------------------- each step
+
+    def grammar_bitmask(self, grammars: Sequence[RequestGrammar]) -> torch.Tensor:
+        """Row i: the tokens `grammars[i]` allows next (a view of a reused buffer)."""
+        backend = self._get_backend()
+        if self._bitmask is None or self._bitmask.shape[0] < len(grammars):
+            self._bitmask = backend.allocate_bitmask(max(len(grammars), 8))
+        bitmask = self._bitmask[: len(grammars)]
+        for row, grammar in enumerate(grammars):
+            grammar.matcher.fill_bitmask(bitmask, row)
+        return bitmask
+
+    def shutdown(self) -> None:
+        """Stop the compile threads (pending compiles are dropped)."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None

@@ -1,0 +1,77 @@
+"""StructuredOutputsParams: vLLM's names, one constraint per request, malformed constraints
+rejected naming the field before anything is queued."""
+
+from __future__ import annotations
+
+import pytest
+
+from pagedllm import GuidedDecodingParams, SamplingParams, StructuredOutputsParams
+from pagedllm.structured_output import parse_constraint
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "kind"),
+    [
+        ({"json": {"type": "object"}}, "json"),
+        ({"json": '{"type": "integer"}'}, "json"),
+        ({"regex": "[a-z]+"}, "regex"),
+        ({"choice": ["yes", "no"]}, "choice"),
+        ({"grammar": 'root ::= "a" | "b"'}, "grammar"),
+        ({"json_object": True}, "json_object"),
+    ],
+)
+def test_each_kind_parses(kwargs, kind):
+    params = StructuredOutputsParams(**kwargs)
+    assert params.kind == kind
+    assert parse_constraint(params) is not None
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{}, {"json": {"type": "object"}, "regex": "a"}, {"json_object": False}]
+)
+def test_exactly_one_constraint(kwargs):
+    with pytest.raises(ValueError, match="exactly one of"):
+        StructuredOutputsParams(**kwargs)
+
+
+@pytest.mark.parametrize("choice", [[], ["a", 3], "yes"])
+def test_choice_must_be_a_list_of_strings(choice):
+    with pytest.raises(ValueError, match="structured_outputs.choice"):
+        StructuredOutputsParams(choice=choice)
+
+
+def test_whitespace_pattern_is_refused_not_ignored():
+    with pytest.raises(ValueError, match="whitespace_pattern"):
+        StructuredOutputsParams(json={"type": "object"}, whitespace_pattern=r"[ ]?")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"json": '{"type": "object",'}, "structured_outputs.json"),
+        ({"json": {"type": "objec"}}, "structured_outputs.json"),
+        ({"regex": "a(b"}, "structured_outputs.regex"),
+        ({"grammar": 'root ::= "a'}, "structured_outputs.grammar"),
+    ],
+)
+def test_malformed_constraints_name_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=field.replace(".", r"\.")):
+        parse_constraint(StructuredOutputsParams(**kwargs))
+
+
+def test_guided_decoding_is_the_older_name():
+    params = SamplingParams(guided_decoding=GuidedDecodingParams(choice=["a", "b"]))
+    assert params.guided_decoding is None
+    assert params.structured_outputs is not None and params.structured_outputs.choice == ["a", "b"]
+    with pytest.raises(ValueError, match="not both"):
+        SamplingParams(
+            guided_decoding=GuidedDecodingParams(regex="a"),
+            structured_outputs=StructuredOutputsParams(regex="b"),
+        )
+
+
+def test_a_dict_is_taken_as_structured_outputs():
+    params = SamplingParams(structured_outputs={"regex": "[0-9]+"})
+    assert isinstance(params.structured_outputs, StructuredOutputsParams)
+    with pytest.raises(ValueError, match="structured_outputs must be"):
+        SamplingParams(structured_outputs=["regex"])
