@@ -69,18 +69,14 @@ void isa_quantize_q8_bf16(const Q8Activations *a, const uint16_t *x, int64_t t, 
             amax[h] = hmax8(_mm256_max_ps(_mm256_andnot_ps(sign, v[2 * h]),
                                           _mm256_andnot_ps(sign, v[2 * h + 1])));
         }
-        if (!halves) amax[0] = amax[1] = amax[0] > amax[1] ? amax[0] : amax[1];
+        q8_share_amax(amax, halves);
         __m256i q[4];
-        float steps[2];
         int32_t sums[2];
         for (int h = 0; h < 2; h++) {
-            const __m256 inv = _mm256_set1_ps(amax[h] > 0.f ? 127.f / amax[h] : 0.f);
+            const __m256 inv = _mm256_set1_ps(q8_inverse_step(amax[h]));
             q[2 * h] = _mm256_cvtps_epi32(_mm256_mul_ps(v[2 * h], inv));
             q[2 * h + 1] = _mm256_cvtps_epi32(_mm256_mul_ps(v[2 * h + 1], inv));
-            steps[h] = amax[h] * (1.f / 127.f);
             sums[h] = hsum8_epi32(_mm256_add_epi32(q[2 * h], q[2 * h + 1]));
-            a->dx[(t * a->G + g) * 2 + h] = steps[h];
-            a->sums[(t * a->G + g) * 2 + h] = sums[h];
         }
         /* Narrow to bytes: the packs work per 128-bit lane, the permute restores the order. */
         const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]),
@@ -88,8 +84,7 @@ void isa_quantize_q8_bf16(const Q8Activations *a, const uint16_t *x, int64_t t, 
         const __m256i ordered =
             _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
         _mm256_storeu_si256((__m256i *)(a->xq + t * a->K + g * Q8_GROUP), ordered);
-        a->c[t * a->G + g] = halves ? fmaf(steps[1], (float)sums[1], steps[0] * (float)sums[0])
-                                    : steps[0] * (float)(sums[0] + sums[1]);
+        q8_record_group(a, t, g, amax, sums, halves);
     }
 }
 
@@ -223,13 +218,7 @@ static inline __attribute__((always_inline)) void tile(
 void isa_byte_dot_tile(int int8, const Q8Activations *a, int64_t t, int rows,
                        const uint8_t *codes, const float *dm, uint16_t *out,
                        int64_t out_stride, int lanes) {
-#define TILE_CASE(R)                                                                         \
-    case R:                                                                                  \
-        if (int8) tile(R, 1, a, t, codes, dm, out, out_stride, lanes);                       \
-        else tile(R, 0, a, t, codes, dm, out, out_stride, lanes);                            \
-        break;
-    switch (rows) { TILE_CASE(4) TILE_CASE(3) TILE_CASE(2) TILE_CASE(1) }
-#undef TILE_CASE
+    switch (rows) { ISA_TILE_CASE(4) ISA_TILE_CASE(3) ISA_TILE_CASE(2) ISA_TILE_CASE(1) }
 }
 
 /* Four query rows against the 16 keys of a tile: two vectors of 8 keys per row. */

@@ -31,22 +31,17 @@ void isa_quantize_q8_bf16(const Q8Activations *a, const uint16_t *x, int64_t t, 
         const __m512 v[2] = {load_bf16x16(x + g * Q8_GROUP), load_bf16x16(x + g * Q8_GROUP + 16)};
         float amax[2] = {_mm512_reduce_max_ps(_mm512_abs_ps(v[0])),
                          _mm512_reduce_max_ps(_mm512_abs_ps(v[1]))};
-        if (!halves) amax[0] = amax[1] = amax[0] > amax[1] ? amax[0] : amax[1];
-        float steps[2];
+        q8_share_amax(amax, halves);
         int32_t sums[2];
         for (int h = 0; h < 2; h++) { /* one vector per half-group of 16 */
-            const __m512 inv = _mm512_set1_ps(amax[h] > 0.f ? 127.f / amax[h] : 0.f);
+            const __m512 inv = _mm512_set1_ps(q8_inverse_step(amax[h]));
             /* Rounds half to even (the default MXCSR mode), as nearbyintf does. */
             const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(v[h], inv));
             _mm_storeu_si128((__m128i *)(a->xq + t * a->K + g * Q8_GROUP + h * Q8_HALF),
                              _mm512_cvtepi32_epi8(q));
-            steps[h] = amax[h] * (1.f / 127.f);
             sums[h] = _mm512_reduce_add_epi32(q);
-            a->dx[(t * a->G + g) * 2 + h] = steps[h];
-            a->sums[(t * a->G + g) * 2 + h] = sums[h];
         }
-        a->c[t * a->G + g] = halves ? fmaf(steps[1], (float)sums[1], steps[0] * (float)sums[0])
-                                    : steps[0] * (float)(sums[0] + sums[1]);
+        q8_record_group(a, t, g, amax, sums, halves);
     }
 }
 
@@ -116,16 +111,10 @@ static inline __attribute__((always_inline)) void tile(
 void isa_byte_dot_tile(int int8, const Q8Activations *a, int64_t t, int rows,
                        const uint8_t *codes, const float *dm, uint16_t *out,
                        int64_t out_stride, int lanes) {
-#define TILE_CASE(R)                                                                         \
-    case R:                                                                                  \
-        if (int8) tile(R, 1, a, t, codes, dm, out, out_stride, lanes);                       \
-        else tile(R, 0, a, t, codes, dm, out, out_stride, lanes);                            \
-        break;
     switch (rows) {
-        TILE_CASE(8) TILE_CASE(7) TILE_CASE(6) TILE_CASE(5)
-        TILE_CASE(4) TILE_CASE(3) TILE_CASE(2) TILE_CASE(1)
+        ISA_TILE_CASE(8) ISA_TILE_CASE(7) ISA_TILE_CASE(6) ISA_TILE_CASE(5)
+        ISA_TILE_CASE(4) ISA_TILE_CASE(3) ISA_TILE_CASE(2) ISA_TILE_CASE(1)
     }
-#undef TILE_CASE
 }
 
 /* Four query rows share each load of the transposed tile: four independent fma chains. */

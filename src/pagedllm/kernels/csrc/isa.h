@@ -28,13 +28,14 @@
  *   acc = fma((float)dot, d_g * dx, acc);  acc = fma(m_g, c_g, acc)
  * (half-groups cut the W4A8 error against float32 by a fifth and cost the int4 kernel ~9%;
  * the LM head's error hardly matters and its int8 kernel would lose more, so it keeps 32.)
- * Either way acc is then rounded to bfloat16 (nearest even). The attention primitives sum in one order too
- * (fma over the head dimension per key, over keys per output value), so they match up to
+ * Either way acc is then rounded to bfloat16 (nearest even). The attention primitives sum
+ * in one order too (fma over the head dimension per key, over keys per output value), so they match up to
  * libm's expf.
  */
 #ifndef PAGEDLLM_ISA_H
 #define PAGEDLLM_ISA_H
 
+#include <math.h>
 #include <stdint.h>
 
 /* Inputs per quantization group, and output rows per weight panel of the byte dot-product
@@ -57,6 +58,35 @@ typedef struct {
     float *dx, *c;
     int32_t *sums;
 } Q8Activations;
+
+/* 127 / amax: the factor that maps a (half-)group onto -127..127 (0 for an all-zero one). */
+static inline float q8_inverse_step(float amax) { return amax > 0.f ? 127.f / amax : 0.f; }
+
+/* One scale for the whole group unless `halves`: both halves take the larger maximum. */
+static inline void q8_share_amax(float amax[2], int halves) {
+    if (!halves) amax[0] = amax[1] = amax[0] > amax[1] ? amax[0] : amax[1];
+}
+
+/* After token t's group g is quantized with maxima `amax` into codes summing to `sums` per
+ * half: its steps dx, code sums and c, in the one order every ISA uses. */
+static inline void q8_record_group(const Q8Activations *a, int64_t t, int64_t g,
+                                   const float amax[2], const int32_t sums[2], int halves) {
+    const float steps[2] = {amax[0] * (1.f / 127.f), amax[1] * (1.f / 127.f)};
+    for (int h = 0; h < 2; h++) {
+        a->dx[(t * a->G + g) * 2 + h] = steps[h];
+        a->sums[(t * a->G + g) * 2 + h] = sums[h];
+    }
+    a->c[t * a->G + g] = halves ? fmaf(steps[1], (float)sums[1], steps[0] * (float)sums[0])
+                                : steps[0] * (float)(sums[0] + sums[1]);
+}
+
+/* A case of isa_byte_dot_tile's switch over `rows`: the ISA's `tile` inlined with R rows and
+ * the weight format as constants. */
+#define ISA_TILE_CASE(R)                                                                     \
+    case R:                                                                                  \
+        if (int8) tile(R, 1, a, t, codes, dm, out, out_stride, lanes);                       \
+        else tile(R, 0, a, t, codes, dm, out, out_stride, lanes);                            \
+        break;
 
 /* The variant's name ("scalar", "avx2", ...) and its tile height for the byte dot products. */
 extern const char ISA_NAME[];

@@ -39,13 +39,11 @@ void isa_quantize_q8_bf16(const Q8Activations *a, const uint16_t *x, int64_t t, 
             }
             amaxes[h] = vmaxvq_f32(amax4);
         }
-        if (!halves) amaxes[0] = amaxes[1] = amaxes[0] > amaxes[1] ? amaxes[0] : amaxes[1];
-        float steps[2];
+        q8_share_amax(amaxes, halves);
         int32_t sums[2];
         for (int h = 0; h < 2; h++) {
             const float32x4_t *v = values[h];
-            const float amax = amaxes[h];
-            const float inv = amax > 0.f ? 127.f / amax : 0.f;
+            const float inv = q8_inverse_step(amaxes[h]);
             int8_t *q = a->xq + t * a->K + g * Q8_GROUP + h * Q8_HALF;
             int32x4_t total = vdupq_n_s32(0);
             for (int i = 0; i < 4; i += 2) {
@@ -56,13 +54,9 @@ void isa_quantize_q8_bf16(const Q8Activations *a, const uint16_t *x, int64_t t, 
                 const int16x8_t narrow = vcombine_s16(vmovn_s32(q0), vmovn_s32(q1));
                 vst1_s8(q + 4 * i, vmovn_s16(narrow));
             }
-            steps[h] = amax * (1.f / 127.f);
             sums[h] = vaddvq_s32(total);
-            a->dx[(t * a->G + g) * 2 + h] = steps[h];
-            a->sums[(t * a->G + g) * 2 + h] = sums[h];
         }
-        a->c[t * a->G + g] = halves ? fmaf(steps[1], (float)sums[1], steps[0] * (float)sums[0])
-                                    : steps[0] * (float)(sums[0] + sums[1]);
+        q8_record_group(a, t, g, amaxes, sums, halves);
     }
 }
 
@@ -161,13 +155,7 @@ static inline __attribute__((always_inline)) void tile(
 void isa_byte_dot_tile(int int8, const Q8Activations *a, int64_t t, int rows,
                        const uint8_t *codes, const float *dm, uint16_t *out,
                        int64_t out_stride, int lanes) {
-#define TILE_CASE(R)                                                                         \
-    case R:                                                                                  \
-        if (int8) tile(R, 1, a, t, codes, dm, out, out_stride, lanes);                       \
-        else tile(R, 0, a, t, codes, dm, out, out_stride, lanes);                            \
-        break;
-    switch (rows) { TILE_CASE(4) TILE_CASE(3) TILE_CASE(2) TILE_CASE(1) }
-#undef TILE_CASE
+    switch (rows) { ISA_TILE_CASE(4) ISA_TILE_CASE(3) ISA_TILE_CASE(2) ISA_TILE_CASE(1) }
 }
 
 void isa_attn_scores_4(const float *q, int64_t D, const float *tile_t, float *s,

@@ -15,29 +15,24 @@ const int ISA_TILE_TOKENS = 1;
 
 void isa_quantize_q8_bf16(const Q8Activations *a, const uint16_t *x, int64_t t, int halves) {
     for (int64_t g = 0; g < a->G; g++) {
-        float steps[2], amaxes[2] = {0.f, 0.f}, v[Q8_GROUP];
+        float amaxes[2] = {0.f, 0.f}, v[Q8_GROUP];
         int32_t sums[2];
         for (int i = 0; i < Q8_GROUP; i++) {
             v[i] = bf16_to_float(x[g * Q8_GROUP + i]);
             amaxes[i / Q8_HALF] = fabsf(v[i]) > amaxes[i / Q8_HALF] ? fabsf(v[i]) : amaxes[i / Q8_HALF];
         }
-        if (!halves) amaxes[0] = amaxes[1] = amaxes[0] > amaxes[1] ? amaxes[0] : amaxes[1];
+        q8_share_amax(amaxes, halves);
         for (int h = 0; h < 2; h++) {
-            const float amax = amaxes[h];
-            const float inv = amax > 0.f ? 127.f / amax : 0.f;
+            const float inv = q8_inverse_step(amaxes[h]);
             int8_t *q = a->xq + t * a->K + g * Q8_GROUP + h * Q8_HALF;
             int32_t sum = 0;
             for (int i = 0; i < Q8_HALF; i++) {
                 q[i] = (int8_t)nearbyintf(v[h * Q8_HALF + i] * inv); /* half to even */
                 sum += q[i];
             }
-            steps[h] = amax * (1.f / 127.f);
             sums[h] = sum;
-            a->dx[(t * a->G + g) * 2 + h] = steps[h];
-            a->sums[(t * a->G + g) * 2 + h] = sum;
         }
-        a->c[t * a->G + g] = halves ? fmaf(steps[1], (float)sums[1], steps[0] * (float)sums[0])
-                                    : steps[0] * (float)(sums[0] + sums[1]);
+        q8_record_group(a, t, g, amaxes, sums, halves);
     }
 }
 
