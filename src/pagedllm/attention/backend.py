@@ -46,6 +46,12 @@ class CommonAttentionMetadata:
     query_lens_cpu: list[int]
     seq_lens_cpu: list[int]
 
+    def decode_and_prefill_rows(self) -> tuple[list[int], list[int]]:
+        """Indices of the requests computing one token (decodes) and more (prefills)."""
+        decodes = [i for i, n in enumerate(self.query_lens_cpu) if n == 1]
+        prefills = [i for i, n in enumerate(self.query_lens_cpu) if n > 1]
+        return decodes, prefills
+
 
 class AttentionBackend(ABC):
     """One implementation of attention over the paged KV cache.

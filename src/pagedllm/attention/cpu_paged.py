@@ -117,8 +117,7 @@ class CpuPagedBackend(AttentionBackend):
         """The decodes' and prefills' block tables and lengths as the kernels take them."""
         del block_size  # the kernels read it from the cache's shape
         metadata = CpuPagedMetadata(common.num_tokens, common.slot_mapping)
-        decode_rows = [i for i, n in enumerate(common.query_lens_cpu) if n == 1]
-        prefill_rows = [i for i, n in enumerate(common.query_lens_cpu) if n > 1]
+        decode_rows, prefill_rows = common.decode_and_prefill_rows()
         if decode_rows:
             metadata.decodes = _decodes(common, decode_rows)
         if prefill_rows:

@@ -309,8 +309,7 @@ class TorchPagedBackend(AttentionBackend):
         metadata = TorchPagedMetadata(
             num_tokens=common.num_tokens, slot_mapping=common.slot_mapping
         )
-        decode_rows = [i for i, n in enumerate(common.query_lens_cpu) if n == 1]
-        prefill_rows = [i for i, n in enumerate(common.query_lens_cpu) if n > 1]
+        decode_rows, prefill_rows = common.decode_and_prefill_rows()
         if decode_rows:
             metadata.decode_buckets = _build_decode_buckets(common, decode_rows, block_size)
         self.decode_contexts.start_step(metadata.decode_buckets)
