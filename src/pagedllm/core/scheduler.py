@@ -423,8 +423,9 @@ class Scheduler:
         """Move the request's matcher over its new tokens; a complete grammar ends it."""
         grammar = request.structured_output
         if not grammar.accept_tokens(new_token_ids):
-            # Only a token outside the bitmask gets here (e.g. EOS forced by ignore_eos=False
-            # under min_tokens masking): end it rather than run on unconstrained.
+            # Only a token outside the bitmask gets here: when other masks (min_tokens,
+            # allowed_token_ids, bad_words) left no allowed token. End it rather than let it
+            # run on unconstrained.
             logger.error(
                 "Request %s sampled a token its grammar does not allow; stopping it.",
                 request.request_id,

@@ -38,7 +38,6 @@ class EngineCore:
         self.structured_output = StructuredOutputManager(
             lambda: get_tokenizer(model_config.model_dir, model_config.gguf_file),
             model_config.hf_config.vocab_size,
-            backend=engine_config.structured_outputs_config.backend,
         )
 
     def _check_kv_capacity(self, num_blocks: int, block_size: int) -> None:
@@ -111,6 +110,8 @@ class EngineCore:
 
     def _add_grammar_bitmask(self, scheduler_output: SchedulerOutput) -> None:
         """The allowed tokens of every constrained request that samples this step."""
+        if not self.structured_output.in_use:
+            return
         requests = self.scheduler.requests
         sampling = [
             requests[request_id]

@@ -12,7 +12,7 @@ from typing import Any
 
 from pagedllm.engine.protocol import EngineCoreRequest
 from pagedllm.sampling_params import SamplingParams
-from pagedllm.structured_output import parse_constraint
+from pagedllm.structured_output import check_constraint
 
 # What `LLM.generate` and `LLMEngine.add_request` accept as one prompt.
 PromptType = str | dict[str, Any]
@@ -58,7 +58,7 @@ class InputProcessor:
                 f"sampling_params must be a SamplingParams, got {type(params).__name__}."
             )
         if params.structured_outputs is not None:
-            parse_constraint(params.structured_outputs)  # a bad schema fails here, not queued
+            check_constraint(params.structured_outputs)  # a bad schema fails here, not queued
         processed = self.tokenize(prompt, add_special_tokens)
         self._check_prompt(processed.prompt_token_ids)
         params = self._resolve_params(params, len(processed.prompt_token_ids))

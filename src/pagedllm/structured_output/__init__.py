@@ -2,8 +2,8 @@
 grammar, with a per-step token bitmask (vLLM's design; xgrammar does the grammar work).
 
 The small interface the rest of the engine calls:
-  - `parse_constraint(params)` (frontend): rejects a malformed constraint with ValueError
-    before the request is queued;
+  - `check_constraint(params)` (frontend): rejects a malformed constraint with ValueError
+    before the request is queued (`parse_constraint` gives the parsed grammar);
   - `StructuredOutputManager` (engine core): compiles grammars off the step loop with an
     LRU cache, gives each request a `RequestGrammar` (its matcher, advanced by the
     scheduler with every accepted token) and fills each step's bitmask;
@@ -12,11 +12,21 @@ The small interface the rest of the engine calls:
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Any
 
 from pagedllm.sampling_params import StructuredOutputsParams
 from pagedllm.structured_output.bitmask import apply_grammar_bitmask
-from pagedllm.structured_output.manager import RequestGrammar, StructuredOutputManager
+from pagedllm.structured_output.manager import (
+    RequestGrammar,
+    StructuredOutputManager,
+    cache_key,
+)
+
+# Constraints already found well-formed: the server checks a request's constraint to name
+# its field in a 400, the input processor checks every request, prompts share one.
+_CHECKED: OrderedDict[tuple[Any, ...], None] = OrderedDict()
+_CHECKED_SIZE = 256
 
 
 def parse_constraint(params: StructuredOutputsParams) -> Any:
@@ -33,5 +43,22 @@ __all__ = [
     "RequestGrammar",
     "StructuredOutputManager",
     "apply_grammar_bitmask",
+    "check_constraint",
     "parse_constraint",
 ]
+
+
+def check_constraint(params: StructuredOutputsParams) -> None:
+    """`parse_constraint`, remembered for well-formed constraints (a repeat costs a lookup).
+
+    Raises:
+        ValueError: naming the field, when the constraint is malformed.
+    """
+    key = cache_key(params)
+    if key in _CHECKED:
+        _CHECKED.move_to_end(key)
+        return
+    parse_constraint(params)
+    _CHECKED[key] = None
+    if len(_CHECKED) > _CHECKED_SIZE:
+        _CHECKED.popitem(last=False)

@@ -26,7 +26,6 @@ from pagedllm.structured_output.backend import GrammarBackend, GrammarMatcher
 
 logger = init_logger(__name__)
 
-BACKENDS = ("auto", "xgrammar")
 _DEFAULT_CACHE_SIZE = 128
 
 
@@ -80,12 +79,12 @@ class RequestGrammar:
 
 
 class StructuredOutputManager:
-    """Compiles grammars in threads with an LRU cache, and fills each step's bitmask.
+    """Compiles grammars in threads with an LRU cache, and fills each step's bitmask (with
+    xgrammar: the only backend `structured_outputs_config` offers so far).
 
     Args:
         load_tokenizer: returns the model's tokenizer (called once, in a compile thread).
         vocab_size: the model's logits width.
-        backend: "auto" or "xgrammar".
         max_workers: compile threads.
         cache_size: compiled grammars kept.
     """
@@ -94,17 +93,11 @@ class StructuredOutputManager:
         self,
         load_tokenizer: Callable[[], Any],
         vocab_size: int,
-        backend: str = "auto",
         max_workers: int = 2,
         cache_size: int = _DEFAULT_CACHE_SIZE,
     ) -> None:
-        if backend not in BACKENDS:
-            raise ValueError(
-                f"structured_outputs_config backend must be one of {BACKENDS}, got {backend!r}."
-            )
         self._load_tokenizer = load_tokenizer
         self.vocab_size = vocab_size
-        self.backend_name = "xgrammar"
         self._backend: GrammarBackend | None = None
         self._backend_lock = threading.Lock()
         self._executor: ThreadPoolExecutor | None = None
@@ -147,6 +140,11 @@ class StructuredOutputManager:
         return RequestGrammar(future, lambda compiled: self._get_backend().matcher(compiled, stops))
 
     # -------------------------------------------------------------------- each step
+
+    @property
+    def in_use(self) -> bool:
+        """False until a constrained request arrives (the step loop then skips all this)."""
+        return bool(self._cache)
 
     def grammar_bitmask(self, grammars: Sequence[RequestGrammar]) -> torch.Tensor:
         """Row i: the tokens `grammars[i]` allows next (a view of a reused buffer)."""

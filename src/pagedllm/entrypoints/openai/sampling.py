@@ -16,7 +16,7 @@ from typing import Any
 from pagedllm.entrypoints.openai.errors import APIError
 from pagedllm.entrypoints.openai.protocol import SamplingExtras
 from pagedllm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
-from pagedllm.structured_output import parse_constraint
+from pagedllm.structured_output import check_constraint
 
 _LOGIT_BIAS_LIMIT = 100.0
 # Keys of generation_config.json that become server-side sampling defaults.
@@ -135,7 +135,7 @@ def build_structured_outputs(request: SamplingExtras) -> StructuredOutputsParams
     name, fields = given[0]
     try:
         params = StructuredOutputsParams(**fields)
-        parse_constraint(params)
+        check_constraint(params)
     except (TypeError, ValueError) as exc:
         raise APIError(str(exc), param=name) from None
     return params
