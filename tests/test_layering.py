@@ -30,6 +30,11 @@ FORBIDDEN = {
     "structured_output": ["pagedllm.core", "pagedllm.engine", "pagedllm.worker",
                           "pagedllm.entrypoints", "pagedllm.models", "pagedllm.layers",
                           "pagedllm.attention"],
+    # Tool calling: parsers and forced-choice grammars for the server's chat endpoint; it
+    # only knows SamplingParams and hands constraints over as plain data.
+    "tool_calling": ["pagedllm.core", "pagedllm.engine", "pagedllm.worker",
+                     "pagedllm.entrypoints", "pagedllm.models", "pagedllm.layers",
+                     "pagedllm.attention", "pagedllm.structured_output", "torch"],
     # The C kernels are a leaf: layers, attention and models call them, never the reverse.
     "kernels": ["pagedllm.core", "pagedllm.engine", "pagedllm.worker", "pagedllm.entrypoints",
                 "pagedllm.models", "pagedllm.layers", "pagedllm.attention",

@@ -100,3 +100,17 @@ def test_chat_template_file_or_inline(tmp_path):
     path.write_text("{{ messages }}")
     assert ServerArgs(chat_template=str(path)).resolved_chat_template() == "{{ messages }}"
     assert ServerArgs(chat_template="{{ x }}").resolved_chat_template() == "{{ x }}"
+
+
+def test_tool_calling_flags():
+    server, _ = parse_serve_args(["serve", "--enable-auto-tool-choice",
+                                  "--tool-call-parser", "llama3_json"])
+    assert server.enable_auto_tool_choice and server.tool_call_parser == "llama3_json"
+
+
+@pytest.mark.parametrize("argv", [["--enable-auto-tool-choice"],
+                                  ["--tool-call-parser", "nope"]])
+def test_bad_tool_calling_flags_are_usage_errors(argv, capsys):
+    with pytest.raises(SystemExit):
+        parse_serve_args(["serve", *argv])
+    assert "tool-call-parser" in capsys.readouterr().err

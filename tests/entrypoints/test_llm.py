@@ -142,6 +142,26 @@ def test_chat_applies_template(llm: LLM):
     assert len(two) == 2 and two[0].outputs[0].token_ids == out.outputs[0].token_ids
 
 
+def test_chat_gives_tools_to_the_template(llm: LLM):
+    template = ("{% for t in tools or [] %}[{{ t.function.name }}]{% endfor %}"
+                "{% for m in messages %}{{ m.role }}: {{ m.content }}"
+                "{% for c in m.tool_calls or [] %} {{ c.function.arguments.city }}{% endfor %}"
+                "{{ '\\n' }}{% endfor %}assistant:")
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
+    messages = [
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "c", "type": "function",
+         "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+        {"role": "tool", "tool_call_id": "c", "content": "cold"},
+    ]
+    out = llm.chat(messages, GREEDY, use_tqdm=False, chat_template=template, tools=tools)[0]
+    assert out.prompt == "[get_weather]user: weather?\nassistant:  Oslo\ntool: cold\nassistant:"
+    with pytest.raises(ValueError, match=r"messages\[1\].tool_calls\[0\].function.arguments"):
+        broken = [messages[0], {"role": "assistant", "tool_calls": [
+            {"type": "function", "function": {"name": "f", "arguments": "{oops"}}]}]
+        llm.chat(broken, GREEDY, use_tqdm=False, chat_template=template, tools=tools)
+
+
 def test_engine_step_loop_and_abort_free_blocks(tiny_llama_dir):
     from pagedllm import EngineArgs
 

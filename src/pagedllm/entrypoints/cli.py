@@ -19,6 +19,7 @@ from pagedllm import __version__
 from pagedllm.config import KV_CACHE_DTYPES, QUANTIZATION_CHOICES, SUPPORTED_DTYPES
 from pagedllm.engine.arg_utils import EngineArgs
 from pagedllm.entrypoints.openai.server_args import ServerArgs
+from pagedllm.tool_calling import tool_parser_names
 
 # Help for EngineArgs fields (EngineArgs itself carries none); unknown fields get a generic one.
 ENGINE_ARG_HELP = {
@@ -111,7 +112,8 @@ def make_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--config", default=None, help="YAML file of flag values (keys are "
                         "flag names, e.g. `max-num-seqs: 8`); command-line flags win.")
     server = parser.add_argument_group("server")
-    add_dataclass_arguments(server, ServerArgs)
+    add_dataclass_arguments(server, ServerArgs,
+                            choices={"tool_call_parser": tool_parser_names()})
     engine = parser.add_argument_group("engine")
     add_dataclass_arguments(engine, EngineArgs, ENGINE_ARG_HELP, ENGINE_ARG_CHOICES)
     return parser
@@ -161,7 +163,12 @@ def parse_serve_args(argv: Sequence[str]) -> tuple[ServerArgs, EngineArgs]:
         if args.model is not None and args.model != args.model_tag:
             serve_parser.error(f"MODEL {args.model_tag!r} and --model {args.model!r} differ.")
         values["model"] = args.model_tag
-    server_args = ServerArgs(**{f.name: values[f.name] for f in dataclasses.fields(ServerArgs)})
+    try:
+        server_args = ServerArgs(
+            **{f.name: values[f.name] for f in dataclasses.fields(ServerArgs)}
+        )
+    except ValueError as error:
+        serve_parser.error(str(error))
     engine_args = EngineArgs(**{f.name: values[f.name] for f in dataclasses.fields(EngineArgs)})
     return server_args, engine_args
 

@@ -17,6 +17,7 @@ from pagedllm.engine.arg_utils import EngineArgs
 from pagedllm.engine.input_processor import PromptType
 from pagedllm.engine.llm_engine import LLMEngine
 from pagedllm.entrypoints.beam_search import BeamSearchOutput, beam_search
+from pagedllm.entrypoints.chat_utils import conversation_for_template
 from pagedllm.outputs import RequestOutput
 from pagedllm.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 from pagedllm.tokenizer.tokenizer import apply_chat_template
@@ -138,14 +139,32 @@ class LLM:
         use_tqdm: bool = True,
         chat_template: str | None = None,
         add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        tools: list[dict[str, Any]] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> list[RequestOutput]:
-        """Apply the model's chat template to one conversation or a list of them, then generate."""
+        """Apply the model's chat template to one conversation or a list of them, then generate.
+
+        Args:
+            tools: OpenAI-style tool definitions for the template (as vLLM's `LLM.chat`);
+                the reply is returned as text: parse tool calls with a `tool_calling` parser.
+            continue_final_message: continue the last message instead of starting a new one.
+            chat_template_kwargs: more variables for the template.
+        """
         if not messages:
             raise ValueError("messages cannot be empty.")
+        if continue_final_message and add_generation_prompt:
+            raise ValueError(
+                "continue_final_message and add_generation_prompt cannot both be True."
+            )
         conversations = [messages] if isinstance(messages[0], dict) else messages
         tokenizer = self.get_tokenizer()
         prompts: list[PromptType] = [
-            apply_chat_template(tokenizer, conv, add_generation_prompt, chat_template)
+            apply_chat_template(
+                tokenizer, conversation_for_template(conv), add_generation_prompt,
+                chat_template, tools=tools, continue_final_message=continue_final_message,
+                template_kwargs=chat_template_kwargs,
+            )
             for conv in conversations  # type: ignore[arg-type]
         ]
         # The template already wrote BOS and other special tokens where the model wants them.

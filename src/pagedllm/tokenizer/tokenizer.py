@@ -43,11 +43,17 @@ def apply_chat_template(
     messages: Sequence[Mapping[str, Any]],
     add_generation_prompt: bool = True,
     chat_template: str | None = None,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    continue_final_message: bool = False,
+    template_kwargs: Mapping[str, Any] | None = None,
 ) -> str:
     """Render `messages` ([{"role": ..., "content": ...}, ...]) into a prompt string.
 
     Args:
         chat_template: a Jinja template that overrides the tokenizer's own.
+        tools: OpenAI-style tool definitions, given to the template as `tools`.
+        continue_final_message: leave the last message open (the model continues it).
+        template_kwargs: more variables for the template.
 
     Raises:
         ValueError: when there is no template to use, or the messages are malformed.
@@ -70,7 +76,10 @@ def apply_chat_template(
         [dict(message) for message in messages],
         chat_template=template,
         add_generation_prompt=add_generation_prompt,
+        continue_final_message=continue_final_message,
+        tools=[dict(tool) for tool in tools] if tools else None,
         tokenize=False,
+        **dict(template_kwargs or {}),
     )
     return str(prompt)
 

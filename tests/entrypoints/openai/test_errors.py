@@ -48,7 +48,10 @@ CASES = [
      "top_logprobs"),
     ("/v1/chat/completions", {"messages": GOOD_MESSAGES, "model": "nope"}, 404, "model", None),
     ("/v1/chat/completions", {"messages": GOOD_MESSAGES, "tools": [{"type": "function"}],
-                              "tool_choice": "auto"}, 400, "tools", "not supported"),
+                              "tool_choice": "auto"}, 400, "tools.0.function", "Field required"),
+    ("/v1/chat/completions", {"messages": GOOD_MESSAGES, "tools": [
+        {"type": "function", "function": {"name": "f"}}]}, 400, "tool_choice",
+     "--enable-auto-tool-choice"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x" * 5000}]}, 400,
      "messages", "maximum context length"),
 ]

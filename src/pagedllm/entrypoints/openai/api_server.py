@@ -176,6 +176,9 @@ def build_app(engine: AsyncLLM, server_args: ServerArgs, model: str | None = Non
             served_model_names(server_args, model or engine.get_model_config().model)
         ),
         chat_template=server_args.resolved_chat_template(),
+        tool_call_parser=server_args.tool_call_parser,
+        enable_auto_tool_choice=server_args.enable_auto_tool_choice,
+        exclude_tools_when_tool_choice_none=server_args.exclude_tools_when_tool_choice_none,
     )
     state = app.state
     state.engine = engine

@@ -143,12 +143,31 @@ class TextContentPart(BaseModel):
 
 
 class ChatMessage(BaseModel):
-    """One chat message; `content` is a string or a list of content parts."""
+    """One chat message; `content` is a string or a list of content parts. An assistant
+    message may carry `tool_calls`; a `tool` message answers one by `tool_call_id`."""
 
     model_config = ConfigDict(extra="allow")
     role: str
     content: str | list[TextContentPart] | None = None
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+
+
+class FunctionDefinition(BaseModel):
+    """A tool's function: its name, what it does, and a JSON schema of its parameters."""
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ChatCompletionToolsParam(BaseModel):
+    """One entry of `tools`: `{"type": "function", "function": {...}}`."""
+
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
 
 
 class ChatCompletionRequest(SamplingExtras):
@@ -159,8 +178,9 @@ class ChatCompletionRequest(SamplingExtras):
     top_logprobs: int | None = 0
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
-    tools: list[dict[str, Any]] | None = None
+    tools: list[ChatCompletionToolsParam] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = True
     echo: bool = False
     add_generation_prompt: bool = True
     continue_final_message: bool = False
@@ -201,6 +221,8 @@ class TokenizeRequest(OpenAIBaseModel):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[ChatCompletionToolsParam] | None = None
     return_token_strs: bool = False
 
     @model_validator(mode="after")
@@ -280,11 +302,51 @@ class ChatLogprobs(BaseModel):
     content: list[ChatLogprobToken] | None = None
 
 
+class FunctionCall(BaseModel):
+    """The function a tool call calls; `arguments` is a JSON object's text."""
+
+    name: str
+    arguments: str
+
+
+class ToolCall(BaseModel):
+    """One tool call of an assistant message."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ResponseMessage(BaseModel):
-    """The assistant's message (full response) or a delta (stream chunk)."""
+    """The assistant's message of a full response."""
 
     role: str | None = None
     content: str | None = None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+
+
+class DeltaFunctionCall(BaseModel):
+    """A piece of a streamed function call: the name once, then argument fragments."""
+
+    name: str | None = None
+    arguments: str | None = None
+
+
+class DeltaToolCall(BaseModel):
+    """A piece of a streamed tool call; `id` and `type` come with its first piece."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunctionCall | None = None
+
+
+class DeltaMessage(BaseModel):
+    """What a stream chunk adds to a choice's message."""
+
+    role: str | None = None
+    content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChatChoice(BaseModel):
@@ -301,13 +363,13 @@ class ChatStreamChoice(BaseModel):
     """One choice of a chat stream chunk."""
 
     index: int
-    delta: ResponseMessage
+    delta: DeltaMessage
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
 
     @field_serializer("delta")
-    def _delta_without_nulls(self, delta: ResponseMessage) -> dict[str, Any]:
+    def _delta_without_nulls(self, delta: DeltaMessage) -> dict[str, Any]:
         # OpenAI's deltas carry only what changed: the role once, then content.
         return delta.model_dump(exclude_none=True)
 

@@ -146,6 +146,7 @@ def build_sampling_params(
     max_tokens: int | None,
     logprobs: int | None,
     defaults: dict[str, Any],
+    tool_constraint: StructuredOutputsParams | None = None,
 ) -> SamplingParams:
     """The SamplingParams of one prompt of `request`.
 
@@ -153,6 +154,8 @@ def build_sampling_params(
         max_tokens: resolved output budget (None: up to max_model_len).
         logprobs: number of top logprobs per token, or None.
         defaults: the model's generation_config.json sampling defaults.
+        tool_constraint: the grammar of a forced tool choice (the request may not bring
+            another constraint besides).
 
     Raises:
         APIError: a parameter pagedllm does not support yet.
@@ -196,6 +199,14 @@ def build_sampling_params(
     }
     kwargs.update(_supported_optional(optional))
     kwargs["structured_outputs"] = build_structured_outputs(request)
+    if tool_constraint is not None:
+        if kwargs["structured_outputs"] is not None:
+            raise APIError(
+                "tool_choice 'required' or a named function cannot be combined with "
+                "response_format or another structured output constraint.",
+                param="tool_choice",
+            )
+        kwargs["structured_outputs"] = tool_constraint
     return SamplingParams(**kwargs)
 
 

@@ -10,6 +10,7 @@ import os
 from dataclasses import dataclass, field
 
 from pagedllm import envs
+from pagedllm.tool_calling import get_tool_parser
 
 
 def _help(text: str) -> dict[str, str]:
@@ -41,6 +42,21 @@ class ServerArgs:
         "Run the engine core (scheduler + model) in its own process, so HTTP and text "
         "processing overlap with model execution; --no-multiprocessing keeps it in a thread "
         "of the server process (debugging)."))
+
+    enable_auto_tool_choice: bool = field(default=False, metadata=_help(
+        "Let the model decide when to call tools (tool_choice \"auto\", the default when "
+        "a request has tools); needs --tool-call-parser."))
+    tool_call_parser: str | None = field(default=None, metadata=_help(
+        "How tool calls are read from the model's text: hermes (Hermes, Qwen), llama3_json "
+        "(Llama 3.1/3.2 JSON), mistral or pythonic (Llama 3.2/4 pythonic, ToolACE)."))
+    exclude_tools_when_tool_choice_none: bool = field(default=False, metadata=_help(
+        "Leave `tools` out of the chat template when a request sets tool_choice \"none\"."))
+
+    def __post_init__(self) -> None:
+        if self.tool_call_parser is not None:
+            get_tool_parser(self.tool_call_parser)  # ValueError naming the known ones
+        if self.enable_auto_tool_choice and self.tool_call_parser is None:
+            raise ValueError("--enable-auto-tool-choice needs --tool-call-parser.")
 
     def resolved_api_key(self) -> str | None:
         """The API key in force: --api-key, else PAGEDLLM_API_KEY, else none."""

@@ -1,8 +1,9 @@
 """POST /v1/chat/completions: chat template → one engine request → message or SSE deltas.
 
-Messages are rendered with the request's `chat_template`, else the server's `--chat-template`,
-else the model's own. A stream sends the role first, then content deltas, then each choice's
-finish_reason, then usage (if asked) and `[DONE]`.
+Messages (and tools) are rendered with the request's `chat_template`, else the server's
+`--chat-template`, else the model's own. A stream sends the role first, then content and
+tool-call deltas, then each choice's finish_reason, then usage (if asked) and `[DONE]`.
+How tools are used (template, grammar, parser) is decided in chat_tools.py.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from jinja2 import TemplateError
 
+from pagedllm.entrypoints.chat_utils import conversation_for_template
+from pagedllm.entrypoints.openai.chat_tools import ChatToolUse, finish_reason, plan_tool_use
 from pagedllm.entrypoints.openai.errors import APIError, sse_error
 from pagedllm.entrypoints.openai.logprobs import align, chat_logprobs
 from pagedllm.entrypoints.openai.protocol import (
@@ -25,7 +28,9 @@ from pagedllm.entrypoints.openai.protocol import (
     ChatLogprobs,
     ChatMessage,
     ChatStreamChoice,
-    ResponseMessage,
+    DeltaFunctionCall,
+    DeltaMessage,
+    DeltaToolCall,
     UsageInfo,
     random_uuid,
 )
@@ -40,6 +45,8 @@ from pagedllm.entrypoints.openai.serving_engine import (
     sse,
 )
 from pagedllm.outputs import CompletionOutput, RequestOutput
+from pagedllm.tokenizer.tokenizer import apply_chat_template
+from pagedllm.tool_calling import ToolCallStreamer
 
 
 def message_text(message: ChatMessage, index: int) -> str:
@@ -71,8 +78,9 @@ class OpenAIServingChat(OpenAIServing):
         add_generation_prompt: bool,
         continue_final_message: bool = False,
         template_kwargs: dict[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
-        """The prompt text of `messages` under the chat template in force."""
+        """The prompt text of `messages` (and `tools`) under the chat template in force."""
         template = chat_template or self.config.chat_template
         template = template or getattr(self.tokenizer, "chat_template", None)
         if not template:
@@ -80,42 +88,41 @@ class OpenAIServingChat(OpenAIServing):
                 "This model has no chat template; start the server with --chat-template or "
                 "pass chat_template in the request.", param="chat_template",
             )
-        conversation = [
-            {"role": m.role, "content": message_text(m, i)} for i, m in enumerate(messages)
-        ]
         try:
-            prompt = self.tokenizer.apply_chat_template(
-                conversation, chat_template=template, tokenize=False,
-                add_generation_prompt=add_generation_prompt,
-                continue_final_message=continue_final_message, **(template_kwargs or {}),
+            conversation = conversation_for_template(
+                [_template_message(m, i) for i, m in enumerate(messages)]
+            )
+            prompt = apply_chat_template(
+                self.tokenizer, conversation, add_generation_prompt, template, tools=tools,
+                continue_final_message=continue_final_message, template_kwargs=template_kwargs,
             )
         except (TemplateError, ValueError, TypeError) as error:
             raise APIError(f"The chat template failed: {error}", param="messages") from None
-        return str(prompt)
+        return prompt
 
     async def create_chat_completion(
         self, request: ChatCompletionRequest, raw_request: Request
     ) -> Response:
         """Answer one chat completion request (JSON, or an SSE stream when `stream`)."""
         self.check_model(request.model)
-        if request.tools and request.tool_choice != "none":
-            raise APIError("Tool calling is not supported yet.", param="tools")
+        tool_use = plan_tool_use(request, self.config, self.tokenizer)
         text = self.render(request.messages, request.chat_template,
                            request.add_generation_prompt, request.continue_final_message,
-                           request.chat_template_kwargs)
+                           request.chat_template_kwargs, tool_use.template_tools)
         ids = self.truncate(self.tokenize(text, request.add_special_tokens),
                             request.truncate_prompt_tokens)
         self.check_length(len(ids), request.requested_max_tokens, "messages")
         prompt = TokenizedPrompt(text, ids)
         top = (request.top_logprobs or 0) if request.logprobs else None
         params = build_sampling_params(request, request.requested_max_tokens, top,
-                                       self.generation_defaults)
+                                       self.generation_defaults, tool_use.constraint)
+        tool_use.adjust(params)
         response_id = request.request_id or f"chatcmpl-{random_uuid()}"
         streams = await self.add_requests(request, [prompt.engine_prompt()], [response_id],
                                           params, add_special_tokens=False)
         created = int(time.time())
         if request.stream:
-            body = self._stream(request, response_id, created, prompt, streams[0])
+            body = self._stream(request, response_id, created, prompt, streams[0], tool_use)
             return CleanupStreamingResponse(body, lambda: self.engine.abort(response_id))
         try:
             final = await cancel_on_disconnect(raw_request, _last(streams[0]))
@@ -123,7 +130,7 @@ class OpenAIServingChat(OpenAIServing):
             await self.engine.abort(response_id)
         if final is None:
             return Response(status_code=499)  # the client is gone; nobody reads this
-        response = self._build_response(request, response_id, created, prompt, final)
+        response = self._build_response(request, response_id, created, prompt, final, tool_use)
         return JSONResponse(response.model_dump())
 
     def _role_and_echo(self, request: ChatCompletionRequest) -> tuple[str, str]:
@@ -141,19 +148,19 @@ class OpenAIServingChat(OpenAIServing):
 
     def _build_response(
         self, request: ChatCompletionRequest, response_id: str, created: int,
-        prompt: TokenizedPrompt, final: RequestOutput,
+        prompt: TokenizedPrompt, final: RequestOutput, tool_use: ChatToolUse,
     ) -> ChatCompletionResponse:
         role, echo = self._role_and_echo(request)
-        choices = [
-            ChatChoice(
+        choices = []
+        for seq in sorted(final.outputs, key=lambda s: s.index):
+            message = tool_use.message(role, echo + seq.text)
+            choices.append(ChatChoice(
                 index=seq.index,
-                message=ResponseMessage(role=role, content=echo + seq.text),
+                message=message,
                 logprobs=self._logprobs(request, seq),
-                finish_reason=seq.finish_reason,
+                finish_reason=finish_reason(seq.finish_reason, bool(message.tool_calls)),
                 stop_reason=seq.stop_reason,
-            )
-            for seq in sorted(final.outputs, key=lambda s: s.index)
-        ]
+            ))
         num_generated = sum(len(seq.token_ids) for seq in final.outputs)
         response = ChatCompletionResponse(
             id=response_id, created=created, model=self.model_name, choices=choices,
@@ -174,36 +181,28 @@ class OpenAIServingChat(OpenAIServing):
 
     async def _stream(
         self, request: ChatCompletionRequest, response_id: str, created: int,
-        prompt: TokenizedPrompt, stream: AsyncIterator[RequestOutput],
+        prompt: TokenizedPrompt, stream: AsyncIterator[RequestOutput], tool_use: ChatToolUse,
     ) -> AsyncGenerator[str, None]:
         role, echo = self._role_and_echo(request)
         num_prompt, num_generated = len(prompt.token_ids), 0
+        streamers = {index: tool_use.streamer() for index in range(request.n)}
         try:
             for index in range(request.n):
-                delta = ResponseMessage(role=role, content="")
+                delta = DeltaMessage(role=role, content="")
                 yield sse(self._chunk(response_id, created, ChatStreamChoice(index=index,
                                                                              delta=delta)))
                 if echo:
-                    delta = ResponseMessage(content=echo)
+                    delta = DeltaMessage(content=echo)
                     yield sse(self._chunk(response_id, created,
                                           ChatStreamChoice(index=index, delta=delta)))
             async for output in stream:
                 for seq in output.outputs:
                     num_generated += len(seq.token_ids)
-                    has_logprobs = bool(request.logprobs and seq.token_ids)
-                    if not (seq.text or seq.finish_reason or has_logprobs):
-                        continue  # nothing new yet (text held back by the detokenizer)
-                    choice = ChatStreamChoice(
-                        index=seq.index, delta=ResponseMessage(content=seq.text),
-                        logprobs=self._logprobs(request, seq) if seq.token_ids else None,
-                        finish_reason=seq.finish_reason, stop_reason=seq.stop_reason,
-                    )
-                    if request.logprobs and choice.logprobs is None:
-                        choice.logprobs = ChatLogprobs(content=[])
-                    chunk = self._chunk(response_id, created, choice)
-                    if request.continuous_usage:
-                        chunk.usage = _usage(num_prompt, num_generated)
-                    yield sse(chunk)
+                    for choice in self._stream_choices(request, seq, streamers[seq.index]):
+                        chunk = self._chunk(response_id, created, choice)
+                        if request.continuous_usage:
+                            chunk.usage = _usage(num_prompt, num_generated)
+                        yield sse(chunk)
             if request.include_usage:
                 yield sse(ChatCompletionChunk(
                     id=response_id, created=created, model=self.model_name, choices=[],
@@ -213,6 +212,51 @@ class OpenAIServingChat(OpenAIServing):
         except Exception as error:  # noqa: BLE001 - reported in the stream after the 200
             yield sse_error(error)
         yield SSE_DONE
+
+
+    def _stream_choices(
+        self, request: ChatCompletionRequest, seq: CompletionOutput,
+        streamer: ToolCallStreamer | None,
+    ) -> list[ChatStreamChoice]:
+        """The chunks' choices for one new piece of `seq`: content, then tool-call pieces;
+        logprobs ride on the first, the finish_reason on the last."""
+        deltas = _deltas(seq, streamer)
+        has_logprobs = bool(request.logprobs and seq.token_ids)
+        if not (deltas or seq.finish_reason or has_logprobs):
+            return []  # nothing new yet (text held back by the detokenizer or the parser)
+        deltas = deltas or [DeltaMessage(content="")]
+        choices = [ChatStreamChoice(index=seq.index, delta=delta) for delta in deltas]
+        if request.logprobs:
+            logprobs = self._logprobs(request, seq) if seq.token_ids else None
+            choices[0].logprobs = logprobs or ChatLogprobs(content=[])
+        called = streamer is not None and streamer.called_tools
+        choices[-1].finish_reason = finish_reason(seq.finish_reason, called)
+        choices[-1].stop_reason = seq.stop_reason
+        return choices
+
+
+def _deltas(seq: CompletionOutput, streamer: ToolCallStreamer | None) -> list[DeltaMessage]:
+    """The message pieces one new piece of `seq` adds."""
+    if streamer is None:
+        return [DeltaMessage(content=seq.text)] if seq.text else []
+    step = streamer.feed(seq.text, final=seq.finish_reason is not None)
+    deltas = [DeltaMessage(content=step.content)] if step.content else []
+    for call in step.tool_calls:
+        deltas.append(DeltaMessage(tool_calls=[DeltaToolCall(
+            index=call.index, id=call.id, type="function" if call.id else None,
+            function=DeltaFunctionCall(name=call.name, arguments=call.arguments),
+        )]))
+    return deltas
+
+
+def _template_message(message: ChatMessage, index: int) -> dict[str, Any]:
+    """A request message as the template reads it (text content, tool fields when set)."""
+    rendered: dict[str, Any] = {"role": message.role, "content": message_text(message, index)}
+    for key in ("name", "tool_calls", "tool_call_id"):
+        value = getattr(message, key)
+        if value is not None:
+            rendered[key] = value
+    return rendered
 
 
 async def _last(stream: AsyncIterator[RequestOutput]) -> RequestOutput:

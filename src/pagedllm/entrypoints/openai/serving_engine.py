@@ -38,10 +38,16 @@ class ServingConfig:
     Attributes:
         served_model_names: names clients may pass as `model` (the first is reported).
         chat_template: a Jinja template overriding the model's (None: the model's own).
+        tool_call_parser: the parser of tool calls in `tool_choice="auto"` replies.
+        enable_auto_tool_choice: whether `tool_choice="auto"` is served.
+        exclude_tools_when_tool_choice_none: keep tools out of the template for "none".
     """
 
     served_model_names: tuple[str, ...]
     chat_template: str | None = None
+    tool_call_parser: str | None = None
+    enable_auto_tool_choice: bool = False
+    exclude_tools_when_tool_choice_none: bool = False
 
 
 @dataclass

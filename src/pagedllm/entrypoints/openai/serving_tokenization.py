@@ -16,8 +16,10 @@ class OpenAIServingTokenization(OpenAIServingChat):
         """`{count, max_model_len, tokens[, token_strs]}`."""
         self.check_model(request.model)
         if request.messages is not None:
+            tools = [tool.model_dump(exclude_none=True) for tool in request.tools or []]
             text = self.render(request.messages, request.chat_template,
-                               request.add_generation_prompt, request.continue_final_message)
+                               request.add_generation_prompt, request.continue_final_message,
+                               request.chat_template_kwargs, tools or None)
             add_special = bool(request.add_special_tokens)  # chat: template wrote them
         else:
             text = request.prompt or ""
