@@ -32,3 +32,12 @@ def test_only_the_constrained_rows_change():
     assert torch.equal(logits[1], before[1]) and torch.equal(logits[3], before[3])
     assert torch.isfinite(logits[2]).sum() == 2 and logits[2, 3] == before[2, 3]
     assert torch.isfinite(logits[0]).sum() == 1 and logits[0, 99] == before[0, 99]
+
+
+def test_table_lookup_equals_the_bitwise_mask():
+    generator = torch.Generator().manual_seed(0)
+    bitmask = torch.randint(-2**31, 2**31 - 1, (5, 4), dtype=torch.int32, generator=generator)
+    logits = torch.randn(5, 100, generator=generator)
+    expected = logits.masked_fill(~allowed_tokens(bitmask, 100), float("-inf"))
+    apply_grammar_bitmask(logits, bitmask, rows=list(range(5)))
+    assert torch.equal(logits, expected)

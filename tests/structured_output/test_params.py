@@ -75,3 +75,17 @@ def test_a_dict_is_taken_as_structured_outputs():
     assert isinstance(params.structured_outputs, StructuredOutputsParams)
     with pytest.raises(ValueError, match="structured_outputs must be"):
         SamplingParams(structured_outputs=["regex"])
+
+
+def test_json_whitespace_runs_are_bounded():
+    # A small model may otherwise pick whitespace forever and never close the object.
+    from xgrammar.testing import _is_grammar_accept_string as accepts
+
+    from pagedllm.structured_output.xgrammar_backend import MAX_WHITESPACE_RUN, parse
+
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    grammar = parse(StructuredOutputsParams(json=schema))
+    assert accepts(grammar, "{\n" + " " * (MAX_WHITESPACE_RUN - 1) + '"a": 1}')
+    assert not accepts(grammar, "{" + " " * (MAX_WHITESPACE_RUN + 1) + '"a": 1}')
+    compact = parse(StructuredOutputsParams(json=schema, disable_any_whitespace=True))
+    assert accepts(compact, '{"a": 1}') and not accepts(compact, '{ "a": 1}')

@@ -17,6 +17,11 @@ import xgrammar as xgr
 
 from pagedllm.sampling_params import StructuredOutputsParams
 
+# Longest run of whitespace between JSON tokens. Unbounded, a small model can keep choosing
+# whitespace (the grammar allows it) until max_tokens and never close the object; 20 still
+# lets pretty-printed JSON indent five levels of four spaces.
+MAX_WHITESPACE_RUN = 20
+
 # xgrammar logs its C++ source position in front of the message: keep the message.
 _SOURCE_PREFIX = re.compile(r"^\[[^\]]*\]\s*\S+:\d+:\s*")
 
@@ -40,6 +45,12 @@ def _schema_text(schema: str | dict) -> str:
     return json.dumps(schema)
 
 
+def _whitespace(params: StructuredOutputsParams) -> dict[str, Any]:
+    if params.disable_any_whitespace:
+        return {"any_whitespace": False}
+    return {"any_whitespace": True, "max_whitespace_cnt": MAX_WHITESPACE_RUN}
+
+
 def parse(params: StructuredOutputsParams) -> xgr.Grammar:
     """`params` as an xgrammar Grammar (no tokenizer needed).
 
@@ -51,14 +62,10 @@ def parse(params: StructuredOutputsParams) -> xgr.Grammar:
         if kind == "json":
             assert params.json is not None
             return xgr.Grammar.from_json_schema(
-                _schema_text(params.json),
-                any_whitespace=not params.disable_any_whitespace,
-                strict_mode=True,
+                _schema_text(params.json), strict_mode=True, **_whitespace(params)
             )
         if kind == "json_object":  # OpenAI's json_object: an object, not any JSON value
-            return xgr.Grammar.from_json_schema(
-                '{"type": "object"}', any_whitespace=not params.disable_any_whitespace
-            )
+            return xgr.Grammar.from_json_schema('{"type": "object"}', **_whitespace(params))
         if kind == "regex":
             assert params.regex is not None
             return xgr.Grammar.from_regex(params.regex)
