@@ -133,3 +133,50 @@ def test_matcher_survives_preemption(tiny_llama_dir):
     assert [o.outputs[0].text for o in got] == want
     for text in want:
         jsonschema.validate(json.loads(text), SCHEMA)
+
+
+def test_logprobs_of_constrained_tokens(llm):
+    """Logprobs come back for every constrained token (raw distribution, as vLLM's default)."""
+    params = SamplingParams(temperature=0.0, max_tokens=40, logprobs=2,
+                            structured_outputs=StructuredOutputsParams(regex=REGEX))
+    seq = llm.generate([{"prompt_token_ids": PROMPTS[0]}], params, use_tqdm=False)[0].outputs[0]
+    assert re.fullmatch(REGEX, seq.text)
+    assert len(seq.logprobs) == len(seq.token_ids)
+    for token, entry in zip(seq.token_ids, seq.logprobs, strict=True):
+        assert token in entry and entry[token].logprob <= 0.0
+
+
+def test_prefix_cached_prompt_gives_the_same_constrained_output(tiny_llama_dir):
+    cached = LLM(str(tiny_llama_dir), max_model_len=256, dtype="float32", block_size=4,
+                 enable_prefix_caching=True)
+    params = SamplingParams(temperature=0.0, max_tokens=200, structured_outputs=(
+        StructuredOutputsParams(json=SCHEMA, disable_any_whitespace=True)))
+    prompt = {"prompt_token_ids": PROMPTS[2] * 4}
+    first = cached.generate([prompt], params, use_tqdm=False)[0]
+    second = cached.generate([prompt], params, use_tqdm=False)[0]
+    stats = cached.llm_engine.engine_core.engine_core.scheduler.make_stats()
+    assert stats.prefix_cache_hits > 0
+    assert second.outputs[0].token_ids == first.outputs[0].token_ids
+    jsonschema.validate(json.loads(second.outputs[0].text), SCHEMA)
+
+
+def test_matcher_rolls_back(llm):
+    """Accepting tokens and rolling them back restores the allowed set (for drafts)."""
+    import torch
+
+    from pagedllm.structured_output.xgrammar_backend import XgrammarBackend, XgrammarMatcher
+
+    tokenizer = llm.get_tokenizer()
+    backend = XgrammarBackend(tokenizer, vocab_size=len(tokenizer))
+    matcher = XgrammarMatcher(backend.compile(StructuredOutputsParams(choice=["ab-1", "ba-2"])),
+                              [tokenizer.eos_token_id])
+    words = (len(tokenizer) + 31) // 32
+    before, after = torch.zeros(1, words, dtype=torch.int32), torch.zeros(1, words,
+                                                                          dtype=torch.int32)
+    matcher.fill_bitmask(before, 0)
+    tokens = tokenizer.encode("ab-1", add_special_tokens=False)
+    assert matcher.accept_tokens(tokens)
+    matcher.rollback(len(tokens))
+    matcher.fill_bitmask(after, 0)
+    assert torch.equal(before, after)
+    assert not matcher.accept_tokens(tokenizer.encode("zz", add_special_tokens=False))
