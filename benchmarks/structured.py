@@ -11,10 +11,13 @@ same number of tokens per request in the same batches: the difference is the gra
 `--num-iters` times each, after an untimed warm-up that also compiles the four grammars.
 
 Grammar compile time is measured apart: "cold" compiles each schema with the backend (no
-cache), "cached" asks the engine's manager again for a grammar it already holds.
+cache) and fills a first bitmask from a fresh matcher (llguidance builds its parser lazily,
+so the first mask is part of its cost), "cached" asks the engine's manager again for a
+grammar it already holds. `--backend guidance` runs everything with llguidance.
 
     python benchmarks/structured.py                                  # 64 requests, batch 32
     python benchmarks/structured.py --num-iters 3 --output-json benchmarks/results/structured.json
+    python benchmarks/structured.py --backend guidance
 """
 
 from __future__ import annotations
@@ -157,18 +160,21 @@ def validity(requests: list[tuple[str, list[int]]], texts: list[str]) -> dict[st
 
 
 def compile_times(llm: Any, repeats: int) -> dict[str, Any]:
-    """Cold compile of each schema with the backend, and the manager's cached answer."""
+    """Cold compile of each schema with the backend (to a first bitmask), and the manager's
+    cached answer."""
     from pagedllm import StructuredOutputsParams
 
     manager = llm.llm_engine.engine_core.engine_core.structured_output
     backend = manager._get_backend()
+    bitmask = backend.allocate_bitmask(1)
+    stops = [llm.get_tokenizer().eos_token_id]
     cold: dict[str, list[float]] = {name: [] for name in SCHEMAS}
     cached: list[float] = []
     for _ in range(repeats):
         for name, schema in SCHEMAS.items():
             params = StructuredOutputsParams(json=schema)
             start = time.perf_counter()
-            backend.compile(params)
+            backend.matcher(backend.compile(params), stops).fill_bitmask(bitmask, 0)
             cold[name].append(time.perf_counter() - start)
             assert manager.grammar_for(params, [0]).matcher is not None  # into the cache
             start = time.perf_counter()
@@ -191,6 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-iters", type=int, default=3, help="timed passes of each kind")
     p.add_argument("--compile-repeats", type=int, default=3, help="cold compiles per schema")
     p.add_argument("--seed", type=int, default=0, help="engine seed")
+    p.add_argument("--backend", default="auto", choices=("auto", "xgrammar", "guidance"),
+                   help="structured_outputs_config backend")
     p.add_argument("--output-json", default=None, metavar="PATH", help="write results here")
     return p
 
@@ -202,9 +210,10 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     location = locate_model(args.model)
     start = time.perf_counter()
-    llm = LLM(location.path, max_num_seqs=args.batch_size, seed=args.seed)
+    llm = LLM(location.path, max_num_seqs=args.batch_size, seed=args.seed,
+              structured_outputs_config={"backend": args.backend})
     print(f"model {location.path} loaded in {time.perf_counter() - start:.1f} s; "
-          f"{args.num_requests} requests, batch {args.batch_size}")
+          f"{args.num_requests} requests, batch {args.batch_size}, backend {args.backend}")
     requests = make_requests(llm.get_tokenizer(), args.num_requests)
     constrained = [
         SamplingParams(temperature=0.0, max_tokens=args.max_tokens,

@@ -17,7 +17,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "pagedllm"
 FORBIDDEN = {
     "core": ["torch", "numpy", "transformers", "pagedllm.worker", "pagedllm.engine",
              "pagedllm.tokenizer", "pagedllm.models", "pagedllm.layers", "pagedllm.attention",
-             "pagedllm.entrypoints", "pagedllm.structured_output", "xgrammar"],
+             "pagedllm.entrypoints", "pagedllm.structured_output", "xgrammar", "llguidance"],
     "worker": ["pagedllm.core.scheduler", "pagedllm.core.kv_cache_manager",
                "pagedllm.core.block_pool", "pagedllm.engine", "pagedllm.entrypoints",
                "pagedllm.tokenizer"],

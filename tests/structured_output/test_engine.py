@@ -41,9 +41,11 @@ CHOICES = ["red", "green", "blue"]
 PROMPTS = [[5, 17, 42, 8], [7, 7, 12], [101, 55, 23, 61, 9], [4, 44]]
 
 
-@pytest.fixture(scope="module")
-def llm(tiny_llama_dir) -> LLM:
-    return LLM(str(tiny_llama_dir), max_model_len=512, dtype="float32")
+@pytest.fixture(scope="module", params=["xgrammar", "guidance"])
+def llm(tiny_llama_dir, request) -> LLM:
+    """The tiny model with each grammar backend."""
+    return LLM(str(tiny_llama_dir), max_model_len=512, dtype="float32",
+               structured_outputs_config={"backend": request.param})
 
 
 def _run(llm: LLM, constraint: StructuredOutputsParams, seed: int, **kwargs) -> list:
@@ -164,12 +166,13 @@ def test_matcher_rolls_back(llm):
     """Accepting tokens and rolling them back restores the allowed set (for drafts)."""
     import torch
 
-    from pagedllm.structured_output.xgrammar_backend import XgrammarBackend, XgrammarMatcher
+    from pagedllm.structured_output.manager import _load_backend
 
     tokenizer = llm.get_tokenizer()
-    backend = XgrammarBackend(tokenizer, vocab_size=len(tokenizer))
-    matcher = XgrammarMatcher(backend.compile(StructuredOutputsParams(choice=["ab-1", "ba-2"])),
-                              [tokenizer.eos_token_id])
+    name = llm.llm_engine.engine_config.structured_outputs_config.resolved_backend
+    backend = _load_backend(name, tokenizer, len(tokenizer))
+    compiled = backend.compile(StructuredOutputsParams(choice=["ab-1", "ba-2"]))
+    matcher = backend.matcher(compiled, [tokenizer.eos_token_id])
     words = (len(tokenizer) + 31) // 32
     before, after = torch.zeros(1, words, dtype=torch.int32), torch.zeros(1, words,
                                                                           dtype=torch.int32)

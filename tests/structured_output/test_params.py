@@ -54,9 +54,25 @@ def test_whitespace_pattern_is_refused_not_ignored():
         ({"grammar": 'root ::= "a'}, "structured_outputs.grammar"),
     ],
 )
-def test_malformed_constraints_name_the_field(kwargs, field):
+@pytest.mark.parametrize("backend", ["xgrammar", "guidance"])
+def test_malformed_constraints_name_the_field(kwargs, field, backend):
     with pytest.raises(ValueError, match=field.replace(".", r"\.")):
-        parse_constraint(StructuredOutputsParams(**kwargs))
+        parse_constraint(StructuredOutputsParams(**kwargs), backend)
+
+
+def test_guidance_refuses_structural_tags_by_name():
+    with pytest.raises(ValueError, match="structural_tag is not available with the guidance"):
+        parse_constraint(StructuredOutputsParams(structural_tag='{"type": "structural_tag"}'),
+                         "guidance")
+
+
+def test_backend_choice():
+    from pagedllm.config import StructuredOutputsConfig
+
+    assert StructuredOutputsConfig().resolved_backend == "xgrammar"
+    assert StructuredOutputsConfig(backend="guidance").resolved_backend == "guidance"
+    with pytest.raises(ValueError, match="backend must be one of"):
+        StructuredOutputsConfig(backend="outlines")
 
 
 def test_guided_decoding_is_the_older_name():

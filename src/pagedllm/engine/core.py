@@ -38,6 +38,7 @@ class EngineCore:
         self.structured_output = StructuredOutputManager(
             lambda: get_tokenizer(model_config.model_dir, model_config.gguf_file),
             model_config.hf_config.vocab_size,
+            engine_config.structured_outputs_config.resolved_backend,
         )
 
     def _check_kv_capacity(self, num_blocks: int, block_size: int) -> None:

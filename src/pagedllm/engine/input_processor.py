@@ -34,12 +34,15 @@ class InputProcessor:
         max_model_len: longest prompt + output.
         vocab_size: number of token ids the model accepts.
         eos_token_id: the model's EOS id, or None.
+        grammar_backend: the structured-outputs library constraints are checked for.
     """
 
     def __init__(
-        self, tokenizer: Any, max_model_len: int, vocab_size: int, eos_token_id: int | None
+        self, tokenizer: Any, max_model_len: int, vocab_size: int, eos_token_id: int | None,
+        grammar_backend: str = "xgrammar",
     ) -> None:
         self.tokenizer = tokenizer
+        self.grammar_backend = grammar_backend
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
         self.eos_token_id = eos_token_id
@@ -58,7 +61,8 @@ class InputProcessor:
                 f"sampling_params must be a SamplingParams, got {type(params).__name__}."
             )
         if params.structured_outputs is not None:
-            check_constraint(params.structured_outputs)  # a bad schema fails here, not queued
+            # A bad schema fails here, not queued.
+            check_constraint(params.structured_outputs, self.grammar_backend)
         processed = self.tokenize(prompt, add_special_tokens)
         self._check_prompt(processed.prompt_token_ids)
         params = self._resolve_params(params, len(processed.prompt_token_ids))

@@ -42,7 +42,8 @@ class LLMEngine:
         eos_token_id = get_eos_token_id(self.tokenizer, model_config.hf_config)
         vocab_size = model_config.hf_config.vocab_size
         self.input_processor = InputProcessor(
-            self.tokenizer, model_config.max_model_len, vocab_size, eos_token_id
+            self.tokenizer, model_config.max_model_len, vocab_size, eos_token_id,
+            engine_config.structured_outputs_config.resolved_backend,
         )
         self.output_processor = OutputProcessor(self.tokenizer)
         self.engine_core: EngineCoreClient = engine_core or InprocClient(engine_config)

@@ -50,7 +50,8 @@ ENGINE_ARG_HELP = {
     "preemption_mode": "How requests are preempted when KV blocks run out (recompute, swap).",
     "scheduling_policy": "Admission order: fcfs, or priority (the request's `priority`).",
     "structured_outputs_config": "JSON, e.g. '{\"backend\": \"xgrammar\"}': the grammar "
-                                 "library of structured outputs (auto or xgrammar).",
+                                 "library of structured outputs: auto (xgrammar), xgrammar or "
+                                 "guidance (llguidance: faster compiles, slower steps).",
 }
 ENGINE_ARG_CHOICES: dict[str, Sequence[str]] = {
     "dtype": SUPPORTED_DTYPES,

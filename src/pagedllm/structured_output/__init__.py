@@ -1,5 +1,6 @@
 """Structured outputs: constraining a request's tokens to a JSON schema, regex, choice or
-grammar, with a per-step token bitmask (vLLM's design; xgrammar does the grammar work).
+grammar, with a per-step token bitmask (vLLM's design; xgrammar or llguidance does the
+grammar work).
 
 The small interface the rest of the engine calls:
   - `check_constraint(params)` (frontend): rejects a malformed constraint with ValueError
@@ -29,12 +30,17 @@ _CHECKED: OrderedDict[tuple[Any, ...], None] = OrderedDict()
 _CHECKED_SIZE = 256
 
 
-def parse_constraint(params: StructuredOutputsParams) -> Any:
-    """Parse `params` without a tokenizer (xgrammar, imported on first use: ~1 s).
+def parse_constraint(params: StructuredOutputsParams, backend: str = "xgrammar") -> Any:
+    """Parse `params` without a tokenizer, for `backend` ("xgrammar" or "guidance"; the
+    library is imported on first use).
 
     Raises:
         ValueError: naming the field (`structured_outputs.json` ...) when it is malformed.
     """
+    if backend == "guidance":
+        from pagedllm.structured_output.guidance_backend import grammar_text
+
+        return grammar_text(params)
     from pagedllm.structured_output.xgrammar_backend import parse
 
     return parse(params)
@@ -48,17 +54,17 @@ __all__ = [
 ]
 
 
-def check_constraint(params: StructuredOutputsParams) -> None:
+def check_constraint(params: StructuredOutputsParams, backend: str = "xgrammar") -> None:
     """`parse_constraint`, remembered for well-formed constraints (a repeat costs a lookup).
 
     Raises:
         ValueError: naming the field, when the constraint is malformed.
     """
-    key = cache_key(params)
+    key = (backend, *cache_key(params))
     if key in _CHECKED:
         _CHECKED.move_to_end(key)
         return
-    parse_constraint(params)
+    parse_constraint(params, backend)
     _CHECKED[key] = None
     if len(_CHECKED) > _CHECKED_SIZE:
         _CHECKED.popitem(last=False)

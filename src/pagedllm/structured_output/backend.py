@@ -1,4 +1,4 @@
-"""What the rest of the engine asks of a grammar backend (xgrammar; llguidance later).
+"""What the rest of the engine asks of a grammar backend (xgrammar, llguidance).
 
 A backend compiles a request's constraint (StructuredOutputsParams) for the model's
 tokenizer into an immutable compiled grammar (shared by every request with the same

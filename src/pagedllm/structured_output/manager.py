@@ -79,12 +79,12 @@ class RequestGrammar:
 
 
 class StructuredOutputManager:
-    """Compiles grammars in threads with an LRU cache, and fills each step's bitmask (with
-    xgrammar: the only backend `structured_outputs_config` offers so far).
+    """Compiles grammars in threads with an LRU cache, and fills each step's bitmask.
 
     Args:
         load_tokenizer: returns the model's tokenizer (called once, in a compile thread).
         vocab_size: the model's logits width.
+        backend: "xgrammar" or "guidance" (llguidance).
         max_workers: compile threads.
         cache_size: compiled grammars kept.
     """
@@ -93,11 +93,13 @@ class StructuredOutputManager:
         self,
         load_tokenizer: Callable[[], Any],
         vocab_size: int,
+        backend: str = "xgrammar",
         max_workers: int = 2,
         cache_size: int = _DEFAULT_CACHE_SIZE,
     ) -> None:
         self._load_tokenizer = load_tokenizer
         self.vocab_size = vocab_size
+        self.backend_name = backend
         self._backend: GrammarBackend | None = None
         self._backend_lock = threading.Lock()
         self._executor: ThreadPoolExecutor | None = None
@@ -111,9 +113,8 @@ class StructuredOutputManager:
     def _get_backend(self) -> GrammarBackend:
         with self._backend_lock:
             if self._backend is None:
-                from pagedllm.structured_output.xgrammar_backend import XgrammarBackend
-
-                self._backend = XgrammarBackend(self._load_tokenizer(), self.vocab_size)
+                self._backend = _load_backend(self.backend_name, self._load_tokenizer(),
+                                              self.vocab_size)
             return self._backend
 
     def _compile(self, params: StructuredOutputsParams) -> Any:
@@ -161,3 +162,14 @@ class StructuredOutputManager:
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
             self._executor = None
+
+
+def _load_backend(name: str, tokenizer: Any, vocab_size: int) -> GrammarBackend:
+    """The backend called `name` for `tokenizer` (its library imported here, on first use)."""
+    if name == "guidance":
+        from pagedllm.structured_output.guidance_backend import GuidanceBackend
+
+        return GuidanceBackend(tokenizer, vocab_size)
+    from pagedllm.structured_output.xgrammar_backend import XgrammarBackend
+
+    return XgrammarBackend(tokenizer, vocab_size)

@@ -179,6 +179,7 @@ def build_app(engine: AsyncLLM, server_args: ServerArgs, model: str | None = Non
         tool_call_parser=server_args.tool_call_parser,
         enable_auto_tool_choice=server_args.enable_auto_tool_choice,
         exclude_tools_when_tool_choice_none=server_args.exclude_tools_when_tool_choice_none,
+        grammar_backend=engine.engine_config.structured_outputs_config.resolved_backend,
     )
     state = app.state
     state.engine = engine

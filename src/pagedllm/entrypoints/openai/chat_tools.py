@@ -116,7 +116,7 @@ def plan_tool_use(
         use.constraint = tool_choice_constraint(tools, choice, request.parallel_tool_calls
                                                 is not False)
         assert use.constraint is not None
-        check_constraint(use.constraint)
+        check_constraint(use.constraint, config.grammar_backend)
     except ValueError as exc:
         raise APIError(f"tools: a function's parameters are not a usable JSON schema: {exc}",
                        param="tools") from None

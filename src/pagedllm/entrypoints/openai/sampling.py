@@ -68,7 +68,7 @@ def _parse_logit_bias(logit_bias: dict[str, float] | None) -> dict[int, float] |
     return parsed
 
 
-def _check_unsupported(request: SamplingExtras) -> None:
+def _check_unsupported(request: SamplingExtras, grammar_backend: str) -> None:
     if request.use_beam_search:
         raise APIError("use_beam_search is not supported yet.", param="use_beam_search")
     if request.guided_whitespace_pattern is not None:
@@ -77,10 +77,10 @@ def _check_unsupported(request: SamplingExtras) -> None:
             "structured_outputs.disable_any_whitespace instead).",
             param="guided_whitespace_pattern",
         )
-    if request.guided_decoding_backend not in (None, "auto", "xgrammar"):
+    if request.guided_decoding_backend not in (None, "auto", grammar_backend):
         raise APIError(
             f"guided_decoding_backend {request.guided_decoding_backend!r} is not available: "
-            "this server has xgrammar.",
+            f"this server's engine uses {grammar_backend} (--structured-outputs-config).",
             param="guided_decoding_backend",
         )
 
@@ -107,7 +107,9 @@ def _response_format_constraint(response_format: dict[str, Any]) -> dict[str, An
     )
 
 
-def build_structured_outputs(request: SamplingExtras) -> StructuredOutputsParams | None:
+def build_structured_outputs(
+    request: SamplingExtras, grammar_backend: str = "xgrammar"
+) -> StructuredOutputsParams | None:
     """The request's constraint, from whichever field gives it (at most one may).
 
     Raises:
@@ -135,7 +137,7 @@ def build_structured_outputs(request: SamplingExtras) -> StructuredOutputsParams
     name, fields = given[0]
     try:
         params = StructuredOutputsParams(**fields)
-        check_constraint(params)
+        check_constraint(params, grammar_backend)
     except (TypeError, ValueError) as exc:
         raise APIError(str(exc), param=name) from None
     return params
@@ -147,6 +149,7 @@ def build_sampling_params(
     logprobs: int | None,
     defaults: dict[str, Any],
     tool_constraint: StructuredOutputsParams | None = None,
+    grammar_backend: str = "xgrammar",
 ) -> SamplingParams:
     """The SamplingParams of one prompt of `request`.
 
@@ -156,12 +159,14 @@ def build_sampling_params(
         defaults: the model's generation_config.json sampling defaults.
         tool_constraint: the grammar of a forced tool choice (the request may not bring
             another constraint besides).
+        grammar_backend: the engine's structured-outputs library (constraints are checked
+            for it).
 
     Raises:
         APIError: a parameter pagedllm does not support yet.
         ValueError: an invalid value (SamplingParams' own checks).
     """
-    _check_unsupported(request)
+    _check_unsupported(request, grammar_backend)
 
     def pick(name: str, openai_default: Any) -> Any:
         value = getattr(request, name)
@@ -198,7 +203,7 @@ def build_sampling_params(
         "best_of": None if request.best_of in (None, request.n) else request.best_of,
     }
     kwargs.update(_supported_optional(optional))
-    kwargs["structured_outputs"] = build_structured_outputs(request)
+    kwargs["structured_outputs"] = build_structured_outputs(request, grammar_backend)
     if tool_constraint is not None:
         if kwargs["structured_outputs"] is not None:
             raise APIError(

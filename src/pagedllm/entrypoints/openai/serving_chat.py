@@ -115,7 +115,8 @@ class OpenAIServingChat(OpenAIServing):
         prompt = TokenizedPrompt(text, ids)
         top = (request.top_logprobs or 0) if request.logprobs else None
         params = build_sampling_params(request, request.requested_max_tokens, top,
-                                       self.generation_defaults, tool_use.constraint)
+                                       self.generation_defaults, tool_use.constraint,
+                                       self.config.grammar_backend)
         tool_use.adjust(params)
         response_id = request.request_id or f"chatcmpl-{random_uuid()}"
         streams = await self.add_requests(request, [prompt.engine_prompt()], [response_id],

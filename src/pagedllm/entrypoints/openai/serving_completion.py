@@ -96,7 +96,8 @@ class OpenAIServingCompletion(OpenAIServing):
             # Echoed prompt tokens carry logprobs too, which only prompt logprobs provide.
             request = request.model_copy(update={"prompt_logprobs": request.logprobs})
         return build_sampling_params(request, max_tokens, request.logprobs,
-                                     self.generation_defaults)
+                                     self.generation_defaults,
+                                     grammar_backend=self.config.grammar_backend)
 
     def _choice(
         self, request: CompletionRequest, prompt: TokenizedPrompt, output: RequestOutput,

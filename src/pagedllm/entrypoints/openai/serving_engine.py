@@ -41,6 +41,7 @@ class ServingConfig:
         tool_call_parser: the parser of tool calls in `tool_choice="auto"` replies.
         enable_auto_tool_choice: whether `tool_choice="auto"` is served.
         exclude_tools_when_tool_choice_none: keep tools out of the template for "none".
+        grammar_backend: the engine's structured-outputs library ("xgrammar", "guidance").
     """
 
     served_model_names: tuple[str, ...]
@@ -48,6 +49,7 @@ class ServingConfig:
     tool_call_parser: str | None = None
     enable_auto_tool_choice: bool = False
     exclude_tools_when_tool_choice_none: bool = False
+    grammar_backend: str = "xgrammar"
 
 
 @dataclass
