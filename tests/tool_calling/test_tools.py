@@ -9,8 +9,7 @@ import jsonschema
 import pytest
 
 from pagedllm.structured_output import check_constraint
-from pagedllm.tool_calling import resolve_tool_choice, tool_choice_constraint
-from pagedllm.tool_calling.parsers import RequiredToolOutput
+from pagedllm.tool_calling import RequiredToolOutput, resolve_tool_choice, tool_choice_constraint
 
 
 def _tool(name, parameters=None):

@@ -10,7 +10,6 @@ small model left free to emit whitespace can wander in it until max_tokens.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from pagedllm.sampling_params import StructuredOutputsParams
@@ -118,7 +117,3 @@ def _required_schema(tools: list[dict[str, Any]], parallel: bool) -> dict[str, A
         schema["$defs"] = definitions
     return schema
 
-
-def tools_for_template(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Tools as chat templates read them (a deep copy: templates may not alter the request)."""
-    return json.loads(json.dumps(tools))

@@ -108,20 +108,30 @@ def server(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory
     stop_server(running)
 
 
+def openai_client(server: RunningServer):
+    """The official OpenAI client pointed at `server` (close it, or use it in `with`)."""
+    import openai
+
+    return openai.OpenAI(base_url=server.url_v1, api_key=API_KEY, max_retries=0)
+
+
+def http_client(server: RunningServer) -> httpx.Client:
+    """httpx pointed at `server`, with the API key (close it, or use it in `with`)."""
+    return httpx.Client(base_url=server.base_url, timeout=60.0,
+                        headers={"Authorization": f"Bearer {API_KEY}"})
+
+
 @pytest.fixture(scope="session")
 def client(server: RunningServer):
     """The official OpenAI client, pointed at the server."""
-    import openai
-
-    with openai.OpenAI(base_url=server.url_v1, api_key=API_KEY, max_retries=0) as c:
+    with openai_client(server) as c:
         yield c
 
 
 @pytest.fixture(scope="session")
 def http(server: RunningServer) -> Iterator[httpx.Client]:
     """httpx with the API key."""
-    with httpx.Client(base_url=server.base_url, timeout=60.0,
-                      headers={"Authorization": f"Bearer {API_KEY}"}) as c:
+    with http_client(server) as c:
         yield c
 
 

@@ -17,6 +17,8 @@ import pytest
 from tests.entrypoints.openai.conftest import (
     API_KEY,
     RunningServer,
+    http_client,
+    openai_client,
     start_server,
     stop_server,
 )
@@ -78,15 +80,14 @@ def tool_server(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory
 @pytest.fixture(scope="module")
 def tool_client(tool_server: RunningServer) -> Iterator[openai.OpenAI]:
     """The openai client pointed at the tool server."""
-    with openai.OpenAI(base_url=tool_server.url_v1, api_key=API_KEY, max_retries=0) as c:
+    with openai_client(tool_server) as c:
         yield c
 
 
 @pytest.fixture(scope="module")
 def tool_http(tool_server: RunningServer) -> Iterator[httpx.Client]:
     """httpx pointed at the tool server."""
-    with httpx.Client(base_url=tool_server.base_url, timeout=60.0,
-                      headers={"Authorization": f"Bearer {API_KEY}"}) as c:
+    with http_client(tool_server) as c:
         yield c
 
 

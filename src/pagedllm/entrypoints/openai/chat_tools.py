@@ -31,7 +31,6 @@ from pagedllm.tool_calling import (
     named_function,
     resolve_tool_choice,
     tool_choice_constraint,
-    tools_for_template,
 )
 
 
@@ -94,8 +93,8 @@ def plan_tool_use(
         raise APIError(str(exc), param="tool_choice") from None
     if choice == "none":
         hide = config.exclude_tools_when_tool_choice_none or not tools
-        return ChatToolUse(template_tools=None if hide else tools_for_template(tools))
-    use = ChatToolUse(template_tools=tools_for_template(tools),
+        return ChatToolUse(template_tools=None if hide else tools)
+    use = ChatToolUse(template_tools=tools,
                       max_calls=1 if request.parallel_tool_calls is False else None)
     if choice == "auto":
         if not (config.enable_auto_tool_choice and config.tool_call_parser):

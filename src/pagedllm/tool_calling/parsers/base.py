@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from pagedllm.sampling_params import SamplingParams
-from pagedllm.tool_calling.json_scan import MalformedToolCall, ToolCallDraft
+from pagedllm.tool_calling.json_scan import MalformedToolCall, ToolCallDraft, skip_whitespace
 
 
 @dataclass
@@ -90,6 +90,20 @@ class ToolParser(ABC):
     def settled(self, text: str, final: bool) -> str:
         """`text` without a tail that may still become a marker (all of it when final)."""
         return text if final else text[:len(text) - held_back(text, self.markers)]
+
+    def reply_start(self, text: str) -> int:
+        """Where a format that fills the whole reply begins: after leading whitespace and an
+        optional first marker (`<|python_tag|>`, `<|python_start|>`)."""
+        pos = skip_whitespace(text, 0)
+        if self.markers and text.startswith(self.markers[0], pos):
+            pos = skip_whitespace(text, pos + len(self.markers[0]))
+        return pos
+
+    def reply_as_content(self, text: str, pos: int, final: bool) -> ToolParse:
+        """The whole reply as content; while streaming, nothing yet if the text from `pos` may
+        still become the first marker."""
+        undecided = not final and bool(self.markers) and self.markers[0].startswith(text[pos:])
+        return ToolParse(content="" if undecided else text)
 
     def new_call_id(self) -> str:
         """A fresh tool call id."""

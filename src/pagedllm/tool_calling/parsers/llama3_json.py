@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from pagedllm.tool_calling.json_scan import read_call_list, skip_whitespace
+from pagedllm.tool_calling.json_scan import read_call_list
 from pagedllm.tool_calling.parsers.base import ToolParse, ToolParser, register_tool_parser
 
 _PYTHON_TAG = "<|python_tag|>"
@@ -17,14 +17,8 @@ class Llama3JsonToolParser(ToolParser):
     markers = (_PYTHON_TAG,)
 
     def _parse(self, text: str, final: bool) -> ToolParse:
-        pos = skip_whitespace(text, 0)
-        if text.startswith(_PYTHON_TAG, pos):
-            pos = skip_whitespace(text, pos + len(_PYTHON_TAG))
-        if pos >= len(text):
-            return ToolParse(content=text if final else "")
-        if text[pos] != "{":
-            if not final and _PYTHON_TAG.startswith(text[pos:]):
-                return ToolParse(content="")
-            return ToolParse(content=text)
+        pos = self.reply_start(text)
+        if not text.startswith("{", pos):
+            return self.reply_as_content(text, pos, final)
         calls, _ = read_call_list(text, pos, separator=";", close=None)
         return ToolParse(content="", calls=calls)

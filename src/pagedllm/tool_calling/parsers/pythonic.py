@@ -29,15 +29,9 @@ class PythonicToolParser(ToolParser):
     markers = (_START,)
 
     def _parse(self, text: str, final: bool) -> ToolParse:
-        pos = skip_whitespace(text, 0)
-        if text.startswith(_START, pos):
-            pos = skip_whitespace(text, pos + len(_START))
-        rest = text[pos:]
-        if not rest:
-            return ToolParse(content=text if final else "")
-        if not rest.startswith("["):
-            undecided = not final and _START.startswith(rest)
-            return ToolParse(content="" if undecided else text)
+        pos = self.reply_start(text)
+        if not text.startswith("[", pos):
+            return self.reply_as_content(text, pos, final)
         first = skip_whitespace(text, pos + 1)
         if not _CALL_START.match(text, first):
             could_start = first == len(text) or bool(_NAME_SO_FAR.fullmatch(text, first))
