@@ -86,9 +86,11 @@ def _random_step(gen, requests, block_size, kv_heads, head_size, heads, cache_dt
     ],
 )
 @pytest.mark.parametrize("head_size", [64, 40])  # 40: the kernel's portable inner loops
-def test_prefill_kernel_matches_torch_path(dtype, cache_dtype, head_size):
+@pytest.mark.parametrize("window", [None, 23])
+def test_prefill_kernel_matches_torch_path(dtype, cache_dtype, head_size, window):
     """Prefills with and without cached context, beside decodes: the same attention as the
-    torch path (padded groups over gathered contexts), to float rounding."""
+    torch path (padded groups over gathered contexts), to float rounding; also with a
+    sliding window shorter than most contexts."""
     if cache_dtype == torch.int8 and head_size % kv_quant.GROUP:
         pytest.skip("the int8 cache takes head sizes of whole 16-value groups")
     gen = torch.Generator().manual_seed(head_size)
@@ -103,7 +105,9 @@ def test_prefill_kernel_matches_torch_path(dtype, cache_dtype, head_size):
         metadata = backend.build_metadata(common, block_size)
         assert (getattr(metadata, "prefills", None) is not None) == use_kernel
         outs.append(
-            backend.forward(query, key.clone(), value.clone(), cache.clone(), metadata, 0.125)
+            backend.forward(
+                query, key.clone(), value.clone(), cache.clone(), metadata, 0.125, window
+            )
         )
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(outs[0].float(), outs[1].float(), atol=tolerance, rtol=tolerance)

@@ -51,15 +51,25 @@ def make_common_metadata(
 
 
 def dense_causal_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context_len: int, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    context_len: int,
+    scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """q [Lq, H, D] at positions context_len.., k/v [S, Hkv, D] at 0..S-1 → [Lq, H, D]."""
+    """q [Lq, H, D] at positions context_len.., k/v [S, Hkv, D] at 0..S-1 → [Lq, H, D]
+    (a query sees keys at positions > its own - window, when given)."""
     group = q.shape[1] // k.shape[1]
     k = k.repeat_interleave(group, dim=1)  # [S, H, D]
     v = v.repeat_interleave(group, dim=1)
     scores = torch.einsum("qhd,khd->hqk", q, k) * scale  # [H, Lq, S]
     query_pos = torch.arange(q.shape[0]).unsqueeze(1) + context_len
-    scores = scores.masked_fill(torch.arange(k.shape[0]) > query_pos, float("-inf"))
+    key_pos = torch.arange(k.shape[0])
+    hidden = key_pos > query_pos
+    if window is not None:
+        hidden |= key_pos <= query_pos - window
+    scores = scores.masked_fill(hidden, float("-inf"))
     return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
 
 
@@ -92,12 +102,12 @@ class _Case:
             [kv[1, c:] for kv, (c, _, _) in zip(self.full_kv, self.requests, strict=True)]
         )
 
-    def expected(self, scale: float) -> torch.Tensor:
+    def expected(self, scale: float, window: int | None = None) -> torch.Tensor:
         """Dense causal attention of every request, concatenated in batch order."""
         outs, start = [], 0
         for kv, (context_len, query_len, _) in zip(self.full_kv, self.requests, strict=True):
             q = self.query[start : start + query_len]
-            outs.append(dense_causal_attention(q, kv[0], kv[1], context_len, scale))
+            outs.append(dense_causal_attention(q, kv[0], kv[1], context_len, scale, window))
             start += query_len
         return torch.cat(outs)
 
@@ -180,6 +190,27 @@ def test_matches_dense_attention_with_groups_and_chunks(
         assert len(metadata.decode_buckets) > 1
     out = backend.forward(case.query, case.key, case.value, case.cache, metadata, 0.3)
     torch.testing.assert_close(out, case.expected(0.3), atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("use_cpu_kernel", KERNELS)
+@pytest.mark.parametrize("window", [1, 5, 16])
+@pytest.mark.parametrize("batch", ["mixed", "decodes", "chunked", "single_prefill"])
+def test_sliding_window_matches_dense_attention(
+    batch: str, window: int, use_cpu_kernel: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sliding-window layer sees only its last `window` keys, in every kind of step; a
+    global layer of the same step (same metadata) still sees everything."""
+    monkeypatch.setattr(torch_paged, "_SCORES_PER_HEAD", 40)  # several chunks per prefill
+    monkeypatch.setattr(torch_paged, "_MIN_CHUNK_ROWS", 1)
+    case = _Case(BATCHES[batch], 4, 6, 2)
+    backend = make_backend(use_cpu_kernel)
+    metadata = backend.build_metadata(make_common_metadata(case.requests, 4), 4)
+    windowed = backend.forward(
+        case.query, case.key, case.value, case.cache, metadata, 0.3, window
+    )
+    torch.testing.assert_close(windowed, case.expected(0.3, window), atol=2e-5, rtol=1e-5)
+    full = backend.forward(case.query, case.key, case.value, case.cache, metadata, 0.3)
+    torch.testing.assert_close(full, case.expected(0.3), atol=2e-5, rtol=1e-5)
 
 
 def test_metadata_is_shared_by_layers() -> None:

@@ -104,7 +104,7 @@ typedef struct {
 } Paged;
 
 static Paged make_paged(int kind /* 0 f32, 1 bf16, 2 int8 */) {
-    Paged p = {{24, 16, 3, 9, 64, 3}, NULL, {1, 5, 9, 2, 0, 0, 7, 3, 0}, {40, 1, 23}};
+    Paged p = {{24, 16, 3, 9, 64, 3, 0}, NULL, {1, 5, 9, 2, 0, 0, 7, 3, 0}, {40, 1, 23}};
     const int64_t rows = 2 * 24 * 16 * 3, D = 64;
     const int64_t row_bytes = kind == 0 ? 4 * D : kind == 1 ? 2 * D : D + D / 4;
     p.cache = calloc(rows, row_bytes);

@@ -97,5 +97,8 @@ class AttentionBackend(ABC):
         kv_cache: torch.Tensor,
         metadata: Any,
         scale: float,
+        window: int | None = None,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_size]
-        """Store K/V of the new tokens, then attend each query to its request's context."""
+        """Store K/V of the new tokens, then attend each query to its request's context:
+        with a `window` (sliding-window layers), to the keys at positions > its own -
+        window only."""

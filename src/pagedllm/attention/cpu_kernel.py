@@ -38,7 +38,8 @@ class _Dims(ctypes.Structure):
     _fields_ = [
         (name, ctypes.c_int64)
         for name in (
-            "num_blocks", "block_size", "num_kv_heads", "num_heads", "head_size", "max_blocks"
+            "num_blocks", "block_size", "num_kv_heads", "num_heads", "head_size",
+            "max_blocks", "window",
         )
     ]
 
@@ -66,16 +67,19 @@ def can_store_int8(dtype: torch.dtype, device: torch.device | str = "cpu") -> bo
 
 
 def _call_setup(
-    query: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    window: int | None,
 ) -> tuple[Any, _Dims]:
-    """The library and the cache/query shape an attention kernel call takes."""
+    """The library and the cache/query shape (and window: 0 for none) a kernel call takes."""
     library = _library()
     assert library is not None, "call is_available() first"
     _, num_blocks, block_size, num_kv_heads, _ = kv_cache.shape
     _check_row(kv_cache, query.shape[2])
     dims = _Dims(
         num_blocks, block_size, num_kv_heads, query.shape[1], query.shape[2],
-        block_tables.shape[1],
+        block_tables.shape[1], window or 0,
     )
     return library, dims
 
@@ -89,9 +93,11 @@ def paged_decode_attention(
     token_rows: torch.Tensor,  # [n] int32
     max_seq_len: int,
     scale: float,
+    window: int | None = None,
 ) -> None:
-    """Attend the query rows `token_rows` to their paged contexts; write `out` there."""
-    library, dims = _call_setup(query, kv_cache, block_tables)
+    """Attend the query rows `token_rows` to their paged contexts (the last `window`
+    positions of them, when given); write `out` there."""
+    library, dims = _call_setup(query, kv_cache, block_tables, window)
     failed = getattr(library, _FUNCTIONS[(query.dtype, kv_cache.dtype)])(
         ctypes.byref(dims),
         pointer(query),
@@ -118,10 +124,12 @@ def paged_prefill_attention(
     context_lens: torch.Tensor,  # [n] int32: tokens cached before this step
     max_seq_len: int,
     scale: float,
+    window: int | None = None,
 ) -> None:
-    """Causal attention of each request's new tokens to its cached context and themselves,
-    read from the paged cache (the new K/V must be stored first)."""
-    library, dims = _call_setup(query, kv_cache, block_tables)
+    """Causal attention of each request's new tokens to its cached context and themselves
+    (within `window` positions, when given), read from the paged cache (the new K/V must be
+    stored first)."""
+    library, dims = _call_setup(query, kv_cache, block_tables, window)
     failed = getattr(library, _PREFILL_FUNCTIONS[(query.dtype, kv_cache.dtype)])(
         ctypes.byref(dims),
         pointer(query),
@@ -178,7 +186,7 @@ def store_int8(
     if value.stride(2) != 1 or value.stride(1) != value.shape[2]:
         value = value.contiguous()
     slots = slot_mapping.to(torch.int64).contiguous()
-    dims = _Dims(num_blocks, block_size, num_kv_heads, 0, key.shape[2], 0)
+    dims = _Dims(num_blocks, block_size, num_kv_heads, 0, key.shape[2], 0, 0)
     getattr(library, _STORE_FUNCTIONS[key.dtype])(
         ctypes.byref(dims),
         pointer(kv_cache),

@@ -132,8 +132,10 @@ class CpuPagedBackend(AttentionBackend):
         kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, row]
         metadata: CpuPagedMetadata,
         scale: float,
+        window: int | None = None,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_size]
-        """Store the new K/V at `slot_mapping`, then attend every query from the cache."""
+        """Store the new K/V at `slot_mapping`, then attend every query from the cache
+        (within `window` positions of it, for a sliding-window layer)."""
         if query.dtype not in SUPPORTED_DTYPES:
             raise NotImplementedError(
                 f"The CPU attention kernels take float32 and bfloat16, not {query.dtype}; "
@@ -150,11 +152,12 @@ class CpuPagedBackend(AttentionBackend):
         if decodes is not None:
             cpu_kernel.paged_decode_attention(
                 out, query.contiguous(), kv_cache, decodes.block_tables, decodes.seq_lens,
-                decodes.token_rows, decodes.max_seq_len, scale,
+                decodes.token_rows, decodes.max_seq_len, scale, window,
             )
         if prefills is not None:
             cpu_kernel.paged_prefill_attention(
                 out, query, kv_cache, prefills.block_tables, prefills.query_starts,
                 prefills.query_lens, prefills.context_lens, prefills.max_seq_len, scale,
+                window,
             )
         return out

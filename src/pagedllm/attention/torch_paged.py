@@ -93,6 +93,8 @@ class _QueryChunk:
         mask_start, key_end: the masked key range.
         allowed: [n, end - start, key_end - mask_start] bool: key position <= the query's
             position (causal, shifted by the cached context) and < seq_len.
+        query_pos / seq_lens: [n, end - start, 1] and [n, 1, 1], to build the mask of a
+            sliding-window layer, which hides keys before mask_start too.
     """
 
     start: int
@@ -100,6 +102,18 @@ class _QueryChunk:
     mask_start: int
     key_end: int
     allowed: torch.Tensor
+    query_pos: torch.Tensor
+    seq_lens: torch.Tensor
+
+    def window_allowed(self, window: int) -> torch.Tensor:
+        """[n, rows, key_end] bool: causal, < seq_len and within `window` of the query
+        (keys at positions > query - window, as HF's sliding-window masks)."""
+        key_pos = torch.arange(self.key_end, device=self.query_pos.device).view(1, 1, -1)
+        return (
+            (key_pos <= self.query_pos)
+            & (key_pos < self.seq_lens)
+            & (key_pos > self.query_pos - window)
+        )
 
 
 @dataclass
@@ -242,7 +256,9 @@ def _query_chunks(
         query_pos = context_col + torch.arange(start, end, device=index.device).view(1, -1, 1)
         key_pos = torch.arange(mask_start, key_end, device=index.device).view(1, 1, -1)
         allowed = (key_pos <= query_pos) & (key_pos < seq_len_col)  # [n, rows, keys]
-        chunks.append(_QueryChunk(start, end, mask_start, key_end, allowed))
+        chunks.append(
+            _QueryChunk(start, end, mask_start, key_end, allowed, query_pos, seq_len_col)
+        )
     return chunks
 
 
@@ -330,8 +346,10 @@ class TorchPagedBackend(AttentionBackend):
         kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_size]
         metadata: TorchPagedMetadata,
         scale: float,
+        window: int | None = None,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_size]
-        """Store the new K/V at `slot_mapping`, then attend each query to its context."""
+        """Store the new K/V at `slot_mapping`, then attend each query to its context (its
+        last `window` positions only, for a sliding-window layer)."""
         if kv_cache.dtype == torch.int8:
             key, value = self._store_int8(key, value, kv_cache, metadata)
         else:
@@ -342,22 +360,28 @@ class TorchPagedBackend(AttentionBackend):
         buckets, groups = metadata.decode_buckets, metadata.prefill_groups
         # One group covering the whole batch (in order) needs no scatter.
         if len(groups) == 1 and groups[0].token_indices is None:
-            return _prefill_attention(query, key, value, kv_cache, groups[0], derived, 0, scale)
+            return _prefill_attention(
+                query, key, value, kv_cache, groups[0], derived, 0, scale, window
+            )
         contexts = self.decode_contexts
         if len(buckets) == 1 and buckets[0].token_indices is None:
             keys, values = contexts.get(kv_cache, buckets[0], 0, key, value, derived)
-            return _decode_attention(query, keys, values, buckets[0], derived, 0, scale)
+            return _decode_attention(query, keys, values, buckets[0], derived, 0, scale, window)
         out = torch.empty_like(query)  # [num_tokens, H, D]
         # A loop over a few length groups, not over requests: each is one batch of big ops.
         for i, bucket in enumerate(buckets):
             assert bucket.token_indices is not None
             bucket_query = query.index_select(0, bucket.token_indices)  # [n, H, D]
             keys, values = contexts.get(kv_cache, bucket, i, key, value, derived)
-            bucket_out = _decode_attention(bucket_query, keys, values, bucket, derived, i, scale)
+            bucket_out = _decode_attention(
+                bucket_query, keys, values, bucket, derived, i, scale, window
+            )
             out.index_copy_(0, bucket.token_indices, bucket_out)
         for i, group in enumerate(groups):
             assert group.token_indices is not None
-            group_out = _prefill_attention(query, key, value, kv_cache, group, derived, i, scale)
+            group_out = _prefill_attention(
+                query, key, value, kv_cache, group, derived, i, scale, window
+            )
             out.index_copy_(0, group.token_indices, group_out)
         return out
 
@@ -506,18 +530,23 @@ def _decode_attention(
     derived: dict[tuple[Any, ...], torch.Tensor],
     bucket_id: int,
     scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:  # [n, H, D]
     """One query token per request: batched matmuls over (request, kv head).
 
     The G = H / Hkv query heads sharing a kv head are the G rows of one matmul, so GQA
-    needs no K/V expansion.
+    needs no K/V expansion. A `window` hides the keys before the last `window` positions.
     """
     num_reqs, num_heads, head_size = query.shape
     num_kv_heads = keys.shape[0] // num_reqs
-    mask_name = ("decode_mask", bucket_id, num_kv_heads, query.dtype)
+    mask_name = ("decode_mask", bucket_id, num_kv_heads, query.dtype, window)
     mask = derived.get(mask_name)
     if mask is None:
-        mask = _additive_mask(bucket.key_valid, query.dtype)  # [n, S]
+        allowed = bucket.key_valid  # [n, S]
+        if window is not None:
+            positions = torch.arange(allowed.shape[1], device=allowed.device)
+            allowed = allowed & (positions >= bucket.seq_lens.unsqueeze(1) - window)
+        mask = _additive_mask(allowed, query.dtype)  # [n, S]
         mask = mask.repeat_interleave(num_kv_heads, dim=0).unsqueeze(1)  # [n * Hkv, 1, S]
         derived[mask_name] = mask
     grouped = query.reshape(num_reqs * num_kv_heads, -1, head_size)  # [n * Hkv, G, D]
@@ -535,6 +564,7 @@ def _prefill_attention(
     derived: dict[tuple[Any, ...], torch.Tensor],
     group_id: int,
     scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:  # [num_group_tokens, H, D]
     """Several query tokens per request: batched matmuls over padded queries, by chunks.
 
@@ -558,16 +588,19 @@ def _prefill_attention(
     folded = folded.view(num_reqs * num_kv_heads, max_query_len * group_size, head_size)
     out = torch.empty_like(folded)  # [n * Hkv, Lq * G, D]
     for i, chunk in enumerate(group.chunks):
-        mask_name = ("prefill_mask", group_id, i, query.dtype)
+        # A window also hides keys before mask_start: its mask covers every key.
+        mask_start = chunk.mask_start if window is None else 0
+        mask_name = ("prefill_mask", group_id, i, query.dtype, window)
         mask = derived.get(mask_name)
         if mask is None:
-            mask = _additive_mask(chunk.allowed, query.dtype)[:, None, :, None, :]
+            allowed = chunk.allowed if window is None else chunk.window_allowed(window)
+            mask = _additive_mask(allowed, query.dtype)[:, None, :, None, :]
             derived[mask_name] = mask  # [n, 1, rows, 1, keys]
         rows = slice(chunk.start * group_size, chunk.end * group_size)
         scores = torch.bmm(folded[:, rows], keys[:, : chunk.key_end].transpose(1, 2))
         num_rows = chunk.end - chunk.start
         scores.view(num_reqs, num_kv_heads, num_rows, group_size, chunk.key_end)[
-            ..., chunk.mask_start :
+            ..., mask_start :
         ].add_(mask)  # scores: [n * Hkv, rows * G, key_end]
         out[:, rows] = torch.bmm(torch.softmax(scores, dim=-1), values[:, : chunk.key_end])
     out = out.view(num_reqs, num_kv_heads, max_query_len, group_size, head_size)

@@ -22,6 +22,7 @@ class Attention(nn.Module):
         scale: float,
         num_kv_heads: int | None = None,
         layer_idx: int = 0,
+        sliding_window: int | None = None,
     ) -> None:
         super().__init__()
         self.num_heads = num_heads
@@ -33,6 +34,8 @@ class Attention(nn.Module):
                 f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})."
             )
         self.layer_idx = layer_idx
+        # Each query sees only the keys at positions > its own - sliding_window (None: all).
+        self.sliding_window = sliding_window
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [T, H*D], k and v [T, Hkv*D] (or already [T, heads, D]) → [T, H*D].
@@ -48,11 +51,13 @@ class Attention(nn.Module):
             ctx.kv_caches[self.layer_idx],
             ctx.attn_metadata,
             self.scale,
+            self.sliding_window,
         )  # [T, H, D]
         return out.reshape(num_tokens, self.num_heads * self.head_size)
 
     def extra_repr(self) -> str:
         return (
             f"heads={self.num_heads}, kv_heads={self.num_kv_heads}, "
-            f"head_size={self.head_size}, layer_idx={self.layer_idx}"
+            f"head_size={self.head_size}, layer_idx={self.layer_idx}, "
+            f"sliding_window={self.sliding_window}"
         )

@@ -34,7 +34,7 @@ int decode_stack_bf16(const StackDims *d, const StackLayer *layers, int64_t T,
     const int64_t q_size = d->num_heads * D, kv_size = d->num_kv_heads * D;
     const int64_t qkv_size = q_size + 2 * kv_size;
     const PagedDims paged = {d->num_blocks, d->block_size, d->num_kv_heads,
-                             d->num_heads, D, d->max_blocks};
+                             d->num_heads, D, d->max_blocks, 0};
     uint16_t *x = malloc(sizeof(uint16_t) * T * (H + qkv_size + 2 * q_size + 3 * I));
     if (x == NULL) return 2;
     uint16_t *qkv = x + T * H, *query = qkv + T * qkv_size, *attn = query + T * q_size;

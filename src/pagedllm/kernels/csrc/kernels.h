@@ -16,9 +16,10 @@
  * "neon" or "scalar"; w4a8.c). */
 PAGEDLLM_API const char *pagedllm_isa(void);
 
-/* paged_attention.c: the paged KV cache's shape and the query heads. */
+/* paged_attention.c: the paged KV cache's shape and the query heads; window > 0 limits
+ * each query to the keys at positions > its own - window (sliding-window layers). */
 typedef struct {
-    int64_t num_blocks, block_size, num_kv_heads, num_heads, head_size, max_blocks;
+    int64_t num_blocks, block_size, num_kv_heads, num_heads, head_size, max_blocks, window;
 } PagedDims;
 
 /* Decode attention: one query row per request (token_rows), context read from the cache.

@@ -76,9 +76,11 @@ static void NAME(const PagedDims *d, const T *q, T *out, const char *keys, const
     const int64_t D = (HEAD_DIM), H = d->num_heads, Hkv = d->num_kv_heads;                  \
     const int64_t G = H / Hkv, bs = d->block_size, rb = ROW_BYTES_##CACHE(D);               \
     for (int64_t i = 0; i < H * D; i++) qf[i] = LOAD(q[i]) * scale;                         \
-    /* scores[h * seq_len + p] = q_h . k_p (of h's kv head) */                               \
+    /* A window keeps the last `window` positions: keys [lo, seq_len), scores from lo. */   \
+    const int64_t lo = d->window > 0 && seq_len > d->window ? seq_len - d->window : 0;      \
+    const int64_t n = seq_len - lo; /* scores[h * n + p - lo] = q_h . k_p */                \
     float kv[D]; /* one kv head's row of K or V, converted to float once */                 \
-    for (int64_t p = 0; p < seq_len; p++) {                                                 \
+    for (int64_t p = lo; p < seq_len; p++) {                                                \
         const char *k = keys + ((int64_t)blocks[p / bs] * bs + p % bs) * Hkv * rb;          \
         for (int64_t g = 0; g < Hkv; g++) {                                                 \
             LOAD_ROW_##CACHE(kv, k + g * rb, D);                                            \
@@ -86,18 +88,18 @@ static void NAME(const PagedDims *d, const T *q, T *out, const char *keys, const
                 const float *qh = qf + h * D;                                               \
                 float s = 0.f;                                                              \
                 for (int64_t j = 0; j < D; j++) s += qh[j] * kv[j];                         \
-                scores[h * seq_len + p] = s;                                                \
+                scores[h * n + p - lo] = s;                                                 \
             }                                                                               \
         }                                                                                   \
     }                                                                                       \
-    for (int64_t h = 0; h < H; h++) softmax(scores + h * seq_len, seq_len);                 \
+    for (int64_t h = 0; h < H; h++) softmax(scores + h * n, n);                             \
     memset(acc, 0, sizeof(float) * H * D);                                                  \
-    for (int64_t p = 0; p < seq_len; p++) {                                                 \
+    for (int64_t p = lo; p < seq_len; p++) {                                                \
         const char *v = values + ((int64_t)blocks[p / bs] * bs + p % bs) * Hkv * rb;        \
         for (int64_t g = 0; g < Hkv; g++) {                                                 \
             LOAD_ROW_##CACHE(kv, v + g * rb, D);                                            \
             for (int64_t h = g * G; h < (g + 1) * G; h++) {                                 \
-                const float w = scores[h * seq_len + p];                                    \
+                const float w = scores[h * n + p - lo];                                     \
                 float *a = acc + h * D;                                                     \
                 for (int64_t j = 0; j < D; j++) a[j] += w * kv[j];                          \
             }                                                                               \
@@ -188,6 +190,10 @@ static void NAME(const PagedDims *d, const T *query, int64_t q_stride, T *out,  
     const int64_t D = (HEAD_DIM), H = d->num_heads, Hkv = d->num_kv_heads;                  \
     const int64_t G = H / Hkv, bs = d->block_size;                                          \
     const int64_t rows = (i1 - i0) * G, num_keys = context + i1;                            \
+    /* With a window, row r sees keys (pos - window, pos], pos = context + i0 + r / G: the   \
+     * item's keys start at its first row's lowest visible one. */                          \
+    const int64_t w_ = d->window, first_key = w_ > 0 && context + i0 + 1 > w_               \
+                                                  ? context + i0 + 1 - w_ : 0;              \
     float *tile_t = tile + KEY_TILE * D;                                                    \
     for (int64_t r = 0; r < rows; r++) { /* row r: query i0 + r / G, head g * G + r % G */  \
         const T *q = query + (first + i0 + r / G) * q_stride + (g * G + r % G) * D;         \
@@ -195,7 +201,7 @@ static void NAME(const PagedDims *d, const T *query, int64_t q_stride, T *out,  
     }                                                                                       \
     const int64_t padded_rows = (rows + 3) / 4 * 4; /* isa_attn_scores_4 takes 4 rows */    \
     memset(qf + rows * D, 0, sizeof(float) * (padded_rows - rows) * D);                     \
-    for (int64_t k0 = 0; k0 < num_keys; k0 += KEY_TILE) {                                   \
+    for (int64_t k0 = first_key; k0 < num_keys; k0 += KEY_TILE) {                           \
         const int64_t kt = num_keys - k0 < KEY_TILE ? num_keys - k0 : KEY_TILE;             \
         LOAD_TILE(CACHE, tile, keys, blocks, bs, Hkv, g, D, k0, kt);                        \
         for (int64_t j = 0; j < D; j++)                                                     \
@@ -209,10 +215,15 @@ static void NAME(const PagedDims *d, const T *query, int64_t q_stride, T *out,  
                        sizeof(float) * kt);                                                 \
         }                                                                                   \
     }                                                                                       \
-    for (int64_t r = 0; r < rows; r++) /* causal: the row sees keys up to its position */   \
-        softmax(scores + r * max_keys, context + i0 + r / G + 1);                           \
+    for (int64_t r = 0; r < rows; r++) { /* causal: the row sees keys up to its position */ \
+        const int64_t pos = context + i0 + r / G;                                           \
+        const int64_t lo = w_ > 0 && pos + 1 > w_ ? pos + 1 - w_ : 0; /* >= first_key */    \
+        float *s = scores + r * max_keys;                                                   \
+        softmax(s + lo, pos + 1 - lo);                                                      \
+        for (int64_t k = first_key; k < lo; k++) s[k] = 0.f; /* outside the window */       \
+    }                                                                                       \
     memset(acc, 0, sizeof(float) * rows * D);                                               \
-    for (int64_t k0 = 0; k0 < num_keys; k0 += KEY_TILE) {                                   \
+    for (int64_t k0 = first_key; k0 < num_keys; k0 += KEY_TILE) {                           \
         const int64_t kt = num_keys - k0 < KEY_TILE ? num_keys - k0 : KEY_TILE;             \
         LOAD_TILE(CACHE, tile, values, blocks, bs, Hkv, g, D, k0, kt);                      \
         for (int64_t r = 0; r < rows; r++) {                                                \
