@@ -19,9 +19,8 @@ from pagedllm.model_loader.hf_config import (
 )
 from pagedllm.models.registry import (
     ModelRegistry,
-    get_sliding_window,
+    check_model_config,
     supported_architectures,
-    verify_model_support,
 )
 
 
@@ -125,11 +124,19 @@ def test_rope_parameters_transformers4_style() -> None:
 
 def test_registry_names_and_errors() -> None:
     assert supported_architectures() == [
+        "GPT2LMHeadModel",
+        "Gemma3ForCausalLM",
         "LlamaForCausalLM",
         "MistralForCausalLM",
+        "MixtralForCausalLM",
+        "OPTForCausalLM",
+        "Phi3ForCausalLM",
         "Qwen2ForCausalLM",
+        "Qwen2MoeForCausalLM",
+        "Qwen3ForCausalLM",
+        "Qwen3MoeForCausalLM",
     ]
-    with pytest.raises(ValueError, match="LlamaForCausalLM, MistralForCausalLM, Qwen2"):
+    with pytest.raises(ValueError, match="GPT2LMHeadModel, Gemma3ForCausalLM, LlamaForCausalLM"):
         ModelRegistry().resolve("GPTNeoXForCausalLM")
 
 
@@ -140,17 +147,12 @@ def test_registry_imports_lazily() -> None:
     assert registry.resolve("Fake") is OrderedDict
 
 
-def test_sliding_window_rejected_when_shorter_than_max_model_len() -> None:
-    mistral = MistralConfig(sliding_window=4096)
-    with pytest.raises(ValueError, match="sliding_window=4096.*max_model_len=8192"):
-        verify_model_support(mistral, 8192)
-    verify_model_support(mistral, 4096)
-    verify_model_support(MistralConfig(sliding_window=None), 32768)
-    # Qwen2 configs carry a window that is disabled by default.
-    assert get_sliding_window(Qwen2Config(sliding_window=4096)) is None
-    assert (
-        get_sliding_window(
-            SimpleNamespace(model_type="qwen2", sliding_window=4096, use_sliding_window=True)
-        )
-        == 4096
-    )
+def test_unsupported_configs_fail_when_the_engine_is_configured() -> None:
+    """check_model_config builds the model on the meta device: its own ValueError."""
+    from transformers import OPTConfig
+
+    check_model_config("MistralForCausalLM", MistralConfig(sliding_window=4096))
+    with pytest.raises(ValueError, match="do_layer_norm_before"):
+        check_model_config("OPTForCausalLM", OPTConfig(do_layer_norm_before=False))
+    with pytest.raises(ValueError, match="not supported"):
+        check_model_config("GPTNeoXForCausalLM", Qwen2Config())

@@ -16,8 +16,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from pagedllm.attention.torch_paged import TorchPagedBackend
 from pagedllm.layers.forward_context import ForwardContext, set_forward_context
-from pagedllm.models.llama import LlamaForCausalLM
-from pagedllm.models.qwen2 import Qwen2ForCausalLM
+from pagedllm.models.registry import resolve_model_class
 
 from ..attention.test_torch_paged import make_common_metadata
 
@@ -89,25 +88,137 @@ def tiny_llama_variant_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-MODELS = {
-    "llama": ("tiny_llama_dir", LlamaForCausalLM),
-    "llama3": ("tiny_llama3_dir", LlamaForCausalLM),
-    "llama_variant": ("tiny_llama_variant_dir", LlamaForCausalLM),
-    "qwen2": ("tiny_qwen2_dir", Qwen2ForCausalLM),
+_GPT2_NORMS = ("ln_1.weight", "ln_2.weight", "ln_f.weight")
+
+
+def _save_random(tmp: Path, config) -> Path:
+    """A random transformers model of `config`, with biases and norm weights random too
+    (not their 0 / 1 defaults, which would hide a missing bias or a (1 + w) norm)."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(".bias"):
+                param.normal_(0.0, 0.3)
+            elif "norm" in name or name.endswith(_GPT2_NORMS):
+                param.normal_(0.5, 0.3)
+    model.save_pretrained(tmp, safe_serialization=True)
+    return tmp
+
+
+_COMMON = dict(
+    vocab_size=200, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+    initializer_range=0.2, tie_word_embeddings=False,
+)  # fmt: skip
+
+
+def _config(arch: str):
+    """The tiny config of each architecture the parity tests cover."""
+    import transformers as tf
+
+    if arch == "qwen3":
+        return tf.Qwen3Config(**_COMMON, head_dim=24)
+    if arch == "gemma3":  # a window of 6 < the prompts, one global layer between two sliding
+        return tf.Gemma3TextConfig(
+            **{**_COMMON, "num_hidden_layers": 3}, head_dim=16, sliding_window=6,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            query_pre_attn_scalar=20, final_logit_softcapping=30.0,
+            rope_parameters={
+                "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+            },
+        )  # fmt: skip
+    if arch == "mistral_window":
+        return tf.MistralConfig(**_COMMON, sliding_window=5)
+    if arch == "phi3":
+        half = 8  # head_dim 16 / 2
+        return tf.Phi3Config(
+            **{**_COMMON, "max_position_embeddings": 256}, pad_token_id=0,
+            original_max_position_embeddings=64, sliding_window=None,
+            rope_scaling={
+                "rope_type": "longrope", "short_factor": [1.0 + i / 4 for i in range(half)],
+                "long_factor": [2.0 + i for i in range(half)],
+            },
+        )  # fmt: skip
+    if arch == "gpt2":
+        return tf.GPT2Config(
+            vocab_size=200, n_embd=64, n_layer=2, n_head=4, n_positions=256,
+            initializer_range=0.2, bos_token_id=0, eos_token_id=0,
+        )  # fmt: skip
+    if arch == "opt":
+        return tf.OPTConfig(
+            vocab_size=200, hidden_size=64, ffn_dim=96, num_hidden_layers=2,
+            num_attention_heads=4, word_embed_proj_dim=64, max_position_embeddings=256,
+            init_std=0.2, pad_token_id=1, bos_token_id=2, eos_token_id=2,
+        )  # fmt: skip
+    if arch == "mixtral":
+        return tf.MixtralConfig(**_COMMON, num_local_experts=4, num_experts_per_tok=2)
+    if arch == "qwen2_moe":  # layer 1 dense: sparse and dense MLPs in one model
+        return tf.Qwen2MoeConfig(
+            **_COMMON, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+            shared_expert_intermediate_size=48, mlp_only_layers=[1],
+        )  # fmt: skip
+    if arch == "qwen3_moe":
+        return tf.Qwen3MoeConfig(
+            **_COMMON, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+            norm_topk_prob=True, head_dim=16,
+        )  # fmt: skip
+    raise ValueError(arch)
+
+
+NEW_ARCHITECTURES = [
+    "qwen3", "gemma3", "mistral_window", "phi3", "gpt2", "opt", "mixtral", "qwen2_moe",
+    "qwen3_moe",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def tiny_arch_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Tiny random checkpoints of the architectures beyond Llama and Qwen2, made lazily."""
+    return {}
+
+
+def _arch_dir(dirs: dict[str, Path], arch: str, factory: pytest.TempPathFactory) -> Path:
+    if arch not in dirs:
+        dirs[arch] = _save_random(factory.mktemp(f"tiny_{arch}"), _config(arch))
+    return dirs[arch]
+
+
+MODELS = ["llama", "llama3", "llama_variant", "qwen2", *NEW_ARCHITECTURES]
+_FIXTURES = {
+    "llama": "tiny_llama_dir",
+    "llama3": "tiny_llama3_dir",
+    "llama_variant": "tiny_llama_variant_dir",
+    "qwen2": "tiny_qwen2_dir",
 }
 
 
-@pytest.fixture(params=list(MODELS), scope="module")
-def pair(request: pytest.FixtureRequest):
-    """(our model, transformers' model, vocab size) loaded from the same tiny checkpoint."""
-    fixture_name, cls = MODELS[request.param]
-    path = Path(request.getfixturevalue(fixture_name))
+def load_pair(path: Path):
+    """(our model, transformers' model, vocab size) from one checkpoint folder."""
+    from pagedllm.model_loader.hf_config import get_architecture
+
     config = AutoConfig.from_pretrained(path)
-    ours = cls(config).eval()
+    ours = resolve_model_class(get_architecture(config))(config).eval()
     loaded = ours.load_weights(load_file(path / "model.safetensors").items())
-    assert loaded == {name for name, _ in ours.named_parameters()}
+    expected = {name for name, _ in ours.named_parameters()}
+    if ours.spec.tie_word_embeddings:
+        expected = {name for name in expected if not name.startswith("lm_head.")}
+    assert loaded == expected
     theirs = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     return ours, theirs, config.vocab_size
+
+
+@pytest.fixture(params=MODELS, scope="module")
+def pair(request: pytest.FixtureRequest, tiny_arch_dirs, tmp_path_factory):
+    """(our model, transformers' model, vocab size) loaded from the same tiny checkpoint."""
+    if request.param in _FIXTURES:
+        path = Path(request.getfixturevalue(_FIXTURES[request.param]))
+    else:
+        path = _arch_dir(tiny_arch_dirs, request.param, tmp_path_factory)
+    return load_pair(path)
 
 
 def _runner(model: torch.nn.Module) -> PagedRunner:

@@ -178,7 +178,7 @@ class EngineArgs:
             resolve_dtype,
         )
         from pagedllm.model_loader.source import resolve_model_source
-        from pagedllm.models.registry import verify_model_support
+        from pagedllm.models.registry import check_model_config
 
         if self.dtype not in SUPPORTED_DTYPES:
             raise ValueError(f"dtype must be one of {SUPPORTED_DTYPES}, got {self.dtype!r}.")
@@ -190,7 +190,7 @@ class EngineArgs:
         model_dir, gguf_file = resolve_model_source(self.model)
         hf_config = load_hf_config(model_dir, gguf_file)
         max_model_len = get_max_model_len(hf_config, self.max_model_len)
-        verify_model_support(hf_config, max_model_len)
+        check_model_config(get_architecture(hf_config), hf_config)
         quantization = self._resolve_quantization(model_dir, gguf_file, device)
         is_gguf = gguf_file is not None
         cpu_bf16_is_fast = True

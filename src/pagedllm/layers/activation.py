@@ -9,6 +9,19 @@ from torch import nn
 from pagedllm.layers import cpu_ops
 
 
+def apply_activation(name: str, x: torch.Tensor) -> torch.Tensor:
+    """silu, gelu_tanh (GPT-2's gelu_new, Gemma's gelu_pytorch_tanh), gelu (erf) or relu."""
+    if name == "silu":
+        return F.silu(x)
+    if name == "gelu_tanh":
+        return F.gelu(x, approximate="tanh")
+    if name == "gelu":
+        return F.gelu(x)
+    if name == "relu":
+        return F.relu(x)
+    raise ValueError(f"Unknown activation {name!r}.")
+
+
 class SiluAndMul(nn.Module):
     """SwiGLU gate: [..., 2 * d] (gate | up) → silu(gate) * up of shape [..., d]."""
 
@@ -18,3 +31,22 @@ class SiluAndMul(nn.Module):
             return cpu_ops.silu_and_mul(x)
         gate, up = x.chunk(2, dim=-1)  # each [..., d]
         return F.silu(gate) * up
+
+
+class ActivationAndMul(nn.Module):
+    """A gated MLP's activation for any `activation` (GeGLU for Gemma's gelu_tanh):
+    [..., 2 * d] (gate | up) → act(gate) * up."""
+
+    def __init__(self, activation: str) -> None:
+        super().__init__()
+        self.activation = activation
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Split the fused gate_up output in halves and combine them."""
+        gate, up = x.chunk(2, dim=-1)  # each [..., d]
+        return apply_activation(self.activation, gate) * up
+
+
+def gated_activation(activation: str) -> nn.Module:
+    """The fused-op SiluAndMul for silu, ActivationAndMul otherwise."""
+    return SiluAndMul() if activation == "silu" else ActivationAndMul(activation)

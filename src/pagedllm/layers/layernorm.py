@@ -47,3 +47,53 @@ class RMSNorm(nn.Module):
             return cpu_ops.add_rms_norm(x, residual, self.weight, self.eps)
         x32 = x.float() if residual is None else residual + x  # [..., hidden_size] float32
         return self._norm(x32), x32
+
+
+def _load_one_plus(param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
+    """Store 1 + w (computed in float32, as Gemma's forward does) for a (1 + w) norm."""
+    default_weight_loader(param, loaded_weight.float() + 1.0)
+
+
+class OnePlusRMSNorm(RMSNorm):
+    """Gemma's RMSNorm: y = norm(x) * (1 + w). The checkpoint's w is stored as 1 + w when
+    loaded, so the forward (and the fused C path) is RMSNorm's own."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
+        super().__init__(hidden_size, eps)
+        self.weight.weight_loader = _load_one_plus  # type: ignore[attr-defined]
+
+
+class LayerNorm(nn.Module):
+    """y = (x - mean) / sqrt(var + eps) * weight + bias, with RMSNorm's residual protocol
+    (GPT-2, OPT): statistics in float32, the residual stream kept in float32."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-5, bias: bool = True) -> None:
+        super().__init__()
+        self.hidden_size = hidden_size
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(hidden_size), requires_grad=False)
+        self.weight.weight_loader = default_weight_loader  # type: ignore[attr-defined]
+        self.bias: nn.Parameter | None = None
+        if bias:
+            self.bias = nn.Parameter(torch.zeros(hidden_size), requires_grad=False)
+            self.bias.weight_loader = default_weight_loader  # type: ignore[attr-defined]
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(layer_norm(x + residual) in the model dtype, x + residual in float32)."""
+        x32 = x.float() if residual is None else residual + x
+        bias = None if self.bias is None else self.bias.float()
+        normed = F.layer_norm(x32, (self.hidden_size,), self.weight.float(), bias, self.eps)
+        return normed.to(self.weight.dtype), x32
+
+
+def make_norm(kind: str, hidden_size: int, eps: float, bias: bool = False) -> nn.Module:
+    """The norm named by a DecoderSpec: "rms", "rms_one_plus" (Gemma) or "layer"."""
+    if kind == "rms":
+        return RMSNorm(hidden_size, eps)
+    if kind == "rms_one_plus":
+        return OnePlusRMSNorm(hidden_size, eps)
+    if kind == "layer":
+        return LayerNorm(hidden_size, eps, bias)
+    raise ValueError(f"Unknown norm kind {kind!r}.")

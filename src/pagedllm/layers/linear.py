@@ -245,9 +245,16 @@ class MergedColumnLinear(Linear):
         self.output_sizes = list(output_sizes)
 
     def weight_loader(  # type: ignore[override]
-        self, param: nn.Parameter, loaded_weight: torch.Tensor | GroupCodes, shard_id: int
+        self,
+        param: nn.Parameter,
+        loaded_weight: torch.Tensor | GroupCodes,
+        shard_id: int | None = None,
     ) -> None:
-        """Load shard `shard_id` (an index into output_sizes) of the fused parameter."""
+        """Load shard `shard_id` (an index into output_sizes) of the fused parameter, or
+        the whole of it (None: a checkpoint that stores it fused, as Phi-3)."""
+        if shard_id is None:
+            super().weight_loader(param, loaded_weight)
+            return
         offset = sum(self.output_sizes[:shard_id])
         self.load_rows(param, loaded_weight, offset, self.output_sizes[shard_id])
 
@@ -268,9 +275,16 @@ class QKVLinear(Linear):
         super().__init__(hidden_size, self.q_size + 2 * self.kv_size, bias)
 
     def weight_loader(  # type: ignore[override]
-        self, param: nn.Parameter, loaded_weight: torch.Tensor | GroupCodes, shard_id: str
+        self,
+        param: nn.Parameter,
+        loaded_weight: torch.Tensor | GroupCodes,
+        shard_id: str | None = None,
     ) -> None:
-        """Load the "q", "k" or "v" shard of the fused parameter."""
+        """Load the "q", "k" or "v" shard of the fused parameter, or the whole of it (None:
+        a checkpoint that stores it fused, as Phi-3 and GPT-2)."""
+        if shard_id is None:
+            super().weight_loader(param, loaded_weight)
+            return
         offsets = {
             "q": (0, self.q_size),
             "k": (self.q_size, self.kv_size),

@@ -1,6 +1,7 @@
 """Rotary position embedding (RoPE), neox style, with cached cos/sin tables.
 
-Supports the default frequencies plus "linear" and "llama3" frequency scaling. Reads both
+Supports the default frequencies plus "linear", "llama3" and Phi-3's "longrope" ("su")
+scaling. Reads both
 config spellings: transformers 5 `rope_parameters` and the older `rope_theta` +
 `rope_scaling`. Applies rotations only; it knows nothing about attention or the KV cache.
 """
@@ -56,15 +57,55 @@ def compute_inv_freq(rotary_dim: int, base: float, scaling: dict[str, Any] | Non
     if rope_type == "llama3":
         return _llama3_inv_freq(inv_freq, scaling)
     raise ValueError(
-        f"Unsupported rope scaling type {rope_type!r}; supported: default, linear, llama3."
+        f"Unsupported rope scaling type {rope_type!r}; supported: default, linear, llama3, "
+        "longrope."
+    )
+
+
+def _longrope_table(
+    rotary_dim: int, max_position: int, base: float, scaling: dict[str, Any]
+) -> torch.Tensor:
+    """[max_position, rotary_dim] (cos | sin) of LongRoPE (Phi-3 "longrope" / "su").
+
+    Frequencies are divided per dimension by `short_factor` for positions below
+    `original_max_position_embeddings` and by `long_factor` from there on (transformers
+    switches a whole sequence once it grows past that length; per position, a cached prefix
+    keeps the rotation it was computed with). cos and sin are scaled by the attention factor,
+    sqrt(1 + ln(factor) / ln(original)) unless the config gives one.
+    """
+    original = int(scaling["original_max_position_embeddings"])
+    factor = float(scaling.get("factor") or 1.0)
+    attention_factor = scaling.get("attention_factor")
+    if attention_factor is None:
+        attention_factor = (
+            1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+        )
+    exponents = torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim
+    positions = torch.arange(max_position, dtype=torch.float32)
+    tables = []
+    for name, rows in (
+        ("short_factor", positions[:original]),
+        ("long_factor", positions[original:]),
+    ):
+        ext = torch.tensor(scaling[name], dtype=torch.float32)
+        inv_freq = 1.0 / (ext * base**exponents)
+        freqs = torch.outer(rows, inv_freq)
+        tables.append(torch.cat([freqs.cos(), freqs.sin()], dim=-1) * attention_factor)
+    return torch.cat(tables)
+
+
+def _is_longrope(scaling: dict[str, Any] | None) -> bool:
+    return scaling is not None and scaling.get("rope_type", scaling.get("type")) in (
+        "longrope",
+        "su",
     )
 
 
 class RotaryEmbedding(nn.Module):
     """Neox-style RoPE: the first and second halves of each head's rotary dims form pairs.
 
-    One instance is shared by every layer of a model; it holds a [max_position, rotary_dim]
-    table of (cos | sin) computed once in float32.
+    One instance is shared by the layers of a model that rotate alike; it holds a
+    [max_position, rotary_dim] table of (cos | sin) computed once in float32.
     """
 
     cos_sin_cache: torch.Tensor
@@ -81,10 +122,14 @@ class RotaryEmbedding(nn.Module):
         self.head_size = head_size
         self.rotary_dim = rotary_dim or head_size
         self.max_position = max_position
-        inv_freq = compute_inv_freq(self.rotary_dim, base, scaling)  # [rotary_dim / 2]
-        positions = torch.arange(max_position, dtype=torch.float32)
-        freqs = torch.outer(positions, inv_freq)  # [max_position, rotary_dim / 2]
-        cos_sin = torch.cat([freqs.cos(), freqs.sin()], dim=-1)  # [max_position, rotary_dim]
+        if _is_longrope(scaling):
+            assert scaling is not None
+            cos_sin = _longrope_table(self.rotary_dim, max_position, base, scaling)
+        else:
+            inv_freq = compute_inv_freq(self.rotary_dim, base, scaling)  # [rotary_dim / 2]
+            positions = torch.arange(max_position, dtype=torch.float32)
+            freqs = torch.outer(positions, inv_freq)  # [max_position, rotary_dim / 2]
+            cos_sin = torch.cat([freqs.cos(), freqs.sin()], dim=-1)  # [max_position, rotary_dim]
         # Not persistent: it is derived from the config, never read from checkpoints.
         self.register_buffer("cos_sin_cache", cos_sin, persistent=False)
         # The (cos, sin) of the last positions tensor seen: every layer of a step rotates by

@@ -19,7 +19,7 @@ from pagedllm.layers.quantization import GroupCodes
 from pagedllm.logger import init_logger
 from pagedllm.model_loader.gguf import iterate_gguf_weights
 from pagedllm.model_loader.safetensors import iterate_safetensors_weights
-from pagedllm.models.registry import resolve_model_class, verify_model_support
+from pagedllm.models.registry import resolve_model_class
 from pagedllm.utils import native
 
 logger = init_logger(__name__)
@@ -105,7 +105,6 @@ def get_model(model_config: ModelConfig, device: str = "cpu") -> torch.nn.Module
         ValueError: for unsupported architectures or configs, or when the checkpoint leaves
             some parameter unfilled.
     """
-    verify_model_support(model_config.hf_config, model_config.max_model_len)
     model_class = resolve_model_class(model_config.architecture)
     dtype = to_torch_dtype(model_config.dtype)
     with _default_dtype(dtype), torch.device(device):

@@ -1,119 +1,130 @@
-"""Building blocks shared by Llama-like decoder models (pre-norm, RoPE, gated MLP).
+"""The one decoder every architecture here is: built and run from a `DecoderSpec` (spec.py).
 
-A model file only states how its HF config maps onto a `DecoderSpec` (biases, tying); this
-file builds the decoder stack, runs it, and loads HF-named checkpoints through the
-parameters' `weight_loader` hooks. Attention metadata and the KV cache are never touched
-here: the `Attention` layer gets them from the forward context (as does the CPU decode
-stack, which replaces the layer loop for decode-only steps: cpu_decode_stack.py).
+A model file states how its HF config maps onto a spec and, where its checkpoint names its
+tensors differently, how those names map onto ours (`remap_weight`); this file builds the
+layers the spec asks for, runs them, and loads HF-named checkpoints through the parameters'
+`weight_loader` hooks. Attention metadata and the KV cache are never touched here: the
+`Attention` layer gets them from the forward context (as does the CPU decode stack, which
+replaces the layer loop for decode-only steps of the layers it can run: cpu_decode_stack.py).
+
+Our module names are HF's Llama names: model.embed_tokens, model.embed_positions (learned
+positions), model.layers.N.{input_layernorm, self_attn.{qkv_proj, o_proj, q_norm, k_norm},
+post_attention_layernorm, pre_feedforward_layernorm, post_feedforward_layernorm, mlp.*},
+model.norm, lm_head.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
 from torch import nn
 
-from pagedllm.layers.activation import SiluAndMul
 from pagedllm.layers.attention import Attention
 from pagedllm.layers.embedding import LMHead, VocabEmbedding
-from pagedllm.layers.layernorm import RMSNorm
-from pagedllm.layers.linear import Linear, MergedColumnLinear, QKVLinear, default_weight_loader
-from pagedllm.layers.rotary import RotaryEmbedding, rope_config_of
+from pagedllm.layers.layernorm import make_norm
+from pagedllm.layers.linear import Linear, QKVLinear, default_weight_loader
+from pagedllm.layers.mlp import GatedMLP, PlainMLP
+from pagedllm.layers.moe import FusedMoE, SharedExpertMoE
+from pagedllm.layers.quantization import GroupCodes
+from pagedllm.layers.rotary import RotaryEmbedding
 from pagedllm.models.cpu_decode_stack import CpuDecodeStack
+from pagedllm.models.spec import DecoderSpec, MoESpec, RopeSpec
+
+__all__ = ["DecoderForCausalLM", "DecoderSpec", "MoESpec", "RopeSpec"]
+
+Weight = torch.Tensor | GroupCodes
 
 
-@dataclass(frozen=True)
-class DecoderSpec:
-    """Dimensions and options of a pre-norm RoPE decoder, resolved from an HF config."""
+class DecoderAttention(nn.Module):
+    """Fused QKV projection, optional per-head q/k norms, RoPE (unless positions are
+    learned), paged attention (windowed on sliding layers), output projection."""
 
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    max_position: int
-    rope_theta: float
-    rope_scaling: dict[str, Any] | None
-    qkv_bias: bool = False
-    o_bias: bool = False
-    mlp_bias: bool = False
-    tie_word_embeddings: bool = False
-
-    @classmethod
-    def from_hf(cls, hf_config: Any, **options: bool) -> DecoderSpec:
-        """Read the common fields of a Llama-family config; `options` sets biases/tying."""
-        num_heads = hf_config.num_attention_heads
-        head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // num_heads
-        theta, scaling = rope_config_of(hf_config)
-        options.setdefault(
-            "tie_word_embeddings", bool(getattr(hf_config, "tie_word_embeddings", False))
-        )
-        return cls(
-            vocab_size=hf_config.vocab_size,
-            hidden_size=hf_config.hidden_size,
-            intermediate_size=hf_config.intermediate_size,
-            num_layers=hf_config.num_hidden_layers,
-            num_heads=num_heads,
-            num_kv_heads=getattr(hf_config, "num_key_value_heads", None) or num_heads,
-            head_dim=head_dim,
-            rms_norm_eps=float(getattr(hf_config, "rms_norm_eps", 1e-6)),
-            max_position=int(getattr(hf_config, "max_position_embeddings", 4096)),
-            rope_theta=theta,
-            rope_scaling=scaling,
-            **options,
-        )
-
-
-class GatedMLP(nn.Module):
-    """down(silu(gate(x)) * up(x)), with gate and up fused into one matmul."""
-
-    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False) -> None:
-        super().__init__()
-        self.gate_up_proj = MergedColumnLinear(hidden_size, [intermediate_size] * 2, bias)
-        self.down_proj = Linear(intermediate_size, hidden_size, bias)
-        self.act_fn = SiluAndMul()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """[T, hidden] → [T, hidden]."""
-        return self.down_proj(self.act_fn(self.gate_up_proj(x)))  # via [T, 2 * intermediate]
-
-
-class RopeSelfAttention(nn.Module):
-    """Fused QKV projection, RoPE on q/k, paged attention, output projection."""
-
-    def __init__(self, spec: DecoderSpec, rotary_emb: RotaryEmbedding, layer_idx: int) -> None:
+    def __init__(
+        self, spec: DecoderSpec, rotary_emb: RotaryEmbedding | None, layer_idx: int
+    ) -> None:
         super().__init__()
         self.qkv_proj = QKVLinear(
             spec.hidden_size, spec.head_dim, spec.num_heads, spec.num_kv_heads, spec.qkv_bias
         )
         self.o_proj = Linear(spec.num_heads * spec.head_dim, spec.hidden_size, spec.o_bias)
+        self.q_norm: nn.Module | None = None
+        self.k_norm: nn.Module | None = None
+        if spec.qk_norm:
+            self.q_norm = make_norm(spec.norm, spec.head_dim, spec.norm_eps)
+            self.k_norm = make_norm(spec.norm, spec.head_dim, spec.norm_eps)
         self.rotary_emb = rotary_emb
         self.attn = Attention(
-            spec.num_heads, spec.head_dim, spec.head_dim**-0.5, spec.num_kv_heads, layer_idx
-        )
+            spec.num_heads, spec.head_dim, spec.scale, spec.num_kv_heads, layer_idx,
+            spec.layer_windows[layer_idx],
+        )  # fmt: skip
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
         """[T] positions, [T, hidden] → [T, hidden]."""
         qk, v = self.qkv_proj.split_qk_v(self.qkv_proj(hidden_states))  # [T, (H+Hkv)*D]
-        q, k = self.rotary_emb.forward_adjacent(positions, qk, self.attn.num_heads)
+        if self.q_norm is not None:
+            qk = self._norm_heads(qk)
+        num_heads = self.attn.num_heads
+        if self.rotary_emb is None:  # learned positions: nothing to rotate
+            q, k = qk.split([self.qkv_proj.q_size, self.qkv_proj.kv_size], dim=1)
+        else:
+            q, k = self.rotary_emb.forward_adjacent(positions, qk, num_heads)
         return self.o_proj(self.attn(q, k, v))  # attention out [T, H * D]
+
+    def _norm_heads(self, qk: torch.Tensor) -> torch.Tensor:
+        """q and k normalised per head over head_dim, side by side again [T, (H+Hkv)*D]."""
+        assert self.q_norm is not None and self.k_norm is not None
+        num_tokens, head_size = qk.shape[0], self.attn.head_size
+        q_size = self.attn.num_heads * head_size
+        q, k = qk[:, :q_size], qk[:, q_size:]
+        q, _ = self.q_norm(q.reshape(-1, head_size).contiguous())
+        k, _ = self.k_norm(k.reshape(-1, head_size).contiguous())
+        return torch.cat([q.view(num_tokens, -1), k.view(num_tokens, -1)], dim=1)
+
+
+def _make_mlp(spec: DecoderSpec, layer_idx: int) -> nn.Module:
+    """The layer's feed-forward block: experts, gated or plain, as the spec says."""
+    moe = spec.moe
+    if moe is not None and spec.is_sparse(layer_idx):
+        if moe.shared_intermediate_size:
+            return SharedExpertMoE(
+                spec.hidden_size, moe.intermediate_size, moe.num_experts, moe.top_k,
+                moe.renormalize, moe.shared_intermediate_size, spec.activation,
+            )  # fmt: skip
+        return FusedMoE(
+            spec.hidden_size, moe.intermediate_size, moe.num_experts, moe.top_k,
+            moe.renormalize, spec.activation,
+        )  # fmt: skip
+    if spec.mlp == "plain":
+        return PlainMLP(spec.hidden_size, spec.intermediate_size, spec.mlp_bias, spec.activation)
+    return GatedMLP(spec.hidden_size, spec.intermediate_size, spec.mlp_bias, spec.activation)
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm block: x + attn(norm(x)), then + mlp(norm(.)), with fused residual adds."""
+    """Pre-norm block: x + attn(norm(x)), then + mlp(norm(.)), with fused residual adds.
 
-    def __init__(self, spec: DecoderSpec, rotary_emb: RotaryEmbedding, layer_idx: int) -> None:
+    With `sandwich_norms` (Gemma 3) the attention and MLP outputs are normalised too
+    (post_attention_layernorm, post_feedforward_layernorm) and pre_feedforward_layernorm
+    is the norm before the MLP; otherwise post_attention_layernorm is.
+    """
+
+    def __init__(
+        self, spec: DecoderSpec, rotary_emb: RotaryEmbedding | None, layer_idx: int
+    ) -> None:
         super().__init__()
-        self.self_attn = RopeSelfAttention(spec, rotary_emb, layer_idx)
-        self.mlp = GatedMLP(spec.hidden_size, spec.intermediate_size, spec.mlp_bias)
-        self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.self_attn = DecoderAttention(spec, rotary_emb, layer_idx)
+        self.mlp = _make_mlp(spec, layer_idx)
+
+        def norm() -> nn.Module:
+            return make_norm(spec.norm, spec.hidden_size, spec.norm_eps, spec.norm_bias)
+
+        self.input_layernorm = norm()
+        self.post_attention_layernorm = norm()
+        self.sandwich = spec.sandwich_norms
+        if self.sandwich:
+            self.pre_feedforward_layernorm = norm()
+            self.post_feedforward_layernorm = norm()
 
     def forward(
         self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None
@@ -122,23 +133,46 @@ class DecoderLayer(nn.Module):
         # The residual add of the previous block happens inside this norm.
         hidden_states, residual = self.input_layernorm(hidden_states, residual)
         hidden_states = self.self_attn(positions, hidden_states)
+        if self.sandwich:
+            hidden_states, _ = self.post_attention_layernorm(hidden_states)
+            hidden_states, residual = self.pre_feedforward_layernorm(hidden_states, residual)
+            hidden_states, _ = self.post_feedforward_layernorm(self.mlp(hidden_states))
+            return hidden_states, residual
         hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
         return self.mlp(hidden_states), residual
 
 
+def _rotary_embeddings(spec: DecoderSpec) -> list[RotaryEmbedding | None]:
+    """Each layer's rotary embedding; layers that rotate alike share one (and its table)."""
+    shared: dict[tuple[Any, ...], RotaryEmbedding] = {}
+    result: list[RotaryEmbedding | None] = []
+    for rope in spec.layer_ropes:
+        if rope is None:
+            result.append(None)
+            continue
+        if rope.key() not in shared:
+            shared[rope.key()] = RotaryEmbedding(
+                spec.head_dim, spec.max_position, rope.theta, rope.scaling, rope.rotary_dim
+            )
+        result.append(shared[rope.key()])
+    return result
+
+
 class DecoderModel(nn.Module):
-    """Embedding, the decoder layers and the final norm (HF's `model.` prefix)."""
+    """Embeddings, the decoder layers and the final norm (HF's `model.` prefix)."""
 
     def __init__(self, spec: DecoderSpec) -> None:
         super().__init__()
+        self.spec = spec
         self.embed_tokens = VocabEmbedding(spec.vocab_size, spec.hidden_size)
-        rotary_emb = RotaryEmbedding(
-            spec.head_dim, spec.max_position, spec.rope_theta, spec.rope_scaling
-        )
-        self.layers = nn.ModuleList(
-            DecoderLayer(spec, rotary_emb, i) for i in range(spec.num_layers)
-        )
-        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.embed_positions: VocabEmbedding | None = None
+        if spec.learned_positions:
+            self.embed_positions = VocabEmbedding(
+                spec.max_position + spec.position_offset, spec.hidden_size
+            )
+        ropes = _rotary_embeddings(spec)
+        self.layers = nn.ModuleList(DecoderLayer(spec, ropes[i], i) for i in range(spec.num_layers))
+        self.norm = make_norm(spec.norm, spec.hidden_size, spec.norm_eps, spec.norm_bias)
         self.cpu_decode_stack: CpuDecodeStack | None = None
 
     def build_cpu_decode_stack(self) -> None:
@@ -146,9 +180,22 @@ class DecoderModel(nn.Module):
         model qualifies (see cpu_decode_stack.py)."""
         self.cpu_decode_stack = CpuDecodeStack.build(self)
 
+    def embed(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """[T] ids and positions → [T, hidden] input embeddings (scaled, plus positions)."""
+        hidden_states = self.embed_tokens(input_ids)
+        if self.spec.embedding_scale is not None:
+            # As Gemma: the scale is rounded to the model dtype first.
+            scale = torch.tensor(self.spec.embedding_scale, dtype=hidden_states.dtype)
+            hidden_states = hidden_states * scale
+        if self.embed_positions is not None:
+            hidden_states = hidden_states + self.embed_positions(
+                positions + self.spec.position_offset
+            )
+        return hidden_states
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """[T] ids and positions → [T, hidden] final hidden states."""
-        hidden_states = self.embed_tokens(input_ids)  # [T, hidden]
+        hidden_states = self.embed(input_ids, positions)  # [T, hidden]
         residual: torch.Tensor | None = None
         stack = self.cpu_decode_stack
         if stack is not None and stack.serves(hidden_states, positions):
@@ -163,8 +210,9 @@ class DecoderModel(nn.Module):
 class DecoderForCausalLM(nn.Module):
     """A `DecoderModel` plus the LM head, with HF-named weight loading (the CausalLM protocol).
 
-    Subclasses set `packed_modules_mapping` if their checkpoints differ; the default maps HF's
-    separate q/k/v and gate/up projections onto the fused parameters.
+    Subclasses build the spec from the config and override `remap_weight` when their
+    checkpoints name (or lay out) tensors differently from HF Llama; `packed_modules_mapping`
+    maps separate q/k/v and gate/up tensors onto the fused parameters.
     """
 
     packed_modules_mapping: dict[str, tuple[str, str | int]] = {
@@ -191,7 +239,16 @@ class DecoderForCausalLM(nn.Module):
     ) -> torch.Tensor:
         """[N, hidden] → [N, vocab] logits; pass only the positions to sample. With
         `ranking_only` (argmax only) the LM head may shortlist (see LMHead.forward)."""
-        return self.lm_head(hidden_states, ranking_only)
+        logits = self.lm_head(hidden_states, ranking_only)
+        cap = self.spec.final_logit_softcap
+        if cap is not None:  # monotonic: rankings are unchanged
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+    def remap_weight(self, hf_name: str, tensor: Weight) -> Iterator[tuple[str, Weight]]:
+        """The (name in Llama's HF naming, tensor) pairs a checkpoint tensor becomes; none
+        to skip it. The default keeps it as it is."""
+        yield hf_name, tensor
 
     def _is_skipped(self, hf_name: str) -> bool:
         # Rotary tables are rebuilt from the config; a tied head is the embedding itself.
@@ -199,26 +256,27 @@ class DecoderForCausalLM(nn.Module):
             return True
         return self.spec.tie_word_embeddings and hf_name.startswith("lm_head.")
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+    def load_weights(self, weights: Iterable[tuple[str, Weight]]) -> set[str]:
         """Load HF-named tensors; return the names of the parameters that were filled."""
         params = dict(self.named_parameters())
         loaded: set[str] = set()
-        for hf_name, tensor in weights:
-            if self._is_skipped(hf_name):
-                continue
-            for hf_part, (fused_part, shard_id) in self.packed_modules_mapping.items():
-                if f".{hf_part}." in hf_name:
-                    name = hf_name.replace(f".{hf_part}.", f".{fused_part}.")
-                    param = self._param(params, name, hf_name)
-                    param.weight_loader(param, tensor, shard_id)  # type: ignore[attr-defined]
-                    break
-            else:
-                name = hf_name
-                param = self._param(params, name, hf_name)
-                loader = getattr(param, "weight_loader", default_weight_loader)
-                loader(param, tensor)
-            loaded.add(name)
+        for checkpoint_name, checkpoint_tensor in weights:
+            for hf_name, tensor in self.remap_weight(checkpoint_name, checkpoint_tensor):
+                if not self._is_skipped(hf_name):
+                    loaded.add(self._load_one(params, hf_name, tensor))
         return loaded
+
+    def _load_one(self, params: dict[str, nn.Parameter], hf_name: str, tensor: Weight) -> str:
+        """Load one tensor into its (possibly fused) parameter; return the parameter name."""
+        for hf_part, (fused_part, shard_id) in self.packed_modules_mapping.items():
+            if f".{hf_part}." in hf_name:
+                name = hf_name.replace(f".{hf_part}.", f".{fused_part}.")
+                param = self._param(params, name, hf_name)
+                param.weight_loader(param, tensor, shard_id)  # type: ignore[attr-defined]
+                return name
+        param = self._param(params, hf_name, hf_name)
+        getattr(param, "weight_loader", default_weight_loader)(param, tensor)
+        return hf_name
 
     @staticmethod
     def _param(params: dict[str, nn.Parameter], name: str, hf_name: str) -> nn.Parameter:

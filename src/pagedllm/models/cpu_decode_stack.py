@@ -31,6 +31,7 @@ from pagedllm.layers.activation import SiluAndMul
 from pagedllm.layers.forward_context import get_forward_context
 from pagedllm.layers.layernorm import RMSNorm
 from pagedllm.layers.linear import Linear
+from pagedllm.layers.mlp import GatedMLP
 from pagedllm.layers.quantization import W4A8Weight
 from pagedllm.layers.rotary import RotaryEmbedding
 
@@ -81,8 +82,7 @@ def _max_quantized_tokens(layers: list[DecoderLayer]) -> int | None:
     limits = [
         weight.max_tokens
         for layer in layers
-        for linear in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
-                       layer.mlp.gate_up_proj, layer.mlp.down_proj)
+        for linear in _matrices(layer)
         if linear.keeps_dense and (weight := _w4a8(linear)) is not None
         and weight.max_tokens is not None
     ]
@@ -94,23 +94,41 @@ def _decoder_layers(model: DecoderModel) -> list[DecoderLayer]:
     return cast("list[DecoderLayer]", list(model.layers))
 
 
+def _matrices(layer: DecoderLayer) -> tuple[Linear, Linear, Linear, Linear]:
+    """A standard layer's qkv, o, gate_up and down projections."""
+    mlp = cast("GatedMLP", layer.mlp)
+    return layer.self_attn.qkv_proj, layer.self_attn.o_proj, mlp.gate_up_proj, mlp.down_proj
+
+
+def _rotary(layer: DecoderLayer) -> RotaryEmbedding:
+    """A standard layer's rotary embedding (it has one: see _standard_layer)."""
+    rotary = layer.self_attn.rotary_emb
+    assert rotary is not None
+    return rotary
+
+
 def _standard_layer(layer: DecoderLayer) -> bool:
-    """True when `layer` is exactly the Llama block the C loop implements."""
-    from pagedllm.models.common import DecoderLayer, GatedMLP, RopeSelfAttention
+    """True when `layer` is exactly the Llama block the C loop implements: RMSNorm before
+    attention and MLP (no sandwich norms, no q/k norms), neox RoPE over whole heads, full
+    attention (no window), a SiLU-gated MLP (no experts), W4A8 matrices without biases.
+    Other layers (Gemma 3, Qwen3, GPT-2, OPT, MoE, sliding windows) run the Python layers:
+    csrc/decode_stack.c would need their parts first."""
+    from pagedllm.models.common import DecoderAttention, DecoderLayer
 
     attn, mlp = layer.self_attn, layer.mlp
     norms = (layer.input_layernorm, layer.post_attention_layernorm)
     return (
         type(layer) is DecoderLayer
-        and type(attn) is RopeSelfAttention
+        and not layer.sandwich
+        and type(attn) is DecoderAttention
+        and attn.q_norm is None
+        and attn.attn.sliding_window is None
         and type(mlp) is GatedMLP
         and type(mlp.act_fn) is SiluAndMul
         and type(attn.rotary_emb) is RotaryEmbedding
+        and attn.rotary_emb.rotary_dim == attn.rotary_emb.head_size
         and all(type(n) is RMSNorm and n.weight.dtype == torch.bfloat16 for n in norms)
-        and all(
-            _w4a8(linear) is not None
-            for linear in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
-        )
+        and all(_w4a8(linear) is not None for linear in _matrices(layer))
     )
 
 
@@ -126,14 +144,14 @@ class CpuDecodeStack:
         self.layers = _decoder_layers(model)
         first = self.layers[0]
         attn = first.self_attn.attn
-        self.rotary = first.self_attn.rotary_emb
+        self.rotary = _rotary(first)
         self.dims = _StackDims(
             num_layers=len(self.layers),
             hidden=first.input_layernorm.hidden_size,
             num_heads=attn.num_heads,
             num_kv_heads=attn.num_kv_heads,
             head_size=attn.head_size,
-            intermediate=first.mlp.down_proj.input_size,
+            intermediate=_matrices(first)[3].input_size,
             rot_dim=self.rotary.cos_sin_cache.shape[1],
             eps=first.input_layernorm.eps,
             scale=attn.scale,
@@ -149,7 +167,7 @@ class CpuDecodeStack:
         layers = _decoder_layers(model)
         if not layers or not all(_standard_layer(layer) for layer in layers):
             return None
-        rotary = layers[0].self_attn.rotary_emb
+        rotary = _rotary(layers[0])
         if any(layer.self_attn.rotary_emb is not rotary for layer in layers):
             return None
         if rotary.cos_sin_cache.dtype != torch.float32 or rotary.head_size != (
@@ -211,11 +229,10 @@ class CpuDecodeStack:
         self.dims.num_blocks, self.dims.block_size = num_blocks, block_size
         table = (_StackLayer * len(self.layers))()
         for entry, layer, kv_cache in zip(table, self.layers, kv_caches, strict=True):
-            attn, mlp = layer.self_attn, layer.mlp
-            linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
-            weights = [_w4a8(linear) for linear in linears]
-            entry.input_norm = layer.input_layernorm.weight.data_ptr()
-            entry.post_norm = layer.post_attention_layernorm.weight.data_ptr()
+            weights = [_w4a8(linear) for linear in _matrices(layer)]
+            norms = cast("tuple[RMSNorm, RMSNorm]", (layer.input_layernorm,
+                                                     layer.post_attention_layernorm))
+            entry.input_norm, entry.post_norm = (norm.weight.data_ptr() for norm in norms)
             entry.qkv, entry.o, entry.gate_up, entry.down = (
                 w.packed.data_ptr() for w in weights  # type: ignore[union-attr]
             )

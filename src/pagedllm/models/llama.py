@@ -1,4 +1,5 @@
-"""Llama-family causal LM: Llama 2/3, SmolLM2, TinyLlama, Mistral without sliding window.
+"""Llama-family causal LM: Llama 2/3, SmolLM2, TinyLlama, and Mistral (with its sliding
+window, read from the config by DecoderSpec.from_hf).
 
 Only the config → `DecoderSpec` mapping lives here; the layers are shared in `common.py`.
 """

@@ -1,7 +1,7 @@
-"""Qwen2 / Qwen2.5 causal LM: a Llama-like decoder with q/k/v biases and optional tying.
+"""Qwen2 / Qwen2.5 causal LM: a Llama-like decoder with q/k/v biases and optional tying
+(a sliding window, where the config turns it on, applies to the layers it names).
 
 Only the config → `DecoderSpec` mapping lives here; the layers are shared in `common.py`.
-Sliding-window attention is not supported (Qwen2 checkpoints ship with it disabled).
 """
 
 from __future__ import annotations
@@ -15,7 +15,5 @@ class Qwen2ForCausalLM(DecoderForCausalLM):
     """HF `Qwen2ForCausalLM` over the paged KV cache."""
 
     def __init__(self, hf_config: Any) -> None:
-        if getattr(hf_config, "use_sliding_window", False):
-            raise ValueError("Qwen2 with use_sliding_window=True is not supported.")
         spec = DecoderSpec.from_hf(hf_config, qkv_bias=True, o_bias=False, mlp_bias=False)
         super().__init__(spec)

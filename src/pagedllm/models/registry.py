@@ -1,7 +1,8 @@
 """Map HF architecture names to pagedllm model classes, imported lazily.
 
 A model module is imported only when its architecture is asked for, so an unused family's
-import cost (or breakage) never touches other models. This module builds no models.
+import cost (or breakage) never touches other models. It builds models only on the meta
+device, to check a config early (check_model_config).
 """
 
 from __future__ import annotations
@@ -9,12 +10,20 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-# HF `architectures[0]` → (module, class). Mistral is the llama architecture with a window
-# that verify_model_support rejects when it would matter.
+# HF `architectures[0]` → (module, class). Mistral is the llama architecture (its sliding
+# window comes from the config).
 _MODELS: dict[str, tuple[str, str]] = {
     "LlamaForCausalLM": ("pagedllm.models.llama", "LlamaForCausalLM"),
     "MistralForCausalLM": ("pagedllm.models.llama", "LlamaForCausalLM"),
     "Qwen2ForCausalLM": ("pagedllm.models.qwen2", "Qwen2ForCausalLM"),
+    "Qwen3ForCausalLM": ("pagedllm.models.qwen3", "Qwen3ForCausalLM"),
+    "Gemma3ForCausalLM": ("pagedllm.models.gemma3", "Gemma3ForCausalLM"),
+    "Phi3ForCausalLM": ("pagedllm.models.phi3", "Phi3ForCausalLM"),
+    "GPT2LMHeadModel": ("pagedllm.models.gpt2", "GPT2LMHeadModel"),
+    "OPTForCausalLM": ("pagedllm.models.opt", "OPTForCausalLM"),
+    "MixtralForCausalLM": ("pagedllm.models.moe", "MixtralForCausalLM"),
+    "Qwen2MoeForCausalLM": ("pagedllm.models.moe", "Qwen2MoeForCausalLM"),
+    "Qwen3MoeForCausalLM": ("pagedllm.models.moe", "Qwen3MoeForCausalLM"),
 }
 
 
@@ -56,35 +65,16 @@ def supported_architectures() -> list[str]:
     return _REGISTRY.supported_architectures()
 
 
-def verify_model_support(hf_config: Any, max_model_len: int) -> None:
-    """Reject configs whose attention pagedllm would compute wrongly at this length.
-
-    Sliding-window attention is not implemented: a window shorter than `max_model_len` would
-    silently let tokens attend further back than the model was trained to.
+def check_model_config(architecture: str, hf_config: Any) -> None:
+    """Build the model for `hf_config` on the meta device (no memory, no weights), so that a
+    config it cannot run (an option not built here) fails when the engine is configured,
+    with the model's own ValueError, rather than at load time in the engine process.
 
     Raises:
-        ValueError: when the checkpoint's sliding window is smaller than max_model_len.
+        ValueError: for an unsupported architecture or config.
     """
-    window = get_sliding_window(hf_config)
-    if window is not None and window < max_model_len:
-        raise ValueError(
-            f"This model uses sliding-window attention (sliding_window={window}), which "
-            f"pagedllm does not implement, and max_model_len={max_model_len} exceeds the "
-            f"window. Pass max_model_len <= {window} to run it with exact results."
-        )
+    import torch
 
-
-def get_sliding_window(hf_config: Any) -> int | None:
-    """The attention window the checkpoint uses, or None when every layer attends fully."""
-    window = getattr(hf_config, "sliding_window", None)
-    if not isinstance(window, int) or window <= 0:
-        return None
-    # Qwen2 configs carry a window that is off unless `use_sliding_window` says otherwise.
-    if getattr(hf_config, "model_type", None) == "qwen2" and not getattr(
-        hf_config, "use_sliding_window", False
-    ):
-        return None
-    layer_types = getattr(hf_config, "layer_types", None)
-    if layer_types and "sliding_attention" not in layer_types:
-        return None
-    return window
+    model_class = resolve_model_class(architecture)
+    with torch.device("meta"):
+        model_class(hf_config)

@@ -1,0 +1,42 @@
+"""Feed-forward blocks of a decoder layer: the gated MLP (SwiGLU / GeGLU) and the plain one
+(GPT-2, OPT). Built from the fused linears; nothing here knows about attention."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from pagedllm.layers.activation import apply_activation, gated_activation
+from pagedllm.layers.linear import Linear, MergedColumnLinear
+
+
+class GatedMLP(nn.Module):
+    """down(act(gate(x)) * up(x)), with gate and up fused into one matmul."""
+
+    def __init__(
+        self, hidden_size: int, intermediate_size: int, bias: bool = False, activation: str = "silu"
+    ) -> None:
+        super().__init__()
+        self.gate_up_proj = MergedColumnLinear(hidden_size, [intermediate_size] * 2, bias)
+        self.down_proj = Linear(intermediate_size, hidden_size, bias)
+        self.act_fn = gated_activation(activation)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """[T, hidden] → [T, hidden]."""
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))  # via [T, 2 * intermediate]
+
+
+class PlainMLP(nn.Module):
+    """fc2(act(fc1(x))): GPT-2's c_fc / c_proj and OPT's fc1 / fc2, with biases."""
+
+    def __init__(
+        self, hidden_size: int, intermediate_size: int, bias: bool, activation: str
+    ) -> None:
+        super().__init__()
+        self.fc1 = Linear(hidden_size, intermediate_size, bias)
+        self.fc2 = Linear(intermediate_size, hidden_size, bias)
+        self.activation = activation
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """[T, hidden] → [T, hidden]."""
+        return self.fc2(apply_activation(self.activation, self.fc1(x)))

@@ -1,0 +1,103 @@
+"""Sparse mixture-of-experts MLP (Mixtral, Qwen2-MoE, Qwen3-MoE): top-k routing, then each
+expert's gated MLP over exactly the tokens routed to it.
+
+Tokens are grouped by expert with one sort of the (token, choice) pairs, so the work is one
+matmul chain per expert that has tokens, never a loop over tokens. The experts are ordinary
+fused `Linear` layers, so weight-only quantization (the W4A8 CPU kernels) applies to them as
+to any other matrix. The router stays dense: routing is a discrete choice, and a quantized
+router would send tokens to other experts.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from pagedllm.layers.linear import Linear
+from pagedllm.layers.mlp import GatedMLP
+
+
+class RouterLinear(Linear):
+    """The router's [num_experts, hidden] projection: never quantized (see the module doc)."""
+
+    def quantize(self, method: str, keep_dense: bool) -> None:
+        """Kept dense whatever the model's quantization."""
+        del method, keep_dense
+
+
+class FusedMoE(nn.Module):
+    """Route each token to its `top_k` experts and sum their outputs by routing weight.
+
+    Routing as in transformers: softmax over the router logits in float32, top-k, optionally
+    renormalised to sum to one, then cast to the activations' dtype.
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        num_experts: int,
+        top_k: int,
+        renormalize: bool,
+        activation: str = "silu",
+    ) -> None:
+        super().__init__()
+        self.num_experts = num_experts
+        self.top_k = top_k
+        self.renormalize = renormalize
+        self.gate = RouterLinear(hidden_size, num_experts)
+        self.experts = nn.ModuleList(
+            GatedMLP(hidden_size, intermediate_size, activation=activation)
+            for _ in range(num_experts)
+        )
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights [T, top_k] in x's dtype, expert ids [T, top_k]) of each token."""
+        probs = torch.softmax(self.gate(x).float(), dim=-1)  # [T, E]
+        weights, ids = torch.topk(probs, self.top_k, dim=-1)
+        if self.renormalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return weights.to(x.dtype), ids
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """[T, hidden] → [T, hidden]: the routed experts' outputs, weighted and summed."""
+        weights, ids = self.route(x)
+        flat_ids = ids.view(-1)  # [T * top_k], choice c of token t at t * top_k + c
+        order = torch.argsort(flat_ids, stable=True)  # choices grouped by expert
+        counts = torch.bincount(flat_ids, minlength=self.num_experts).tolist()
+        token_of = order // self.top_k  # [T * top_k] token of each grouped choice
+        grouped = x.index_select(0, token_of)  # [T * top_k, hidden]
+        out = torch.empty_like(grouped)
+        start = 0
+        for expert, count in zip(self.experts, counts, strict=True):
+            if count:  # one chain of matmuls over all the tokens this expert serves
+                out[start : start + count] = expert(grouped[start : start + count])
+                start += count
+        out.mul_(weights.view(-1).index_select(0, order).unsqueeze(1))
+        return torch.zeros_like(x).index_add_(0, token_of, out)
+
+
+class SharedExpertMoE(FusedMoE):
+    """Qwen2-MoE's block: the routed experts plus a shared expert that every token uses,
+    scaled by sigmoid(shared_expert_gate(x))."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        num_experts: int,
+        top_k: int,
+        renormalize: bool,
+        shared_intermediate_size: int,
+        activation: str = "silu",
+    ) -> None:
+        super().__init__(
+            hidden_size, intermediate_size, num_experts, top_k, renormalize, activation
+        )
+        self.shared_expert = GatedMLP(hidden_size, shared_intermediate_size, activation=activation)
+        self.shared_expert_gate = RouterLinear(hidden_size, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Routed experts + sigmoid-gated shared expert, [T, hidden] → [T, hidden]."""
+        shared = self.shared_expert(x) * torch.sigmoid(self.shared_expert_gate(x))
+        return super().forward(x) + shared
