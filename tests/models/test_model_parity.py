@@ -91,7 +91,7 @@ def tiny_llama_variant_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 _GPT2_NORMS = ("ln_1.weight", "ln_2.weight", "ln_f.weight")
 
 
-def _save_random(tmp: Path, config) -> Path:
+def save_random(tmp: Path, config) -> Path:
     """A random transformers model of `config`, with biases and norm weights random too
     (not their 0 / 1 defaults, which would hide a missing bias or a (1 + w) norm)."""
     from transformers import AutoModelForCausalLM
@@ -115,8 +115,16 @@ _COMMON = dict(
 )  # fmt: skip
 
 
+def arch_config(arch: str, **overrides):
+    """The tiny config of each architecture the parity tests cover (`overrides` set
+    token ids and vocabulary size for engine tests)."""
+    config = _config(arch)
+    for name, value in overrides.items():
+        setattr(config, name, value)
+    return config
+
+
 def _config(arch: str):
-    """The tiny config of each architecture the parity tests cover."""
     import transformers as tf
 
     if arch == "qwen3":
@@ -183,7 +191,7 @@ def tiny_arch_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def _arch_dir(dirs: dict[str, Path], arch: str, factory: pytest.TempPathFactory) -> Path:
     if arch not in dirs:
-        dirs[arch] = _save_random(factory.mktemp(f"tiny_{arch}"), _config(arch))
+        dirs[arch] = save_random(factory.mktemp(f"tiny_{arch}"), _config(arch))
     return dirs[arch]
 
 
