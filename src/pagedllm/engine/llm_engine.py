@@ -16,7 +16,7 @@ from pagedllm.engine.output_processor import OutputProcessor
 from pagedllm.engine.protocol import EngineCoreRequest
 from pagedllm.outputs import RequestOutput
 from pagedllm.sampling_params import SamplingParams
-from pagedllm.tokenizer.tokenizer import get_eos_token_id, get_tokenizer
+from pagedllm.tokenizer.tokenizer import get_end_of_turn_ids, get_eos_token_id, get_tokenizer
 
 
 class LLMEngine:
@@ -44,6 +44,7 @@ class LLMEngine:
         self.input_processor = InputProcessor(
             self.tokenizer, model_config.max_model_len, vocab_size, eos_token_id,
             engine_config.structured_outputs_config.resolved_backend,
+            get_end_of_turn_ids(self.tokenizer, model_config.hf_config, eos_token_id),
         )
         self.output_processor = OutputProcessor(self.tokenizer)
         self.engine_core: EngineCoreClient = engine_core or InprocClient(engine_config)

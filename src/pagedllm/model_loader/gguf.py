@@ -23,7 +23,8 @@ import torch
 from pagedllm.layers.quantization import GroupCodes
 from pagedllm.model_loader.gguf_cache import GgufTensorInfo, load_index
 
-# Per-block tensor names (llama.cpp → HF), shared by the llama and qwen2 families.
+# Per-block tensor names (llama.cpp → HF), shared by the families; _ARCH_BLOCK_NAMES
+# adds or overrides entries per architecture.
 _BLOCK_NAME_MAP = {
     "attn_q": "self_attn.q_proj",
     "attn_k": "self_attn.k_proj",
@@ -35,6 +36,17 @@ _BLOCK_NAME_MAP = {
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
 }
+_ARCH_BLOCK_NAMES: dict[str, dict[str, str]] = {
+    "qwen3": {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"},
+    # Gemma 3's four norms per block: ffn_norm is the one before the MLP.
+    "gemma3": {
+        "attn_q_norm": "self_attn.q_norm",
+        "attn_k_norm": "self_attn.k_norm",
+        "post_attention_norm": "post_attention_layernorm",
+        "ffn_norm": "pre_feedforward_layernorm",
+        "post_ffw_norm": "post_feedforward_layernorm",
+    },
+}
 _GLOBAL_NAME_MAP = {
     "token_embd": "model.embed_tokens",
     "output_norm": "model.norm",
@@ -42,7 +54,9 @@ _GLOBAL_NAME_MAP = {
 }
 # Tensors with no HF parameter: llama3 rope factors are rebuilt from the config's rope_scaling.
 _SKIPPED_NAMES = frozenset({"rope_freqs.weight"})
-SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2")
+SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
+# llama.cpp stores Gemma's (1 + w) norm weights with the 1 added: HF's w is the stored - 1.
+_ONE_PLUS_NORM_ARCHITECTURES = frozenset({"gemma3"})
 # Only llama.cpp's llama converter permutes Q/K rows (qwen2 uses neox rope, left as is).
 _PERMUTED_ARCHITECTURES = frozenset({"llama"})
 
@@ -50,21 +64,23 @@ _BLOCK_RE = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
 _GLOBAL_RE = re.compile(r"^(\w+)\.(weight|bias)$")
 
 
-def gguf_to_hf_name(gguf_name: str) -> str | None:
-    """The HF parameter name of a llama/qwen2 GGUF tensor; None for tensors to skip.
+def gguf_to_hf_name(gguf_name: str, arch: str = "llama") -> str | None:
+    """The HF parameter name of a GGUF tensor of architecture `arch`; None to skip it.
 
     Raises:
         ValueError: for a tensor name this loader does not know.
     """
     if gguf_name in _SKIPPED_NAMES:
         return None
-    if (match := _BLOCK_RE.match(gguf_name)) and match.group(2) in _BLOCK_NAME_MAP:
+    block_names = {**_BLOCK_NAME_MAP, **_ARCH_BLOCK_NAMES.get(arch, {})}
+    if (match := _BLOCK_RE.match(gguf_name)) and match.group(2) in block_names:
         layer, part, kind = match.groups()
-        return f"model.layers.{layer}.{_BLOCK_NAME_MAP[part]}.{kind}"
+        return f"model.layers.{layer}.{block_names[part]}.{kind}"
     if (match := _GLOBAL_RE.match(gguf_name)) and match.group(1) in _GLOBAL_NAME_MAP:
         return f"{_GLOBAL_NAME_MAP[match.group(1)]}.{match.group(2)}"
     raise ValueError(
-        f"Unknown GGUF tensor {gguf_name!r}: this loader maps llama/qwen2 GGUF files only."
+        f"Unknown GGUF tensor {gguf_name!r} for architecture {arch!r}: this loader maps "
+        f"{', '.join(SUPPORTED_GGUF_ARCHITECTURES)} GGUF files."
     )
 
 
@@ -199,7 +215,7 @@ def gguf_weight_quantization(gguf_path: str) -> str | None:
 def iterate_gguf_weights(
     gguf_path: str, dtype: torch.dtype | None = None, keep_codes: bool = False
 ) -> Iterator[tuple[str, torch.Tensor | GroupCodes]]:
-    """Yield (HF name, tensor) for every weight of a llama/qwen2 GGUF file.
+    """Yield (HF name, tensor) for every weight of a GGUF file of a supported architecture.
 
     Tensors are float32 (or `dtype` when given); with `keep_codes`, Q4_0 / Q4_1 / Q8_0
     matrices come as GroupCodes instead. A tied model has no "output.weight", so no
@@ -213,13 +229,15 @@ def iterate_gguf_weights(
         num_kv_heads = num_heads
     with open(gguf_path, "rb") as file:
         for tensor in index.tensors:
-            hf_name = gguf_to_hf_name(tensor.name)
+            hf_name = gguf_to_hf_name(tensor.name, arch)
             if hf_name is None:
                 continue
             data = read_tensor_data(file, tensor)
             weight: torch.Tensor | GroupCodes
             if keep_codes and tensor.type_name in CODE_TYPES and len(tensor.shape) == 2:
                 weight = group_codes(tensor, data)
+            elif arch in _ONE_PLUS_NORM_ARCHITECTURES and hf_name.endswith("norm.weight"):
+                weight = dequantize_tensor(tensor, data) - 1.0  # float32: the model adds 1
             else:  # in the target dtype from the start: the row permutation is exact in any
                 weight = dequantize_tensor(tensor, data, dtype)
             if arch in _PERMUTED_ARCHITECTURES:

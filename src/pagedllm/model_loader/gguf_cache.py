@@ -29,10 +29,11 @@ from typing import Any
 
 from pagedllm import envs
 from pagedllm.logger import init_logger
+from pagedllm.model_loader.gguf_chat_templates import FALLBACK_CHAT_TEMPLATES
 
 logger = init_logger(__name__)
 
-_FORMAT_VERSION = 1
+_FORMAT_VERSION = 2
 _INDEX_FILE = "gguf_index.json"
 _CHAT_TEMPLATE_KEY = "tokenizer.chat_template"
 # Metadata keys the weight loader reads, by their suffix after "<architecture>.".
@@ -112,7 +113,11 @@ def _convert_tokenizer(path: Path, folder: Path) -> None:
     if not getattr(tokenizer, "chat_template", None):  # transformers may not carry it over
         import gguf
 
-        template = _field(gguf.GGUFReader(path), _CHAT_TEMPLATE_KEY)
+        reader = gguf.GGUFReader(path)
+        template = _field(reader, _CHAT_TEMPLATE_KEY)
+        if not template:  # none in the file: the family's own, where known
+            architecture = str(_field(reader, "general.architecture"))
+            template = FALLBACK_CHAT_TEMPLATES.get(architecture)
         if template:
             tokenizer.chat_template = str(template)
     tokenizer.save_pretrained(folder)

@@ -84,6 +84,26 @@ def apply_chat_template(
     return str(prompt)
 
 
+# Tokens that end a chat turn where the tokenizer's EOS is another token (llama.cpp treats
+# them as end of generation too): Gemma's <end_of_turn>, Llama 3's <|eot_id|>, Phi-3's <|end|>.
+_END_OF_TURN_TOKENS = ("<end_of_turn>", "<|eot_id|>", "<|end|>")
+
+
+def get_end_of_turn_ids(
+    tokenizer: PreTrainedTokenizerBase, hf_config: Any, eos_token_id: int | None
+) -> tuple[int, ...]:
+    """Ids besides `eos_token_id` that end generation (unless ignore_eos): the config's
+    other EOS ids and the end-of-turn tokens above that the vocabulary has."""
+    ids: list[int] = []
+    eos = getattr(hf_config, "eos_token_id", None)
+    for token_id in eos if isinstance(eos, (list, tuple)) else [eos]:
+        if token_id is not None:
+            ids.append(int(token_id))
+    vocab = tokenizer.get_vocab()
+    ids += [vocab[token] for token in _END_OF_TURN_TOKENS if token in vocab]
+    return tuple(sorted({i for i in ids if i != eos_token_id}))
+
+
 def get_eos_token_id(tokenizer: PreTrainedTokenizerBase, hf_config: Any) -> int | None:
     """The token id that ends generation: the tokenizer's EOS, else the config's (first) one."""
     if tokenizer.eos_token_id is not None:
