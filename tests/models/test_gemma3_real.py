@@ -63,3 +63,42 @@ def test_greedy_chat_equals_transformers_float32(llm: LLM) -> None:
         ours = list(output.outputs[0].token_ids)
         assert ours == reference[: len(ours)]
         assert len(ours) == len(reference) or ours[-1] == 106
+
+
+MIN_AGREEMENT = 0.97  # teacher-forced rank-1 agreement with the file's float32, chat set
+
+
+def test_default_mode_keeps_each_tensor_format_and_agrees_with_float32() -> None:
+    """The default engine (bfloat16, the file's codes per tensor: Q4_K → W4A8, Q5_0 / Q8_0
+    → W8A8, Q6_K → two W8A8 halves) holds exactly the file's values, and its next tokens
+    agree with the float32 run of the dequantized file on >= 97% of the scored positions
+    (benchmarks/accuracy.py's chat set: 16 questions, 32 answer tokens each)."""
+    from pagedllm.layers.quantization import SplitW8A8Weight, W4A8Weight, W8A8Weight
+    from pagedllm.model_loader.gguf import group_codes, read_tensor_data
+    from pagedllm.model_loader.gguf_cache import load_index
+
+    from .test_default_model_accuracy import _load_accuracy_benchmark
+
+    accuracy = _load_accuracy_benchmark()
+    reference_llm = accuracy.make_llm(str(GEMMA), accuracy.Mode("float32"), seed=0)
+    chat, reference_scores = accuracy.build_chat_set(reference_llm)
+    del reference_llm
+    llm = accuracy.make_llm(str(GEMMA), accuracy.Mode("bfloat16", "int4"), seed=0)
+    model = llm.llm_engine.engine_core.engine_core.executor.worker.model
+    layer = model.model.layers[0]
+    formats = {
+        "attn_output": (layer.self_attn.o_proj, W4A8Weight),  # Q4_K
+        "attn_qkv": (layer.self_attn.qkv_proj, W8A8Weight),  # Q5_0, Q5_0, Q8_0
+        "ffn_down": (layer.mlp.down_proj, SplitW8A8Weight),  # Q6_K
+    }
+    for name, (linear, kind) in formats.items():
+        assert isinstance(linear.quantized, kind), name
+    tensors = {t.name: t for t in load_index(str(GEMMA)).tensors}
+    with open(GEMMA, "rb") as file:
+        down = tensors["blk.0.ffn_down.weight"]
+        file_values = group_codes(down, read_tensor_data(file, down)).dense(torch.float32)
+    assert torch.equal(layer.mlp.down_proj.quantized.dense(torch.float32), file_values)
+
+    result = accuracy.compare(accuracy.score(llm, chat), reference_scores, near_tie=0.1)
+    summary = {k: round(v, 4) if isinstance(v, float) else v for k, v in result.items()}
+    assert result["agreement"] >= MIN_AGREEMENT, summary

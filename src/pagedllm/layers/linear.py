@@ -19,6 +19,7 @@ from pagedllm.layers.dense_crossover import dense_from_tokens
 from pagedllm.layers.quantization import (
     GroupCodes,
     QuantizedWeight,
+    SplitW8A8Weight,
     W4A8Weight,
     W8A8Weight,
     can_quantize_w4a8,
@@ -155,6 +156,8 @@ class Linear(nn.Module):
             and len({codes.is_int4 for _, codes in pending}) == 1
         ):
             parts = [codes for _, codes in pending]
+            if any(c.has_half_scales for c in parts):  # Q6_K beside Q8_0 / Q5_0 rows
+                parts = [c.with_half_scales() for c in parts]
             mins = [c.mins for c in parts if c.mins is not None]
             return GroupCodes(
                 torch.cat([c.codes for c in parts]), torch.cat([c.scales for c in parts]),
@@ -180,7 +183,7 @@ class Linear(nn.Module):
         `pack_for_cpu`.
         """
         codes = self._take_file_codes(usable=can_quantize_w4a8(self.weight.data))
-        byte_dot: W4A8Weight | W8A8Weight | None = None
+        byte_dot: W4A8Weight | W8A8Weight | SplitW8A8Weight | None = None
         if codes is not None:
             byte_dot = w4a8_from_codes(codes) if codes.is_int4 else w8a8_from_codes(codes)
         elif method == "int4" and can_quantize_w4a8(self.weight.data):

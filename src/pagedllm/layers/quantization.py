@@ -178,7 +178,48 @@ def _panel_scales(values: torch.Tensor) -> torch.Tensor:
     return values.view(rows // PANEL_ROWS, PANEL_ROWS, groups).transpose(1, 2)
 
 
-QuantizedWeight = Int8Weight | Int4Weight | W4A8Weight | W8A8Weight
+@dataclass
+class SplitW8A8Weight:
+    """An int8 weight with a scale per 16 values (GGUF Q6_K) held exactly as two W8A8
+    weights: the first keeps each group's first half of codes (the second half zero) with
+    that half's scale, the second the other half. x @ w^T is the sum of their products:
+    the file's values exactly, on the byte dot-product kernel, for twice the bytes of one
+    W8A8 weight (a kernel with 16-value weight groups would need only one)."""
+
+    first: W8A8Weight
+    second: W8A8Weight
+    out_features: int
+    max_tokens: int | None = None
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """x [T, in] bfloat16 @ w^T → [T, out] bfloat16."""
+        return self.first.matmul(x) + self.second.matmul(x)
+
+    def dense(self, dtype: torch.dtype) -> torch.Tensor:
+        """The [out, in] weight, computed in float32 from the codes."""
+        return (self.first.dense(torch.float32) + self.second.dense(torch.float32)).to(dtype)
+
+    def nbytes(self) -> int:
+        """Bytes held by this weight."""
+        return self.first.nbytes() + self.second.nbytes()
+
+
+def _split_w8a8(codes: GroupCodes) -> SplitW8A8Weight:
+    """Half-group-scaled int8 codes as two W8A8 weights (see SplitW8A8Weight)."""
+    rows, groups, _ = codes.codes.shape
+    halves = codes.codes.view(rows, groups, 2, 16)
+    parts = []
+    for half in (0, 1):
+        kept = torch.zeros_like(halves)
+        kept[:, :, half] = halves[:, :, half]
+        scales = codes.scales[..., half].contiguous()
+        part = w8a8_from_codes(GroupCodes(kept.view(rows, groups, 32), scales, None))
+        assert isinstance(part, W8A8Weight)
+        parts.append(part)
+    return SplitW8A8Weight(parts[0], parts[1], rows)
+
+
+QuantizedWeight = Int8Weight | Int4Weight | W4A8Weight | W8A8Weight | SplitW8A8Weight
 
 
 def quantize_int8(weight: torch.Tensor) -> Int8Weight:
@@ -230,7 +271,9 @@ def _num_panels(rows: int) -> int:
 class GroupCodes:
     """A weight as a GGUF file stores it: codes in groups of 32 per output row, each group
     with a float32 scale d and (int4) a minimum m. int4: w = d * q + m, q in 0..15 (Q4_1;
-    Q4_0 is d * (q - 8), i.e. m = -8 d); int8: w = d * q, q in -127..127 (Q8_0).
+    Q4_0 is d * (q - 8), i.e. m = -8 d; Q4_K's sub-blocks); int8: w = d * q, q in
+    -127..127 (Q8_0; Q5_0 as q - 16). Q6_K's sub-blocks of 16 have a scale each: int8
+    codes q - 32 with scales [rows, groups, 2], one per half-group (`has_half_scales`).
 
     The loader hands these to the layers instead of dense tensors when the weights will run
     on the byte dot-product kernels: they become W4A8Weight / W8A8Weight exactly, with the
@@ -238,8 +281,19 @@ class GroupCodes:
     """
 
     codes: torch.Tensor  # [rows, groups, 32] uint8 (int4) or int8 (int8)
-    scales: torch.Tensor  # [rows, groups] float32
+    scales: torch.Tensor  # [rows, groups] float32, or [rows, groups, 2] per half-group
     mins: torch.Tensor | None  # [rows, groups] float32 for int4, None for int8
+
+    @property
+    def has_half_scales(self) -> bool:
+        """True for int8 codes with a scale per 16 values (Q6_K)."""
+        return self.scales.dim() == 3
+
+    def with_half_scales(self) -> GroupCodes:
+        """The same int8 weight with one scale per half-group (each group's scale twice)."""
+        if self.has_half_scales:
+            return self
+        return GroupCodes(self.codes, self.scales[..., None].expand(-1, -1, 2).contiguous(), None)
 
     @property
     def is_int4(self) -> bool:
@@ -259,6 +313,10 @@ class GroupCodes:
 
     def dense(self, dtype: torch.dtype) -> torch.Tensor:
         """The [out, in] weight, computed in float32 as the file defines it."""
+        if self.has_half_scales:
+            rows, groups, _ = self.codes.shape
+            halves = self.codes.float().view(rows, groups, 2, 16) * self.scales[..., None]
+            return halves.view(self.shape).to(dtype)
         values = self.codes.float() * self.scales[..., None]
         if self.mins is not None:
             values += self.mins[..., None]
@@ -278,8 +336,11 @@ def w4a8_from_codes(codes: GroupCodes) -> W4A8Weight:
     return W4A8Weight(packed, scales_and_mins, rows)
 
 
-def w8a8_from_codes(codes: GroupCodes) -> W8A8Weight:
-    """An int8 GroupCodes weight in the W8A8 layout, exactly."""
+def w8a8_from_codes(codes: GroupCodes) -> W8A8Weight | SplitW8A8Weight:
+    """An int8 GroupCodes weight in the W8A8 layout, exactly (with half-group scales: as
+    two W8A8 weights, see SplitW8A8Weight)."""
+    if codes.has_half_scales:
+        return _split_w8a8(codes)
     rows, groups, _ = codes.codes.shape
     stored = torch.empty(_num_panels(rows), groups, 512, dtype=torch.uint8)
     scales = torch.empty(_num_panels(rows), groups, PANEL_ROWS)

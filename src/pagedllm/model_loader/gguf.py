@@ -22,6 +22,7 @@ import torch
 
 from pagedllm.layers.quantization import GroupCodes
 from pagedllm.model_loader.gguf_cache import GgufTensorInfo, load_index
+from pagedllm.model_loader.k_quants import K_QUANT_DECODERS
 
 # Per-block tensor names (llama.cpp → HF), shared by the families; _ARCH_BLOCK_NAMES
 # adds or overrides entries per architecture.
@@ -160,7 +161,9 @@ def dequantize_tensor(
 
 # Block types kept as codes: (bytes per block of 32, has a minimum, 4-bit).
 _CODE_BLOCKS = {"Q4_0": (18, False, True), "Q4_1": (20, True, True), "Q8_0": (34, False, False)}
-CODE_TYPES = frozenset(_CODE_BLOCKS)
+# Types whose codes are rearranged into GroupCodes without changing a value (k_quants.py
+# for the K-quants' super-blocks).
+CODE_TYPES = frozenset({*_CODE_BLOCKS, "Q5_0", "Q4_K", "Q6_K"})
 
 
 def _half(blocks: np.ndarray, at: int) -> np.ndarray:
@@ -169,14 +172,16 @@ def _half(blocks: np.ndarray, at: int) -> np.ndarray:
 
 
 def group_codes(tensor: GgufTensorInfo, data: np.ndarray) -> GroupCodes:
-    """A Q4_0 / Q4_1 / Q8_0 matrix's codes and scales, exactly as stored (HF row order).
+    """A matrix's codes and scales (CODE_TYPES), exactly as stored (HF row order).
 
     Q4_0 blocks are (d, 16 bytes), w = d * (q - 8); Q4_1 (d, m, 16 bytes), w = d * q + m; a
     byte holds value j in its low nibble and value j + 16 in its high one. Q8_0 blocks are
     (d, 32 int8 codes), w = d * q. d and m are float16, exact in float32.
     """
-    block_bytes, has_min, four_bit = _CODE_BLOCKS[tensor.type_name]
     rows = tensor.shape[1]
+    if tensor.type_name in K_QUANT_DECODERS:
+        return K_QUANT_DECODERS[tensor.type_name](data.reshape(rows, -1))
+    block_bytes, has_min, four_bit = _CODE_BLOCKS[tensor.type_name]
     blocks = data.reshape(rows, -1, block_bytes)  # [rows, groups, block_bytes]
     scales = _half(blocks, 0)
     if not four_bit:
@@ -197,15 +202,17 @@ _INT8_TYPES = {"Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0", "Q8_K"}
 def gguf_weight_quantization(gguf_path: str) -> str | None:
     """The weight-only method matching a GGUF's decoder-layer matrices, or None.
 
-    "int4" when all are 4-bit, "int8" when all are quantized and some are wider, None when
-    any is a float type (F32/F16/BF16): such files are served with dense weights.
+    "int4" when all are 4-bit, or when some are and every one is of a type whose codes the
+    byte dot-product kernels take as they are (CODE_TYPES: a mixed Q4_K_M file keeps each
+    tensor's own format); "int8" when all are quantized and some are wider; None when any
+    is a float type (F32/F16/BF16): such files are served with dense weights.
     """
     types = {
         tensor.type_name
         for tensor in load_index(gguf_path).tensors
         if tensor.name.startswith("blk.") and len(tensor.shape) == 2
     }
-    if types and types <= _INT4_TYPES:
+    if types and (types <= _INT4_TYPES or (types <= CODE_TYPES and types & _INT4_TYPES)):
         return "int4"
     if types and types <= _INT4_TYPES | _INT8_TYPES:
         return "int8"
