@@ -306,3 +306,39 @@ def test_bfloat16_greedy_matches_float32(pair) -> None:
     (logits,) = runner.step([("a", token_ids)])
     assert logits.dtype == torch.float32  # the LM head refines its top logits in float32
     assert (logits.float().argmax(-1) == ref.argmax(-1)).float().mean() >= 0.8
+
+
+@pytest.mark.parametrize("arch", ["mixtral", "qwen2_moe"])
+def test_moe_experts_run_on_the_quantized_kernels(arch, tiny_arch_dirs, tmp_path_factory) -> None:
+    """int4 on a bfloat16 CPU model: every expert's matrices become W4A8 (the byte
+    dot-product kernels), the routers stay dense, and greedy choices stay close to float32
+    run with the same int4 values (what is left: bf16 and int8 activations)."""
+    from pagedllm.layers import cpu_ops
+    from pagedllm.layers.moe import FusedMoE
+    from pagedllm.layers.quantization import W4A8Weight
+    from pagedllm.model_loader.loader import _quantize_weights
+
+    if not cpu_ops.w4a8_available():
+        pytest.skip("no C compiler for the W4A8 kernels")
+    ours, _, vocab_size = load_pair(_arch_dir(tiny_arch_dirs, arch, tmp_path_factory))
+    token_ids = _tokens(vocab_size, 24, seed=7)
+    quantized = copy.deepcopy(ours).to(torch.bfloat16)
+    _quantize_weights(quantized, "int4", keep_dense=False)
+    moes = [m for m in quantized.modules() if isinstance(m, FusedMoE)]
+    assert moes
+    for moe in moes:
+        assert moe.gate.quantized is None and moe.gate.weight.numel() > 0
+        for expert in moe.experts:
+            assert isinstance(expert.gate_up_proj.quantized, W4A8Weight)
+            assert isinstance(expert.down_proj.quantized, W4A8Weight)
+    reference = copy.deepcopy(ours)  # float32 with every int4 weight's own values
+    float_modules = dict(reference.named_modules())
+    for name, module in quantized.named_modules():
+        weight = getattr(module, "quantized", None)
+        if isinstance(weight, W4A8Weight) and not name.startswith("lm_head"):
+            float_modules[name].weight.data = weight.dense(torch.float32)
+    (ref,) = _runner(reference).step([("a", token_ids)])
+    runner = _runner(quantized)
+    runner.kv_caches = [c.bfloat16() for c in runner.kv_caches]
+    (logits,) = runner.step([("a", token_ids)])
+    assert (logits.float().argmax(-1) == ref.argmax(-1)).float().mean() >= 0.8
