@@ -184,8 +184,9 @@ NEW_ARCHITECTURES = [
 
 
 @pytest.fixture(scope="session")
-def tiny_arch_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Tiny random checkpoints of the architectures beyond Llama and Qwen2, made lazily."""
+def tiny_arch_dirs() -> dict[str, Path]:
+    """Tiny random checkpoints of the architectures beyond Llama and Qwen2, by name: each
+    made on first use (_arch_dir)."""
     return {}
 
 

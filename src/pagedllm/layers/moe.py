@@ -29,7 +29,9 @@ class FusedMoE(nn.Module):
     """Route each token to its `top_k` experts and sum their outputs by routing weight.
 
     Routing as in transformers: softmax over the router logits in float32, top-k, optionally
-    renormalised to sum to one, then cast to the activations' dtype.
+    renormalised to sum to one, then cast to the activations' dtype. With
+    `shared_intermediate_size` (Qwen2-MoE) a shared expert that every token uses is added,
+    scaled by sigmoid(shared_expert_gate(x)).
     """
 
     def __init__(
@@ -40,6 +42,7 @@ class FusedMoE(nn.Module):
         top_k: int,
         renormalize: bool,
         activation: str = "silu",
+        shared_intermediate_size: int = 0,
     ) -> None:
         super().__init__()
         self.num_experts = num_experts
@@ -50,6 +53,13 @@ class FusedMoE(nn.Module):
             GatedMLP(hidden_size, intermediate_size, activation=activation)
             for _ in range(num_experts)
         )
+        self.shared_expert: GatedMLP | None = None
+        self.shared_expert_gate: RouterLinear | None = None
+        if shared_intermediate_size:
+            self.shared_expert = GatedMLP(
+                hidden_size, shared_intermediate_size, activation=activation
+            )
+            self.shared_expert_gate = RouterLinear(hidden_size, 1)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights [T, top_k] in x's dtype, expert ids [T, top_k]) of each token."""
@@ -60,7 +70,14 @@ class FusedMoE(nn.Module):
         return weights.to(x.dtype), ids
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """[T, hidden] → [T, hidden]: the routed experts' outputs, weighted and summed."""
+        """[T, hidden] → [T, hidden]: the routed experts' outputs, weighted and summed
+        (plus the gated shared expert's)."""
+        out = self._routed(x)
+        if self.shared_expert is not None and self.shared_expert_gate is not None:
+            out += self.shared_expert(x) * torch.sigmoid(self.shared_expert_gate(x))
+        return out
+
+    def _routed(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.route(x)
         flat_ids = ids.view(-1)  # [T * top_k], choice c of token t at t * top_k + c
         order = torch.argsort(flat_ids, stable=True)  # choices grouped by expert
@@ -75,29 +92,3 @@ class FusedMoE(nn.Module):
                 start += count
         out.mul_(weights.view(-1).index_select(0, order).unsqueeze(1))
         return torch.zeros_like(x).index_add_(0, token_of, out)
-
-
-class SharedExpertMoE(FusedMoE):
-    """Qwen2-MoE's block: the routed experts plus a shared expert that every token uses,
-    scaled by sigmoid(shared_expert_gate(x))."""
-
-    def __init__(
-        self,
-        hidden_size: int,
-        intermediate_size: int,
-        num_experts: int,
-        top_k: int,
-        renormalize: bool,
-        shared_intermediate_size: int,
-        activation: str = "silu",
-    ) -> None:
-        super().__init__(
-            hidden_size, intermediate_size, num_experts, top_k, renormalize, activation
-        )
-        self.shared_expert = GatedMLP(hidden_size, shared_intermediate_size, activation=activation)
-        self.shared_expert_gate = RouterLinear(hidden_size, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Routed experts + sigmoid-gated shared expert, [T, hidden] → [T, hidden]."""
-        shared = self.shared_expert(x) * torch.sigmoid(self.shared_expert_gate(x))
-        return super().forward(x) + shared

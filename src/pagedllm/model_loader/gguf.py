@@ -22,7 +22,7 @@ import torch
 
 from pagedllm.layers.quantization import GroupCodes
 from pagedllm.model_loader.gguf_cache import GgufTensorInfo, load_index
-from pagedllm.model_loader.k_quants import K_QUANT_DECODERS
+from pagedllm.model_loader.k_quants import K_QUANT_DECODERS, float16_at
 
 # Per-block tensor names (llama.cpp → HF), shared by the families; _ARCH_BLOCK_NAMES
 # adds or overrides entries per architecture.
@@ -166,11 +166,6 @@ _CODE_BLOCKS = {"Q4_0": (18, False, True), "Q4_1": (20, True, True), "Q8_0": (34
 CODE_TYPES = frozenset({*_CODE_BLOCKS, "Q5_0", "Q4_K", "Q6_K"})
 
 
-def _half(blocks: np.ndarray, at: int) -> np.ndarray:
-    """The float16 at byte `at` of every block, as float32."""
-    return blocks[..., at : at + 2].copy().view(np.float16)[..., 0].astype(np.float32)
-
-
 def group_codes(tensor: GgufTensorInfo, data: np.ndarray) -> GroupCodes:
     """A matrix's codes and scales (CODE_TYPES), exactly as stored (HF row order).
 
@@ -183,13 +178,13 @@ def group_codes(tensor: GgufTensorInfo, data: np.ndarray) -> GroupCodes:
         return K_QUANT_DECODERS[tensor.type_name](data.reshape(rows, -1))
     block_bytes, has_min, four_bit = _CODE_BLOCKS[tensor.type_name]
     blocks = data.reshape(rows, -1, block_bytes)  # [rows, groups, block_bytes]
-    scales = _half(blocks, 0)
+    scales = float16_at(blocks, 0)
     if not four_bit:
         signed = torch.from_numpy(blocks[..., 2:].copy().view(np.int8))
         return GroupCodes(signed, torch.from_numpy(scales), None)
     packed = blocks[..., 4 if has_min else 2 :]
     nibbles = np.concatenate([packed & 0x0F, packed >> 4], axis=-1)  # [rows, groups, 32]
-    mins = _half(blocks, 2) if has_min else -8.0 * scales
+    mins = float16_at(blocks, 2) if has_min else -8.0 * scales
     return GroupCodes(torch.from_numpy(nibbles), torch.from_numpy(scales), torch.from_numpy(mins))
 
 

@@ -30,7 +30,7 @@ from pagedllm.layers.quantization import GroupCodes
 _SUPER = 256  # values per K-quant super-block
 
 
-def _half(blocks: np.ndarray, at: int) -> np.ndarray:
+def float16_at(blocks: np.ndarray, at: int) -> np.ndarray:
     """The float16 at byte `at` of every block, as float32."""
     return blocks[..., at : at + 2].copy().view(np.float16)[..., 0].astype(np.float32)
 
@@ -39,7 +39,7 @@ def q5_0_codes(data: np.ndarray) -> GroupCodes:
     """Q5_0 → int8 codes q - 16 and scales d."""
     rows = data.shape[0]
     blocks = data.reshape(rows, -1, 22)
-    d = _half(blocks, 0)
+    d = float16_at(blocks, 0)
     high = blocks[..., 2:6].copy().view(np.uint32)  # [rows, groups, 1]
     bits = (high >> np.arange(32, dtype=np.uint32)) & 1  # [rows, groups, 32]
     packed = blocks[..., 6:]
@@ -63,7 +63,7 @@ def q4_k_codes(data: np.ndarray) -> GroupCodes:
     """Q4_K → int4 codes, scales d * sc and minimums -dmin * m per group of 32."""
     rows = data.shape[0]
     blocks = data.reshape(rows, -1, 144)  # [rows, supers, 144]
-    d, dmin = _half(blocks, 0)[..., None], _half(blocks, 2)[..., None]
+    d, dmin = float16_at(blocks, 0)[..., None], float16_at(blocks, 2)[..., None]
     sc, m = _q4_k_scales(blocks[..., 4:16])
     nibbles = blocks[..., 16:].reshape(rows, -1, 4, 32)  # 4 chunks of 64 values
     codes = np.stack([nibbles & 0x0F, nibbles >> 4], axis=3)  # [rows, supers, 4, 2, 32]
@@ -82,7 +82,7 @@ def q6_k_codes(data: np.ndarray) -> GroupCodes:
     low = blocks[..., :128].reshape(rows, -1, 2, 2, 32)  # [.., half, ql part, 32]
     high = blocks[..., 128:192].reshape(rows, -1, 2, 1, 32)  # [.., half, 1, 32]
     sc = blocks[..., 192:208].copy().view(np.int8).astype(np.float32)  # [rows, supers, 16]
-    d = _half(blocks, 208)[..., None]
+    d = float16_at(blocks, 208)[..., None]
     # Per 128-value half: values 32j..32j+31 (j = 0..3) take the low or high nibbles of ql
     # part j % 2 and bits 2j..2j+1 of qh.
     nibbles = np.stack([low & 0x0F, low >> 4], axis=3)  # [.., half, 2 (nibble), 2 (part), 32]

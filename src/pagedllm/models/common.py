@@ -26,7 +26,7 @@ from pagedllm.layers.embedding import LMHead, VocabEmbedding
 from pagedllm.layers.layernorm import make_norm
 from pagedllm.layers.linear import Linear, QKVLinear, default_weight_loader
 from pagedllm.layers.mlp import GatedMLP, PlainMLP
-from pagedllm.layers.moe import FusedMoE, SharedExpertMoE
+from pagedllm.layers.moe import FusedMoE
 from pagedllm.layers.quantization import GroupCodes
 from pagedllm.layers.rotary import RotaryEmbedding
 from pagedllm.models.cpu_decode_stack import CpuDecodeStack
@@ -87,14 +87,9 @@ def _make_mlp(spec: DecoderSpec, layer_idx: int) -> nn.Module:
     """The layer's feed-forward block: experts, gated or plain, as the spec says."""
     moe = spec.moe
     if moe is not None and spec.is_sparse(layer_idx):
-        if moe.shared_intermediate_size:
-            return SharedExpertMoE(
-                spec.hidden_size, moe.intermediate_size, moe.num_experts, moe.top_k,
-                moe.renormalize, moe.shared_intermediate_size, spec.activation,
-            )  # fmt: skip
         return FusedMoE(
             spec.hidden_size, moe.intermediate_size, moe.num_experts, moe.top_k,
-            moe.renormalize, spec.activation,
+            moe.renormalize, spec.activation, moe.shared_intermediate_size,
         )  # fmt: skip
     if spec.mlp == "plain":
         return PlainMLP(spec.hidden_size, spec.intermediate_size, spec.mlp_bias, spec.activation)
@@ -165,6 +160,13 @@ class DecoderModel(nn.Module):
         super().__init__()
         self.spec = spec
         self.embed_tokens = VocabEmbedding(spec.vocab_size, spec.hidden_size)
+        # As Gemma: the scale is rounded to the model dtype (a buffer follows .to()).
+        scale = None
+        if spec.embedding_scale is not None:
+            scale = torch.tensor(spec.embedding_scale, dtype=torch.float32)
+            scale = scale.to(torch.get_default_dtype())
+        self.embed_scale: torch.Tensor | None
+        self.register_buffer("embed_scale", scale, persistent=False)
         self.embed_positions: VocabEmbedding | None = None
         if spec.learned_positions:
             self.embed_positions = VocabEmbedding(
@@ -183,10 +185,8 @@ class DecoderModel(nn.Module):
     def embed(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """[T] ids and positions → [T, hidden] input embeddings (scaled, plus positions)."""
         hidden_states = self.embed_tokens(input_ids)
-        if self.spec.embedding_scale is not None:
-            # As Gemma: the scale is rounded to the model dtype first.
-            scale = torch.tensor(self.spec.embedding_scale, dtype=hidden_states.dtype)
-            hidden_states = hidden_states * scale
+        if self.embed_scale is not None:
+            hidden_states = hidden_states * self.embed_scale
         if self.embed_positions is not None:
             hidden_states = hidden_states + self.embed_positions(
                 positions + self.spec.position_offset

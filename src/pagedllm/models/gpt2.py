@@ -35,28 +35,17 @@ class GPT2LMHeadModel(DecoderForCausalLM):
         if not getattr(hf_config, "scale_attn_weights", True):
             raise ValueError("GPT-2 with scale_attn_weights=False is not supported.")
         hidden = hf_config.n_embd
-        num_layers = hf_config.n_layer
-        spec = DecoderSpec(
+        spec = DecoderSpec.learned_positions_layernorm(
             vocab_size=hf_config.vocab_size,
             hidden_size=hidden,
             intermediate_size=hf_config.n_inner or 4 * hidden,
-            num_layers=num_layers,
+            num_layers=hf_config.n_layer,
             num_heads=hf_config.n_head,
-            num_kv_heads=hf_config.n_head,
-            head_dim=hidden // hf_config.n_head,
             norm_eps=hf_config.layer_norm_epsilon,
             max_position=hf_config.n_positions,
-            layer_windows=(None,) * num_layers,
-            layer_ropes=(None,) * num_layers,
-            qkv_bias=True,
-            o_bias=True,
-            mlp_bias=True,
+            bias=True,
             tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", True)),
-            norm="layer",
-            norm_bias=True,
-            mlp="plain",
             activation=activation_of(hf_config.activation_function),
-            learned_positions=True,
         )
         super().__init__(spec)
 

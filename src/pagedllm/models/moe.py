@@ -48,18 +48,23 @@ class MixtralForCausalLM(DecoderForCausalLM):
         yield hf_name, tensor
 
 
+def _qwen_moe(hf_config: Any, renormalize_default: bool, shared: bool) -> MoESpec:
+    """The experts of a Qwen-MoE config (Qwen2-MoE adds the shared expert)."""
+    return MoESpec(
+        num_experts=hf_config.num_experts,
+        top_k=hf_config.num_experts_per_tok,
+        intermediate_size=hf_config.moe_intermediate_size,
+        renormalize=bool(getattr(hf_config, "norm_topk_prob", renormalize_default)),
+        shared_intermediate_size=hf_config.shared_expert_intermediate_size if shared else 0,
+        sparse_layers=_qwen_sparse_layers(hf_config),
+    )
+
+
 class Qwen2MoeForCausalLM(DecoderForCausalLM):
     """HF `Qwen2MoeForCausalLM`: Qwen2 attention; routed experts plus a gated shared one."""
 
     def __init__(self, hf_config: Any) -> None:
-        moe = MoESpec(
-            num_experts=hf_config.num_experts,
-            top_k=hf_config.num_experts_per_tok,
-            intermediate_size=hf_config.moe_intermediate_size,
-            renormalize=bool(getattr(hf_config, "norm_topk_prob", False)),
-            shared_intermediate_size=hf_config.shared_expert_intermediate_size,
-            sparse_layers=_qwen_sparse_layers(hf_config),
-        )
+        moe = _qwen_moe(hf_config, renormalize_default=False, shared=True)
         bias = bool(getattr(hf_config, "qkv_bias", True))
         super().__init__(DecoderSpec.from_hf(hf_config, moe=moe, qkv_bias=bias))
 
@@ -68,13 +73,7 @@ class Qwen3MoeForCausalLM(DecoderForCausalLM):
     """HF `Qwen3MoeForCausalLM`: Qwen3 attention (q/k norms), routed experts."""
 
     def __init__(self, hf_config: Any) -> None:
-        moe = MoESpec(
-            num_experts=hf_config.num_experts,
-            top_k=hf_config.num_experts_per_tok,
-            intermediate_size=hf_config.moe_intermediate_size,
-            renormalize=bool(getattr(hf_config, "norm_topk_prob", True)),
-            sparse_layers=_qwen_sparse_layers(hf_config),
-        )
+        moe = _qwen_moe(hf_config, renormalize_default=True, shared=False)
         bias = bool(getattr(hf_config, "attention_bias", False))
         spec = DecoderSpec.from_hf(hf_config, moe=moe, qkv_bias=bias, o_bias=bias, qk_norm=True)
         super().__init__(spec)

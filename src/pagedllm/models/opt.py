@@ -31,29 +31,17 @@ class OPTForCausalLM(DecoderForCausalLM):
             raise ValueError("OPT with word_embed_proj_dim != hidden_size is not supported.")
         if not getattr(hf_config, "layer_norm_elementwise_affine", True):
             raise ValueError("OPT without affine LayerNorms is not supported.")
-        num_layers = hf_config.num_hidden_layers
-        bias = bool(getattr(hf_config, "enable_bias", True))
-        spec = DecoderSpec(
+        spec = DecoderSpec.learned_positions_layernorm(
             vocab_size=hf_config.vocab_size,
             hidden_size=hf_config.hidden_size,
             intermediate_size=hf_config.ffn_dim,
-            num_layers=num_layers,
+            num_layers=hf_config.num_hidden_layers,
             num_heads=hf_config.num_attention_heads,
-            num_kv_heads=hf_config.num_attention_heads,
-            head_dim=hf_config.hidden_size // hf_config.num_attention_heads,
             norm_eps=1e-5,  # torch.nn.LayerNorm's default, which OPT uses
             max_position=hf_config.max_position_embeddings,
-            layer_windows=(None,) * num_layers,
-            layer_ropes=(None,) * num_layers,
-            qkv_bias=bias,
-            o_bias=bias,
-            mlp_bias=bias,
+            bias=bool(getattr(hf_config, "enable_bias", True)),
             tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", True)),
-            norm="layer",
-            norm_bias=True,
-            mlp="plain",
             activation=activation_of(hf_config.activation_function),
-            learned_positions=True,
             position_offset=_POSITION_OFFSET,
         )
         super().__init__(spec)

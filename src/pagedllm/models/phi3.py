@@ -4,23 +4,23 @@ fused (qkv_proj, gate_up_proj: loaded whole into our fused layers), with LongRoP
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
-from pagedllm.layers.rotary import rope_config_of
 from pagedllm.models.common import DecoderForCausalLM, DecoderSpec, RopeSpec
-from pagedllm.models.spec import activation_of
+from pagedllm.models.spec import activation_of, rope_spec_of
 
 
 def _rope(hf_config: Any, head_dim: int) -> RopeSpec:
     """Phi-3's RoPE: LongRoPE's attention factor comes from max / original positions."""
-    theta, scaling = rope_config_of(hf_config)
-    rotary_dim = int(head_dim * getattr(hf_config, "partial_rotary_factor", 1.0))
+    rope = rope_spec_of(hf_config, head_dim)
     original = getattr(hf_config, "original_max_position_embeddings", None)
-    if scaling is not None and original:
-        scaling = dict(scaling)
-        scaling.setdefault("original_max_position_embeddings", original)
-        scaling["factor"] = hf_config.max_position_embeddings / original
-    return RopeSpec(theta, scaling, rotary_dim if rotary_dim != head_dim else None)
+    if rope.scaling is None or not original:
+        return rope
+    scaling = dict(rope.scaling)
+    scaling.setdefault("original_max_position_embeddings", original)
+    scaling["factor"] = hf_config.max_position_embeddings / original
+    return dataclasses.replace(rope, scaling=scaling)
 
 
 class Phi3ForCausalLM(DecoderForCausalLM):

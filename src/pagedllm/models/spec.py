@@ -11,7 +11,7 @@ its tensor names onto ours); `common.py` builds and runs whatever the spec says.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pagedllm.layers.rotary import rope_config_of
@@ -112,7 +112,6 @@ class DecoderSpec:
     attention_scale: float | None = None  # None: head_dim ** -0.5
     final_logit_softcap: float | None = None
     moe: MoESpec | None = None
-    extras: dict[str, Any] = field(default_factory=dict)
 
     @property
     def scale(self) -> float:
@@ -124,16 +123,55 @@ class DecoderSpec:
         return self.moe is not None and layer in self.moe.sparse_layers
 
     @classmethod
+    def learned_positions_layernorm(
+        cls,
+        *,
+        vocab_size: int,
+        hidden_size: int,
+        intermediate_size: int,
+        num_layers: int,
+        num_heads: int,
+        norm_eps: float,
+        max_position: int,
+        bias: bool,
+        tie_word_embeddings: bool,
+        activation: Activation,
+        position_offset: int = 0,
+    ) -> DecoderSpec:
+        """GPT-2 / OPT's decoder: LayerNorms with biases, learned positions, no RoPE, full
+        multi-head attention everywhere, a plain MLP, biases on every linear (or none)."""
+        return cls(
+            vocab_size=vocab_size,
+            hidden_size=hidden_size,
+            intermediate_size=intermediate_size,
+            num_layers=num_layers,
+            num_heads=num_heads,
+            num_kv_heads=num_heads,
+            head_dim=hidden_size // num_heads,
+            norm_eps=norm_eps,
+            max_position=max_position,
+            layer_windows=(None,) * num_layers,
+            layer_ropes=(None,) * num_layers,
+            qkv_bias=bias,
+            o_bias=bias,
+            mlp_bias=bias,
+            tie_word_embeddings=tie_word_embeddings,
+            norm="layer",
+            norm_bias=True,
+            mlp="plain",
+            activation=activation,
+            learned_positions=True,
+            position_offset=position_offset,
+        )
+
+    @classmethod
     def from_hf(cls, hf_config: Any, **options: Any) -> DecoderSpec:
         """The common fields of a Llama-like config; `options` sets or overrides the rest."""
         num_heads = hf_config.num_attention_heads
         head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // num_heads
         num_layers = hf_config.num_hidden_layers
         if "layer_ropes" not in options:
-            theta, scaling = rope_config_of(hf_config)
-            rotary_dim = int(head_dim * getattr(hf_config, "partial_rotary_factor", 1.0))
-            rope = RopeSpec(theta, scaling, rotary_dim if rotary_dim != head_dim else None)
-            options["layer_ropes"] = (rope,) * num_layers
+            options["layer_ropes"] = (rope_spec_of(hf_config, head_dim),) * num_layers
         options.setdefault("layer_windows", layer_windows_of(hf_config, num_layers))
         options.setdefault(
             "tie_word_embeddings", bool(getattr(hf_config, "tie_word_embeddings", False))
@@ -151,6 +189,13 @@ class DecoderSpec:
             max_position=int(getattr(hf_config, "max_position_embeddings", 4096)),
             **options,
         )
+
+
+def rope_spec_of(hf_config: Any, head_dim: int) -> RopeSpec:
+    """The config's RoPE (base, scaling, partial rotary dims), the same for every layer."""
+    theta, scaling = rope_config_of(hf_config)
+    rotary_dim = int(head_dim * getattr(hf_config, "partial_rotary_factor", 1.0))
+    return RopeSpec(theta, scaling, rotary_dim if rotary_dim != head_dim else None)
 
 
 def layer_windows_of(hf_config: Any, num_layers: int) -> tuple[int | None, ...]:
