@@ -22,12 +22,12 @@ def free_ids(manager: KVCacheManager) -> list[int]:
 def test_allocate_grows_by_whole_blocks() -> None:
     manager = KVCacheManager(num_blocks=6, block_size=4)
     request = make_request("a", 10)
-    assert manager.allocate_slots(request, 10) == [1, 2, 3]
+    assert manager.allocate_slots(request, 10) == ([1, 2, 3],)
     request.num_computed_tokens = 10
-    assert manager.allocate_slots(request, 1) == []  # 11 tokens still fit 3 blocks
+    assert manager.allocate_slots(request, 1) == ([],)  # 11 tokens still fit 3 blocks
     request.num_computed_tokens = 11
-    assert manager.allocate_slots(request, 2) == [4]  # 13 tokens need 4 blocks
-    assert manager.get_block_ids("a") == [1, 2, 3, 4]
+    assert manager.allocate_slots(request, 2) == ([4],)  # 13 tokens need 4 blocks
+    assert manager.get_block_ids("a") == ([1, 2, 3, 4],)
     assert manager.get_num_free_blocks() == 1
     assert manager.usage == pytest.approx(0.8)
     manager.check_integrity()
@@ -36,25 +36,25 @@ def test_allocate_grows_by_whole_blocks() -> None:
 def test_allocate_returns_none_and_changes_nothing() -> None:
     manager = KVCacheManager(num_blocks=4, block_size=2)
     a, b = make_request("a", 4), make_request("b", 3)
-    assert manager.allocate_slots(a, 4) == [1, 2]
+    assert manager.allocate_slots(a, 4) == ([1, 2],)
     assert manager.allocate_slots(b, 3) is None
-    assert manager.get_block_ids("b") == []
+    assert manager.get_block_ids("b") == ([],)
     assert manager.get_num_free_blocks() == 1
-    assert manager.allocate_slots(b, 2) == [3]
+    assert manager.allocate_slots(b, 2) == ([3],)
     manager.check_integrity()
 
 
 def test_free_returns_blocks_tail_first() -> None:
     manager = KVCacheManager(num_blocks=6, block_size=1)
     a, b = make_request("a", 3), make_request("b", 1)
-    assert manager.allocate_slots(a, 3) == [1, 2, 3]
-    assert manager.allocate_slots(b, 1) == [4]
+    assert manager.allocate_slots(a, 3) == ([1, 2, 3],)
+    assert manager.allocate_slots(b, 1) == ([4],)
     manager.free(a)
     # Queue was [5]; a's tail block is freed first, so it is reused first.
     assert free_ids(manager) == [5, 3, 2, 1]
-    assert manager.get_block_ids("a") == []
+    assert manager.get_block_ids("a") == ([],)
     c = make_request("c", 3)
-    assert manager.allocate_slots(c, 3) == [5, 3, 2]
+    assert manager.allocate_slots(c, 3) == ([5, 3, 2],)
     manager.free(a)  # a second free is a no-op
     manager.check_integrity()
 

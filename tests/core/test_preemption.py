@@ -41,7 +41,7 @@ def test_swap_out_and_in_exact_blocks() -> None:
     assert scheduler.make_stats().num_swapped_reqs == 1
     output, _ = step(scheduler)  # a finished: b comes back without recompute
     (new,) = output.scheduled_new_reqs
-    assert (new.request_id, new.block_ids, new.num_computed_tokens) == ("b", [3, 4, 2], 4)
+    assert (new.request_id, new.block_ids, new.num_computed_tokens) == ("b", ([3, 4, 2],), 4)
     assert new.output_token_ids == [TOKEN, TOKEN]
     assert output.num_scheduled_tokens == {"b": 1}
     assert output.blocks_to_swap_in == [(3, 1), (4, 2)]

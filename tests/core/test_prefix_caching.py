@@ -38,14 +38,15 @@ def cached_ids(manager: KVCacheManager) -> list[int]:
 def admit(
     manager: KVCacheManager, request: Request, num_new_tokens: int | None = None
 ) -> list[int]:
-    """Look up the prefix, allocate the rest, mark the request computed; return its table."""
+    """Look up the prefix, allocate the rest, mark the request computed; return its table
+    (of the one KV cache group)."""
     blocks, num_cached = manager.get_computed_blocks(request)
     if num_new_tokens is None:
         num_new_tokens = request.num_tokens - num_cached
     assert manager.allocate_slots(request, num_new_tokens, blocks) is not None
     request.num_computed_tokens = num_cached + num_new_tokens
     manager.check_integrity()
-    return manager.get_block_ids(request.request_id)
+    return manager.get_block_ids(request.request_id)[0]
 
 
 # ------------------------------------------------------------------------------ hashing
@@ -82,9 +83,9 @@ def test_hit_shares_blocks_and_counts_stats() -> None:
     assert cached_ids(manager) == [1, 2]  # block 3 holds only 2 tokens
     b = make_request("b", list(range(8)) + [50, 51, 52])
     blocks, num_cached = manager.get_computed_blocks(b)
-    assert ([blk.block_id for blk in blocks], num_cached) == ([1, 2], 8)
-    assert manager.allocate_slots(b, 3, blocks) == [4]
-    assert manager.get_block_ids("b") == [1, 2, 4]
+    assert ([blk.block_id for blk in blocks[0]], num_cached) == ([1, 2], 8)
+    assert manager.allocate_slots(b, 3, blocks) == ([4],)
+    assert manager.get_block_ids("b") == ([1, 2, 4],)
     assert [manager.block_pool.blocks[i].ref_cnt for i in (1, 2, 3, 4)] == [2, 2, 1, 1]
     assert (manager.prefix_cache_queries, manager.prefix_cache_hits) == (21, 8)
     # Shared blocks count once: 4 of 7 usable blocks are in use.
@@ -131,7 +132,7 @@ def test_freed_blocks_stay_cached_and_are_evicted_lru_tail_first() -> None:
     assert manager.block_pool.num_evictions == 1
     d = make_request("d", [1, 2, 3, 4, 10])
     blocks, num_cached = manager.get_computed_blocks(d)
-    assert ([blk.block_id for blk in blocks], num_cached) == ([1], 2)
+    assert ([blk.block_id for blk in blocks[0]], num_cached) == ([1], 2)
 
 
 def test_touch_revives_a_free_cached_block() -> None:
@@ -174,7 +175,7 @@ def test_reset_prefix_cache_only_when_idle() -> None:
     manager.free(a)
     assert manager.reset_prefix_cache() is True
     assert cached_ids(manager) == []
-    assert manager.get_computed_blocks(make_request("b", [1, 2, 3, 4, 5])) == ([], 0)
+    assert manager.get_computed_blocks(make_request("b", [1, 2, 3, 4, 5])) == (([],), 0)
     manager.check_integrity()
 
 
@@ -182,7 +183,7 @@ def test_caching_disabled() -> None:
     manager = KVCacheManager(num_blocks=8, block_size=2, enable_caching=False)
     admit(manager, make_request("a", [1, 2, 3, 4, 5]))
     assert cached_ids(manager) == []
-    assert manager.get_computed_blocks(make_request("b", [1, 2, 3, 4, 5])) == ([], 0)
+    assert manager.get_computed_blocks(make_request("b", [1, 2, 3, 4, 5])) == (([],), 0)
     assert (manager.prefix_cache_queries, manager.prefix_cache_hits) == (0, 0)
 
 
@@ -210,7 +211,9 @@ def test_siblings_admitted_in_one_step_share_the_prompt() -> None:
         new.request_id: (new.block_ids, new.num_computed_tokens)
         for new in output.scheduled_new_reqs
     }
-    assert tables == {"0_r": ([1, 2, 3], 0), "1_r": ([1, 2, 4], 8), "2_r": ([1, 2, 5], 8)}
+    assert tables == {
+        "0_r": (([1, 2, 3],), 0), "1_r": (([1, 2, 4],), 8), "2_r": (([1, 2, 5],), 8)
+    }
     # The KV budget counts the shared prompt blocks once: 5 blocks for 3 x 10 tokens.
     assert scheduler.kv_cache_manager.get_num_free_blocks() == 15 - 5
     stats = scheduler.make_stats()

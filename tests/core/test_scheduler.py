@@ -12,6 +12,7 @@ import logging
 import pytest
 
 from pagedllm.config import CacheConfig, SchedulerConfig
+from pagedllm.core.kv_cache_groups import KVCacheGroupSpec
 from pagedllm.core.sched_output import SchedulerOutput
 from pagedllm.core.scheduler import Scheduler
 from pagedllm.request import FinishReason, Request, RequestStatus
@@ -34,6 +35,7 @@ def make_scheduler(
     preemption_mode: str = "recompute",
     scheduling_policy: str = "fcfs",
     num_cpu_blocks: int = 0,
+    kv_cache_groups: tuple[KVCacheGroupSpec, ...] | None = None,
 ) -> Scheduler:
     """A scheduler with tiny limits; prefix caching is off unless asked for, so that the
     identical prompts of these tests do not share blocks."""
@@ -46,7 +48,9 @@ def make_scheduler(
         scheduling_policy=scheduling_policy,
     )
     cache_config = CacheConfig(block_size=block_size, enable_prefix_caching=enable_prefix_caching)
-    return Scheduler(scheduler_config, cache_config, num_blocks, num_cpu_blocks)
+    return Scheduler(
+        scheduler_config, cache_config, num_blocks, num_cpu_blocks, kv_cache_groups
+    )
 
 
 def make_request(
@@ -90,7 +94,7 @@ def test_prefill_then_decode_exact_blocks() -> None:
     scheduler.add_request(make_request("a", 6, max_tokens=4))
     output, results = step(scheduler, {"a": 100})
     (new,) = output.scheduled_new_reqs
-    assert (new.request_id, new.block_ids, new.num_computed_tokens) == ("a", [1, 2], 0)
+    assert (new.request_id, new.block_ids, new.num_computed_tokens) == ("a", ([1, 2],), 0)
     assert new.prompt_token_ids == list(range(10, 16)) and new.output_token_ids == []
     assert new.eos_token_id == EOS
     assert output.num_scheduled_tokens == {"a": 6} and output.total_num_scheduled_tokens == 6
@@ -100,13 +104,13 @@ def test_prefill_then_decode_exact_blocks() -> None:
     assert output.scheduled_new_reqs == []
     assert (cached.request_ids, cached.new_block_ids, cached.num_computed_tokens) == (
         ["a"],
-        [[]],
+        [([],)],
         [6],
     )
     output, _ = step(scheduler)  # position 7
-    assert output.scheduled_cached_reqs.new_block_ids == [[]]
+    assert output.scheduled_cached_reqs.new_block_ids == [([],)]
     output, results = step(scheduler)  # position 8 opens block 3
-    assert output.scheduled_cached_reqs.new_block_ids == [[3]]
+    assert output.scheduled_cached_reqs.new_block_ids == [([3],)]
     request = results[0][0]
     assert request.output_token_ids == [100, TOKEN, TOKEN, TOKEN]
     assert request.get_finished_reason() == FinishReason.LENGTH
@@ -172,11 +176,11 @@ def test_preempts_latest_and_resumes_as_new_request() -> None:
     scheduler.add_request(a)
     scheduler.add_request(b)
     output, _ = step(scheduler)
-    assert [n.block_ids for n in output.scheduled_new_reqs] == [[1, 2], [3, 4]]
+    assert [n.block_ids for n in output.scheduled_new_reqs] == [([1, 2],), ([3, 4],)]
     step(scheduler)  # both decode within their blocks
     output, _ = step(scheduler)  # a needs a third block: b, the newest, is preempted
     assert output.num_scheduled_tokens == {"a": 1}
-    assert output.scheduled_cached_reqs.new_block_ids == [[4]]
+    assert output.scheduled_cached_reqs.new_block_ids == [([4],)]
     assert output.finished_request_ids == {"b"}
     assert b.status == RequestStatus.PREEMPTED and b.num_computed_tokens == 0
     assert (b.num_preemptions, scheduler.num_preemptions) == (1, 1)
@@ -187,7 +191,7 @@ def test_preempts_latest_and_resumes_as_new_request() -> None:
     assert new.request_id == "b" and new.output_token_ids == [TOKEN, TOKEN]
     assert new.num_computed_tokens == 0 and output.num_scheduled_tokens == {"b": 5}
     # Freed tail first: b's [4, 3], then a's [4, 2, 1] after taking 4.
-    assert new.block_ids == [3, 4, 2]
+    assert new.block_ids == ([3, 4, 2],)
     assert output.finished_request_ids == {"a"}
     while scheduler.has_unfinished_requests():
         step(scheduler)
@@ -206,7 +210,7 @@ def test_request_preempts_itself_when_it_is_the_newest() -> None:
     assert output.num_scheduled_tokens == {"a": 1}
     assert output.finished_request_ids == {"b"}
     assert b.status == RequestStatus.PREEMPTED
-    assert scheduler.kv_cache_manager.get_block_ids("b") == []
+    assert scheduler.kv_cache_manager.get_block_ids("b") == ([],)
     output, _ = step(scheduler)
     assert new_ids(output) == ["b"] and output.num_scheduled_tokens == {"b": 5}
     step(scheduler)

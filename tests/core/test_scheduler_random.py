@@ -3,14 +3,18 @@
 Hypothesis draws arrivals, prompt lengths, shared prefixes, priorities, aborts (between
 steps and between schedule and update), token budgets, sequence caps, block counts, prefix
 caching on/off, swap or recompute preemption with a random host pool, and the FCFS or
-priority policy. After every step it checks: no block is both free and used; reference
-counts equal the number of holders; the token budget and sequence cap hold; and the KV
-that every scheduled request attends to is exactly its own prefix. The fake worker stores,
-in each cache slot, the full token prefix that produced it, copies blocks for swaps, and
-writes all of a step's tokens before checking any context (as the attention backend does),
-so a wrong prefix hit, a bad swap or a block reused too early fails the test. At the end
-every request has finished or been aborted (no starvation or deadlock) and every block,
-device and host, is free again (cached-but-evictable blocks count as free).
+priority policy, and the KV cache groups (one full-attention group, one sliding-window
+group, or a hybrid of both, as Gemma 3 has). After every step it checks: no block is both
+free and used; reference counts equal the number of holders; the token budget and sequence
+cap hold; and the KV that every scheduled request attends to is exactly its own prefix. The
+fake worker stores, in each cache slot, the group and the full token prefix that produced
+it, copies blocks for swaps, and writes all of a step's tokens before checking any context
+(as the attention backend does), so a wrong prefix hit, a bad swap or a block reused too
+early fails the test. At the end every request has finished or been aborted (no starvation
+or deadlock) and every block, device and host, is free again (cached-but-evictable blocks
+count as free). A sliding-window group is checked on the keys its queries can see: those
+must be present and exact, while the blocks before them may have been let go (null in the
+scheduler's table).
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from dataclasses import dataclass
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pagedllm.core.kv_cache_groups import KVCacheGroupSpec
+from pagedllm.core.kv_cache_manager import KVCacheManager
 from pagedllm.core.sched_output import SchedulerOutput
 from pagedllm.core.scheduler import Scheduler
 from pagedllm.request import Request, RequestStatus
@@ -28,14 +34,15 @@ from pagedllm.sampling_params import SamplingParams
 from pagedllm.worker.outputs import ModelRunnerOutput
 from tests.core.test_scheduler import EOS, make_scheduler
 
-# What a cache slot holds in the simulation: the token prefix whose last token's K/V it is.
-Slot = tuple[int, ...]
+# What a cache slot holds in the simulation: the KV cache group that wrote it and the token
+# prefix whose last token's K/V it is.
+Slot = tuple[int, tuple[int, ...]]
 
 
 @dataclass
 class _WorkerRequest:
     token_ids: list[int]
-    block_ids: list[int]
+    block_ids: list[list[int]]  # per KV cache group
     num_computed_tokens: int
 
 
@@ -51,6 +58,7 @@ class FakeWorker:
         self.device_kv: dict[int, list[Slot | None]] = {}
         self.host_kv: dict[int, list[Slot | None]] = {}
         self.num_computed_prompt_tokens = 0
+        self.windows = [group.sliding_window for group in scheduler.kv_cache_manager.groups]
 
     def execute(self, output: SchedulerOutput) -> ModelRunnerOutput:
         for request_id in output.finished_request_ids:
@@ -60,7 +68,7 @@ class FakeWorker:
             assert new.request_id not in self.requests, "worker already holds this request"
             token_ids = new.prompt_token_ids + new.output_token_ids
             self.requests[new.request_id] = _WorkerRequest(
-                token_ids, list(new.block_ids), new.num_computed_tokens
+                token_ids, [list(table) for table in new.block_ids], new.num_computed_tokens
             )
         cached = output.scheduled_cached_reqs
         for request_id, block_ids, num_computed in zip(
@@ -68,7 +76,8 @@ class FakeWorker:
         ):
             state = self.requests[request_id]
             assert state.num_computed_tokens == num_computed
-            state.block_ids += block_ids
+            for table, new_ids in zip(state.block_ids, block_ids, strict=True):
+                table += new_ids
         self._write_kv(output)
         self._check_contexts(output)
         return self._sample(output)
@@ -85,28 +94,41 @@ class FakeWorker:
             self.device_kv[device] = list(self.host_kv.pop(host))
 
     def _write_kv(self, output: SchedulerOutput) -> None:
-        """Every scheduled token writes its slot, before any request reads its context."""
+        """Every scheduled token writes its slot in every group, before any request reads
+        its context."""
         for request_id, num_tokens in output.num_scheduled_tokens.items():
             state = self.requests[request_id]
-            assert 0 not in state.block_ids, "the null block was handed out"
             start = state.num_computed_tokens
-            for position in range(start, start + num_tokens):
-                block_id = state.block_ids[position // self.block_size]
-                block = self.device_kv.setdefault(block_id, [None] * self.block_size)
-                block[position % self.block_size] = tuple(state.token_ids[: position + 1])
+            for group_id, table in enumerate(state.block_ids):
+                for position in range(start, start + num_tokens):
+                    block_id = table[position // self.block_size]
+                    assert block_id != 0, "the null block was handed out"
+                    block = self.device_kv.setdefault(block_id, [None] * self.block_size)
+                    prefix = tuple(state.token_ids[: position + 1])
+                    block[position % self.block_size] = (group_id, prefix)
 
     def _check_contexts(self, output: SchedulerOutput) -> None:
-        """Each request's whole context (cached, swapped in, or new) is its own prefix."""
+        """Each request's context (cached, swapped in, or new) is its own prefix, as far
+        back as each group's queries see."""
         block_size = self.block_size
+        manager = self.scheduler.kv_cache_manager
         for request_id, num_tokens in output.num_scheduled_tokens.items():
             state = self.requests[request_id]
-            assert state.block_ids == self.scheduler.kv_cache_manager.get_block_ids(request_id)
-            end = state.num_computed_tokens + num_tokens
-            for position in range(end):
-                block = self.device_kv[state.block_ids[position // block_size]]
-                assert block[position % block_size] == tuple(state.token_ids[: position + 1]), (
-                    f"{request_id} reads wrong KV at position {position}"
-                )
+            start, end = state.num_computed_tokens, state.num_computed_tokens + num_tokens
+            tables = manager.get_block_ids(request_id)
+            for group_id, (table, window) in enumerate(zip(tables, self.windows, strict=True)):
+                # The worker's table only grows; the scheduler's nulls what was let go.
+                worker_table = state.block_ids[group_id]
+                assert len(table) == len(worker_table)
+                assert all(b in (0, w) for b, w in zip(table, worker_table, strict=True))
+                first = 0 if window is None else max(0, start - window + 1)
+                for position in range(first, end):
+                    block_id = table[position // block_size]
+                    assert block_id != 0, f"{request_id} lost a block it still sees"
+                    slot = self.device_kv[block_id][position % block_size]
+                    assert slot == (group_id, tuple(state.token_ids[: position + 1])), (
+                        f"{request_id} reads wrong KV at position {position}"
+                    )
 
     def _sample(self, output: SchedulerOutput) -> ModelRunnerOutput:
         block_size = self.block_size
@@ -116,7 +138,8 @@ class FakeWorker:
             state.num_computed_tokens += num_tokens
             assert state.num_computed_tokens <= len(state.token_ids)
             assert state.num_computed_tokens <= self.scheduler.max_model_len
-            assert len(state.block_ids) * block_size >= state.num_computed_tokens
+            for table in state.block_ids:
+                assert len(table) * block_size >= state.num_computed_tokens
             if state.num_computed_tokens < len(state.token_ids):
                 sampled.append([])  # partial prefill
                 continue
@@ -132,11 +155,12 @@ def check_blocks(scheduler: Scheduler, all_requests: list[Request]) -> None:
     manager = scheduler.kv_cache_manager
     holders: dict[int, int] = {}
     for request in all_requests:
-        block_ids = manager.get_block_ids(request.request_id)
+        block_ids = [i for table in manager.get_block_ids(request.request_id) for i in table]
         if request.status != RequestStatus.RUNNING:
             assert block_ids == [], f"{request.request_id} holds blocks while not running"
         for block_id in block_ids:
-            holders[block_id] = holders.get(block_id, 0) + 1
+            if block_id:  # 0: a block a sliding window let go
+                holders[block_id] = holders.get(block_id, 0) + 1
     free = {b.block_id for b in manager.block_pool.free_block_queue.get_all_free_blocks()}
     assert free.isdisjoint(holders)
     assert len(free) + len(holders) == manager.num_usable_blocks
@@ -157,13 +181,28 @@ def check_output(scheduler: Scheduler, output: SchedulerOutput) -> None:
 
 
 @st.composite
+def kv_cache_groups(draw: st.DrawFn) -> tuple[KVCacheGroupSpec, ...] | None:
+    """None (one full-attention group), one sliding group, or sliding and full groups."""
+    kind = draw(st.sampled_from(["full", "sliding", "hybrid"]))
+    if kind == "full":
+        return None
+    window = draw(st.integers(1, 10))
+    if kind == "sliding":
+        return (KVCacheGroupSpec((0,), window),)
+    return (KVCacheGroupSpec((0,), window), KVCacheGroupSpec((1,)))
+
+
+@st.composite
 def workloads(draw: st.DrawFn) -> dict[str, object]:
     block_size = draw(st.integers(1, 4))
     max_model_len = draw(st.integers(2, 24))
-    min_usable = -(max_model_len // -block_size)  # one request must always fit alone
-    num_blocks = 1 + min_usable + draw(st.integers(0, 4))
     chunked = draw(st.booleans())
     budget = draw(st.integers(1 if chunked else max_model_len, 40))
+    groups = draw(kv_cache_groups())
+    # One request must always fit alone.
+    sizing = KVCacheManager(2, block_size, groups=groups, max_chunk_tokens=budget)
+    min_usable = sizing.get_num_blocks_needed(max_model_len)
+    num_blocks = 1 + min_usable + draw(st.integers(0, 4))
     request = st.tuples(
         st.integers(0, 4),  # arrival step
         st.integers(1, max_model_len),  # prompt length
@@ -186,6 +225,7 @@ def workloads(draw: st.DrawFn) -> dict[str, object]:
             preemption_mode=draw(st.sampled_from(["recompute", "swap"])),
             scheduling_policy=draw(st.sampled_from(["fcfs", "priority"])),
             num_cpu_blocks=draw(st.integers(0, 12)),
+            kv_cache_groups=groups,
         ),
         "requests": draw(st.lists(request, min_size=2, max_size=10)),
         "seed": draw(st.integers(0, 2**16)),

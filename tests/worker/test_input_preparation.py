@@ -31,7 +31,7 @@ def _new(
         output_token_ids=[],
         sampling_params=SamplingParams(temperature=0.0),
         eos_token_id=None,
-        block_ids=blocks,
+        block_ids=(blocks,),
         num_computed_tokens=computed,
     )
 
@@ -57,7 +57,7 @@ def test_mixed_prefill_chunk_and_decode():
     runner.requests["b"].token_ids.append(22)  # what _make_output does after sampling
     step2 = SchedulerOutput(
         scheduled_new_reqs=[],
-        scheduled_cached_reqs=CachedRequestData(["b", "a"], [[], []], [2, 4]),
+        scheduled_cached_reqs=CachedRequestData(["b", "a"], [([],), ([],)], [2, 4]),
         num_scheduled_tokens={"b": 1, "a": 2},
         total_num_scheduled_tokens=3,
         finished_request_ids=set(),

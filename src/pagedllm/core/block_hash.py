@@ -66,3 +66,15 @@ def update_request_block_hashes(
         parent = hash_block_tokens(parent, token_ids[start : start + block_size], extra_keys)
         hashes.append(parent)
     return hashes
+
+
+def hash_with_group_id(block_hash: BlockHash, group_id: int) -> BlockHash:
+    """The prefix-cache key of a block of KV cache group `group_id`.
+
+    Groups hold different layers' KV for the same tokens, so their blocks must never be
+    confused. Group 0 (the only one of most models) keys by the plain hash; the others
+    append their id.
+    """
+    if group_id == 0:
+        return block_hash
+    return block_hash + group_id.to_bytes(4, "little")

@@ -17,6 +17,11 @@ share the blocks at once. It is safe because of an invariant of the attention ba
 into the cache before it computes any attention, so a request reading a block that another
 request fills in the same step sees the block's final contents; and the scheduler never
 preempts or frees a request between scheduling it and the step that computes it.
+
+KV cache groups (core/kv_cache_groups.py): a hybrid model keeps one block table per group
+per request, all from one pool. Block ids travel as a tuple of lists, one per group (a
+1-tuple for most models). A sliding-window group frees the blocks that left its window
+(core/single_type_manager.py); a prefix hit is the longest length every group can serve.
 """
 
 from __future__ import annotations
@@ -26,12 +31,15 @@ from collections.abc import Sequence
 
 from pagedllm.core.block_hash import update_request_block_hashes
 from pagedllm.core.block_pool import BlockPool, KVCacheBlock
+from pagedllm.core.kv_cache_groups import KVCacheGroupSpec
+from pagedllm.core.single_type_manager import FullAttentionManager, cdiv, make_manager
 from pagedllm.request import Request
 
+__all__ = ["BlockIds", "KVCacheBlocks", "KVCacheManager", "cdiv"]
 
-def cdiv(a: int, b: int) -> int:
-    """Ceiling division of non-negative integers (core/ may not import pagedllm.utils)."""
-    return -(a // -b)
+# One list per KV cache group, in group order.
+KVCacheBlocks = tuple[list[KVCacheBlock], ...]
+BlockIds = tuple[list[int], ...]
 
 
 class KVCacheManager:
@@ -41,21 +49,38 @@ class KVCacheManager:
         num_blocks: blocks in the pool, including the reserved null block 0.
         block_size: tokens per block.
         enable_caching: automatic prefix caching on or off.
+        groups: the KV cache groups (None: one full-attention group).
+        max_chunk_tokens: the most tokens one request computes in a step (the scheduler's
+            token budget), for the peak block count of a sliding-window group.
     """
 
-    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_caching: bool = True,
+        groups: Sequence[KVCacheGroupSpec] | None = None,
+        max_chunk_tokens: int | None = None,
+    ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be at least 1, got {block_size}.")
         self.block_size = block_size
         self.enable_caching = enable_caching
         self.block_pool = BlockPool(num_blocks)
-        # request_id → its block table, in token order.
-        self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
-        # request_id → how many leading blocks of its table went through the cache already.
-        self.num_cached_blocks: dict[str, int] = {}
+        self.groups = tuple(groups) if groups else (KVCacheGroupSpec(()),)
+        self.managers: list[FullAttentionManager] = [
+            make_manager(self.block_pool, block_size, group_id, group.sliding_window)
+            for group_id, group in enumerate(self.groups)
+        ]
+        self.max_chunk_tokens = max_chunk_tokens
         # Cumulative prefix-cache lookups at admission, in tokens (vLLM's queries / hits).
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
+
+    @property
+    def num_groups(self) -> int:
+        """KV cache groups (block tables per request)."""
+        return len(self.managers)
 
     @property
     def num_usable_blocks(self) -> int:
@@ -72,120 +97,134 @@ class KVCacheManager:
         return self.block_pool.get_num_free_blocks()
 
     def get_num_blocks_needed(self, num_tokens: int) -> int:
-        """Blocks that hold `num_tokens` tokens."""
-        return cdiv(num_tokens, self.block_size)
+        """The most blocks, over all groups, one request of `num_tokens` tokens holds."""
+        chunk = num_tokens if self.max_chunk_tokens is None else self.max_chunk_tokens
+        return sum(m.max_num_blocks(num_tokens, chunk) for m in self.managers)
 
-    def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
-        """The longest run of cached blocks that starts `request`'s tokens.
+    def get_num_blocks_held(self, num_computed_tokens: int) -> int:
+        """Real blocks, over all groups, of a request with that many tokens computed once
+        the blocks outside its windows are gone (what a swap-out copies)."""
+        return sum(m.num_blocks_held(num_computed_tokens) for m in self.managers)
+
+    def empty_blocks(self) -> KVCacheBlocks:
+        """No blocks in any group (a prefix miss)."""
+        return tuple([] for _ in self.managers)
+
+    def get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int]:
+        """The longest cached prefix of `request`'s tokens that every group can serve.
 
         The hit is capped at `num_tokens - 1` tokens: the last token is always computed,
         because its logits are needed to sample. Nothing is taken yet: pass the blocks to
         `allocate_slots` as `new_computed_blocks`.
 
         Returns:
-            (blocks, num_computed_tokens) with num_computed_tokens = len(blocks) * block_size.
+            (blocks per group, num_computed_tokens) with num_computed_tokens a whole number
+            of blocks; a sliding-window group's blocks before its window are null.
         """
         # Prompt logprobs need every prompt position computed (SamplingParams says when).
         if not self.enable_caching or request.sampling_params.skip_reading_prefix_cache:
-            return [], 0
-        assert request.request_id not in self.req_to_blocks, "lookup for a request with blocks"
+            return self.empty_blocks(), 0
+        assert request.request_id not in self.managers[0].req_to_blocks, "lookup with blocks"
         block_hashes = update_request_block_hashes(request, self.block_size)
-        max_num_blocks = (request.num_tokens - 1) // self.block_size
-        blocks: list[KVCacheBlock] = []
-        for block_hash in block_hashes[:max_num_blocks]:
-            block = self.block_pool.get_cached_block(block_hash)
-            if block is None:
-                break
-            blocks.append(block)
-        return blocks, len(blocks) * self.block_size
+        num_blocks = (request.num_tokens - 1) // self.block_size
+        # Shrink the length until every group serves exactly it: a full-attention hit holds
+        # for any shorter length, a sliding one must be searched again.
+        while True:
+            hits = [m.find_longest_cache_hit(block_hashes, num_blocks) for m in self.managers]
+            shortest = min(len(hit) for hit in hits)
+            if all(len(hit) == num_blocks for hit in hits):
+                return tuple(hits), num_blocks * self.block_size
+            num_blocks = shortest
 
     def _num_blocks_to_take(
-        self, request: Request, num_new_tokens: int, new_computed_blocks: Sequence[KVCacheBlock]
-    ) -> tuple[int, int]:
-        """(new blocks to allocate, free blocks that allocation consumes in all)."""
-        blocks = self.req_to_blocks.get(request.request_id, [])
-        num_tokens = (
-            request.num_computed_tokens
-            + len(new_computed_blocks) * self.block_size
-            + num_new_tokens
+        self, request: Request, num_new_tokens: int, computed: KVCacheBlocks
+    ) -> int:
+        """Free blocks that growing `request` by `num_new_tokens` after its hit consumes."""
+        num_computed = request.num_computed_tokens + len(computed[0]) * self.block_size
+        num_tokens = num_computed + num_new_tokens
+        return sum(
+            m.get_num_blocks_to_allocate(request.request_id, num_tokens, num_computed, blocks)
+            for m, blocks in zip(self.managers, computed, strict=True)
         )
-        num_new_blocks = max(
-            0, self.get_num_blocks_needed(num_tokens) - len(blocks) - len(new_computed_blocks)
-        )
-        # Reviving a cached block that is free takes it out of the free queue too.
-        num_revived = sum(1 for block in new_computed_blocks if block.ref_cnt == 0)
-        return num_new_blocks, num_new_blocks + num_revived
 
     def can_allocate(
         self,
         request: Request,
         num_new_tokens: int,
-        new_computed_blocks: Sequence[KVCacheBlock] = (),
+        new_computed_blocks: KVCacheBlocks | None = None,
     ) -> bool:
         """True if `allocate_slots` with the same arguments would succeed now."""
-        _, num_consumed = self._num_blocks_to_take(request, num_new_tokens, new_computed_blocks)
-        return num_consumed <= self.get_num_free_blocks()
+        computed = new_computed_blocks or self.empty_blocks()
+        num_needed = self._num_blocks_to_take(request, num_new_tokens, computed)
+        return num_needed <= self.get_num_free_blocks()
 
     def allocate_slots(
         self,
         request: Request,
         num_new_tokens: int,
-        new_computed_blocks: Sequence[KVCacheBlock] | None = None,
-    ) -> list[int] | None:
-        """Grow `request`'s block table so it holds KV for `num_new_tokens` more tokens.
+        new_computed_blocks: KVCacheBlocks | None = None,
+    ) -> BlockIds | None:
+        """Grow `request`'s block tables so they hold KV for `num_new_tokens` more tokens.
+
+        First frees the blocks that left a sliding window (they are never read again).
 
         Args:
             request: the request; its `num_computed_tokens` is not changed here.
             num_new_tokens: tokens to compute this step.
             new_computed_blocks: at admission, the prefix hit from `get_computed_blocks`
-                (possibly empty): these blocks start the table and their tokens count as
+                (possibly empty): these blocks start the tables and their tokens count as
                 computed. None when the request is not being admitted with a lookup.
 
         Returns:
-            The ids of the blocks appended after the prefix hit (possibly empty), or None if
-            too few blocks are free; on None nothing is changed.
+            Per group, the ids of the blocks appended after the prefix hit (possibly empty),
+            or None if too few blocks are free; on None no block was taken.
         """
         if num_new_tokens < 0:
             raise ValueError(f"num_new_tokens must be non-negative, got {num_new_tokens}.")
-        computed = list(new_computed_blocks or ())
-        if computed:
-            assert request.request_id not in self.req_to_blocks, "prefix hit for a known request"
+        computed = new_computed_blocks or self.empty_blocks()
+        num_hit = len(computed[0]) * self.block_size
+        request_id = request.request_id
+        if num_hit:
+            assert request_id not in self.managers[0].req_to_blocks, "hit for a known request"
             assert request.num_computed_tokens == 0, "prefix hit for a computed request"
-        num_new_blocks, num_consumed = self._num_blocks_to_take(request, num_new_tokens, computed)
-        if num_consumed > self.get_num_free_blocks():
+        self.remove_skipped_blocks(request)
+        if self._num_blocks_to_take(request, num_new_tokens, computed) > (
+            self.get_num_free_blocks()
+        ):
             return None
-        self.block_pool.touch(computed)
-        new_blocks = self.block_pool.get_new_blocks(num_new_blocks)
-        self.req_to_blocks.setdefault(request.request_id, []).extend(computed + new_blocks)
-        num_cached_tokens = len(computed) * self.block_size
-        if new_computed_blocks is not None and self.enable_caching:
-            self.prefix_cache_queries += request.num_tokens
-            self.prefix_cache_hits += num_cached_tokens
+        num_computed = request.num_computed_tokens + num_hit
+        num_tokens = num_computed + num_new_tokens
+        # Every group takes its hits before any allocates: a hit may sit in the free queue,
+        # where another group's new blocks would otherwise take it.
+        for manager, blocks in zip(self.managers, computed, strict=True):
+            manager.save_new_computed_blocks(request_id, blocks)
+        new_block_ids = []
+        for manager in self.managers:
+            new_blocks = manager.allocate_new_blocks(request_id, num_tokens, num_computed)
+            new_block_ids.append([block.block_id for block in new_blocks])
         if self.enable_caching:
-            num_tokens = request.num_computed_tokens + num_cached_tokens + num_new_tokens
-            self._cache_full_blocks(request, num_tokens)
-        return [block.block_id for block in new_blocks]
+            if new_computed_blocks is not None:
+                self.prefix_cache_queries += request.num_tokens
+                self.prefix_cache_hits += num_hit
+            block_hashes = update_request_block_hashes(request, self.block_size)
+            num_full_blocks = min(num_tokens, request.num_tokens) // self.block_size
+            for manager in self.managers:
+                manager.cache_blocks(request_id, block_hashes, num_full_blocks)
+        return tuple(new_block_ids)
 
-    def _cache_full_blocks(self, request: Request, num_tokens: int) -> None:
-        """Cache the request's blocks that are full once its first `num_tokens` are computed."""
-        num_full_blocks = min(num_tokens, request.num_tokens) // self.block_size
-        start = self.num_cached_blocks.get(request.request_id, 0)
-        if num_full_blocks <= start:
-            return
-        block_hashes = update_request_block_hashes(request, self.block_size)
-        blocks = self.req_to_blocks[request.request_id]
-        self.block_pool.cache_full_blocks(
-            blocks[start:num_full_blocks], block_hashes[start:num_full_blocks]
-        )
-        self.num_cached_blocks[request.request_id] = num_full_blocks
+    def remove_skipped_blocks(self, request: Request) -> None:
+        """Free the blocks no sliding-window layer will read again for `request`."""
+        for manager in self.managers:
+            manager.remove_skipped_blocks(request.request_id, request.num_computed_tokens)
 
-    def get_block_ids(self, request_id: str) -> list[int]:
-        """A copy of the request's block table (empty if it holds no blocks)."""
-        return [block.block_id for block in self.req_to_blocks.get(request_id, [])]
+    def get_block_ids(self, request_id: str) -> BlockIds:
+        """Copies of the request's block tables, one per group (0 where a block was let
+        go; empty lists if it holds none)."""
+        return tuple([b.block_id for b in m.get_blocks(request_id)] for m in self.managers)
 
     def get_request_ids(self) -> set[str]:
-        """Ids of the requests that hold a block table."""
-        return set(self.req_to_blocks)
+        """Ids of the requests that hold block tables."""
+        return set(self.managers[0].req_to_blocks)
 
     def free(self, request: Request) -> None:
         """Return all of `request`'s blocks to the pool (a no-op if it holds none).
@@ -193,9 +232,8 @@ class KVCacheManager:
         Blocks are freed tail first, so a request's last blocks are evicted before its first
         ones: a shared prefix survives longest. Cached blocks stay findable until evicted.
         """
-        blocks = self.req_to_blocks.pop(request.request_id, [])
-        self.num_cached_blocks.pop(request.request_id, None)
-        self.block_pool.free_blocks(reversed(blocks))
+        for manager in self.managers:
+            manager.free(request.request_id)
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached block; refused (False) while any request holds blocks."""
@@ -204,13 +242,18 @@ class KVCacheManager:
     def check_integrity(self) -> None:
         """Assert: free + used == total, ref counts == holders, no block both free and held."""
         self.block_pool.check_integrity()
+        null_block = self.block_pool.null_block
         holders: Counter[int] = Counter()
-        for request_id, blocks in self.req_to_blocks.items():
-            ids = [block.block_id for block in blocks]
+        request_ids = self.get_request_ids()
+        for manager in self.managers:
+            assert set(manager.req_to_blocks) == request_ids, "groups disagree on requests"
+            assert set(manager.num_cached_blocks) <= request_ids
+            for request_id, blocks in manager.req_to_blocks.items():
+                assert manager.num_cached_blocks.get(request_id, 0) <= len(blocks)
+                holders.update(b.block_id for b in blocks if b is not null_block)
+        for request_id in request_ids:
+            ids = [i for table in self.get_block_ids(request_id) for i in table if i]
             assert len(set(ids)) == len(ids), f"request {request_id} holds a block twice"
-            holders.update(ids)
-            assert self.num_cached_blocks.get(request_id, 0) <= len(blocks)
-        assert set(self.num_cached_blocks) <= set(self.req_to_blocks)
         free_queue = self.block_pool.free_block_queue
         for block in self.block_pool.blocks:
             assert block.ref_cnt == holders[block.block_id], (

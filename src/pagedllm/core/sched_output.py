@@ -29,7 +29,8 @@ class NewRequestData:
         output_token_ids: tokens already generated (non-empty when resumed after preemption).
         sampling_params: how to sample.
         eos_token_id: the model's EOS id (masked until `min_tokens` are out), or None.
-        block_ids: the request's whole block table.
+        block_ids: the request's whole block tables, one per KV cache group (0 where a
+            sliding window let a block go).
         num_computed_tokens: tokens already in the KV cache before this step.
     """
 
@@ -38,7 +39,7 @@ class NewRequestData:
     output_token_ids: list[int]
     sampling_params: SamplingParams
     eos_token_id: int | None
-    block_ids: list[int]
+    block_ids: tuple[list[int], ...]
     num_computed_tokens: int
 
 
@@ -48,12 +49,12 @@ class CachedRequestData:
 
     Attributes:
         request_ids: ids.
-        new_block_ids: blocks appended to each block table this step.
+        new_block_ids: per request, the blocks appended to each group's table this step.
         num_computed_tokens: tokens in the KV cache before this step.
     """
 
     request_ids: list[str] = field(default_factory=list)
-    new_block_ids: list[list[int]] = field(default_factory=list)
+    new_block_ids: list[tuple[list[int], ...]] = field(default_factory=list)
     num_computed_tokens: list[int] = field(default_factory=list)
 
     @property

@@ -15,7 +15,8 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from pagedllm.config import CacheConfig, SchedulerConfig
-from pagedllm.core.kv_cache_manager import KVCacheManager, cdiv
+from pagedllm.core.kv_cache_groups import KVCacheGroupSpec
+from pagedllm.core.kv_cache_manager import BlockIds, KVCacheManager
 from pagedllm.core.request_queue import RequestQueue, create_request_queue
 from pagedllm.core.sched_output import SchedulerOutput
 from pagedllm.core.step_plan import StepPlan
@@ -50,6 +51,7 @@ class Scheduler:
         num_cpu_blocks: host blocks for swap preemption, including an unused block 0 (the
             engine sizes it from `swap_space`); fewer than 2 makes every preemption a
             recompute. Ignored unless preemption_mode is "swap".
+        kv_cache_groups: the model's KV cache groups (None: one full-attention group).
     """
 
     def __init__(
@@ -58,12 +60,17 @@ class Scheduler:
         cache_config: CacheConfig,
         num_blocks: int,
         num_cpu_blocks: int = 0,
+        kv_cache_groups: tuple[KVCacheGroupSpec, ...] | None = None,
     ) -> None:
         self.scheduler_config = scheduler_config
         self.cache_config = cache_config
         self.max_model_len = scheduler_config.max_model_len
         self.kv_cache_manager = KVCacheManager(
-            num_blocks, cache_config.block_size, cache_config.enable_prefix_caching
+            num_blocks,
+            cache_config.block_size,
+            cache_config.enable_prefix_caching,
+            groups=kv_cache_groups,
+            max_chunk_tokens=scheduler_config.max_num_batched_tokens,
         )
         is_swap = scheduler_config.preemption_mode == "swap"
         self.swap_manager = SwapManager(num_cpu_blocks if is_swap else 0)
@@ -211,7 +218,7 @@ class Scheduler:
 
     def _allocate_or_preempt(
         self, request: Request, num_new_tokens: int, plan: StepPlan
-    ) -> list[int] | None:
+    ) -> BlockIds | None:
         """Allocate for `request`, preempting the running tail until it fits.
 
         Returns the new block ids, or None if `request` itself had to be preempted. The head
@@ -280,9 +287,13 @@ class Scheduler:
         """Move `request`'s KV to host blocks (swap mode); False if it must recompute."""
         if self.scheduler_config.preemption_mode != "swap":
             return False
-        num_blocks = cdiv(request.num_computed_tokens, self.cache_config.block_size)
+        # Blocks that left a sliding window are not worth copying.
+        self.kv_cache_manager.remove_skipped_blocks(request)
+        num_blocks = self.kv_cache_manager.get_num_blocks_held(request.num_computed_tokens)
         block_ids = self.kv_cache_manager.get_block_ids(request.request_id)
-        assert len(block_ids) == num_blocks, "a preempted request holds unused blocks"
+        assert sum(len([i for i in t if i]) for t in block_ids) == num_blocks, (
+            "a preempted request holds unused blocks"
+        )
         if num_blocks == 0 or not self.swap_manager.can_swap_out(num_blocks):
             return False
         pairs = self.swap_manager.swap_out(request.request_id, block_ids)
@@ -508,16 +519,18 @@ class Scheduler:
 
     def _check_request_states(self) -> None:
         block_size = self.cache_config.block_size
+        manager = self.kv_cache_manager
         for request in self.running:
             assert request.status == RequestStatus.RUNNING
             assert 0 <= request.num_computed_tokens <= request.num_tokens
             assert request.num_computed_tokens <= self.max_model_len
-            num_blocks = len(self.kv_cache_manager.get_block_ids(request.request_id))
-            assert num_blocks * block_size >= request.num_computed_tokens
+            for table in manager.get_block_ids(request.request_id):
+                assert len(table) * block_size >= request.num_computed_tokens
         for request in self.waiting:
             assert request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED)
             assert request.num_computed_tokens == 0
         for request in self.swapped:
             assert request.status == RequestStatus.SWAPPED
             num_host_blocks = self.swap_manager.get_num_host_blocks(request.request_id)
-            assert num_host_blocks == cdiv(request.num_computed_tokens, block_size) > 0
+            num_held = manager.get_num_blocks_held(request.num_computed_tokens)
+            assert num_host_blocks == num_held > 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from pagedllm.core.kv_cache_manager import BlockIds
 from pagedllm.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
 from pagedllm.request import Request
 
@@ -21,7 +22,7 @@ class StepPlan:
     num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
     new_requests: list[Request] = field(default_factory=list)
     cached_requests: list[Request] = field(default_factory=list)
-    new_block_ids: dict[str, list[int]] = field(default_factory=dict)
+    new_block_ids: dict[str, BlockIds] = field(default_factory=dict)
     # Preempted while scheduling running requests: the cache is tight, admit nobody.
     num_preempted_running: int = 0
     # Every request preempted this step (also by a higher-priority waiting one).
@@ -29,7 +30,7 @@ class StepPlan:
     blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
 
-    def add(self, request: Request, num_tokens: int, block_ids: list[int], is_new: bool) -> None:
+    def add(self, request: Request, num_tokens: int, block_ids: BlockIds, is_new: bool) -> None:
         """Record that `request` computes `num_tokens` tokens this step."""
         assert 0 < num_tokens <= self.token_budget
         self.num_scheduled_tokens[request.request_id] = num_tokens
@@ -38,12 +39,12 @@ class StepPlan:
         (self.new_requests if is_new else self.cached_requests).append(request)
 
     def make_output(
-        self, get_block_ids: Callable[[str], list[int]], finished_request_ids: set[str]
+        self, get_block_ids: Callable[[str], BlockIds], finished_request_ids: set[str]
     ) -> SchedulerOutput:
         """The worker's view of the plan: new requests in full, the others as diffs.
 
         Args:
-            get_block_ids: request id → its whole block table.
+            get_block_ids: request id → its whole block tables (one per KV cache group).
             finished_request_ids: requests the worker must drop before this step.
         """
         new_reqs = [

@@ -26,14 +26,15 @@ class EngineCore:
         self.config = engine_config
         self.executor = UniProcExecutor(engine_config)
         spec = self.executor.kv_cache_spec
-        self._check_kv_capacity(spec.num_blocks, spec.block_size)
         self.model_execute_seconds = 0.0  # busy time of the model runner, cumulative
         self.scheduler = Scheduler(
             engine_config.scheduler_config,
             engine_config.cache_config,
             spec.num_blocks,
             num_cpu_blocks=spec.num_cpu_blocks,
+            kv_cache_groups=spec.groups,
         )
+        self._check_kv_capacity()
         model_config = engine_config.model_config
         self.structured_output = StructuredOutputManager(
             lambda: get_tokenizer(model_config.model_dir, model_config.gguf_file),
@@ -41,15 +42,17 @@ class EngineCore:
             engine_config.structured_outputs_config.resolved_backend,
         )
 
-    def _check_kv_capacity(self, num_blocks: int, block_size: int) -> None:
+    def _check_kv_capacity(self) -> None:
         # Block 0 is the null block; one request must always fit alone or it could never run.
-        capacity = (num_blocks - 1) * block_size
+        manager = self.scheduler.kv_cache_manager
         max_model_len = self.config.model_config.max_model_len
-        if capacity < max_model_len:
+        num_needed = manager.get_num_blocks_needed(max_model_len)
+        if num_needed > manager.num_usable_blocks:
             raise ValueError(
-                f"The model's max_model_len ({max_model_len}) is larger than the number of "
-                f"tokens the KV cache can hold ({capacity}). Raise kv_cache_memory_bytes "
-                "(or num_gpu_blocks_override), or lower max_model_len."
+                f"The model's max_model_len ({max_model_len}) needs {num_needed} KV blocks "
+                f"but the cache holds {manager.num_usable_blocks} (of {manager.block_size} "
+                "tokens). Raise kv_cache_memory_bytes (or num_gpu_blocks_override), or lower "
+                "max_model_len."
             )
 
     def add_request(self, request: EngineCoreRequest) -> None:

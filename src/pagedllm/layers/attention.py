@@ -49,7 +49,7 @@ class Attention(nn.Module):
             k.view(num_tokens, self.num_kv_heads, self.head_size),
             v.view(num_tokens, self.num_kv_heads, self.head_size),
             ctx.kv_caches[self.layer_idx],
-            ctx.attn_metadata,
+            ctx.metadata_for(self.layer_idx),
             self.scale,
             self.sliding_window,
         )  # [T, H, D]

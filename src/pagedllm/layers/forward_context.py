@@ -23,13 +23,22 @@ class ForwardContext:
 
     Attributes:
         backend: the active attention backend.
-        attn_metadata: the backend's metadata for this step.
+        attn_metadata: the backend's metadata for this step (of KV cache group 0).
         kv_caches: one KV cache tensor per layer, indexed by layer index.
+        layer_metadata: with several KV cache groups (block tables per group), the metadata
+            of each layer's group, indexed by layer index; None when one group serves all.
     """
 
     backend: AttentionBackend
     attn_metadata: Any
     kv_caches: list[torch.Tensor]
+    layer_metadata: list[Any] | None = None
+
+    def metadata_for(self, layer_idx: int) -> Any:
+        """The attention metadata layer `layer_idx` reads."""
+        if self.layer_metadata is None:
+            return self.attn_metadata
+        return self.layer_metadata[layer_idx]
 
 
 _current: ForwardContext | None = None

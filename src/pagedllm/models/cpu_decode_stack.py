@@ -189,6 +189,7 @@ class CpuDecodeStack:
         metadata = context.attn_metadata
         return (
             isinstance(metadata, CpuPagedMetadata)
+            and context.layer_metadata is None  # one block table for all layers
             and metadata.decodes_only() is not None
             and len(context.kv_caches) == len(self.layers)
             and context.kv_caches[0].dtype == torch.int8

@@ -27,3 +27,20 @@ def compute_slot_mapping(
     """Cache slot of every new token."""
     block_ids = block_table[req_indices, positions // block_size]
     return block_ids * block_size + positions % block_size
+
+
+def null_skipped_blocks(
+    block_table: np.ndarray,  # [num_reqs, max_num_blocks], changed in place
+    context_lens: np.ndarray,  # [num_reqs]
+    sliding_window: int,
+    block_size: int,
+) -> None:
+    """Point the blocks wholly outside each request's window at the null block.
+
+    The scheduler lets those blocks go (another request may be writing them now) without
+    telling the worker, whose tables only grow; no query of this step can see them, and
+    the null block's zeros are safe to gather where a kernel reads a whole block.
+    """
+    num_skipped = np.maximum(context_lens - sliding_window + 1, 0) // block_size  # [num_reqs]
+    columns = np.arange(block_table.shape[1])
+    block_table[columns[None, :] < num_skipped[:, None]] = 0

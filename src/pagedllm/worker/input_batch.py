@@ -27,7 +27,7 @@ class CachedRequestState:
     num_prompt_tokens: int
     sampling_params: SamplingParams
     eos_token_id: int | None
-    block_ids: list[int]
+    block_ids: list[list[int]]  # one block table per KV cache group
     num_computed_tokens: int
     in_progress_prompt_logprobs: LogprobsLists | None = None
 
@@ -48,9 +48,10 @@ class StepInputs:
 
     Attributes:
         request_ids: batch order.
-        input_ids / positions / slot_mapping: [num_tokens].
+        input_ids / positions: [num_tokens].
         query_start_loc: [num_reqs + 1]; query_lens / context_lens: [num_reqs].
-        block_table: [num_reqs, max_num_blocks].
+        block_tables: per KV cache group, [num_reqs, max_num_blocks].
+        slot_mappings: per KV cache group, [num_tokens].
         sample_rows: batch rows whose last scheduled token ends the known sequence; only
             these produce a token this step (others are mid-prefill chunks).
     """
@@ -58,12 +59,22 @@ class StepInputs:
     request_ids: list[str]
     input_ids: np.ndarray
     positions: np.ndarray
-    slot_mapping: np.ndarray
+    slot_mappings: list[np.ndarray]
     query_start_loc: np.ndarray
     query_lens: np.ndarray
     context_lens: np.ndarray
-    block_table: np.ndarray
+    block_tables: list[np.ndarray]
     sample_rows: list[int]
+
+    @property
+    def block_table(self) -> np.ndarray:
+        """The block table of KV cache group 0 (the only one of most models)."""
+        return self.block_tables[0]
+
+    @property
+    def slot_mapping(self) -> np.ndarray:
+        """The slot mapping of KV cache group 0."""
+        return self.slot_mappings[0]
 
     @property
     def logits_indices(self) -> np.ndarray:

@@ -13,18 +13,24 @@ accumulated over chunks and sent once the prompt is done.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import torch
 
 from pagedllm.attention.backend import AttentionBackend, CommonAttentionMetadata
+from pagedllm.core.kv_cache_groups import KVCacheGroupSpec
 from pagedllm.core.sched_output import NewRequestData, SchedulerOutput
 from pagedllm.layers.forward_context import ForwardContext, set_forward_context
 from pagedllm.layers.logprobs import compute_token_logprobs
 from pagedllm.layers.sampler import Sampler, SamplingMetadata
 from pagedllm.structured_output.bitmask import apply_grammar_bitmask
-from pagedllm.worker.block_table import compute_slot_mapping, make_block_table_array
+from pagedllm.worker.block_table import (
+    compute_slot_mapping,
+    make_block_table_array,
+    null_skipped_blocks,
+)
 from pagedllm.worker.input_batch import CachedRequestState, StepInputs
 from pagedllm.worker.logprobs import (
     concat_token_logprobs,
@@ -50,6 +56,8 @@ class ModelRunner:
         kv_caches: one KV tensor per layer, in the backend's layout.
         block_size: tokens per KV block.
         device: torch device of the model.
+        kv_cache_groups: the KV cache groups, each with its own block table per request
+            (None: one full-attention group of every layer).
     """
 
     def __init__(
@@ -59,6 +67,7 @@ class ModelRunner:
         kv_caches: list[torch.Tensor],
         block_size: int,
         device: torch.device,
+        kv_cache_groups: tuple[KVCacheGroupSpec, ...] | None = None,
     ) -> None:
         self.model = model
         # The same object, typed as what the runner calls on it beyond forward().
@@ -67,6 +76,13 @@ class ModelRunner:
         self.kv_caches = kv_caches
         self.block_size = block_size
         self.device = device
+        self.kv_cache_groups = kv_cache_groups or (
+            KVCacheGroupSpec(tuple(range(len(kv_caches)))),
+        )
+        self._group_of_layer = [0] * len(kv_caches)
+        for group_id, group in enumerate(self.kv_cache_groups):
+            for layer_index in group.layer_indices:
+                self._group_of_layer[layer_index] = group_id
         self.sampler = Sampler()
         self.requests: dict[str, CachedRequestState] = {}
         # Prompt logprobs of requests swapped out mid-prompt, until they are swapped back in.
@@ -97,7 +113,7 @@ class ModelRunner:
                 num_prompt_tokens=len(new.prompt_token_ids),
                 sampling_params=new.sampling_params,
                 eos_token_id=new.eos_token_id,
-                block_ids=list(new.block_ids),
+                block_ids=[list(table) for table in new.block_ids],
                 num_computed_tokens=new.num_computed_tokens,
                 in_progress_prompt_logprobs=self._start_prompt_logprobs(new),
             )
@@ -106,7 +122,8 @@ class ModelRunner:
             cached.request_ids, cached.new_block_ids, cached.num_computed_tokens, strict=True
         ):
             state = self.requests[request_id]
-            state.block_ids.extend(new_block_ids)
+            for table, new_ids in zip(state.block_ids, new_block_ids, strict=True):
+                table.extend(new_ids)
             state.num_computed_tokens = num_computed
 
     def _prepare_inputs(self, scheduler_output: SchedulerOutput) -> StepInputs:
@@ -129,26 +146,43 @@ class ModelRunner:
             dtype=np.int64,
             count=num_tokens,
         )
-        block_table = make_block_table_array([s.block_ids for s in states])
-        slot_mapping = compute_slot_mapping(block_table, req_indices, positions, self.block_size)
+        block_tables, slot_mappings = [], []
+        for group_id, group in enumerate(self.kv_cache_groups):
+            table = make_block_table_array([s.block_ids[group_id] for s in states])
+            slot_mappings.append(
+                compute_slot_mapping(table, req_indices, positions, self.block_size)
+            )
+            if group.sliding_window is not None:
+                null_skipped_blocks(table, context_lens, group.sliding_window, self.block_size)
+            block_tables.append(table)
         ends = context_lens + query_lens
         sample_rows = [i for i, s in enumerate(states) if ends[i] >= s.num_tokens]
         return StepInputs(
             request_ids=request_ids,
             input_ids=input_ids,
             positions=positions,
-            slot_mapping=slot_mapping,
+            slot_mappings=slot_mappings,
             query_start_loc=query_start_loc,
             query_lens=query_lens,
             context_lens=context_lens,
-            block_table=block_table,
+            block_tables=block_tables,
             sample_rows=sample_rows,
         )
 
     def _forward(self, inputs: StepInputs) -> torch.Tensor:
         common = self._build_common_metadata(inputs)
-        attn_metadata = self.backend.build_metadata(common, self.block_size)
-        context = ForwardContext(self.backend, attn_metadata, self.kv_caches)
+        group_metadata = [self.backend.build_metadata(common, self.block_size)]
+        for table, slots in zip(inputs.block_tables[1:], inputs.slot_mappings[1:], strict=True):
+            group_common = dataclasses.replace(
+                common, block_tables=self._to_device(table), slot_mapping=self._to_device(slots)
+            )
+            group_metadata.append(self.backend.build_metadata(group_common, self.block_size))
+        layer_metadata = None
+        if len(group_metadata) > 1:
+            layer_metadata = [group_metadata[g] for g in self._group_of_layer]
+        context = ForwardContext(
+            self.backend, group_metadata[0], self.kv_caches, layer_metadata
+        )
         with set_forward_context(context):
             return self.model(
                 self._to_device(inputs.input_ids), self._to_device(inputs.positions)
@@ -283,7 +317,7 @@ class ModelRunner:
                 continue
             # Only a swapped-out request comes back with its computed tokens; its blocks are
             # the ones being copied out this step.
-            if swapped_out.intersection(state.block_ids):
+            if any(swapped_out.intersection(table) for table in state.block_ids):
                 self._parked_prompt_logprobs[request_id] = state.in_progress_prompt_logprobs
 
     def _make_output(self, inputs: StepInputs, sampled: list[int]) -> ModelRunnerOutput:

@@ -1,9 +1,12 @@
 """Worker: owns the device, the model and the KV cache tensors; runs steps.
 
-It loads the model, decides how many KV blocks fit the memory budget, allocates one KV tensor
-per layer in the attention backend's layout, and hands each step to the ModelRunner. In swap
-preemption mode it also allocates a host-side KV pool (same per-layer layout, CPU memory,
-`swap_space` GiB) and copies the blocks the scheduler swaps out or in before each step.
+It loads the model, splits its layers into KV cache groups (core/kv_cache_groups.py: one
+group unless sliding-window and global layers mix), decides how many KV blocks fit the memory
+budget, allocates one KV tensor per slot of a group in the attention backend's layout (layer
+j of every group shares slot j's tensor: a block id belongs to one group at a time), and
+hands each step to the ModelRunner. In swap preemption mode it also allocates a host-side KV
+pool (same layout, CPU memory, `swap_space` GiB) and copies the blocks the scheduler swaps
+out or in before each step.
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ import torch
 from pagedllm import envs
 from pagedllm.attention.registry import get_attention_backend
 from pagedllm.config import EngineConfig
+from pagedllm.core.kv_cache_groups import KVCacheGroupSpec, make_kv_cache_groups, num_kv_slots
 from pagedllm.core.sched_output import SchedulerOutput
+from pagedllm.layers.attention import Attention
 from pagedllm.logger import init_logger
 from pagedllm.model_loader.loader import get_model
 from pagedllm.utils.device import cuda_free_memory_bytes, to_torch_dtype
@@ -32,9 +37,12 @@ class KVCacheSpec:
 
     num_blocks: int
     block_size: int
+    # Bytes of one block id: K and V of every slot (layer of a group).
     bytes_per_block: int
     # Host-side blocks for swap preemption (0 unless preemption_mode is "swap").
     num_cpu_blocks: int = 0
+    # The KV cache groups; one full-attention group of every layer for most models.
+    groups: tuple[KVCacheGroupSpec, ...] = ()
 
 
 class Worker:
@@ -51,12 +59,15 @@ class Worker:
         self.backend = get_attention_backend(self.device.type, self.dtype)
         self.kv_cache_spec = self._determine_kv_cache_spec()
         self.host_kv_caches = self._allocate_host_kv_caches()
+        # One tensor per slot; the runner sees them per layer.
+        self.kv_caches = self._allocate_kv_caches()
         self.model_runner = ModelRunner(
             self.model,
             self.backend,
-            self._allocate_kv_caches(),
+            self._layer_kv_caches(self.kv_caches),
             self.kv_cache_spec.block_size,
             self.device,
+            kv_cache_groups=self.kv_cache_spec.groups,
         )
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
@@ -70,7 +81,7 @@ class Worker:
         Out before in, and both before the forward pass, which may overwrite the device
         blocks just swapped out (the scheduler has already handed them to other requests).
         """
-        device_caches, host_caches = self.model_runner.kv_caches, self.host_kv_caches
+        device_caches, host_caches = self.kv_caches, self.host_kv_caches
         for pairs, is_out in (
             (scheduler_output.blocks_to_swap_out, True),
             (scheduler_output.blocks_to_swap_in, False),
@@ -89,7 +100,7 @@ class Worker:
         targets: list[torch.Tensor],
         target_ids: list[int],
     ) -> None:
-        """Copy block source_ids[i] of every layer's source into block target_ids[i]."""
+        """Copy block source_ids[i] of every slot's source into block target_ids[i]."""
         dim = self._block_dim()
         for source, target in zip(sources, targets, strict=True):
             source_index = torch.tensor(source_ids, dtype=torch.int64, device=source.device)
@@ -111,15 +122,28 @@ class Worker:
         head_size = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
         return hf.num_hidden_layers, num_kv_heads, head_size
 
+    def _kv_cache_groups(self) -> tuple[KVCacheGroupSpec, ...]:
+        """The model's attention layers, grouped by how far back they attend."""
+        layers = sorted(
+            (m for m in self.model.modules() if isinstance(m, Attention)),
+            key=lambda attn: attn.layer_idx,
+        )
+        assert [attn.layer_idx for attn in layers] == list(range(len(layers))), (
+            "attention layers must be numbered 0..n-1"
+        )
+        windows = [attn.sliding_window for attn in layers]
+        return make_kv_cache_groups(windows, self.config.model_config.max_model_len)
+
     def _determine_kv_cache_spec(self) -> KVCacheSpec:
         cache = self.config.cache_config
-        num_layers, num_kv_heads, head_size = self._layer_geometry()
+        _, num_kv_heads, head_size = self._layer_geometry()
+        groups = self._kv_cache_groups()
         one_block = self.backend.get_kv_cache_shape(
             1, cache.block_size, num_kv_heads, head_size, cache.cache_dtype
         )
         element_size = torch.empty((), dtype=self._kv_dtype()).element_size()
-        # K and V, every layer, every token of the block.
-        bytes_per_block = num_layers * math.prod(one_block) * element_size
+        # K and V, every slot, every token of the block.
+        bytes_per_block = num_kv_slots(groups) * math.prod(one_block) * element_size
         if cache.num_gpu_blocks_override is not None:
             num_blocks = cache.num_gpu_blocks_override
         else:
@@ -130,16 +154,23 @@ class Worker:
                 "at least 2 are needed. Raise kv_cache_memory_bytes or num_gpu_blocks_override."
             )
         logger.info(
-            "KV cache: %d blocks of %d tokens (%.1f MiB, %s)",
+            "KV cache: %d blocks of %d tokens (%.1f MiB, %s), %d group(s) of %d layer(s)%s",
             num_blocks,
             cache.block_size,
             num_blocks * bytes_per_block / 2**20,
             cache.cache_dtype if cache.cache_dtype != "auto" else self.dtype,
+            len(groups),
+            num_kv_slots(groups),
+            ", sliding windows free their old blocks"
+            if any(g.sliding_window for g in groups)
+            else "",
         )
         num_cpu_blocks = 0
         if self.config.scheduler_config.preemption_mode == "swap":
             num_cpu_blocks = int(cache.swap_space * 2**30) // bytes_per_block
-        return KVCacheSpec(num_blocks, cache.block_size, bytes_per_block, num_cpu_blocks)
+        return KVCacheSpec(
+            num_blocks, cache.block_size, bytes_per_block, num_cpu_blocks, groups
+        )
 
     def _kv_dtype(self) -> torch.dtype:
         return self.backend.get_kv_cache_dtype(self.dtype, self.config.cache_config.cache_dtype)
@@ -164,11 +195,19 @@ class Worker:
             return max(int(total * cache.gpu_memory_utilization) - used_by_others, 0)
         return envs.cpu_kv_cache_space_bytes()
 
+    def _layer_kv_caches(self, slot_caches: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The cache of every layer: its slot's tensor (shared with the other groups)."""
+        slot_of: dict[int, int] = {}
+        for group in self.kv_cache_spec.groups:
+            for slot, layer_index in enumerate(group.layer_indices):
+                slot_of[layer_index] = slot
+        return [slot_caches[slot_of[layer]] for layer in range(len(slot_of))]
+
     def _allocate_kv_caches(self) -> list[torch.Tensor]:
-        num_layers, _, _ = self._layer_geometry()
+        """One KV tensor per slot of the largest group."""
         shape = self._kv_cache_shape(self.kv_cache_spec.num_blocks)
         caches = []
-        for _ in range(num_layers):
+        for _ in range(num_kv_slots(self.kv_cache_spec.groups)):
             # Not zeroed: on CPU the pages of a large empty tensor only become resident when
             # a block is first written, so memory grows with use instead of the full budget.
             cache = torch.empty(shape, dtype=self._kv_dtype(), device=self.device)
@@ -178,11 +217,10 @@ class Worker:
         return caches
 
     def _allocate_host_kv_caches(self) -> list[torch.Tensor]:
-        """The swap space: one host tensor per layer, in the device caches' layout."""
+        """The swap space: one host tensor per slot, in the device caches' layout."""
         num_cpu_blocks = self.kv_cache_spec.num_cpu_blocks
         if num_cpu_blocks < 2:  # block 0 is unused, as in every pool
             return []
-        num_layers, _, _ = self._layer_geometry()
         shape = self._kv_cache_shape(num_cpu_blocks)
         # Pinned on CUDA hosts so copies are fast; a plain second pool on a CPU device.
         pin = self.device.type == "cuda"
@@ -193,5 +231,5 @@ class Worker:
         )
         return [
             torch.empty(shape, dtype=self._kv_dtype(), device="cpu", pin_memory=pin)
-            for _ in range(num_layers)
+            for _ in range(num_kv_slots(self.kv_cache_spec.groups))
         ]
