@@ -262,3 +262,32 @@ def test_head_uses_its_dense_weight_for_large_steps_where_that_wins(dense_from_t
         assert (logits != dense).sum(-1).max() <= REFINED_CANDIDATES
     # Seven tokens are below the crossover: W8A8 logits, off the dense ones almost everywhere.
     assert (head(hidden[:7]) != dense[:7]).sum(-1).min() > REFINED_CANDIDATES
+
+
+def _q8_0_codes(weight: torch.Tensor) -> GroupCodes:
+    """`weight` as a Q8_0 file would store it: per 32 values, d * q, q in -127..127."""
+    groups = weight.float().view(weight.shape[0], -1, 32)
+    scales = groups.abs().amax(-1) / 127
+    codes = (groups / scales[..., None]).round().clamp(-127, 127)
+    return GroupCodes(codes.to(torch.int8), scales, None)
+
+
+def test_q8_0_codes_stay_codes_under_the_int8_method():
+    """A Q8_0 file is served with the int8 method: its codes become W8A8 as they are, not
+    dequantized and re-quantized per channel (which would change its numbers)."""
+    from types import SimpleNamespace
+
+    from pagedllm.model_loader import loader
+
+    weight = torch.randn(48, 64, generator=torch.Generator().manual_seed(9)).bfloat16()
+    codes = _q8_0_codes(weight)
+    linear = Linear(64, 48)
+    linear.weight.data = torch.empty(48, 64, dtype=torch.bfloat16)
+    linear.weight_loader(linear.weight, codes)
+    linear.quantize("int8", keep_dense=False)
+    assert isinstance(linear.quantized, W8A8Weight)
+    assert torch.equal(linear.quantized.dense(torch.float32), codes.dense(torch.float32))
+    # The loader asks for the codes under both methods.
+    for method in ("int4", "int8"):
+        config = SimpleNamespace(quantization=method)
+        assert loader._keeps_file_codes(config, torch.bfloat16, "cpu")  # type: ignore[arg-type]

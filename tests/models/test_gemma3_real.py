@@ -73,7 +73,7 @@ def test_default_mode_keeps_each_tensor_format_and_agrees_with_float32() -> None
     → W8A8, Q6_K → two W8A8 halves) holds exactly the file's values, and its next tokens
     agree with the float32 run of the dequantized file on >= 97% of the scored positions
     (benchmarks/accuracy.py's chat set: 16 questions, 32 answer tokens each)."""
-    from pagedllm.layers.quantization import SplitW8A8Weight, W4A8Weight, W8A8Weight
+    from pagedllm.layers.quantization import SplitWeight, W4A8Weight, W8A8Weight
     from pagedllm.model_loader.gguf import group_codes, read_tensor_data
     from pagedllm.model_loader.gguf_cache import load_index
 
@@ -89,7 +89,7 @@ def test_default_mode_keeps_each_tensor_format_and_agrees_with_float32() -> None
     formats = {
         "attn_output": (layer.self_attn.o_proj, W4A8Weight),  # Q4_K
         "attn_qkv": (layer.self_attn.qkv_proj, W8A8Weight),  # Q5_0, Q5_0, Q8_0
-        "ffn_down": (layer.mlp.down_proj, SplitW8A8Weight),  # Q6_K
+        "ffn_down": (layer.mlp.down_proj, SplitWeight),  # Q6_K
     }
     for name, (linear, kind) in formats.items():
         assert isinstance(linear.quantized, kind), name

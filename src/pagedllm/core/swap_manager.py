@@ -80,7 +80,7 @@ class SwapManager:
         """
         host_tables = self.req_to_host_blocks.pop(request_id)
         assert self.block_pool is not None
-        pairs = []
+        pairs: list[tuple[int, int]] = []
         for table, host_table in zip(device_block_ids, host_tables, strict=True):
             real = [i for i in table if i != NULL_BLOCK_ID]
             assert len(real) >= len(host_table), "too few device blocks to swap in"

@@ -19,7 +19,7 @@ from pagedllm.layers.dense_crossover import dense_from_tokens
 from pagedllm.layers.quantization import (
     GroupCodes,
     QuantizedWeight,
-    SplitW8A8Weight,
+    SplitWeight,
     W4A8Weight,
     W8A8Weight,
     can_quantize_w4a8,
@@ -183,7 +183,7 @@ class Linear(nn.Module):
         `pack_for_cpu`.
         """
         codes = self._take_file_codes(usable=can_quantize_w4a8(self.weight.data))
-        byte_dot: W4A8Weight | W8A8Weight | SplitW8A8Weight | None = None
+        byte_dot: W4A8Weight | W8A8Weight | SplitWeight | None = None
         if codes is not None:
             byte_dot = w4a8_from_codes(codes) if codes.is_int4 else w8a8_from_codes(codes)
         elif method == "int4" and can_quantize_w4a8(self.weight.data):

@@ -179,15 +179,19 @@ def _panel_scales(values: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass
-class SplitW8A8Weight:
-    """An int8 weight with a scale per 16 values (GGUF Q6_K) held exactly as two W8A8
-    weights: the first keeps each group's first half of codes (the second half zero) with
-    that half's scale, the second the other half. x @ w^T is the sum of their products:
-    the file's values exactly, on the byte dot-product kernel, for twice the bytes of one
-    W8A8 weight (a kernel with 16-value weight groups would need only one)."""
+class SplitWeight:
+    """A GGUF weight no single byte dot-product layout holds, kept exactly as the sum of two
+    that do; x @ w^T is the sum of their products, for twice the bytes of one.
 
-    first: W8A8Weight
-    second: W8A8Weight
+    - Q6_K (an int8 scale per 16 values): two W8A8 weights, each keeping one half of every
+      group's codes (the other half zero) with that half's scale.
+    - Q5_K (5-bit codes q = 16 h + l with a minimum): two W4A8 weights, the low nibbles l
+      with the group's scale and minimum, and the fifth bits h with 16 times the scale.
+    A kernel with 16-value groups, or 5-bit codes, would need only one.
+    """
+
+    first: W8A8Weight | W4A8Weight
+    second: W8A8Weight | W4A8Weight
     out_features: int
     max_tokens: int | None = None
 
@@ -204,8 +208,8 @@ class SplitW8A8Weight:
         return self.first.nbytes() + self.second.nbytes()
 
 
-def _split_w8a8(codes: GroupCodes) -> SplitW8A8Weight:
-    """Half-group-scaled int8 codes as two W8A8 weights (see SplitW8A8Weight)."""
+def _split_w8a8(codes: GroupCodes) -> SplitWeight:
+    """Half-group-scaled int8 codes as two W8A8 weights (see SplitWeight)."""
     rows, groups, _ = codes.codes.shape
     halves = codes.codes.view(rows, groups, 2, 16)
     parts = []
@@ -216,10 +220,20 @@ def _split_w8a8(codes: GroupCodes) -> SplitW8A8Weight:
         part = w8a8_from_codes(GroupCodes(kept.view(rows, groups, 32), scales, None))
         assert isinstance(part, W8A8Weight)
         parts.append(part)
-    return SplitW8A8Weight(parts[0], parts[1], rows)
+    return SplitWeight(parts[0], parts[1], rows)
 
 
-QuantizedWeight = Int8Weight | Int4Weight | W4A8Weight | W8A8Weight | SplitW8A8Weight
+def _split_w4a8(codes: GroupCodes) -> SplitWeight:
+    """5-bit codes with minimums as two W4A8 weights (see SplitWeight)."""
+    assert codes.mins is not None
+    low = GroupCodes(codes.codes & 0x0F, codes.scales, codes.mins)
+    high = GroupCodes(codes.codes >> 4, codes.scales * 16, torch.zeros_like(codes.mins))
+    parts = (w4a8_from_codes(low), w4a8_from_codes(high))
+    assert isinstance(parts[0], W4A8Weight) and isinstance(parts[1], W4A8Weight)
+    return SplitWeight(parts[0], parts[1], codes.shape[0])
+
+
+QuantizedWeight = Int8Weight | Int4Weight | W4A8Weight | W8A8Weight | SplitWeight
 
 
 def quantize_int8(weight: torch.Tensor) -> Int8Weight:
@@ -271,9 +285,10 @@ def _num_panels(rows: int) -> int:
 class GroupCodes:
     """A weight as a GGUF file stores it: codes in groups of 32 per output row, each group
     with a float32 scale d and (int4) a minimum m. int4: w = d * q + m, q in 0..15 (Q4_1;
-    Q4_0 is d * (q - 8), i.e. m = -8 d; Q4_K's sub-blocks); int8: w = d * q, q in
-    -127..127 (Q8_0; Q5_0 as q - 16). Q6_K's sub-blocks of 16 have a scale each: int8
-    codes q - 32 with scales [rows, groups, 2], one per half-group (`has_half_scales`).
+    Q4_0 is d * (q - 8), i.e. m = -8 d; Q4_K's sub-blocks), or q in 0..31 for Q5_K; int8:
+    w = d * q, q in -127..127 (Q8_0; Q5_0 as q - 16). Q6_K's sub-blocks of 16 have a scale
+    each: int8 codes q - 32 with scales [rows, groups, 2], one per half-group
+    (`has_half_scales`).
 
     The loader hands these to the layers instead of dense tensors when the weights will run
     on the byte dot-product kernels: they become W4A8Weight / W8A8Weight exactly, with the
@@ -323,9 +338,12 @@ class GroupCodes:
         return values.view(self.shape).to(dtype)
 
 
-def w4a8_from_codes(codes: GroupCodes) -> W4A8Weight:
-    """An int4 GroupCodes weight in the W4A8 layout, exactly (its codes and scales kept)."""
+def w4a8_from_codes(codes: GroupCodes) -> W4A8Weight | SplitWeight:
+    """An int4 GroupCodes weight in the W4A8 layout, exactly (its codes and scales kept);
+    5-bit codes (Q5_K) as two W4A8 weights (see SplitWeight)."""
     assert codes.mins is not None, "int4 codes have minimums"
+    if int(codes.codes.max()) > 15:
+        return _split_w4a8(codes)
     rows, groups, _ = codes.codes.shape
     packed = torch.empty(_num_panels(rows), groups, 256, dtype=torch.uint8)
     scales_and_mins = torch.empty(_num_panels(rows), groups, 2, PANEL_ROWS)
@@ -336,9 +354,9 @@ def w4a8_from_codes(codes: GroupCodes) -> W4A8Weight:
     return W4A8Weight(packed, scales_and_mins, rows)
 
 
-def w8a8_from_codes(codes: GroupCodes) -> W8A8Weight | SplitW8A8Weight:
+def w8a8_from_codes(codes: GroupCodes) -> W8A8Weight | SplitWeight:
     """An int8 GroupCodes weight in the W8A8 layout, exactly (with half-group scales: as
-    two W8A8 weights, see SplitW8A8Weight)."""
+    two W8A8 weights, see SplitWeight)."""
     if codes.has_half_scales:
         return _split_w8a8(codes)
     rows, groups, _ = codes.codes.shape
@@ -438,7 +456,7 @@ def quantize_int4(weight: torch.Tensor, group_size: int = INT4_GROUP_SIZE) -> In
 
 def dequantize(weight: QuantizedWeight, in_features: int, dtype: torch.dtype) -> torch.Tensor:
     """The dense [out, in] weight a quantized weight stands for (for tests and checks)."""
-    if isinstance(weight, (W4A8Weight, W8A8Weight)):
+    if isinstance(weight, (W4A8Weight, W8A8Weight, SplitWeight)):
         return weight.dense(dtype)
     eye = torch.eye(in_features, dtype=dtype)
     return weight.matmul(eye).t().contiguous()

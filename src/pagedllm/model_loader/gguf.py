@@ -163,7 +163,7 @@ def dequantize_tensor(
 _CODE_BLOCKS = {"Q4_0": (18, False, True), "Q4_1": (20, True, True), "Q8_0": (34, False, False)}
 # Types whose codes are rearranged into GroupCodes without changing a value (k_quants.py
 # for the K-quants' super-blocks).
-CODE_TYPES = frozenset({*_CODE_BLOCKS, "Q5_0", "Q4_K", "Q6_K"})
+CODE_TYPES = frozenset({*_CODE_BLOCKS, "Q5_0", "Q4_K", "Q5_K", "Q6_K"})
 
 
 def group_codes(tensor: GgufTensorInfo, data: np.ndarray) -> GroupCodes:

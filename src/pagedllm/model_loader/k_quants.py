@@ -1,4 +1,4 @@
-"""GGUF's Q5_0 and K-quant blocks (Q4_K, Q6_K) as GroupCodes, value for value.
+"""GGUF's Q5_0 and K-quant blocks (Q4_K, Q5_K, Q6_K) as GroupCodes, value for value.
 
 Each format's block is unpacked into the codes and per-group scales (and minimums) that
 give back exactly the values llama.cpp defines, so the byte dot-product kernels run the
@@ -10,6 +10,10 @@ file's own numbers (layers/quantization.py GroupCodes):
   6-bit (scale, min) pairs, 128 bytes of nibbles (per 64 values: the low nibbles are the
   first 32, the high ones the next 32); w = d * sc * q - dmin * m, i.e. int4 codes with
   scale d * sc and minimum -dmin * m per 32 (both exact in float32).
+- Q5_K, super-blocks of 256 (176 bytes): Q4_K's d, dmin and (scale, min) pairs, then 32
+  bytes of fifth bits (bit g of byte l is value l of group g) and 128 bytes of nibbles as
+  Q4_K's; w = d * sc * q - dmin * m with q in 0..31: 5-bit codes with Q4_K's scales and
+  minimums (run as two int4 weights, quantization.py SplitWeight).
 - Q6_K, super-blocks of 256 (210 bytes): 128 bytes of low nibbles, 64 of 2-bit highs, 16
   int8 scales (one per 16 values) and float16 d; w = d * sc * (q - 32): int8 codes q - 32
   with a scale per half-group.
@@ -75,6 +79,25 @@ def q4_k_codes(data: np.ndarray) -> GroupCodes:
     )
 
 
+def q5_k_codes(data: np.ndarray) -> GroupCodes:
+    """Q5_K → 5-bit codes (0..31), scales d * sc and minimums -dmin * m per group of 32."""
+    rows = data.shape[0]
+    blocks = data.reshape(rows, -1, 176)  # [rows, supers, 176]
+    d, dmin = float16_at(blocks, 0)[..., None], float16_at(blocks, 2)[..., None]
+    sc, m = _q4_k_scales(blocks[..., 4:16])
+    fifth_bits = blocks[..., 16:48]  # [rows, supers, 32]
+    nibbles = blocks[..., 48:].reshape(rows, -1, 4, 32)  # 4 chunks of 64 values
+    low = np.stack([nibbles & 0x0F, nibbles >> 4], axis=3).reshape(rows, -1, 8, 32)
+    shifts = np.arange(8, dtype=np.uint8).reshape(1, 1, 8, 1)
+    high = (fifth_bits[:, :, None, :] >> shifts) & 1  # [rows, supers, 8 groups, 32]
+    codes = (low | (high << 4)).reshape(rows, -1, 32)
+    scales = (d * sc.astype(np.float32)).reshape(rows, -1)
+    mins = (-(dmin * m.astype(np.float32))).reshape(rows, -1)
+    return GroupCodes(
+        torch.from_numpy(codes.copy()), torch.from_numpy(scales), torch.from_numpy(mins)
+    )
+
+
 def q6_k_codes(data: np.ndarray) -> GroupCodes:
     """Q6_K → int8 codes q - 32, with scales d * sc per half-group of 16."""
     rows = data.shape[0]
@@ -99,5 +122,6 @@ def q6_k_codes(data: np.ndarray) -> GroupCodes:
 K_QUANT_DECODERS: dict[str, Callable[[np.ndarray], GroupCodes]] = {
     "Q5_0": q5_0_codes,
     "Q4_K": q4_k_codes,
+    "Q5_K": q5_k_codes,
     "Q6_K": q6_k_codes,
 }

@@ -56,7 +56,8 @@ def iterate_checkpoint_weights(
     model_config: ModelConfig, dtype: torch.dtype | None = None, keep_codes: bool = False
 ) -> Iterable[tuple[str, torch.Tensor | GroupCodes]]:
     """HF-named CPU tensors of the configured checkpoint (GGUF file or safetensors folder);
-    with `keep_codes`, a GGUF's Q4_0/Q4_1/Q8_0 matrices as their codes (GroupCodes)."""
+    with `keep_codes`, a GGUF's matrices of the code types (gguf.CODE_TYPES) as their codes
+    (GroupCodes)."""
     if model_config.gguf_file is not None:
         path = os.path.join(model_config.model_dir, model_config.gguf_file)
         return iterate_gguf_weights(path, dtype=dtype, keep_codes=keep_codes)
@@ -64,10 +65,11 @@ def iterate_checkpoint_weights(
 
 
 def _keeps_file_codes(model_config: ModelConfig, dtype: torch.dtype, device: str) -> bool:
-    """Whether the layers take GGUF codes as they are: int4 weights of a bfloat16 CPU model
-    run on the byte dot-product kernels (W4A8 / W8A8), which hold the file's codes exactly."""
+    """Whether the layers take GGUF codes as they are: int4 or int8 weights of a bfloat16
+    CPU model run on the byte dot-product kernels (W4A8 / W8A8), which hold the file's codes
+    exactly (a Q8_0 file's codes too, rather than re-quantizing them per channel)."""
     return (
-        model_config.quantization == "int4"
+        model_config.quantization in ("int4", "int8")
         and dtype == torch.bfloat16
         and torch.device(device).type == "cpu"
         and cpu_ops.w4a8_available()
