@@ -291,3 +291,16 @@ def test_q8_0_codes_stay_codes_under_the_int8_method():
     for method in ("int4", "int8"):
         config = SimpleNamespace(quantization=method)
         assert loader._keeps_file_codes(config, torch.bfloat16, "cpu")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("keep_dense", [False, True])
+@pytest.mark.parametrize("num_rows", [1, 9])
+def test_greedy_tokens_are_the_argmax_of_the_ranking_logits(keep_dense, num_rows):
+    """The greedy shortcut picks what argmax over forward(ranking_only=True) picks, without
+    the [N, vocab] float32 logits; with float32 weights it is the plain argmax."""
+    hidden = torch.randn(num_rows, 128, generator=torch.Generator().manual_seed(11))
+    for dtype in (torch.bfloat16, torch.float32):
+        head = _head(keep_dense, dtype)
+        rows = hidden.to(dtype)
+        expected = head(rows, ranking_only=True).argmax(-1)
+        assert torch.equal(head.greedy_tokens(rows), expected)

@@ -16,6 +16,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from pagedllm.attention.torch_paged import TorchPagedBackend
 from pagedllm.layers.forward_context import ForwardContext, set_forward_context
+from pagedllm.model_loader.hf_config import get_architecture
 from pagedllm.models.registry import resolve_model_class
 
 from ..attention.test_torch_paged import make_common_metadata
@@ -207,8 +208,6 @@ _FIXTURES = {
 
 def load_pair(path: Path):
     """(our model, transformers' model, vocab size) from one checkpoint folder."""
-    from pagedllm.model_loader.hf_config import get_architecture
-
     config = AutoConfig.from_pretrained(path)
     ours = resolve_model_class(get_architecture(config))(config).eval()
     loaded = ours.load_weights(load_file(path / "model.safetensors").items())
@@ -343,3 +342,35 @@ def test_moe_experts_run_on_the_quantized_kernels(arch, tiny_arch_dirs, tmp_path
     runner.kv_caches = [c.bfloat16() for c in runner.kv_caches]
     (logits,) = runner.step([("a", token_ids)])
     assert (logits.float().argmax(-1) == ref.argmax(-1)).float().mean() >= 0.8
+
+
+# Which architectures the one-call C decode stack serves once int4 on bfloat16 (the rest run
+# the Python layers; cpu_decode_stack._standard_layer says what each lacks: Qwen2 and the
+# bias variant of Llama their biases, the others their norms, MLPs or windows).
+_DECODE_STACK_SERVES = {"llama", "llama3", "phi3"}
+
+
+@pytest.mark.parametrize("arch", MODELS)
+def test_which_architectures_the_cpu_decode_stack_serves(
+    arch, request, tiny_arch_dirs, tmp_path_factory
+) -> None:
+    """Pins the path each architecture's decode steps take (C stack or Python layers)."""
+    from pagedllm.layers import cpu_ops
+    from pagedllm.model_loader.loader import _pack_linear_weights, _quantize_weights
+    from pagedllm.models.cpu_decode_stack import CpuDecodeStack
+
+    if not cpu_ops.w4a8_available():
+        pytest.skip("no C compiler for the kernels")
+    if arch in _FIXTURES:
+        path = Path(request.getfixturevalue(_FIXTURES[arch]))
+    else:
+        path = _arch_dir(tiny_arch_dirs, arch, tmp_path_factory)
+    config = AutoConfig.from_pretrained(path)
+    model = resolve_model_class(get_architecture(config))(config).eval()
+    model.load_weights(load_file(path / "model.safetensors").items())
+    for param in model.parameters():  # as the loader casts: buffers (RoPE tables) stay
+        param.data = param.data.to(torch.bfloat16)
+    _quantize_weights(model, "int4", keep_dense=False)
+    _pack_linear_weights(model)
+    stack = CpuDecodeStack.build(model.model)
+    assert (stack is not None) == (arch in _DECODE_STACK_SERVES)

@@ -138,24 +138,43 @@ class LMHead(nn.Module):
         same value and greedy decoding would pick between them arbitrarily; the refined
         values decide as float32 would, for the cost of a top-k and a few dot products.
         """
+        logits = self._raw_logits(hidden_states, ranking_only)
+        if logits.dtype == torch.float32 and self.quantized is None:
+            return logits
+        logits = logits.float()
+        candidates, exact = self._refine_top_candidates(hidden_states, logits)
+        return logits.scatter_(1, candidates, exact)
+
+    def greedy_tokens(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """[N, embedding_dim] → [N] int64: the argmax of `forward(..., ranking_only=True)`,
+        taken among the refined top candidates straight from the model-dtype logits: no
+        [N, vocab] float32 copy, scatter or second pass over the vocabulary (for a 262k
+        vocabulary those cost more than the matmul itself)."""
+        logits = self._raw_logits(hidden_states, ranking_only=True)
+        if logits.dtype == torch.float32 and self.quantized is None:
+            return logits.argmax(dim=-1)
+        candidates, exact = self._refine_top_candidates(hidden_states, logits)
+        return candidates.gather(1, exact.argmax(dim=-1, keepdim=True)).squeeze(1)
+
+    def _raw_logits(self, hidden_states: torch.Tensor, ranking_only: bool) -> torch.Tensor:
+        """[N, vocab] logits from the fastest weight for this step, in its own dtype."""
         num_tokens = hidden_states.shape[0]
         if ranking_only and uses_quantized(self.ranking_shortlist, self.keeps_dense, num_tokens):
             assert self.ranking_shortlist is not None
-            logits = self.ranking_shortlist.matmul(hidden_states)
-        elif uses_quantized(self.quantized, self.keeps_dense, num_tokens):
+            return self.ranking_shortlist.matmul(hidden_states)
+        if uses_quantized(self.quantized, self.keeps_dense, num_tokens):
             assert self.quantized is not None
-            logits = self.quantized.matmul(hidden_states)
-        elif self.packed_weight is not None:
-            logits = packed_linear(hidden_states, self.packed_weight, None)
-        else:
-            logits = F.linear(hidden_states, self.weight)
-        if logits.dtype == torch.float32 and self.quantized is None:
-            return logits
-        return self._refine_top_candidates(hidden_states, logits.float())
+            return self.quantized.matmul(hidden_states)
+        if self.packed_weight is not None:
+            return packed_linear(hidden_states, self.packed_weight, None)
+        return F.linear(hidden_states, self.weight)
 
-    def _refine_top_candidates(self, hidden: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    def _refine_top_candidates(
+        self, hidden: torch.Tensor, logits: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each row's top REFINED_CANDIDATES token ids [N, k] and their float32 logits."""
         k = min(REFINED_CANDIDATES, logits.shape[-1])
-        candidates = logits.topk(k, dim=-1).indices  # [N, k]
+        candidates = logits.topk(k, dim=-1).indices  # [N, k]; bf16 → f32 keeps the order
         rows = self.weight[candidates].float()  # [N, k, embedding_dim]
         exact = torch.bmm(rows, hidden.float().unsqueeze(-1)).squeeze(-1)  # [N, k]
-        return logits.scatter_(1, candidates, exact)
+        return candidates, exact

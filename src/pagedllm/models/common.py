@@ -245,6 +245,11 @@ class DecoderForCausalLM(nn.Module):
             logits = torch.tanh(logits / cap) * cap
         return logits
 
+    def compute_greedy_tokens(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """[N, hidden] → [N] argmax tokens (the soft-cap is monotonic: it cannot change
+        them, so it is skipped)."""
+        return self.lm_head.greedy_tokens(hidden_states)
+
     def remap_weight(self, hf_name: str, tensor: Weight) -> Iterator[tuple[str, Weight]]:
         """The (name in Llama's HF naming, tensor) pairs a checkpoint tensor becomes; none
         to skip it. The default keeps it as it is."""

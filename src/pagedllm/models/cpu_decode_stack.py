@@ -111,8 +111,10 @@ def _standard_layer(layer: DecoderLayer) -> bool:
     """True when `layer` is exactly the Llama block the C loop implements: RMSNorm before
     attention and MLP (no sandwich norms, no q/k norms), neox RoPE over whole heads, full
     attention (no window), a SiLU-gated MLP (no experts), W4A8 matrices without biases.
-    Other layers (Gemma 3, Qwen3, GPT-2, OPT, MoE, sliding windows) run the Python layers:
-    csrc/decode_stack.c would need their parts first."""
+    Llama, Mistral without a window and Phi-3 qualify. Other layers (Qwen2's q/k/v biases,
+    Gemma 3, Qwen3, GPT-2, OPT, MoE, sliding windows) run the Python layers:
+    csrc/decode_stack.c would need their parts first (tests/models/test_model_parity.py
+    pins which architectures it serves)."""
     from pagedllm.models.common import DecoderAttention, DecoderLayer
 
     attn, mlp = layer.self_attn, layer.mlp

@@ -29,6 +29,11 @@ class CausalLM(Protocol):
         """
         ...
 
+    def compute_greedy_tokens(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """[n, hidden_size] → [n] int64: each row's argmax token, as `compute_logits(...,
+        ranking_only=True).argmax(-1)` would pick it, without materializing float32 logits."""
+        ...
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Load HF-named weights; return the names of the parameters that were filled."""
         ...

@@ -229,6 +229,10 @@ class ModelRunner:
             and all(s.sampling_params.logprobs is None for s in states)
         )
         logits_indices = self._to_device(inputs.logits_indices)
+        if ranking_only and metadata.min_tokens_mask is None:
+            # Nothing but each row's argmax is used: the LM head picks it directly.
+            tokens = self._causal_lm.compute_greedy_tokens(hidden_states[logits_indices])
+            return tokens.tolist(), {}
         logits = self._causal_lm.compute_logits(hidden_states[logits_indices], ranking_only)
         logits = logits.float()  # [n, vocab]
         if constrained:
