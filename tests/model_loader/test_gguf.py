@@ -265,3 +265,56 @@ def test_tensor_index_is_cached_per_file(tmp_path: Path, monkeypatch) -> None:
     os.utime(path, ns=(1, 1))  # a different modification time: a different cache entry
     [(_, tensor)] = list(iterate_gguf_weights(str(path)))
     assert torch.equal(tensor, 2 * first["model.layers.0.mlp.up_proj.weight"])
+
+
+def _hf_to_gguf_names(arch: str, hf_names: list[str]) -> dict[str, str]:
+    """The GGUF name of each HF tensor, by inverting gguf_to_hf_name over every known part."""
+    from pagedllm.model_loader import gguf as gguf_module
+
+    parts = {**gguf_module._BLOCK_NAME_MAP, **gguf_module._ARCH_BLOCK_NAMES.get(arch, {})}
+    inverse = {}
+    for gguf_name in ["token_embd.weight", "output_norm.weight", "output.weight"]:
+        inverse[gguf_to_hf_name(gguf_name, arch)] = gguf_name
+    for layer in range(8):
+        for part in parts:
+            for kind in ("weight", "bias"):
+                gguf_name = f"blk.{layer}.{part}.{kind}"
+                inverse[gguf_to_hf_name(gguf_name, arch)] = gguf_name
+    return {name: inverse[name] for name in hf_names}
+
+
+def test_phi3_gguf_loads_the_fused_tensors_as_the_checkpoint_has_them(tmp_path: Path) -> None:
+    """A Phi-3 GGUF (fused attn_qkv and ffn_up, as llama.cpp writes them) gives our model
+    exactly the parameters its Hugging Face checkpoint gives."""
+    import transformers as tf
+
+    from pagedllm.model_loader import loader
+    from tests.model_loader.test_safetensors import _model_config
+    from tests.models.test_model_parity import load_pair, save_random
+
+    config = tf.Phi3Config(
+        vocab_size=200, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        initializer_range=0.2, tie_word_embeddings=False, pad_token_id=0,
+    )  # fmt: skip
+    hf_dir = save_random(tmp_path / "hf", config)
+    ours, _, _ = load_pair(hf_dir)
+    hf = {k: v.numpy() for k, v in load_file(hf_dir / "model.safetensors").items()}
+    names = _hf_to_gguf_names("phi3", list(hf))
+    tensors = {names[name]: (values, Q.F32) for name, values in hf.items()}
+    (tmp_path / "gguf").mkdir()
+    path = _write_gguf(tmp_path / "gguf" / "phi3.gguf", "phi3", tensors, layers=2, hidden=64,
+                       ffn=96, heads=4, kv_heads=2, vocab=200, context=256)  # fmt: skip
+    model_config = _model_config(tmp_path / "gguf", "float32", gguf_file=path.name)
+    assert model_config.architecture == "Phi3ForCausalLM"
+    model = loader.get_model(model_config)
+    expected = dict(ours.named_parameters())
+    for name, param in model.named_parameters():
+        assert torch.equal(param, expected[name]), name
+
+
+def test_gguf_longrope_factors_are_refused(tmp_path: Path) -> None:
+    values = np.ones((8,), np.float32)
+    path = _write_gguf(tmp_path / "l.gguf", "phi3", {"rope_factors_long.weight": (values, Q.F32)})
+    with pytest.raises(ValueError, match="LongRoPE factors"):
+        list(iterate_gguf_weights(str(path)))

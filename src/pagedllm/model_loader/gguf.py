@@ -39,6 +39,8 @@ _BLOCK_NAME_MAP = {
 }
 _ARCH_BLOCK_NAMES: dict[str, dict[str, str]] = {
     "qwen3": {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"},
+    # Phi-3 keeps HF's fused q/k/v and gate/up (gate rows first) as they are.
+    "phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
     # Gemma 3's four norms per block: ffn_norm is the one before the MLP.
     "gemma3": {
         "attn_q_norm": "self_attn.q_norm",
@@ -55,7 +57,10 @@ _GLOBAL_NAME_MAP = {
 }
 # Tensors with no HF parameter: llama3 rope factors are rebuilt from the config's rope_scaling.
 _SKIPPED_NAMES = frozenset({"rope_freqs.weight"})
-SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
+SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3", "phi3")
+# LongRoPE factor tensors: transformers' GGUF config conversion drops the rope scaling they
+# belong to, so such a file would silently run without it past the original length.
+_UNSUPPORTED_NAMES = frozenset({"rope_factors_long.weight", "rope_factors_short.weight"})
 # llama.cpp stores Gemma's (1 + w) norm weights with the 1 added: HF's w is the stored - 1.
 _ONE_PLUS_NORM_ARCHITECTURES = frozenset({"gemma3"})
 # Only llama.cpp's llama converter permutes Q/K rows (qwen2 uses neox rope, left as is).
@@ -73,6 +78,11 @@ def gguf_to_hf_name(gguf_name: str, arch: str = "llama") -> str | None:
     """
     if gguf_name in _SKIPPED_NAMES:
         return None
+    if gguf_name in _UNSUPPORTED_NAMES:
+        raise ValueError(
+            f"GGUF tensor {gguf_name!r}: LongRoPE factors in a GGUF file are not supported "
+            "yet (load the model's Hugging Face folder instead)."
+        )
     block_names = {**_BLOCK_NAME_MAP, **_ARCH_BLOCK_NAMES.get(arch, {})}
     if (match := _BLOCK_RE.match(gguf_name)) and match.group(2) in block_names:
         layer, part, kind = match.groups()
