@@ -38,6 +38,15 @@ def _write_gguf(path: Path, arch: str, tensors: dict[str, tuple[np.ndarray, Q]],
     writer.add_rope_freq_base(10000.0)
     if "vocab" in meta:
         writer.add_vocab_size(meta["vocab"])
+    if "experts" in meta:  # mixture of experts
+        writer.add_expert_count(meta["experts"])
+        writer.add_expert_used_count(meta["experts_used"])
+        writer.add_expert_feed_forward_length(meta["expert_ffn"])
+        if "shared_ffn" in meta:
+            writer.add_expert_shared_feed_forward_length(meta["shared_ffn"])
+    if "key_length" in meta:
+        writer.add_key_length(meta["key_length"])
+        writer.add_value_length(meta["key_length"])
     for name, (values, qtype) in tensors.items():
         if values.dtype == np.uint8:  # hand-built raw blocks
             writer.add_tensor(name, values, raw_dtype=qtype)
@@ -318,3 +327,77 @@ def test_gguf_longrope_factors_are_refused(tmp_path: Path) -> None:
     path = _write_gguf(tmp_path / "l.gguf", "phi3", {"rope_factors_long.weight": (values, Q.F32)})
     with pytest.raises(ValueError, match="LongRoPE factors"):
         list(iterate_gguf_weights(str(path)))
+
+
+def _moe_gguf_tensors(arch: str, hf: dict[str, np.ndarray]) -> dict[str, tuple[np.ndarray, Q]]:
+    """HF tensors laid out as llama.cpp writes a Qwen MoE file: each projection's experts
+    stacked into one 3D tensor, the shared expert's gate as a vector."""
+    import re
+
+    stacked: dict[str, list[tuple[int, np.ndarray]]] = {}
+    others = {}
+    for name, values in hf.items():
+        match = re.match(r"(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(\w+)\.weight$", name)
+        if match:
+            key = f"{match.group(1)}.{{expert}}.{match.group(3)}.weight"
+            stacked.setdefault(key, []).append((int(match.group(2)), values))
+        else:
+            others[name] = values
+    names = _hf_to_gguf_names(arch, list(others) + list(stacked))
+    tensors = {}
+    for name, values in others.items():
+        if name.endswith("shared_expert_gate.weight"):
+            values = values[0]
+        tensors[names[name]] = (values, Q.F32)
+    for name, parts in stacked.items():
+        tensors[names[name]] = (np.stack([v for _, v in sorted(parts)]), Q.F32)
+    return tensors
+
+
+@pytest.mark.parametrize("arch", ["qwen2_moe", "qwen3_moe"])
+def test_qwen_moe_gguf_splits_stacked_experts(tmp_path: Path, arch: str) -> None:
+    """A Qwen MoE GGUF (experts stacked per projection, the shared expert, dense layers
+    mixed in) gives our model exactly its safetensors checkpoint's parameters, with the
+    expert sizes, dense layers and top-k renormalization its config needs."""
+    from pagedllm.model_loader import loader
+    from tests.model_loader.test_safetensors import _model_config
+    from tests.models.test_model_parity import _config, load_pair, save_random
+
+    hf_dir = save_random(tmp_path / "hf", _config(arch))
+    ours, _, _ = load_pair(hf_dir)
+    hf = {k: v.numpy() for k, v in load_file(hf_dir / "model.safetensors").items()}
+    gguf_arch = arch.replace("_", "")
+    meta = dict(layers=2, hidden=64, ffn=96, heads=4, kv_heads=2, vocab=200, context=256,
+                experts=4, experts_used=2, expert_ffn=32)  # fmt: skip
+    if arch == "qwen2_moe":
+        meta["shared_ffn"] = 48
+    else:
+        meta["key_length"] = 16
+    (tmp_path / "gguf").mkdir()
+    path = _write_gguf(tmp_path / "gguf" / "moe.gguf", gguf_arch,
+                       _moe_gguf_tensors(gguf_arch, hf), **meta)  # fmt: skip
+    model_config = _model_config(tmp_path / "gguf", "float32", gguf_file=path.name)
+    config = model_config.hf_config
+    assert (config.moe_intermediate_size, config.norm_topk_prob) == (32, arch == "qwen3_moe")
+    assert config.mlp_only_layers == ([1] if arch == "qwen2_moe" else [])
+    model = loader.get_model(model_config)
+    expected = dict(ours.named_parameters())
+    for name, param in model.named_parameters():
+        assert torch.equal(param, expected[name]), name
+
+
+def test_stacked_expert_codes_split_per_expert(tmp_path: Path) -> None:
+    """Quantized stacked experts split into per-expert codes equal to the dense split."""
+    from pagedllm.layers.quantization import GroupCodes
+
+    values = np.random.default_rng(4).standard_normal((3, 32, 64)).astype(np.float32)
+    path = _write_gguf(tmp_path / "e.gguf", "qwen3moe",
+                       {"blk.0.ffn_up_exps.weight": (values, Q.Q8_0)})  # fmt: skip
+    dense = dict(iterate_gguf_weights(str(path)))
+    codes = dict(iterate_gguf_weights(str(path), keep_codes=True))
+    assert sorted(codes) == [f"model.layers.0.mlp.experts.{e}.up_proj.weight" for e in range(3)]
+    for name, weight in codes.items():
+        assert isinstance(weight, GroupCodes) and weight.shape == (32, 64)
+        assert torch.equal(weight.dense(torch.float32), dense[name])
+    third = dense["model.layers.0.mlp.experts.2.up_proj.weight"].numpy()
+    assert np.abs(third - values[2]).max() < 0.05  # expert 2 is the third slice

@@ -12,6 +12,7 @@ transformers' own GGUF support, converted once per file there.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterator
 from typing import Any, BinaryIO
@@ -37,10 +38,27 @@ _BLOCK_NAME_MAP = {
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
 }
+# Experts are stacked in one 3D tensor per projection: split per expert ({expert}).
+_MOE_NAMES = {
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_exps": "mlp.experts.{expert}.gate_proj",
+    "ffn_up_exps": "mlp.experts.{expert}.up_proj",
+    "ffn_down_exps": "mlp.experts.{expert}.down_proj",
+}
 _ARCH_BLOCK_NAMES: dict[str, dict[str, str]] = {
     "qwen3": {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"},
     # Phi-3 keeps HF's fused q/k/v and gate/up (gate rows first) as they are.
     "phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
+    "qwen2moe": {
+        **_MOE_NAMES,
+        "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+        "ffn_up_shexp": "mlp.shared_expert.up_proj",
+        "ffn_down_shexp": "mlp.shared_expert.down_proj",
+        "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+    },
+    "qwen3moe": {
+        **_MOE_NAMES, "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"
+    },
     # Gemma 3's four norms per block: ffn_norm is the one before the MLP.
     "gemma3": {
         "attn_q_norm": "self_attn.q_norm",
@@ -57,7 +75,9 @@ _GLOBAL_NAME_MAP = {
 }
 # Tensors with no HF parameter: llama3 rope factors are rebuilt from the config's rope_scaling.
 _SKIPPED_NAMES = frozenset({"rope_freqs.weight"})
-SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3", "phi3")
+SUPPORTED_GGUF_ARCHITECTURES = (
+    "llama", "qwen2", "qwen3", "gemma3", "phi3", "qwen2moe", "qwen3moe"
+)
 # LongRoPE factor tensors: transformers' GGUF config conversion drops the rope scaling they
 # belong to, so such a file would silently run without it past the original length.
 _UNSUPPORTED_NAMES = frozenset({"rope_factors_long.weight", "rope_factors_short.weight"})
@@ -183,7 +203,7 @@ def group_codes(tensor: GgufTensorInfo, data: np.ndarray) -> GroupCodes:
     byte holds value j in its low nibble and value j + 16 in its high one. Q8_0 blocks are
     (d, 32 int8 codes), w = d * q. d and m are float16, exact in float32.
     """
-    rows = tensor.shape[1]
+    rows = math.prod(tensor.shape[1:])  # all experts' rows for a stacked 3D tensor
     if tensor.type_name in K_QUANT_DECODERS:
         return K_QUANT_DECODERS[tensor.type_name](data.reshape(rows, -1))
     block_bytes, has_min, four_bit = _CODE_BLOCKS[tensor.type_name]
@@ -246,7 +266,7 @@ def iterate_gguf_weights(
                 continue
             data = read_tensor_data(file, tensor)
             weight: torch.Tensor | GroupCodes
-            if keep_codes and tensor.type_name in CODE_TYPES and len(tensor.shape) == 2:
+            if keep_codes and tensor.type_name in CODE_TYPES and len(tensor.shape) in (2, 3):
                 weight = group_codes(tensor, data)
             elif arch in _ONE_PLUS_NORM_ARCHITECTURES and hf_name.endswith("norm.weight"):
                 weight = dequantize_tensor(tensor, data) - 1.0  # float32: the model adds 1
@@ -254,7 +274,33 @@ def iterate_gguf_weights(
                 weight = dequantize_tensor(tensor, data, dtype)
             if arch in _PERMUTED_ARCHITECTURES:
                 weight = _maybe_unpermute(hf_name, weight, num_heads, num_kv_heads)
-            yield hf_name, weight
+            if "{expert}" in hf_name:
+                yield from _split_experts(hf_name, weight, num_experts=tensor.shape[-1])
+            elif isinstance(weight, torch.Tensor) and weight.dim() == 1 and hf_name.endswith(
+                "shared_expert_gate.weight"
+            ):
+                yield hf_name, weight.unsqueeze(0)  # llama.cpp drops HF's output dimension
+            else:
+                yield hf_name, weight
+
+
+def _split_experts(
+    hf_name: str, weight: torch.Tensor | GroupCodes, num_experts: int
+) -> Iterator[tuple[str, torch.Tensor | GroupCodes]]:
+    """One (name, matrix) per expert of a stacked [experts, rows, cols] tensor (dense, or
+    codes whose rows run expert after expert)."""
+    for expert in range(num_experts):
+        name = hf_name.format(expert=expert)
+        if isinstance(weight, GroupCodes):
+            rows = weight.shape[0] // num_experts
+            start = expert * rows
+
+            def expert_rows(t: torch.Tensor, start: int = start, rows: int = rows) -> torch.Tensor:
+                return t[start : start + rows].contiguous()
+
+            yield name, weight.map_rows(expert_rows)
+        else:
+            yield name, weight[expert]
 
 
 def _maybe_unpermute(

@@ -33,7 +33,7 @@ from pagedllm.model_loader.gguf_chat_templates import FALLBACK_CHAT_TEMPLATES
 
 logger = init_logger(__name__)
 
-_FORMAT_VERSION = 2
+_FORMAT_VERSION = 3
 _INDEX_FILE = "gguf_index.json"
 _CHAT_TEMPLATE_KEY = "tokenizer.chat_template"
 # Metadata keys the weight loader reads, by their suffix after "<architecture>.".
@@ -103,7 +103,30 @@ def _build_index(reader: Any) -> GgufIndex:
 def _convert_config(path: Path, folder: Path) -> None:
     from transformers import AutoConfig
 
-    AutoConfig.from_pretrained(path.parent, gguf_file=path.name).save_pretrained(folder)
+    config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+    if config.model_type in ("qwen2_moe", "qwen3_moe"):
+        _complete_moe_config(config, path)
+    config.save_pretrained(folder)
+
+
+def _complete_moe_config(config: Any, path: Path) -> None:
+    """Fill in what transformers' GGUF conversion leaves at its defaults for Qwen MoE files:
+    the expert sizes, which layers are dense, and top-k renormalization as llama.cpp does
+    it (Qwen3-MoE renormalizes, Qwen2-MoE does not)."""
+    import gguf
+
+    reader = gguf.GGUFReader(path)
+    arch = str(_field(reader, "general.architecture"))
+    expert_size = _field(reader, f"{arch}.expert_feed_forward_length")
+    if expert_size is not None:
+        config.moe_intermediate_size = int(expert_size)
+    shared_size = _field(reader, f"{arch}.expert_shared_feed_forward_length")
+    if shared_size is not None:
+        config.shared_expert_intermediate_size = int(shared_size)
+    sparse = {int(t.name.split(".")[1]) for t in reader.tensors if "ffn_gate_exps" in t.name}
+    config.decoder_sparse_step = 1
+    config.mlp_only_layers = [i for i in range(config.num_hidden_layers) if i not in sparse]
+    config.norm_topk_prob = arch == "qwen3moe"
 
 
 def _convert_tokenizer(path: Path, folder: Path) -> None:
