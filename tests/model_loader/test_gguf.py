@@ -330,14 +330,15 @@ def test_gguf_longrope_factors_are_refused(tmp_path: Path) -> None:
 
 
 def _moe_gguf_tensors(arch: str, hf: dict[str, np.ndarray]) -> dict[str, tuple[np.ndarray, Q]]:
-    """HF tensors laid out as llama.cpp writes a Qwen MoE file: each projection's experts
-    stacked into one 3D tensor, the shared expert's gate as a vector."""
+    """HF tensors laid out as llama.cpp writes an MoE file (Qwen MoE, or Mixtral as
+    "llama"): each projection's experts stacked into one 3D tensor, a shared expert's gate
+    as a vector."""
     import re
 
     stacked: dict[str, list[tuple[int, np.ndarray]]] = {}
     others = {}
     for name, values in hf.items():
-        match = re.match(r"(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(\w+)\.weight$", name)
+        match = re.match(r"(.+\.experts)\.(\d+)\.(\w+)\.weight$", name)
         if match:
             key = f"{match.group(1)}.{{expert}}.{match.group(3)}.weight"
             stacked.setdefault(key, []).append((int(match.group(2)), values))
@@ -401,3 +402,31 @@ def test_stacked_expert_codes_split_per_expert(tmp_path: Path) -> None:
         assert torch.equal(weight.dense(torch.float32), dense[name])
     third = dense["model.layers.0.mlp.experts.2.up_proj.weight"].numpy()
     assert np.abs(third - values[2]).max() < 0.05  # expert 2 is the third slice
+
+
+def test_mixtral_gguf_is_llama_with_experts(tmp_path: Path) -> None:
+    """llama.cpp writes Mixtral as "llama" with stacked experts and permuted Q/K rows: it
+    loads as MixtralForCausalLM with exactly its safetensors checkpoint's parameters."""
+    from pagedllm.model_loader import loader
+    from tests.model_loader.test_safetensors import _model_config
+    from tests.models.test_model_parity import _config, load_pair, save_random
+
+    hf_dir = save_random(tmp_path / "hf", _config("mixtral"))
+    ours, _, _ = load_pair(hf_dir)
+    hf = {k: v.numpy() for k, v in load_file(hf_dir / "model.safetensors").items()}
+    for name in hf:
+        if name.endswith(("q_proj.weight", "k_proj.weight")):
+            hf[name] = _llama_cpp_permute(hf[name], 4 if "q_proj" in name else 2)
+    tensors = _moe_gguf_tensors("llama", hf)
+    (tmp_path / "gguf").mkdir()
+    path = _write_gguf(tmp_path / "gguf" / "mixtral.gguf", "llama", tensors, layers=2,
+                       hidden=64, ffn=96, heads=4, kv_heads=2, vocab=200, context=256,
+                       experts=4, experts_used=2, expert_ffn=96)  # fmt: skip
+    model_config = _model_config(tmp_path / "gguf", "float32", gguf_file=path.name)
+    assert model_config.architecture == "MixtralForCausalLM"
+    assert model_config.hf_config.num_local_experts == 4
+    model = loader.get_model(model_config)
+    expected = dict(ours.named_parameters())
+    for name, param in model.named_parameters():
+        assert torch.equal(param, expected[name]), name
+

@@ -46,6 +46,13 @@ _MOE_NAMES = {
     "ffn_down_exps": "mlp.experts.{expert}.down_proj",
 }
 _ARCH_BLOCK_NAMES: dict[str, dict[str, str]] = {
+    # Mixtral is written as "llama" with experts (HF's Mixtral names; the model renames).
+    "llama": {
+        "ffn_gate_inp": "block_sparse_moe.gate",
+        "ffn_gate_exps": "block_sparse_moe.experts.{expert}.w1",
+        "ffn_up_exps": "block_sparse_moe.experts.{expert}.w3",
+        "ffn_down_exps": "block_sparse_moe.experts.{expert}.w2",
+    },
     "qwen3": {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"},
     # Phi-3 keeps HF's fused q/k/v and gate/up (gate rows first) as they are.
     "phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},

@@ -106,7 +106,29 @@ def _convert_config(path: Path, folder: Path) -> None:
     config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
     if config.model_type in ("qwen2_moe", "qwen3_moe"):
         _complete_moe_config(config, path)
+    elif config.model_type == "llama":
+        config = _mixtral_config_if_experts(config, path)
     config.save_pretrained(folder)
+
+
+def _mixtral_config_if_experts(config: Any, path: Path) -> Any:
+    """llama.cpp writes Mixtral as "llama" with experts, which transformers reads as a
+    dense Llama: such a file gets a Mixtral config (the same fields plus the experts)."""
+    import gguf
+    from transformers import MixtralConfig
+
+    reader = gguf.GGUFReader(path)
+    num_experts = _field(reader, "llama.expert_count")
+    if not num_experts:
+        return config
+    fields = config.to_dict()
+    fields.update(
+        model_type="mixtral",
+        architectures=["MixtralForCausalLM"],
+        num_local_experts=int(num_experts),
+        num_experts_per_tok=int(_field(reader, "llama.expert_used_count")),
+    )
+    return MixtralConfig.from_dict(fields)
 
 
 def _complete_moe_config(config: Any, path: Path) -> None:
