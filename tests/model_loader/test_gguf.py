@@ -282,8 +282,9 @@ def _hf_to_gguf_names(arch: str, hf_names: list[str]) -> dict[str, str]:
 
     parts = {**gguf_module._BLOCK_NAME_MAP, **gguf_module._ARCH_BLOCK_NAMES.get(arch, {})}
     inverse = {}
-    for gguf_name in ["token_embd.weight", "output_norm.weight", "output.weight"]:
-        inverse[gguf_to_hf_name(gguf_name, arch)] = gguf_name
+    for part in gguf_module._GLOBAL_NAME_MAP:
+        for kind in ("weight", "bias"):
+            inverse[gguf_to_hf_name(f"{part}.{kind}", arch)] = f"{part}.{kind}"
     for layer in range(8):
         for part in parts:
             for kind in ("weight", "bias"):
@@ -430,3 +431,25 @@ def test_mixtral_gguf_is_llama_with_experts(tmp_path: Path) -> None:
     for name, param in model.named_parameters():
         assert torch.equal(param, expected[name]), name
 
+
+
+def test_gpt2_gguf_loads_transposed_matrices_and_positions(tmp_path: Path) -> None:
+    """A GPT-2 GGUF (Conv1D weights stored [out, in] as llama.cpp writes them, learned
+    positions, LayerNorm biases) gives exactly its safetensors checkpoint's parameters."""
+    from pagedllm.model_loader import loader
+    from tests.model_loader.test_safetensors import _model_config
+    from tests.models.test_model_parity import _config, load_pair, save_random
+
+    hf_dir = save_random(tmp_path / "hf", _config("gpt2"))
+    ours, _, _ = load_pair(hf_dir)
+    ours_by_name = {name: param.detach().numpy() for name, param in ours.named_parameters()}
+    names = _hf_to_gguf_names("gpt2", list(ours_by_name))
+    tensors = {names[name]: (values, Q.F32) for name, values in ours_by_name.items()}
+    (tmp_path / "gguf").mkdir()
+    path = _write_gguf(tmp_path / "gguf" / "gpt2.gguf", "gpt2", tensors, layers=2, hidden=64,
+                       ffn=256, heads=4, kv_heads=4, vocab=200, context=256)  # fmt: skip
+    model_config = _model_config(tmp_path / "gguf", "float32", gguf_file=path.name)
+    assert model_config.architecture == "GPT2LMHeadModel"
+    model = loader.get_model(model_config)
+    for name, param in model.named_parameters():
+        assert np.array_equal(param.detach().numpy(), ours_by_name[name]), name

@@ -63,6 +63,11 @@ _ARCH_BLOCK_NAMES: dict[str, dict[str, str]] = {
         "ffn_down_shexp": "mlp.shared_expert.down_proj",
         "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
     },
+    # GPT-2's matrices are stored [out, in] (llama.cpp transposed the Conv1D weights): our
+    # parameter names directly, which the model takes as they are.
+    "gpt2": {
+        "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.fc1", "ffn_down": "mlp.fc2"
+    },
     "qwen3moe": {
         **_MOE_NAMES, "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"
     },
@@ -77,13 +82,14 @@ _ARCH_BLOCK_NAMES: dict[str, dict[str, str]] = {
 }
 _GLOBAL_NAME_MAP = {
     "token_embd": "model.embed_tokens",
+    "position_embd": "model.embed_positions",
     "output_norm": "model.norm",
     "output": "lm_head",
 }
 # Tensors with no HF parameter: llama3 rope factors are rebuilt from the config's rope_scaling.
 _SKIPPED_NAMES = frozenset({"rope_freqs.weight"})
 SUPPORTED_GGUF_ARCHITECTURES = (
-    "llama", "qwen2", "qwen3", "gemma3", "phi3", "qwen2moe", "qwen3moe"
+    "llama", "qwen2", "qwen3", "gemma3", "phi3", "qwen2moe", "qwen3moe", "gpt2"
 )
 # LongRoPE factor tensors: transformers' GGUF config conversion drops the rope scaling they
 # belong to, so such a file would silently run without it past the original length.

@@ -108,7 +108,22 @@ def _convert_config(path: Path, folder: Path) -> None:
         _complete_moe_config(config, path)
     elif config.model_type == "llama":
         config = _mixtral_config_if_experts(config, path)
+    elif config.model_type == "gpt2":
+        _complete_gpt2_config(config, path)
     config.save_pretrained(folder)
+
+
+def _complete_gpt2_config(config: Any, path: Path) -> None:
+    """transformers maps a GPT-2 file's context length to n_ctx, its MLP width to an
+    attribute GPT-2 does not read, and its vocabulary size only from a tokenizer: the
+    position table, n_inner and the vocabulary come from the file's tensors."""
+    import gguf
+
+    reader = gguf.GGUFReader(path)
+    rows = {t.name: int(t.shape[-1]) for t in reader.tensors}
+    config.n_positions = rows.get("position_embd.weight", config.n_ctx)
+    config.vocab_size = rows.get("token_embd.weight", config.vocab_size)
+    config.n_inner = getattr(config, "feed_forward_length", None) or config.n_inner
 
 
 def _mixtral_config_if_experts(config: Any, path: Path) -> Any:

@@ -50,9 +50,10 @@ class GPT2LMHeadModel(DecoderForCausalLM):
         super().__init__(spec)
 
     def remap_weight(self, hf_name: str, tensor: Weight) -> Iterator[tuple[str, Weight]]:
-        """GPT-2 names → ours; Conv1D weights transposed to [out, in]."""
+        """GPT-2 names → ours; Conv1D weights transposed to [out, in]. Names already ours
+        (a GGUF file's, whose matrices are [out, in]) pass as they are."""
         name = hf_name.removeprefix("transformer.")
-        if name.startswith("lm_head."):
+        if name.startswith(("lm_head.", "model.")):
             yield name, tensor
             return
         if name.endswith((".attn.bias", ".attn.masked_bias")):
