@@ -79,3 +79,38 @@ def test_minilm_embeddings_equal_sentence_transformers() -> None:
     ours = torch.stack([finish_embedding(p, setup.pooler_config) for p in pooled])
     cosine = torch.nn.functional.cosine_similarity(ours, reference.float(), dim=-1)
     assert cosine.min() >= 0.99999
+
+
+@pytest.mark.parametrize("num_labels", [1, 3])
+def test_cross_encoder_scores_equal_transformers(tmp_path: Path, num_labels: int) -> None:
+    """Text pairs (token types 0 then 1) packed in one batch: each pair's logits equal
+    transformers' BertForSequenceClassification run alone."""
+    from transformers import BertConfig
+    from transformers import BertForSequenceClassification as HFClassifier
+
+    from pagedllm.models.bert import BertForSequenceClassification
+
+    config = BertConfig(
+        vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=64, max_position_embeddings=64, num_labels=num_labels,
+    )  # fmt: skip
+    torch.manual_seed(1)
+    theirs = HFClassifier(config).eval()
+    theirs.save_pretrained(tmp_path)
+    ours = BertForSequenceClassification(config).eval()
+    loaded = ours.load_weights(load_file(tmp_path / "model.safetensors").items())
+    assert loaded == {name for name, _ in ours.named_parameters()}
+    rng = random.Random(3)
+    pairs = [([rng.randrange(1, 100) for _ in range(a)], [rng.randrange(1, 100) for _ in range(b)])
+             for a, b in ((4, 6), (1, 2), (9, 3))]  # fmt: skip
+    sequences = [first + second for first, second in pairs]
+    types = torch.tensor([t for a, b in pairs for t in [0] * len(a) + [1] * len(b)])
+    ids, positions, seq_lens = _packed(sequences)
+    with torch.no_grad():
+        logits = ours.classify(ours(ids, positions, seq_lens, types), seq_lens)
+        for row, (first, second) in enumerate(pairs):
+            want = theirs(
+                torch.tensor([first + second]),
+                token_type_ids=torch.tensor([[0] * len(first) + [1] * len(second)]),
+            ).logits[0]
+            torch.testing.assert_close(logits[row], want, atol=1e-5, rtol=1e-5)

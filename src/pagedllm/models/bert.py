@@ -1,4 +1,4 @@
-"""BERT encoders (BertModel, and BertForSequenceClassification's head) for pooling.
+"""BERT encoders (BertModel, BertForSequenceClassification: cross-encoders) for pooling.
 
 Post-LayerNorm blocks: self-attention over the whole sequence (bidirectional, packed, no KV
 cache: attention/encoder.py), a GELU MLP, each added to its input and then normalized.
@@ -133,18 +133,37 @@ class BertEncoder(nn.Module):
         return x
 
 
+class BertPooler(nn.Module):
+    """BERT's own pooler: tanh(dense(the CLS token's hidden state))."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        self.dense = Linear(config.hidden_size, config.hidden_size, bias=True)
+
+    def forward(self, cls_states: torch.Tensor) -> torch.Tensor:
+        """[B, hidden] → [B, hidden]."""
+        return torch.tanh(self.dense(cls_states))
+
+
 class BertModel(nn.Module):
-    """HF `BertModel`: packed sequences in, every token's last hidden state out."""
+    """HF `BertModel`: packed sequences in, every token's last hidden state out.
+
+    Args:
+        config: the HF BertConfig.
+        add_pooler: build BERT's pooler too (the classifier uses it; embedding checkpoints
+            may not carry it).
+    """
 
     is_encoder = True
 
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: Any, add_pooler: bool = False) -> None:
         super().__init__()
         if getattr(config, "position_embedding_type", "absolute") != "absolute":
             raise ValueError("BERT with relative position embeddings is not supported.")
         self.config = config
         self.embeddings = BertEmbeddings(config)
         self.encoder = BertEncoder(config)
+        self.pooler = BertPooler(config) if add_pooler else None
 
     def forward(
         self,
@@ -160,22 +179,63 @@ class BertModel(nn.Module):
         return self.encoder(x, seq_lens)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        """Copy HF-named tensors into the same-named parameters; return the names filled.
-        A classifier checkpoint's "bert." prefix and tensors this model has no use for (the
-        pooler, position ids) are skipped."""
-        params = dict(self.named_parameters())
-        loaded = set()
-        for name, tensor in weights:
-            name = name.removeprefix("bert.")
-            if name not in params:
-                continue
-            param = params[name]
-            if param.shape != tensor.shape:
-                raise ValueError(
-                    f"Shape mismatch for {name}: parameter {tuple(param.shape)} vs "
-                    f"checkpoint {tuple(tensor.shape)}."
-                )
-            with torch.no_grad():
-                param.copy_(tensor)
-            loaded.add(name)
-        return loaded
+        """Load HF-named tensors (a classifier checkpoint's "bert." prefix dropped); return
+        the names filled."""
+        return load_by_name(self, ((n.removeprefix("bert."), t) for n, t in weights))
+
+
+class BertForSequenceClassification(nn.Module):
+    """HF `BertForSequenceClassification` (cross-encoders, classifiers): the CLS token
+    through BERT's pooler and a linear classifier, one row of logits per sequence."""
+
+    is_encoder = True
+
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        self.bert = BertModel(config, add_pooler=True)
+        self.classifier = Linear(config.hidden_size, config.num_labels, bias=True)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        seq_lens: list[int],
+        token_type_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """[T] packed tokens (token types 1 on a pair's second text) → [T, hidden]."""
+        return self.bert(input_ids, positions, seq_lens, token_type_ids)
+
+    def classify(self, hidden_states: torch.Tensor, seq_lens: list[int]) -> torch.Tensor:
+        """[T, hidden] → [num_seqs, num_labels] logits, from each sequence's first token."""
+        starts = torch.tensor([0, *seq_lens[:-1]]).cumsum(0)
+        assert self.bert.pooler is not None
+        return self.classifier(self.bert.pooler(hidden_states[starts]))
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Load HF-named tensors; return the names filled."""
+        return load_by_name(self, weights)
+
+
+def load_by_name(module: nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+    """Copy each tensor into `module`'s parameter of the same name (unknown names, such as
+    position-id buffers or a pooler the module does not use, are skipped); return the
+    names filled.
+
+    Raises:
+        ValueError: when a tensor's shape differs from its parameter's.
+    """
+    params = dict(module.named_parameters())
+    loaded = set()
+    for name, tensor in weights:
+        param = params.get(name)
+        if param is None:
+            continue
+        if param.shape != tensor.shape:
+            raise ValueError(
+                f"Shape mismatch for {name}: parameter {tuple(param.shape)} vs checkpoint "
+                f"{tuple(tensor.shape)}."
+            )
+        with torch.no_grad():
+            param.copy_(tensor)
+        loaded.add(name)
+    return loaded
