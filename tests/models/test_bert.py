@@ -114,3 +114,37 @@ def test_cross_encoder_scores_equal_transformers(tmp_path: Path, num_labels: int
                 token_type_ids=torch.tensor([[0] * len(first) + [1] * len(second)]),
             ).logits[0]
             torch.testing.assert_close(logits[row], want, atol=1e-5, rtol=1e-5)
+
+
+def test_xlm_roberta_encoder_and_classifier_equal_transformers(tmp_path: Path) -> None:
+    """XLM-RoBERTa: positions from padding_idx + 1, its own classification head."""
+    from transformers import XLMRobertaConfig
+    from transformers import XLMRobertaForSequenceClassification as HFClassifier
+
+    from pagedllm.models.bert import XLMRobertaForSequenceClassification, XLMRobertaModel
+
+    config = XLMRobertaConfig(
+        vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=64, max_position_embeddings=66, pad_token_id=1, num_labels=2,
+        type_vocab_size=1,
+    )  # fmt: skip
+    torch.manual_seed(2)
+    theirs = HFClassifier(config).eval()
+    theirs.save_pretrained(tmp_path)
+    weights = load_file(tmp_path / "model.safetensors")
+    ours = XLMRobertaForSequenceClassification(config).eval()
+    assert ours.load_weights(weights.items()) == {n for n, _ in ours.named_parameters()}
+    encoder = XLMRobertaModel(config).eval()
+    assert encoder.load_weights(weights.items()) == {n for n, _ in encoder.named_parameters()}
+    rng = random.Random(4)
+    sequences = [[0] + [rng.randrange(3, 100) for _ in range(n)] + [2] for n in (5, 1, 12)]
+    ids, positions, seq_lens = _packed(sequences)
+    with torch.no_grad():
+        hidden = encoder(ids, positions, seq_lens).split(seq_lens)
+        logits = ours.classify(ours(ids, positions, seq_lens), seq_lens)
+        for row, sequence in enumerate(sequences):
+            inputs = torch.tensor([sequence])
+            want = theirs.roberta(inputs).last_hidden_state[0]
+            torch.testing.assert_close(hidden[row], want, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(logits[row], theirs(inputs).logits[0], atol=1e-5,
+                                       rtol=1e-5)  # fmt: skip

@@ -1,10 +1,12 @@
-"""BERT encoders (BertModel, BertForSequenceClassification: cross-encoders) for pooling.
+"""BERT-family encoders for pooling: BertModel, BertForSequenceClassification
+(cross-encoders), XLMRobertaModel and XLMRobertaForSequenceClassification.
 
 Post-LayerNorm blocks: self-attention over the whole sequence (bidirectional, packed, no KV
 cache: attention/encoder.py), a GELU MLP, each added to its input and then normalized.
 Modules carry Hugging Face's names, so a checkpoint loads by name (a "bert." prefix of the
 classifier checkpoints dropped). The embeddings add word, absolute position and token type
-0 vectors (a single text; pairs for cross-encoders pass their token types).
+0 vectors (a single text; pairs for cross-encoders pass their token types). RoBERTa counts
+positions from padding_idx + 1 and classifies through its own two-layer head.
 """
 
 from __future__ import annotations
@@ -29,9 +31,11 @@ class _LayerNorm(nn.LayerNorm):
 class BertEmbeddings(nn.Module):
     """word + position + token type embeddings, then LayerNorm."""
 
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: Any, position_offset: int = 0) -> None:
         super().__init__()
         hidden = config.hidden_size
+        # RoBERTa's position ids start after its padding index.
+        self.position_offset = position_offset
         self.word_embeddings = VocabEmbedding(config.vocab_size, hidden)
         self.position_embeddings = VocabEmbedding(config.max_position_embeddings, hidden)
         self.token_type_embeddings = VocabEmbedding(config.type_vocab_size, hidden)
@@ -41,6 +45,7 @@ class BertEmbeddings(nn.Module):
         self, input_ids: torch.Tensor, positions: torch.Tensor, token_type_ids: torch.Tensor
     ) -> torch.Tensor:
         """[T] ids, positions (from 0 in each sequence) and token types → [T, hidden]."""
+        positions = positions + self.position_offset if self.position_offset else positions
         x = self.word_embeddings(input_ids) + self.position_embeddings(positions)
         return self.LayerNorm(x + self.token_type_embeddings(token_type_ids))
 
@@ -156,12 +161,15 @@ class BertModel(nn.Module):
 
     is_encoder = True
 
-    def __init__(self, config: Any, add_pooler: bool = False) -> None:
+    # The prefix of this model's tensors in its task checkpoints ("bert." in a classifier's).
+    checkpoint_prefix = "bert."
+
+    def __init__(self, config: Any, add_pooler: bool = False, position_offset: int = 0) -> None:
         super().__init__()
         if getattr(config, "position_embedding_type", "absolute") != "absolute":
             raise ValueError("BERT with relative position embeddings is not supported.")
         self.config = config
-        self.embeddings = BertEmbeddings(config)
+        self.embeddings = BertEmbeddings(config, position_offset)
         self.encoder = BertEncoder(config)
         self.pooler = BertPooler(config) if add_pooler else None
 
@@ -181,7 +189,61 @@ class BertModel(nn.Module):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Load HF-named tensors (a classifier checkpoint's "bert." prefix dropped); return
         the names filled."""
-        return load_by_name(self, ((n.removeprefix("bert."), t) for n, t in weights))
+        prefix = self.checkpoint_prefix
+        return load_by_name(self, ((n.removeprefix(prefix), t) for n, t in weights))
+
+
+class XLMRobertaModel(BertModel):
+    """HF `XLMRobertaModel`: BERT's blocks, positions counted from padding_idx + 1."""
+
+    checkpoint_prefix = "roberta."
+
+    def __init__(self, config: Any, add_pooler: bool = False) -> None:
+        super().__init__(config, add_pooler, position_offset=config.pad_token_id + 1)
+
+
+class RobertaClassificationHead(nn.Module):
+    """RoBERTa's classifier: dense, tanh, out_proj on the first (<s>) token."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        self.dense = Linear(config.hidden_size, config.hidden_size, bias=True)
+        self.out_proj = Linear(config.hidden_size, config.num_labels, bias=True)
+
+    def forward(self, first_states: torch.Tensor) -> torch.Tensor:
+        """[B, hidden] → [B, num_labels]."""
+        return self.out_proj(torch.tanh(self.dense(first_states)))
+
+
+class XLMRobertaForSequenceClassification(nn.Module):
+    """HF `XLMRobertaForSequenceClassification` (e.g. BGE rerankers): one row of logits per
+    sequence from its first token."""
+
+    is_encoder = True
+
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        self.roberta = XLMRobertaModel(config)
+        self.classifier = RobertaClassificationHead(config)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        seq_lens: list[int],
+        token_type_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """[T] packed tokens → [T, hidden]."""
+        return self.roberta(input_ids, positions, seq_lens, token_type_ids)
+
+    def classify(self, hidden_states: torch.Tensor, seq_lens: list[int]) -> torch.Tensor:
+        """[T, hidden] → [num_seqs, num_labels] logits, from each sequence's first token."""
+        starts = torch.tensor([0, *seq_lens[:-1]]).cumsum(0)
+        return self.classifier(hidden_states[starts])
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Load HF-named tensors; return the names filled."""
+        return load_by_name(self, weights)
 
 
 class BertForSequenceClassification(nn.Module):
