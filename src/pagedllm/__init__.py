@@ -5,7 +5,20 @@ The public API mirrors vLLM's: `LLM`, `SamplingParams`, `RequestOutput`, `LLMEng
 
 from pagedllm.config import EngineConfig
 from pagedllm.engine.arg_utils import EngineArgs
-from pagedllm.outputs import CompletionOutput, Logprob, RequestOutput
+from pagedllm.outputs import (
+    ClassificationOutput,
+    ClassificationRequestOutput,
+    CompletionOutput,
+    EmbeddingOutput,
+    EmbeddingRequestOutput,
+    Logprob,
+    PoolingOutput,
+    PoolingRequestOutput,
+    RequestOutput,
+    ScoringOutput,
+    ScoringRequestOutput,
+)
+from pagedllm.pooling_params import PoolingParams
 from pagedllm.sampling_params import (
     BeamSearchParams,
     GuidedDecodingParams,
@@ -22,13 +35,22 @@ __all__ = [
     "AsyncLLMEngine",
     "LLMEngine",
     "BeamSearchParams",
+    "ClassificationOutput",
+    "ClassificationRequestOutput",
     "CompletionOutput",
+    "EmbeddingOutput",
+    "EmbeddingRequestOutput",
     "EngineArgs",
     "EngineConfig",
     "GuidedDecodingParams",
     "Logprob",
+    "PoolingOutput",
+    "PoolingParams",
+    "PoolingRequestOutput",
     "RequestOutput",
     "RequestOutputKind",
+    "ScoringOutput",
+    "ScoringRequestOutput",
     "SamplingParams",
     "StructuredOutputsParams",
     "__version__",

@@ -1,8 +1,13 @@
-"""User-facing results: RequestOutput and CompletionOutput, with vLLM's fields."""
+"""User-facing results with vLLM's fields: RequestOutput and CompletionOutput for generation;
+PoolingRequestOutput and its embedding, classification and scoring views for pooling."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Generic, TypeVar
+
+if TYPE_CHECKING:  # importing pagedllm must not import torch
+    import torch
 
 
 @dataclass
@@ -83,3 +88,132 @@ class RequestOutput:
             f"prompt_token_ids={self.prompt_token_ids}, outputs={self.outputs}, "
             f"finished={self.finished})"
         )
+
+
+@dataclass
+class PoolingOutput:
+    """A pooling model's raw output for one request: an embedding [H], class scores
+    [num_labels], or per-token states [n, H] (vLLM's `PoolingOutput`)."""
+
+    data: torch.Tensor
+
+
+@dataclass
+class EmbeddingOutput:
+    """An embedding as a list of floats (vLLM's `EmbeddingOutput`)."""
+
+    embedding: list[float]
+
+    @staticmethod
+    def from_base(output: PoolingOutput) -> EmbeddingOutput:
+        """The embedding view of a pooled output.
+
+        Raises:
+            ValueError: if the output is not one vector.
+        """
+        if output.data.dim() != 1:
+            raise ValueError(f"An embedding is one vector, got shape {tuple(output.data.shape)}.")
+        return EmbeddingOutput(output.data.tolist())
+
+    @property
+    def hidden_size(self) -> int:
+        """The embedding's length."""
+        return len(self.embedding)
+
+
+@dataclass
+class ClassificationOutput:
+    """Class probabilities (or logits without an activation) (vLLM's `ClassificationOutput`)."""
+
+    probs: list[float]
+
+    @staticmethod
+    def from_base(output: PoolingOutput) -> ClassificationOutput:
+        """The classification view of a pooled output.
+
+        Raises:
+            ValueError: if the output is not one vector.
+        """
+        if output.data.dim() != 1:
+            raise ValueError(f"Class scores are one vector, got shape {tuple(output.data.shape)}.")
+        return ClassificationOutput(output.data.tolist())
+
+    @property
+    def num_classes(self) -> int:
+        """How many classes."""
+        return len(self.probs)
+
+
+@dataclass
+class ScoringOutput:
+    """One relevance score (vLLM's `ScoringOutput`)."""
+
+    score: float
+
+    @staticmethod
+    def from_base(output: PoolingOutput) -> ScoringOutput:
+        """The scoring view of a pooled output.
+
+        Raises:
+            ValueError: if the output is not a single value.
+        """
+        if output.data.numel() != 1:
+            raise ValueError(f"A score is one value, got shape {tuple(output.data.shape)}.")
+        return ScoringOutput(float(output.data.reshape(-1)[0]))
+
+
+_O = TypeVar("_O", PoolingOutput, EmbeddingOutput, ClassificationOutput, ScoringOutput)
+
+
+@dataclass
+class PoolingRequestOutput(Generic[_O]):
+    """The result of one pooling request (vLLM's `PoolingRequestOutput`); the embedding,
+    classification and scoring request outputs are its views.
+
+    Attributes:
+        request_id: id.
+        outputs: the pooled output, in this view's form.
+        prompt_token_ids: the prompt tokens that were pooled (after any truncation).
+        finished: always True (a pooling request is computed in one piece).
+    """
+
+    request_id: str
+    outputs: _O
+    prompt_token_ids: list[int]
+    finished: bool = True
+
+
+class EmbeddingRequestOutput(PoolingRequestOutput[EmbeddingOutput]):
+    """`LLM.embed`'s result."""
+
+    @staticmethod
+    def from_base(output: PoolingRequestOutput[PoolingOutput]) -> EmbeddingRequestOutput:
+        """The embedding view of a pooling request's output."""
+        return EmbeddingRequestOutput(
+            output.request_id, EmbeddingOutput.from_base(output.outputs),
+            output.prompt_token_ids, output.finished,
+        )  # fmt: skip
+
+
+class ClassificationRequestOutput(PoolingRequestOutput[ClassificationOutput]):
+    """`LLM.classify`'s result."""
+
+    @staticmethod
+    def from_base(output: PoolingRequestOutput[PoolingOutput]) -> ClassificationRequestOutput:
+        """The classification view of a pooling request's output."""
+        return ClassificationRequestOutput(
+            output.request_id, ClassificationOutput.from_base(output.outputs),
+            output.prompt_token_ids, output.finished,
+        )  # fmt: skip
+
+
+class ScoringRequestOutput(PoolingRequestOutput[ScoringOutput]):
+    """`LLM.score`'s result."""
+
+    @staticmethod
+    def from_base(output: PoolingRequestOutput[PoolingOutput]) -> ScoringRequestOutput:
+        """The scoring view of a pooling request's output."""
+        return ScoringRequestOutput(
+            output.request_id, ScoringOutput.from_base(output.outputs),
+            output.prompt_token_ids, output.finished,
+        )  # fmt: skip
