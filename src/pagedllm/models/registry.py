@@ -8,6 +8,7 @@ device, to check a config early (check_model_config).
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
 from typing import Any
 
 # HF `architectures[0]` → (module, class). Mistral is the llama architecture (its sliding
@@ -78,3 +79,80 @@ def check_model_config(architecture: str, hf_config: Any) -> None:
     model_class = resolve_model_class(architecture)
     with torch.device("meta"):
         model_class(hf_config)
+
+
+# Pooling models: HF architecture → (module, class, the tasks it serves, default pooling).
+# Encoders embed (their pooling usually comes from a sentence-transformers folder), sequence
+# classifiers classify and score (cross-encoders); decoder classifiers read the last token.
+_POOLING_MODELS: dict[str, tuple[str, str, tuple[str, ...], str]] = {
+    "BertModel": ("pagedllm.models.bert", "BertModel", ("embed", "encode"), "CLS"),
+    "XLMRobertaModel": ("pagedllm.models.bert", "XLMRobertaModel", ("embed", "encode"), "CLS"),
+    "BertForSequenceClassification": (
+        "pagedllm.models.bert", "BertForSequenceClassification", ("classify", "score"), "CLS"
+    ),
+    "XLMRobertaForSequenceClassification": (
+        "pagedllm.models.bert", "XLMRobertaForSequenceClassification", ("classify", "score"),
+        "CLS",
+    ),
+}
+_DECODER_CLASSIFIER_TASKS = ("classify", "score", "reward")
+# A generating decoder used as an embedder (convert="embed", Qwen3-Embedding style).
+_DECODER_EMBED_TASKS = ("embed", "encode")
+
+
+@dataclass(frozen=True)
+class RunnerChoice:
+    """How a checkpoint runs: which runner, which class, which pooling tasks.
+
+    Attributes:
+        runner: "generate" or "pooling".
+        model_class: the pagedllm class.
+        supported_tasks: the pooling tasks it serves (("generate",) for generation).
+        default_pooling_type: how it pools unless its folder or the user says otherwise.
+        convert: "embed" when a generating decoder is used as an embedder, else None.
+    """
+
+    runner: str
+    model_class: type
+    supported_tasks: tuple[str, ...]
+    default_pooling_type: str | None = None
+    convert: str | None = None
+
+
+def resolve_runner(architecture: str, runner: str = "auto", convert: str = "auto") -> RunnerChoice:
+    """The runner and model class for `architecture`, as vLLM picks them: `auto` follows the
+    architecture (pooling ones pool); `runner="pooling"` or `convert="embed"` on a
+    generating decoder makes it an embedder with last-token pooling.
+
+    Raises:
+        ValueError: for an unknown runner / convert value, a generating runner asked of a
+            pooling-only architecture, or an architecture built for neither.
+    """
+    from pagedllm.models.sequence_classification import CLASSIFIER_BASES, classifier_class
+
+    if runner not in ("auto", "generate", "pooling"):
+        raise ValueError(f"runner must be 'auto', 'generate' or 'pooling', got {runner!r}.")
+    if convert not in ("auto", "none", "embed", "classify"):
+        raise ValueError(
+            f"convert must be 'auto', 'none', 'embed' or 'classify', got {convert!r}."
+        )
+    is_pooling = architecture in _POOLING_MODELS or architecture in CLASSIFIER_BASES
+    if is_pooling and runner == "generate":
+        raise ValueError(f"{architecture} is a pooling model: it cannot run runner='generate'.")
+    if architecture in _POOLING_MODELS:
+        module_name, class_name, tasks, pooling = _POOLING_MODELS[architecture]
+        model_class = getattr(importlib.import_module(module_name), class_name)
+        return RunnerChoice("pooling", model_class, tasks, pooling)
+    if architecture in CLASSIFIER_BASES:
+        return RunnerChoice(
+            "pooling", classifier_class(architecture), _DECODER_CLASSIFIER_TASKS, "LAST"
+        )
+    model_class = _REGISTRY.resolve(architecture)  # a generating decoder (or a ValueError)
+    if convert == "classify":
+        raise ValueError(
+            f"convert='classify' needs a *ForSequenceClassification checkpoint; "
+            f"{architecture} has no classification head."
+        )
+    if runner == "pooling" or convert == "embed":
+        return RunnerChoice("pooling", model_class, _DECODER_EMBED_TASKS, "LAST", "embed")
+    return RunnerChoice("generate", model_class, ("generate",))
