@@ -42,3 +42,23 @@ def test_a_decoder_becomes_an_embedder() -> None:
 def test_errors_name_the_problem(architecture, kwargs, match) -> None:
     with pytest.raises(ValueError, match=match):
         resolve_runner(architecture, **kwargs)
+
+
+@pytest.mark.parametrize("architecture", ["BertModel", "Qwen2ForSequenceClassification"])
+def test_generating_registry_says_a_pooling_model_is_not_served_yet(architecture) -> None:
+    from pagedllm.models.registry import resolve_model_class
+
+    with pytest.raises(ValueError, match="is a pooling model"):
+        resolve_model_class(architecture)
+
+
+def test_llm_on_a_pooling_checkpoint_says_so(tmp_path) -> None:
+    """A tiny BERT folder given to LLM: a ValueError saying it is a pooling model."""
+    from transformers import BertConfig
+
+    from pagedllm import LLM
+
+    BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+               intermediate_size=32, architectures=["BertModel"]).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="BertModel is a pooling model"):
+        LLM(str(tmp_path))

@@ -44,6 +44,11 @@ class ModelRegistry:
         Raises:
             ValueError: for an architecture with no implementation here.
         """
+        if architecture not in self._models and _is_pooling_architecture(architecture):
+            raise ValueError(
+                f"{architecture} is a pooling model (embeddings, classification or scores); "
+                "the engine does not serve pooling models yet: only generating models run."
+            )
         if architecture not in self._models:
             raise ValueError(
                 f"Model architecture {architecture!r} is not supported. Supported "
@@ -156,3 +161,10 @@ def resolve_runner(architecture: str, runner: str = "auto", convert: str = "auto
     if runner == "pooling" or convert == "embed":
         return RunnerChoice("pooling", model_class, _DECODER_EMBED_TASKS, "LAST", "embed")
     return RunnerChoice("generate", model_class, ("generate",))
+
+
+def _is_pooling_architecture(architecture: str) -> bool:
+    """True for the encoder and classifier architectures resolve_runner knows."""
+    from pagedllm.models.sequence_classification import CLASSIFIER_BASES
+
+    return architecture in _POOLING_MODELS or architecture in CLASSIFIER_BASES
