@@ -116,11 +116,12 @@ class Worker:
         (dim,) = [i for i, (a, b) in enumerate(zip(shape_1, shape_2, strict=True)) if a != b]
         return dim
 
-    def _layer_geometry(self) -> tuple[int, int, int]:
+    def _layer_geometry(self) -> tuple[int, int]:
+        """(KV heads, head size) of every attention layer."""
         hf = self.config.model_config.hf_config
         num_kv_heads = getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads
         head_size = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
-        return hf.num_hidden_layers, num_kv_heads, head_size
+        return num_kv_heads, head_size
 
     def _kv_cache_groups(self) -> tuple[KVCacheGroupSpec, ...]:
         """The model's attention layers, grouped by how far back they attend."""
@@ -136,7 +137,7 @@ class Worker:
 
     def _determine_kv_cache_spec(self) -> KVCacheSpec:
         cache = self.config.cache_config
-        _, num_kv_heads, head_size = self._layer_geometry()
+        num_kv_heads, head_size = self._layer_geometry()
         groups = self._kv_cache_groups()
         one_block = self.backend.get_kv_cache_shape(
             1, cache.block_size, num_kv_heads, head_size, cache.cache_dtype
@@ -176,7 +177,7 @@ class Worker:
         return self.backend.get_kv_cache_dtype(self.dtype, self.config.cache_config.cache_dtype)
 
     def _kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
-        _, num_kv_heads, head_size = self._layer_geometry()
+        num_kv_heads, head_size = self._layer_geometry()
         return self.backend.get_kv_cache_shape(
             num_blocks,
             self.kv_cache_spec.block_size,
