@@ -4,10 +4,11 @@ PoolingRequestOutput and its embedding, classification and scoring views for poo
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 if TYPE_CHECKING:  # importing pagedllm must not import torch
     import torch
+    from typing_extensions import Self
 
 
 @dataclass
@@ -98,6 +99,13 @@ class PoolingOutput:
     data: torch.Tensor
 
 
+def _one_vector(output: PoolingOutput, what: str) -> list[float]:
+    """The pooled output as a list of floats; ValueError unless it is one vector."""
+    if output.data.dim() != 1:
+        raise ValueError(f"{what} is one vector, got shape {tuple(output.data.shape)}.")
+    return output.data.tolist()
+
+
 @dataclass
 class EmbeddingOutput:
     """An embedding as a list of floats (vLLM's `EmbeddingOutput`)."""
@@ -106,14 +114,8 @@ class EmbeddingOutput:
 
     @staticmethod
     def from_base(output: PoolingOutput) -> EmbeddingOutput:
-        """The embedding view of a pooled output.
-
-        Raises:
-            ValueError: if the output is not one vector.
-        """
-        if output.data.dim() != 1:
-            raise ValueError(f"An embedding is one vector, got shape {tuple(output.data.shape)}.")
-        return EmbeddingOutput(output.data.tolist())
+        """The embedding view of a pooled output (ValueError unless one vector)."""
+        return EmbeddingOutput(_one_vector(output, "An embedding"))
 
     @property
     def hidden_size(self) -> int:
@@ -129,14 +131,8 @@ class ClassificationOutput:
 
     @staticmethod
     def from_base(output: PoolingOutput) -> ClassificationOutput:
-        """The classification view of a pooled output.
-
-        Raises:
-            ValueError: if the output is not one vector.
-        """
-        if output.data.dim() != 1:
-            raise ValueError(f"Class scores are one vector, got shape {tuple(output.data.shape)}.")
-        return ClassificationOutput(output.data.tolist())
+        """The classification view of a pooled output (ValueError unless one vector)."""
+        return ClassificationOutput(_one_vector(output, "Class scores"))
 
     @property
     def num_classes(self) -> int:
@@ -183,37 +179,34 @@ class PoolingRequestOutput(Generic[_O]):
     finished: bool = True
 
 
-class EmbeddingRequestOutput(PoolingRequestOutput[EmbeddingOutput]):
+class _PoolingView(PoolingRequestOutput[_O]):
+    """A view of a pooling request's output: `from_base` converts its `outputs` with the
+    view's output class (`output_class.from_base`)."""
+
+    output_class: ClassVar[Any]
+
+    @classmethod
+    def from_base(cls, output: PoolingRequestOutput[PoolingOutput]) -> Self:
+        """This view of a pooling request's output."""
+        return cls(
+            output.request_id, cls.output_class.from_base(output.outputs),
+            output.prompt_token_ids, output.finished,
+        )  # fmt: skip
+
+
+class EmbeddingRequestOutput(_PoolingView[EmbeddingOutput]):
     """`LLM.embed`'s result."""
 
-    @staticmethod
-    def from_base(output: PoolingRequestOutput[PoolingOutput]) -> EmbeddingRequestOutput:
-        """The embedding view of a pooling request's output."""
-        return EmbeddingRequestOutput(
-            output.request_id, EmbeddingOutput.from_base(output.outputs),
-            output.prompt_token_ids, output.finished,
-        )  # fmt: skip
+    output_class = EmbeddingOutput
 
 
-class ClassificationRequestOutput(PoolingRequestOutput[ClassificationOutput]):
+class ClassificationRequestOutput(_PoolingView[ClassificationOutput]):
     """`LLM.classify`'s result."""
 
-    @staticmethod
-    def from_base(output: PoolingRequestOutput[PoolingOutput]) -> ClassificationRequestOutput:
-        """The classification view of a pooling request's output."""
-        return ClassificationRequestOutput(
-            output.request_id, ClassificationOutput.from_base(output.outputs),
-            output.prompt_token_ids, output.finished,
-        )  # fmt: skip
+    output_class = ClassificationOutput
 
 
-class ScoringRequestOutput(PoolingRequestOutput[ScoringOutput]):
+class ScoringRequestOutput(_PoolingView[ScoringOutput]):
     """`LLM.score`'s result."""
 
-    @staticmethod
-    def from_base(output: PoolingRequestOutput[PoolingOutput]) -> ScoringRequestOutput:
-        """The scoring view of a pooling request's output."""
-        return ScoringRequestOutput(
-            output.request_id, ScoringOutput.from_base(output.outputs),
-            output.prompt_token_ids, output.finished,
-        )  # fmt: skip
+    output_class = ScoringOutput

@@ -63,39 +63,42 @@ def _q4_k_scales(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return scales, mins
 
 
-def q4_k_codes(data: np.ndarray) -> GroupCodes:
-    """Q4_K → int4 codes, scales d * sc and minimums -dmin * m per group of 32."""
-    rows = data.shape[0]
-    blocks = data.reshape(rows, -1, 144)  # [rows, supers, 144]
+def _k_nibbles(packed: np.ndarray) -> np.ndarray:
+    """Q4_K / Q5_K's 128 bytes of nibbles per super-block → [rows, supers, 8, 32] in group
+    order (per chunk of 64 values: the low nibbles are its first 32, the high ones the
+    next 32)."""
+    rows = packed.shape[0]
+    nibbles = packed.reshape(rows, -1, 4, 32)
+    return np.stack([nibbles & 0x0F, nibbles >> 4], axis=3).reshape(rows, -1, 8, 32)
+
+
+def _with_k_scales(blocks: np.ndarray, codes: np.ndarray) -> GroupCodes:
+    """GroupCodes of `codes` [rows, supers, 8, 32] with the scales d * sc and minimums
+    -dmin * m that Q4_K and Q5_K blocks start with (d, dmin, then 12 packed bytes)."""
+    rows = blocks.shape[0]
     d, dmin = float16_at(blocks, 0)[..., None], float16_at(blocks, 2)[..., None]
     sc, m = _q4_k_scales(blocks[..., 4:16])
-    nibbles = blocks[..., 16:].reshape(rows, -1, 4, 32)  # 4 chunks of 64 values
-    codes = np.stack([nibbles & 0x0F, nibbles >> 4], axis=3)  # [rows, supers, 4, 2, 32]
-    codes = codes.reshape(rows, -1, 32)  # groups in order: chunk 0 low, chunk 0 high, ...
     scales = (d * sc.astype(np.float32)).reshape(rows, -1)
     mins = (-(dmin * m.astype(np.float32))).reshape(rows, -1)
     return GroupCodes(
-        torch.from_numpy(codes.copy()), torch.from_numpy(scales), torch.from_numpy(mins)
-    )
+        torch.from_numpy(codes.reshape(rows, -1, 32).copy()), torch.from_numpy(scales),
+        torch.from_numpy(mins),
+    )  # fmt: skip
+
+
+def q4_k_codes(data: np.ndarray) -> GroupCodes:
+    """Q4_K → int4 codes, scales d * sc and minimums -dmin * m per group of 32."""
+    blocks = data.reshape(data.shape[0], -1, 144)  # [rows, supers, 144]
+    return _with_k_scales(blocks, _k_nibbles(blocks[..., 16:]))
 
 
 def q5_k_codes(data: np.ndarray) -> GroupCodes:
     """Q5_K → 5-bit codes (0..31), scales d * sc and minimums -dmin * m per group of 32."""
-    rows = data.shape[0]
-    blocks = data.reshape(rows, -1, 176)  # [rows, supers, 176]
-    d, dmin = float16_at(blocks, 0)[..., None], float16_at(blocks, 2)[..., None]
-    sc, m = _q4_k_scales(blocks[..., 4:16])
-    fifth_bits = blocks[..., 16:48]  # [rows, supers, 32]
-    nibbles = blocks[..., 48:].reshape(rows, -1, 4, 32)  # 4 chunks of 64 values
-    low = np.stack([nibbles & 0x0F, nibbles >> 4], axis=3).reshape(rows, -1, 8, 32)
+    blocks = data.reshape(data.shape[0], -1, 176)  # [rows, supers, 176]
+    fifth_bits = blocks[..., 16:48]  # [rows, supers, 32]: bit g of byte l is value l of group g
     shifts = np.arange(8, dtype=np.uint8).reshape(1, 1, 8, 1)
     high = (fifth_bits[:, :, None, :] >> shifts) & 1  # [rows, supers, 8 groups, 32]
-    codes = (low | (high << 4)).reshape(rows, -1, 32)
-    scales = (d * sc.astype(np.float32)).reshape(rows, -1)
-    mins = (-(dmin * m.astype(np.float32))).reshape(rows, -1)
-    return GroupCodes(
-        torch.from_numpy(codes.copy()), torch.from_numpy(scales), torch.from_numpy(mins)
-    )
+    return _with_k_scales(blocks, _k_nibbles(blocks[..., 48:]) | (high << 4))
 
 
 def q6_k_codes(data: np.ndarray) -> GroupCodes:

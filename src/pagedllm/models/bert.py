@@ -20,12 +20,9 @@ from torch import nn
 from pagedllm.attention.encoder import packed_bidirectional_attention
 from pagedllm.layers.activation import apply_activation
 from pagedllm.layers.embedding import VocabEmbedding
-from pagedllm.layers.linear import Linear
+from pagedllm.layers.linear import Linear, default_weight_loader
 from pagedllm.models.spec import activation_of
-
-
-class _LayerNorm(nn.LayerNorm):
-    """torch's LayerNorm under HF's parameter names (weight, bias), loaded by copy."""
+from pagedllm.pooling.pooler import first_token_rows
 
 
 class BertEmbeddings(nn.Module):
@@ -39,7 +36,7 @@ class BertEmbeddings(nn.Module):
         self.word_embeddings = VocabEmbedding(config.vocab_size, hidden)
         self.position_embeddings = VocabEmbedding(config.max_position_embeddings, hidden)
         self.token_type_embeddings = VocabEmbedding(config.type_vocab_size, hidden)
-        self.LayerNorm = _LayerNorm(hidden, eps=config.layer_norm_eps)
+        self.LayerNorm = nn.LayerNorm(hidden, eps=config.layer_norm_eps)
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, token_type_ids: torch.Tensor
@@ -76,7 +73,7 @@ class BertDenseNorm(nn.Module):
     def __init__(self, config: Any, input_size: int) -> None:
         super().__init__()
         self.dense = Linear(input_size, config.hidden_size, bias=True)
-        self.LayerNorm = _LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """LayerNorm(dense(x) + residual)."""
@@ -215,47 +212,20 @@ class RobertaClassificationHead(nn.Module):
         return self.out_proj(torch.tanh(self.dense(first_states)))
 
 
-class XLMRobertaForSequenceClassification(nn.Module):
-    """HF `XLMRobertaForSequenceClassification` (e.g. BGE rerankers): one row of logits per
-    sequence from its first token."""
+class _EncoderClassifier(nn.Module):
+    """An encoder (under its checkpoint's attribute name) with a head scoring each
+    sequence's first token: one row of logits per sequence. Subclasses say which encoder
+    and which head."""
 
     is_encoder = True
 
-    def __init__(self, config: Any) -> None:
-        super().__init__()
-        self.roberta = XLMRobertaModel(config)
-        self.classifier = RobertaClassificationHead(config)
+    def encoder_model(self) -> BertModel:
+        """The encoder."""
+        raise NotImplementedError
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        seq_lens: list[int],
-        token_type_ids: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """[T] packed tokens → [T, hidden]."""
-        return self.roberta(input_ids, positions, seq_lens, token_type_ids)
-
-    def classify(self, hidden_states: torch.Tensor, seq_lens: list[int]) -> torch.Tensor:
-        """[T, hidden] → [num_seqs, num_labels] logits, from each sequence's first token."""
-        starts = torch.tensor([0, *seq_lens[:-1]]).cumsum(0)
-        return self.classifier(hidden_states[starts])
-
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        """Load HF-named tensors; return the names filled."""
-        return load_by_name(self, weights)
-
-
-class BertForSequenceClassification(nn.Module):
-    """HF `BertForSequenceClassification` (cross-encoders, classifiers): the CLS token
-    through BERT's pooler and a linear classifier, one row of logits per sequence."""
-
-    is_encoder = True
-
-    def __init__(self, config: Any) -> None:
-        super().__init__()
-        self.bert = BertModel(config, add_pooler=True)
-        self.classifier = Linear(config.hidden_size, config.num_labels, bias=True)
+    def head(self, first_states: torch.Tensor) -> torch.Tensor:
+        """[B, hidden] first-token states → [B, num_labels] logits."""
+        raise NotImplementedError
 
     def forward(
         self,
@@ -265,39 +235,64 @@ class BertForSequenceClassification(nn.Module):
         token_type_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """[T] packed tokens (token types 1 on a pair's second text) → [T, hidden]."""
-        return self.bert(input_ids, positions, seq_lens, token_type_ids)
+        return self.encoder_model()(input_ids, positions, seq_lens, token_type_ids)
 
     def classify(self, hidden_states: torch.Tensor, seq_lens: list[int]) -> torch.Tensor:
         """[T, hidden] → [num_seqs, num_labels] logits, from each sequence's first token."""
-        starts = torch.tensor([0, *seq_lens[:-1]]).cumsum(0)
-        assert self.bert.pooler is not None
-        return self.classifier(self.bert.pooler(hidden_states[starts]))
+        return self.head(hidden_states[first_token_rows(seq_lens)])
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Load HF-named tensors; return the names filled."""
         return load_by_name(self, weights)
 
 
-def load_by_name(module: nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-    """Copy each tensor into `module`'s parameter of the same name (unknown names, such as
-    position-id buffers or a pooler the module does not use, are skipped); return the
-    names filled.
+class BertForSequenceClassification(_EncoderClassifier):
+    """HF `BertForSequenceClassification` (cross-encoders, classifiers): the CLS token
+    through BERT's pooler and a linear classifier."""
 
-    Raises:
-        ValueError: when a tensor's shape differs from its parameter's.
-    """
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        self.bert = BertModel(config, add_pooler=True)
+        self.classifier = Linear(config.hidden_size, config.num_labels, bias=True)
+
+    def encoder_model(self) -> BertModel:
+        """The encoder."""
+        return self.bert
+
+    def head(self, first_states: torch.Tensor) -> torch.Tensor:
+        """BERT's pooler, then the classifier."""
+        assert self.bert.pooler is not None
+        return self.classifier(self.bert.pooler(first_states))
+
+
+class XLMRobertaForSequenceClassification(_EncoderClassifier):
+    """HF `XLMRobertaForSequenceClassification` (e.g. BGE rerankers): the <s> token through
+    RoBERTa's classification head."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        self.roberta = XLMRobertaModel(config)
+        self.classifier = RobertaClassificationHead(config)
+
+    def encoder_model(self) -> BertModel:
+        """The encoder."""
+        return self.roberta
+
+    def head(self, first_states: torch.Tensor) -> torch.Tensor:
+        """RoBERTa's classification head."""
+        return self.classifier(first_states)
+
+
+def load_by_name(module: nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+    """Load each tensor into `module`'s parameter of the same name through its weight
+    loader (shapes checked there); unknown names, such as position-id buffers or a pooler
+    the module does not use, are skipped. Returns the names filled."""
     params = dict(module.named_parameters())
     loaded = set()
     for name, tensor in weights:
         param = params.get(name)
         if param is None:
             continue
-        if param.shape != tensor.shape:
-            raise ValueError(
-                f"Shape mismatch for {name}: parameter {tuple(param.shape)} vs checkpoint "
-                f"{tuple(tensor.shape)}."
-            )
-        with torch.no_grad():
-            param.copy_(tensor)
+        getattr(param, "weight_loader", default_weight_loader)(param, tensor)
         loaded.add(name)
     return loaded

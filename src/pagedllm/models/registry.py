@@ -141,8 +141,7 @@ def resolve_runner(architecture: str, runner: str = "auto", convert: str = "auto
         raise ValueError(
             f"convert must be 'auto', 'none', 'embed' or 'classify', got {convert!r}."
         )
-    is_pooling = architecture in _POOLING_MODELS or architecture in CLASSIFIER_BASES
-    if is_pooling and runner == "generate":
+    if runner == "generate" and _is_pooling_architecture(architecture):
         raise ValueError(f"{architecture} is a pooling model: it cannot run runner='generate'.")
     if architecture in _POOLING_MODELS:
         module_name, class_name, tasks, pooling = _POOLING_MODELS[architecture]

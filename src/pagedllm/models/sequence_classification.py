@@ -10,6 +10,7 @@ classifier without a file of its own.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 from typing import Any, cast
 
@@ -17,6 +18,7 @@ import torch
 
 from pagedllm.layers.linear import Linear
 from pagedllm.models.common import DecoderForCausalLM
+from pagedllm.pooling.pooler import last_token_rows
 
 # HF classifier architecture → the causal LM class whose decoder it shares.
 CLASSIFIER_BASES: dict[str, tuple[str, str]] = {
@@ -43,13 +45,9 @@ def classifier_class(architecture: str) -> type[DecoderForCausalLM]:
     return _with_score_head(base)
 
 
-_CLASSES: dict[type, type] = {}
-
-
+@functools.cache
 def _with_score_head(base: type[DecoderForCausalLM]) -> type[DecoderForCausalLM]:
     """`base` with its LM head replaced by a `score` projection (one class per base)."""
-    if base in _CLASSES:
-        return _CLASSES[base]
 
     class SequenceClassifier(base):  # type: ignore[valid-type,misc]
         """A decoder whose last token's hidden state is scored into `num_labels` logits."""
@@ -70,9 +68,7 @@ def _with_score_head(base: type[DecoderForCausalLM]) -> type[DecoderForCausalLM]
 
         def classify(self, hidden_states: torch.Tensor, seq_lens: list[int]) -> torch.Tensor:
             """[T, hidden] of packed sequences → [num_seqs, num_labels], last tokens."""
-            ends = torch.tensor(seq_lens).cumsum(0) - 1
-            return self.compute_logits(hidden_states[ends])
+            return self.compute_logits(hidden_states[last_token_rows(seq_lens)])
 
     SequenceClassifier.__name__ = base.__name__.replace("ForCausalLM", "ForSequenceClassification")
-    _CLASSES[base] = SequenceClassifier
     return SequenceClassifier

@@ -15,6 +15,16 @@ import torch.nn.functional as F
 from pagedllm.pooling.config import PoolerConfig
 
 
+def first_token_rows(seq_lens: list[int]) -> torch.Tensor:
+    """Rows of each packed sequence's first token (its CLS / <s>), [num_seqs] int64."""
+    return torch.tensor([0, *seq_lens[:-1]]).cumsum(0)
+
+
+def last_token_rows(seq_lens: list[int]) -> torch.Tensor:
+    """Rows of each packed sequence's last token, [num_seqs] int64."""
+    return torch.tensor(seq_lens).cumsum(0) - 1
+
+
 def pool_hidden_states(
     hidden_states: torch.Tensor,  # [T, H]
     seq_lens: list[int],
@@ -23,12 +33,11 @@ def pool_hidden_states(
     step_tag_id: int | None = None,
 ) -> list[torch.Tensor]:
     """One tensor per sequence: [H] for MEAN/CLS/LAST, [n, H] for ALL and STEP."""
-    starts = torch.tensor([0, *seq_lens[:-1]], device=hidden_states.device).cumsum(0)
-    lens = torch.tensor(seq_lens, device=hidden_states.device)
     if pooling_type == "CLS":
-        return list(hidden_states[starts].unbind(0))
+        return list(hidden_states[first_token_rows(seq_lens)].unbind(0))
     if pooling_type == "LAST":
-        return list(hidden_states[starts + lens - 1].unbind(0))
+        return list(hidden_states[last_token_rows(seq_lens)].unbind(0))
+    lens = torch.tensor(seq_lens)
     if pooling_type == "MEAN":
         # One segment sum over the packed tokens: no padding, no loop per sequence.
         segment = torch.repeat_interleave(torch.arange(len(seq_lens)), lens)
