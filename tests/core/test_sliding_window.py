@@ -6,6 +6,7 @@ in its sliding layers, while its global layers hold all 32k.
 
 from __future__ import annotations
 
+from pagedllm.core.block_hash import hash_with_group_id
 from pagedllm.core.kv_cache_groups import KVCacheGroupSpec, make_kv_cache_groups, num_kv_slots
 from pagedllm.core.kv_cache_manager import KVCacheManager
 from pagedllm.core.sched_output import SchedulerOutput
@@ -104,16 +105,22 @@ def test_every_layer_sliding_frees_behind_the_window() -> None:
 
 # ------------------------------------------------------------------------ prefix caching
 
+PROMPT = list(range(100, 140))  # 10 blocks of 4
 
-def test_prefix_hit_needs_only_the_last_window_of_blocks() -> None:
-    groups = (KVCacheGroupSpec((0,), 8), KVCacheGroupSpec((1,)))
+
+def _cached_prompt(groups: tuple[KVCacheGroupSpec, ...]) -> tuple[KVCacheManager, Request]:
+    """A manager whose cache holds PROMPT's 10 blocks, computed and freed by request "a"."""
     manager = KVCacheManager(64, block_size=4, groups=groups)
-    prompt = list(range(100, 140))  # 10 blocks
-    first = make_request("a", prompt)
+    first = make_request("a", PROMPT)
     assert manager.allocate_slots(first, 40) is not None
     first.num_computed_tokens = 40
     manager.free(first)
-    second = make_request("b", prompt + [1, 2])
+    return manager, first
+
+
+def test_prefix_hit_needs_only_the_last_window_of_blocks() -> None:
+    manager, _ = _cached_prompt((KVCacheGroupSpec((0,), 8), KVCacheGroupSpec((1,))))
+    second = make_request("b", PROMPT + [1, 2])
     blocks, num_cached = manager.get_computed_blocks(second)
     assert num_cached == 40
     sliding, full = blocks
@@ -126,41 +133,28 @@ def test_prefix_hit_needs_only_the_last_window_of_blocks() -> None:
 
 
 def test_prefix_hit_survives_eviction_of_blocks_before_the_window() -> None:
-    groups = (KVCacheGroupSpec((0,), 8),)
-    manager = KVCacheManager(64, block_size=4, groups=groups)
-    prompt = list(range(100, 140))
-    first = make_request("a", prompt)
-    assert manager.allocate_slots(first, 40) is not None
-    first.num_computed_tokens = 40
-    manager.free(first)
+    manager, first = _cached_prompt((KVCacheGroupSpec((0,), 8),))
     # Evict the cached copies of the first blocks (they are reused first, tail-freed last).
     pool = manager.block_pool
     for block_hash in first.block_hashes[:5]:
         block = pool.get_cached_block(block_hash)
         assert block is not None
         pool._evict(block)
-    blocks, num_cached = manager.get_computed_blocks(make_request("b", prompt + [1]))
+    blocks, num_cached = manager.get_computed_blocks(make_request("b", PROMPT + [1]))
     assert num_cached == 40 and len(blocks[0]) == 10
     # With a block inside the window gone, the hit ends before it.
     pool._evict(pool.get_cached_block(first.block_hashes[8]))
-    blocks, num_cached = manager.get_computed_blocks(make_request("c", prompt + [1]))
+    blocks, num_cached = manager.get_computed_blocks(make_request("c", PROMPT + [1]))
     assert num_cached == 8 * 4 and [b.block_id for b in blocks[0]][-2:] != [0, 0]
 
 
 def test_hit_is_the_longest_length_every_group_serves() -> None:
-    groups = (KVCacheGroupSpec((0,), 8), KVCacheGroupSpec((1,)))
-    manager = KVCacheManager(64, block_size=4, groups=groups)
-    prompt = list(range(100, 140))
-    first = make_request("a", prompt)
-    assert manager.allocate_slots(first, 40) is not None
-    first.num_computed_tokens = 40
-    manager.free(first)
+    manager, first = _cached_prompt((KVCacheGroupSpec((0,), 8), KVCacheGroupSpec((1,))))
     pool = manager.block_pool
     # The full group lost block 6: the hit is 6 blocks, and the sliding group must then
     # have blocks 4 and 5 (it does), not 8 and 9.
-    full_key = first.block_hashes[6] + (1).to_bytes(4, "little")
-    pool._evict(pool.get_cached_block(full_key))
-    blocks, num_cached = manager.get_computed_blocks(make_request("b", prompt + [1]))
+    pool._evict(pool.get_cached_block(hash_with_group_id(first.block_hashes[6], FULL)))
+    blocks, num_cached = manager.get_computed_blocks(make_request("b", PROMPT + [1]))
     assert num_cached == 24
     assert [len(group_blocks) for group_blocks in blocks] == [6, 6]
     assert all(b.block_id for b in blocks[0][4:6])

@@ -293,13 +293,30 @@ def _hf_to_gguf_names(arch: str, hf_names: list[str]) -> dict[str, str]:
     return {name: inverse[name] for name in hf_names}
 
 
+def _tiny_gguf_config(tmp_path: Path, arch: str, tensors: dict, **meta):
+    """A ModelConfig of a tiny GGUF of `arch` holding `tensors`, written under tmp_path."""
+    from tests.model_loader.test_safetensors import _model_config
+
+    (tmp_path / "gguf").mkdir()
+    path = _write_gguf(tmp_path / "gguf" / f"{arch}.gguf", arch, tensors, layers=2, hidden=64,
+                       heads=4, vocab=200, context=256, **meta)  # fmt: skip
+    return _model_config(tmp_path / "gguf", "float32", gguf_file=path.name)
+
+
+def _assert_loads_parameters(model_config, expected: dict[str, torch.Tensor]) -> None:
+    """The model loaded from `model_config` has exactly the `expected` parameters."""
+    from pagedllm.model_loader import loader
+
+    model = loader.get_model(model_config)
+    for name, param in model.named_parameters():
+        assert torch.equal(param, expected[name]), name
+
+
 def test_phi3_gguf_loads_the_fused_tensors_as_the_checkpoint_has_them(tmp_path: Path) -> None:
     """A Phi-3 GGUF (fused attn_qkv and ffn_up, as llama.cpp writes them) gives our model
     exactly the parameters its Hugging Face checkpoint gives."""
     import transformers as tf
 
-    from pagedllm.model_loader import loader
-    from tests.model_loader.test_safetensors import _model_config
     from tests.models.test_model_parity import load_pair, save_random
 
     config = tf.Phi3Config(
@@ -312,15 +329,9 @@ def test_phi3_gguf_loads_the_fused_tensors_as_the_checkpoint_has_them(tmp_path: 
     hf = {k: v.numpy() for k, v in load_file(hf_dir / "model.safetensors").items()}
     names = _hf_to_gguf_names("phi3", list(hf))
     tensors = {names[name]: (values, Q.F32) for name, values in hf.items()}
-    (tmp_path / "gguf").mkdir()
-    path = _write_gguf(tmp_path / "gguf" / "phi3.gguf", "phi3", tensors, layers=2, hidden=64,
-                       ffn=96, heads=4, kv_heads=2, vocab=200, context=256)  # fmt: skip
-    model_config = _model_config(tmp_path / "gguf", "float32", gguf_file=path.name)
+    model_config = _tiny_gguf_config(tmp_path, "phi3", tensors, ffn=96, kv_heads=2)
     assert model_config.architecture == "Phi3ForCausalLM"
-    model = loader.get_model(model_config)
-    expected = dict(ours.named_parameters())
-    for name, param in model.named_parameters():
-        assert torch.equal(param, expected[name]), name
+    _assert_loads_parameters(model_config, dict(ours.named_parameters()))
 
 
 def test_gguf_longrope_factors_are_refused(tmp_path: Path) -> None:
@@ -361,31 +372,23 @@ def test_qwen_moe_gguf_splits_stacked_experts(tmp_path: Path, arch: str) -> None
     """A Qwen MoE GGUF (experts stacked per projection, the shared expert, dense layers
     mixed in) gives our model exactly its safetensors checkpoint's parameters, with the
     expert sizes, dense layers and top-k renormalization its config needs."""
-    from pagedllm.model_loader import loader
-    from tests.model_loader.test_safetensors import _model_config
     from tests.models.test_model_parity import _config, load_pair, save_random
 
     hf_dir = save_random(tmp_path / "hf", _config(arch))
     ours, _, _ = load_pair(hf_dir)
     hf = {k: v.numpy() for k, v in load_file(hf_dir / "model.safetensors").items()}
     gguf_arch = arch.replace("_", "")
-    meta = dict(layers=2, hidden=64, ffn=96, heads=4, kv_heads=2, vocab=200, context=256,
-                experts=4, experts_used=2, expert_ffn=32)  # fmt: skip
+    meta = dict(ffn=96, kv_heads=2, experts=4, experts_used=2, expert_ffn=32)
     if arch == "qwen2_moe":
         meta["shared_ffn"] = 48
     else:
         meta["key_length"] = 16
-    (tmp_path / "gguf").mkdir()
-    path = _write_gguf(tmp_path / "gguf" / "moe.gguf", gguf_arch,
-                       _moe_gguf_tensors(gguf_arch, hf), **meta)  # fmt: skip
-    model_config = _model_config(tmp_path / "gguf", "float32", gguf_file=path.name)
+    model_config = _tiny_gguf_config(tmp_path, gguf_arch, _moe_gguf_tensors(gguf_arch, hf),
+                                     **meta)  # fmt: skip
     config = model_config.hf_config
     assert (config.moe_intermediate_size, config.norm_topk_prob) == (32, arch == "qwen3_moe")
     assert config.mlp_only_layers == ([1] if arch == "qwen2_moe" else [])
-    model = loader.get_model(model_config)
-    expected = dict(ours.named_parameters())
-    for name, param in model.named_parameters():
-        assert torch.equal(param, expected[name]), name
+    _assert_loads_parameters(model_config, dict(ours.named_parameters()))
 
 
 def test_stacked_expert_codes_split_per_expert(tmp_path: Path) -> None:
@@ -408,8 +411,6 @@ def test_stacked_expert_codes_split_per_expert(tmp_path: Path) -> None:
 def test_mixtral_gguf_is_llama_with_experts(tmp_path: Path) -> None:
     """llama.cpp writes Mixtral as "llama" with stacked experts and permuted Q/K rows: it
     loads as MixtralForCausalLM with exactly its safetensors checkpoint's parameters."""
-    from pagedllm.model_loader import loader
-    from tests.model_loader.test_safetensors import _model_config
     from tests.models.test_model_parity import _config, load_pair, save_random
 
     hf_dir = save_random(tmp_path / "hf", _config("mixtral"))
@@ -418,38 +419,24 @@ def test_mixtral_gguf_is_llama_with_experts(tmp_path: Path) -> None:
     for name in hf:
         if name.endswith(("q_proj.weight", "k_proj.weight")):
             hf[name] = _llama_cpp_permute(hf[name], 4 if "q_proj" in name else 2)
-    tensors = _moe_gguf_tensors("llama", hf)
-    (tmp_path / "gguf").mkdir()
-    path = _write_gguf(tmp_path / "gguf" / "mixtral.gguf", "llama", tensors, layers=2,
-                       hidden=64, ffn=96, heads=4, kv_heads=2, vocab=200, context=256,
-                       experts=4, experts_used=2, expert_ffn=96)  # fmt: skip
-    model_config = _model_config(tmp_path / "gguf", "float32", gguf_file=path.name)
+    model_config = _tiny_gguf_config(tmp_path, "llama", _moe_gguf_tensors("llama", hf),
+                                     ffn=96, kv_heads=2, experts=4, experts_used=2,
+                                     expert_ffn=96)  # fmt: skip
     assert model_config.architecture == "MixtralForCausalLM"
     assert model_config.hf_config.num_local_experts == 4
-    model = loader.get_model(model_config)
-    expected = dict(ours.named_parameters())
-    for name, param in model.named_parameters():
-        assert torch.equal(param, expected[name]), name
-
+    _assert_loads_parameters(model_config, dict(ours.named_parameters()))
 
 
 def test_gpt2_gguf_loads_transposed_matrices_and_positions(tmp_path: Path) -> None:
     """A GPT-2 GGUF (Conv1D weights stored [out, in] as llama.cpp writes them, learned
     positions, LayerNorm biases) gives exactly its safetensors checkpoint's parameters."""
-    from pagedllm.model_loader import loader
-    from tests.model_loader.test_safetensors import _model_config
     from tests.models.test_model_parity import _config, load_pair, save_random
 
     hf_dir = save_random(tmp_path / "hf", _config("gpt2"))
     ours, _, _ = load_pair(hf_dir)
-    ours_by_name = {name: param.detach().numpy() for name, param in ours.named_parameters()}
-    names = _hf_to_gguf_names("gpt2", list(ours_by_name))
-    tensors = {names[name]: (values, Q.F32) for name, values in ours_by_name.items()}
-    (tmp_path / "gguf").mkdir()
-    path = _write_gguf(tmp_path / "gguf" / "gpt2.gguf", "gpt2", tensors, layers=2, hidden=64,
-                       ffn=256, heads=4, kv_heads=4, vocab=200, context=256)  # fmt: skip
-    model_config = _model_config(tmp_path / "gguf", "float32", gguf_file=path.name)
+    expected = dict(ours.named_parameters())
+    names = _hf_to_gguf_names("gpt2", list(expected))
+    tensors = {names[name]: (p.detach().numpy(), Q.F32) for name, p in expected.items()}
+    model_config = _tiny_gguf_config(tmp_path, "gpt2", tensors, ffn=256, kv_heads=4)
     assert model_config.architecture == "GPT2LMHeadModel"
-    model = loader.get_model(model_config)
-    for name, param in model.named_parameters():
-        assert np.array_equal(param.detach().numpy(), ours_by_name[name]), name
+    _assert_loads_parameters(model_config, expected)

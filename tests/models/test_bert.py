@@ -17,6 +17,15 @@ from pagedllm.pooling.pooler import finish_embedding, pool_hidden_states
 from ..conftest import minilm_path
 
 
+def _tiny_bert_config(**overrides):
+    from transformers import BertConfig
+
+    return BertConfig(
+        vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=64, max_position_embeddings=64, **overrides,
+    )  # fmt: skip
+
+
 def _packed(sequences: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
     ids = torch.tensor([t for s in sequences for t in s])
     positions = torch.cat([torch.arange(len(s)) for s in sequences])
@@ -24,13 +33,9 @@ def _packed(sequences: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, lis
 
 
 def test_packed_sequences_equal_transformers_one_by_one(tmp_path: Path) -> None:
-    from transformers import BertConfig
     from transformers import BertModel as HFBertModel
 
-    config = BertConfig(
-        vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-        intermediate_size=64, max_position_embeddings=64,
-    )  # fmt: skip
+    config = _tiny_bert_config()
     torch.manual_seed(0)
     theirs = HFBertModel(config).eval()
     theirs.save_pretrained(tmp_path)
@@ -89,15 +94,11 @@ def test_minilm_embeddings_equal_sentence_transformers(dtype, min_cosine) -> Non
 def test_cross_encoder_scores_equal_transformers(tmp_path: Path, num_labels: int) -> None:
     """Text pairs (token types 0 then 1) packed in one batch: each pair's logits equal
     transformers' BertForSequenceClassification run alone."""
-    from transformers import BertConfig
     from transformers import BertForSequenceClassification as HFClassifier
 
     from pagedllm.models.bert import BertForSequenceClassification
 
-    config = BertConfig(
-        vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-        intermediate_size=64, max_position_embeddings=64, num_labels=num_labels,
-    )  # fmt: skip
+    config = _tiny_bert_config(num_labels=num_labels)
     torch.manual_seed(1)
     theirs = HFClassifier(config).eval()
     theirs.save_pretrained(tmp_path)
