@@ -32,10 +32,10 @@ from collections.abc import Sequence
 from pagedllm.core.block_hash import update_request_block_hashes
 from pagedllm.core.block_pool import BlockPool, KVCacheBlock
 from pagedllm.core.kv_cache_groups import KVCacheGroupSpec
-from pagedllm.core.single_type_manager import FullAttentionManager, cdiv, make_manager
+from pagedllm.core.single_type_manager import FullAttentionManager, make_manager
 from pagedllm.request import Request
 
-__all__ = ["BlockIds", "KVCacheBlocks", "KVCacheManager", "cdiv"]
+__all__ = ["BlockIds", "KVCacheBlocks", "KVCacheManager"]
 
 # One list per KV cache group, in group order.
 KVCacheBlocks = tuple[list[KVCacheBlock], ...]
@@ -188,9 +188,7 @@ class KVCacheManager:
             assert request_id not in self.managers[0].req_to_blocks, "hit for a known request"
             assert request.num_computed_tokens == 0, "prefix hit for a computed request"
         self.remove_skipped_blocks(request)
-        if self._num_blocks_to_take(request, num_new_tokens, computed) > (
-            self.get_num_free_blocks()
-        ):
+        if not self.can_allocate(request, num_new_tokens, computed):
             return None
         num_computed = request.num_computed_tokens + num_hit
         num_tokens = num_computed + num_new_tokens
