@@ -62,6 +62,19 @@ def tiny_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+# The shape of every tiny decoder checkpoint (make_tiny_model and the pooling tests').
+_COMMON_TINY_DECODER = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=1024,
+    # A wide init makes logits peaked, so greedy choices are far from ties.
+    initializer_range=0.2,
+)
+
+
 def make_tiny_model(out_dir: Path, tokenizer_dir: Path, arch: str = "llama", **overrides) -> Path:
     """Save a tiny random `arch` ("llama" or "qwen2") model with the tiny tokenizer."""
     import shutil
@@ -72,14 +85,7 @@ def make_tiny_model(out_dir: Path, tokenizer_dir: Path, arch: str = "llama", **o
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     common = dict(
         vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        # A wide init makes logits peaked, so greedy choices are far from ties.
-        initializer_range=0.2,
+        **_COMMON_TINY_DECODER,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
@@ -207,3 +213,22 @@ def minilm_path() -> Path | None:
         with zipfile.ZipFile(archive) as zipped:
             zipped.extractall(folder)
     return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random BertModel (an embedder: CLS pooling, normalized)."""
+    from .tiny_pooling import make_tiny_bert_dir
+
+    return make_tiny_bert_dir(tmp_path_factory.mktemp("tiny_bert"))
+
+
+@pytest.fixture(scope="session")
+def tiny_cross_encoder_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random BertForSequenceClassification with one label (a cross-encoder)."""
+    from .tiny_pooling import make_tiny_bert_dir
+
+    return make_tiny_bert_dir(
+        tmp_path_factory.mktemp("tiny_cross_encoder"), "BertForSequenceClassification",
+        num_labels=1,
+    )  # fmt: skip

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from pagedllm.pooling.config import PoolerConfig
+
 SUPPORTED_DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATION_METHODS = ("int8", "int4")
 # What `quantization` accepts: None (the checkpoint decides), "none" (dense weights) or a method.
@@ -37,6 +39,13 @@ class ModelConfig:
         hf_config: the transformers `PretrainedConfig` (not compared, not printed).
         quantization: weight-only quantization ("int8", "int4") or None for dense weights.
         keep_dense_weights: with quantization, also keep the dense weights for large steps.
+        runner: "generate" or "pooling" (models/registry.py resolve_runner).
+        convert: "embed" when a generating decoder serves as an embedder, else None.
+        supported_tasks: what requests the model serves: ("generate",), or pooling tasks
+            (embed, encode, classify, score, reward).
+        pooler_config: how pooling requests pool (resolved: the user's overrides over the
+            sentence-transformers folder over the architecture's defaults); None when the
+            model serves no pooling task.
     """
 
     model: str
@@ -49,6 +58,10 @@ class ModelConfig:
     hf_config: Any = field(compare=False, repr=False)
     quantization: str | None = None
     keep_dense_weights: bool = True
+    runner: str = "generate"
+    convert: str | None = None
+    supported_tasks: tuple[str, ...] = ("generate",)
+    pooler_config: PoolerConfig | None = None
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from pagedllm.pooling_params import PoolingParams
 from pagedllm.sampling_params import SamplingParams
 
 
@@ -76,6 +77,10 @@ class Request:
         num_cached_tokens: prefix-cache hits (in tokens) at its first admission.
         block_hashes: chained hashes of its full blocks, in order (see core/block_hash.py).
         structured_output: its grammar when `sampling_params.structured_outputs` is set.
+        pooling_params: set for a pooling request (an embedding, class scores...): it is
+            computed whole in one step and finishes with its pooled output; its
+            `sampling_params` are then never used.
+        token_type_ids: per prompt token, 0 or 1 (the second text of a cross-encoder pair).
     """
 
     request_id: str
@@ -95,9 +100,16 @@ class Request:
     # Its grammar (structured_output.RequestGrammar) when it has a constraint: compiled in
     # the background, then its matcher, advanced by the scheduler with every token.
     structured_output: Any = None
+    pooling_params: PoolingParams | None = None
+    token_type_ids: list[int] | None = None
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.prompt_token_ids)
+
+    @property
+    def is_pooling(self) -> bool:
+        """True for a pooling request (no tokens are sampled)."""
+        return self.pooling_params is not None
 
     @property
     def num_prompt_tokens(self) -> int:

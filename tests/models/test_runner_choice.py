@@ -45,15 +45,15 @@ def test_errors_name_the_problem(architecture, kwargs, match) -> None:
 
 
 @pytest.mark.parametrize("architecture", ["BertModel", "Qwen2ForSequenceClassification"])
-def test_generating_registry_says_a_pooling_model_is_not_served_yet(architecture) -> None:
+def test_generating_registry_points_pooling_models_to_the_pooling_runner(architecture) -> None:
     from pagedllm.models.registry import resolve_model_class
 
-    with pytest.raises(ValueError, match="is a pooling model"):
+    with pytest.raises(ValueError, match="is a pooling model.*runner='pooling'"):
         resolve_model_class(architecture)
 
 
-def test_llm_on_a_pooling_checkpoint_says_so(tmp_path) -> None:
-    """A tiny BERT folder given to LLM: a ValueError saying it is a pooling model."""
+def test_runner_generate_on_a_pooling_checkpoint_says_so(tmp_path) -> None:
+    """A tiny BERT folder given to LLM with runner="generate": a ValueError naming it."""
     from transformers import BertConfig
 
     from pagedllm import LLM
@@ -61,4 +61,10 @@ def test_llm_on_a_pooling_checkpoint_says_so(tmp_path) -> None:
     BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                intermediate_size=32, architectures=["BertModel"]).save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="BertModel is a pooling model"):
-        LLM(str(tmp_path))
+        LLM(str(tmp_path), runner="generate")
+
+
+def test_generate_with_convert_embed_serves_both() -> None:
+    choice = resolve_runner("LlamaForCausalLM", runner="generate", convert="embed")
+    assert (choice.runner, choice.supported_tasks, choice.default_pooling_type) == (
+        "generate", ("generate", "embed", "encode"), "LAST")  # fmt: skip

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from pagedllm.pooling_params import PoolingParams
 from pagedllm.sampling_params import SamplingParams
 
 
@@ -32,6 +33,8 @@ class NewRequestData:
         block_ids: the request's whole block tables, one per KV cache group (0 where a
             sliding window let a block go).
         num_computed_tokens: tokens already in the KV cache before this step.
+        pooling_params: set for a pooling request (pooled, not sampled, this one step).
+        token_type_ids: its token types, when the model takes them.
     """
 
     request_id: str
@@ -41,6 +44,8 @@ class NewRequestData:
     eos_token_id: int | None
     block_ids: tuple[list[int], ...]
     num_computed_tokens: int
+    pooling_params: PoolingParams | None = None
+    token_type_ids: list[int] | None = None
 
 
 @dataclass

@@ -6,11 +6,18 @@ ones, then waiting ones (from their longest cached prefix) in queue order, withi
 batch's tail (the newest request; under the priority policy the lowest-priority one) by swap
 or recompute; under the priority policy a waiting request also preempts lower-priority
 running ones. `update_from_output` appends sampled tokens and applies token-id stop checks.
+
+Pooling requests (embeddings, class scores) have a queue of their own, served first each
+step: a pooling request computes its whole prompt in one step and ends with it, so it holds
+no seat (`max_num_seqs` bounds the generating batch) and waits at most one step behind
+generations. The budget it takes leaves one token for every running request. On a model
+without a KV cache (an encoder) it takes no blocks.
 Blocks are reached only through `KVCacheManager` / `SwapManager`; no torch, worker, engine.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -51,7 +58,8 @@ class Scheduler:
         num_cpu_blocks: host blocks for swap preemption, including an unused block 0 (the
             engine sizes it from `swap_space`); fewer than 2 makes every preemption a
             recompute. Ignored unless preemption_mode is "swap".
-        kv_cache_groups: the model's KV cache groups (None: one full-attention group).
+        kv_cache_groups: the model's KV cache groups (None: one full-attention group; empty:
+            the model keeps no KV cache and serves pooling requests only).
     """
 
     def __init__(
@@ -65,6 +73,7 @@ class Scheduler:
         self.scheduler_config = scheduler_config
         self.cache_config = cache_config
         self.max_model_len = scheduler_config.max_model_len
+        self.has_kv_cache = kv_cache_groups != ()
         self.kv_cache_manager = KVCacheManager(
             num_blocks,
             cache_config.block_size,
@@ -81,6 +90,9 @@ class Scheduler:
         self.swapped: RequestQueue = create_request_queue(scheduler_config.scheduling_policy)
         # In scheduling order: the tail is the preemption victim.
         self.running: list[Request] = []
+        # Pooling requests: waiting in arrival order, and those scheduled in this step.
+        self.waiting_pooling: deque[Request] = deque()
+        self.pooling_in_step: list[Request] = []
         # Finished, aborted or preempted since the last schedule(): the worker drops them.
         self.finished_request_ids: set[str] = set()
         self.num_preemptions = 0
@@ -105,10 +117,37 @@ class Scheduler:
                 f"Request {request.request_id!r} has {request.num_prompt_tokens} prompt "
                 f"tokens, more than max_model_len={self.max_model_len}."
             )
-        self._check_fits_alone(request)
+        if request.is_pooling:
+            self._check_pooling_fits(request)
+        else:
+            self._check_fits_alone(request)
         request.status = RequestStatus.WAITING
         self.requests[request.request_id] = request
-        self.waiting.add(request)
+        if request.is_pooling:
+            self.waiting_pooling.append(request)
+        else:
+            self.waiting.add(request)
+
+    def _check_pooling_fits(self, request: Request) -> None:
+        # Computed in one step: the whole prompt must fit the budget and the cache.
+        budget = self.scheduler_config.max_num_batched_tokens
+        if request.num_prompt_tokens > budget:
+            raise ValueError(
+                f"Pooling request {request.request_id!r} has {request.num_prompt_tokens} "
+                f"tokens, more than max_num_batched_tokens={budget}; it is computed in one "
+                "step. Raise max_num_batched_tokens or truncate the input."
+            )
+        num_blocks = self._num_pooling_blocks(request)
+        if num_blocks > self.kv_cache_manager.num_usable_blocks:
+            raise ValueError(
+                f"Pooling request {request.request_id!r} needs {num_blocks} KV blocks but "
+                f"the cache has only {self.kv_cache_manager.num_usable_blocks}."
+            )
+
+    def _num_pooling_blocks(self, request: Request) -> int:
+        if not self.has_kv_cache:
+            return 0
+        return self.kv_cache_manager.get_num_blocks_needed(request.num_prompt_tokens)
 
     def _check_fits_alone(self, request: Request) -> None:
         # A request that cannot fit even alone would wait forever; the engine sizes the cache
@@ -143,7 +182,9 @@ class Scheduler:
             request = self.requests.get(request_id)
             if request is None:
                 continue
-            if request.status == RequestStatus.RUNNING:
+            if request.is_pooling:
+                self._drop_pooling(request)
+            elif request.status == RequestStatus.RUNNING:
                 finished.append(request)
             elif request.status == RequestStatus.SWAPPED:
                 self.swapped.remove(request)
@@ -155,9 +196,17 @@ class Scheduler:
         if finished:
             self._remove_from_running(finished)
 
+    def _drop_pooling(self, request: Request) -> None:
+        """Take a pooling request out of its queue (waiting, or scheduled this step)."""
+        if request.status == RequestStatus.RUNNING:
+            self.pooling_in_step = [r for r in self.pooling_in_step if r is not request]
+        else:
+            self.waiting_pooling.remove(request)
+
     def _free_request(self, request: Request) -> None:
         assert request.is_finished()
-        self.kv_cache_manager.free(request)
+        if self.has_kv_cache:
+            self.kv_cache_manager.free(request)
         del self.requests[request.request_id]
         self.finished_request_ids.add(request.request_id)
 
@@ -175,6 +224,7 @@ class Scheduler:
         `update_from_output` only has to append sampled tokens.
         """
         plan = StepPlan(token_budget=self.scheduler_config.max_num_batched_tokens)
+        self._schedule_pooling(plan)
         self.running = self.waiting.order_running(self.running)
         self._preempt_for_waiting(plan)
         self._schedule_running(plan)
@@ -185,6 +235,29 @@ class Scheduler:
                 self._schedule_swapped(plan)
             self._schedule_waiting(plan)
         return self._make_output(plan)
+
+    def _schedule_pooling(self, plan: StepPlan) -> None:
+        """Admit waiting pooling requests, whole, in arrival order, before anything else.
+
+        One budget token stays for each running request, so generations keep their pace.
+        """
+        reserve = len(self.running)
+        while self.waiting_pooling:
+            request = self.waiting_pooling[0]
+            num_tokens = request.num_prompt_tokens
+            if num_tokens > plan.token_budget - reserve:
+                break
+            block_ids: BlockIds = ()
+            if self.has_kv_cache:
+                # Never read from the prefix cache: pooling needs every position's state.
+                allocated = self.kv_cache_manager.allocate_slots(request, num_tokens)
+                if allocated is None:
+                    break  # the cache is full: generations free blocks as they finish
+                block_ids = allocated
+            self.waiting_pooling.popleft()
+            request.status = RequestStatus.RUNNING
+            self.pooling_in_step.append(request)
+            plan.add(request, num_tokens, block_ids, is_new=True)
 
     def _num_tokens_to_schedule(
         self, request: Request, token_budget: int, num_computed_tokens: int | None = None
@@ -377,7 +450,7 @@ class Scheduler:
 
     def _make_output(self, plan: StepPlan) -> SchedulerOutput:
         """Package the plan for the worker, then advance `num_computed_tokens`."""
-        output = plan.make_output(self.kv_cache_manager.get_block_ids, self.finished_request_ids)
+        output = plan.make_output(self._get_block_ids, self.finished_request_ids)
         self.finished_request_ids = set()
         for request in plan.cached_requests + plan.new_requests:
             start = request.num_computed_tokens
@@ -387,6 +460,11 @@ class Scheduler:
                 0, min(request.num_computed_tokens, num_prompt) - min(start, num_prompt)
             )
         return output
+
+    def _get_block_ids(self, request_id: str) -> BlockIds:
+        if not self.has_kv_cache:
+            return ()
+        return self.kv_cache_manager.get_block_ids(request_id)
 
     # --------------------------------------------------------------------- after the step
 
@@ -427,6 +505,24 @@ class Scheduler:
             self._free_request(request)
         if finished:
             self._remove_from_running(finished)
+        results.extend(self._finish_pooling(scheduler_output, model_runner_output))
+        return results
+
+    def _finish_pooling(
+        self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
+    ) -> list[tuple[Request, list[int]]]:
+        """End the pooling requests of the step: each has its pooled output now."""
+        results: list[tuple[Request, list[int]]] = []
+        for request in self.pooling_in_step:
+            if request.request_id not in scheduler_output.num_scheduled_tokens:
+                continue  # scheduled by a later schedule() (not possible in one step)
+            assert request.request_id in model_runner_output.pooler_output, (
+                f"pooling request {request.request_id} got no pooled output"
+            )
+            request.status = RequestStatus.FINISHED_STOPPED
+            self._free_request(request)
+            results.append((request, []))
+        self.pooling_in_step = [r for r in self.pooling_in_step if not r.is_finished()]
         return results
 
     @staticmethod
@@ -473,7 +569,7 @@ class Scheduler:
         manager = self.kv_cache_manager
         return SchedulerStats(
             num_running_reqs=self.num_running,
-            num_waiting_reqs=self.num_waiting,
+            num_waiting_reqs=self.num_waiting + len(self.waiting_pooling),
             num_swapped_reqs=self.num_swapped,
             kv_cache_usage=manager.usage,
             prefix_cache_queries=manager.prefix_cache_queries,
@@ -507,11 +603,14 @@ class Scheduler:
             RequestStatus.WAITING: [r.request_id for r in self.waiting],
             RequestStatus.SWAPPED: [r.request_id for r in self.swapped],
         }
-        all_ids = [request_id for ids in queues.values() for request_id in ids]
+        pooling = [r.request_id for r in (*self.waiting_pooling, *self.pooling_in_step)]
+        all_ids = [request_id for ids in queues.values() for request_id in ids] + pooling
         assert len(set(all_ids)) == len(all_ids), "a request is queued twice"
         assert set(all_ids) == set(self.requests), "a request is lost"
         assert len(self.running) <= self.scheduler_config.max_num_seqs
-        assert self.kv_cache_manager.get_request_ids() <= set(queues[RequestStatus.RUNNING]), (
+        in_step = {r.request_id for r in self.pooling_in_step}
+        holders = set(queues[RequestStatus.RUNNING]) | in_step
+        assert self.kv_cache_manager.get_request_ids() <= holders, (
             "a request that is not running holds KV blocks"
         )
         assert self.swap_manager.get_request_ids() == set(queues[RequestStatus.SWAPPED])

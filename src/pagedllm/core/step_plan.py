@@ -56,6 +56,8 @@ class StepPlan:
                 eos_token_id=request.eos_token_id,
                 block_ids=get_block_ids(request.request_id),
                 num_computed_tokens=request.num_computed_tokens,
+                pooling_params=request.pooling_params,
+                token_type_ids=request.token_type_ids,
             )
             for request in self.new_requests
         ]

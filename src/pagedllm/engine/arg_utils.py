@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from pagedllm.config import (
     QUANTIZATION_CHOICES,
@@ -20,6 +21,10 @@ from pagedllm.config import (
     StructuredOutputsConfig,
 )
 from pagedllm.logger import init_logger
+from pagedllm.pooling.config import PoolerConfig
+
+if TYPE_CHECKING:
+    from pagedllm.models.registry import RunnerChoice
 
 logger = init_logger(__name__)
 
@@ -67,6 +72,9 @@ class EngineArgs:
     preemption_mode: str | None = None
     scheduling_policy: str = "fcfs"
     structured_outputs_config: dict | str | StructuredOutputsConfig | None = None
+    runner: str = "auto"
+    convert: str = "auto"
+    pooler_config: dict | str | PoolerConfig | None = None
 
     def create_engine_config(self) -> EngineConfig:
         """Validate the arguments and resolve everything the engine needs to start."""
@@ -76,7 +84,8 @@ class EngineArgs:
         budget = self.max_num_batched_tokens
         if budget is None:
             budget = _DEFAULT_MAX_NUM_BATCHED_TOKENS
-            if not self.enable_chunked_prefill:
+            # A pooling request is computed in one step: any input must fit one.
+            if not self.enable_chunked_prefill or model_config.runner == "pooling":
                 budget = max(budget, max_len)
         return EngineConfig(
             model_config=model_config,
@@ -103,6 +112,43 @@ class EngineArgs:
             device_config=DeviceConfig(device),
             structured_outputs_config=self._structured_outputs_config(),
         )
+
+    def _pooler_config_overrides(self) -> PoolerConfig:
+        """The user's pooler_config (a PoolerConfig, a dict or the CLI's JSON text)."""
+        config = self.pooler_config
+        if config is None:
+            return PoolerConfig()
+        if isinstance(config, PoolerConfig):
+            return config
+        if isinstance(config, str):
+            try:
+                config = json.loads(config)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"pooler_config is not valid JSON: {exc}") from None
+        fields = {"pooling_type", "normalize", "softmax", "dimensions", "step_tag_id"}
+        if not isinstance(config, dict) or set(config) - fields:
+            raise ValueError(
+                f"pooler_config must be a dict with keys among {sorted(fields)}, got {config!r}."
+            )
+        return PoolerConfig(**config)
+
+    def _resolve_pooling(
+        self, choice: RunnerChoice, model_dir: str, gguf_file: str | None
+    ) -> tuple[PoolerConfig | None, int | None]:
+        """The pooler config (overrides > sentence-transformers folder > the architecture's
+        defaults) and the folder's max_seq_length; (None, None) for generation only."""
+        from pagedllm.pooling.config import read_sentence_transformers
+
+        overrides = self._pooler_config_overrides()
+        if choice.supported_tasks == ("generate",):
+            if self.pooler_config is not None:
+                raise ValueError("pooler_config applies to pooling models only.")
+            return None, None
+        config = PoolerConfig(pooling_type=choice.default_pooling_type, normalize=True)
+        setup = read_sentence_transformers(model_dir) if gguf_file is None else None
+        if setup is not None:
+            config = setup.pooler_config.merged_over(config)
+        return overrides.merged_over(config), setup.max_seq_length if setup else None
 
     def _structured_outputs_config(self) -> StructuredOutputsConfig:
         config = self.structured_outputs_config
@@ -178,7 +224,7 @@ class EngineArgs:
             resolve_dtype,
         )
         from pagedllm.model_loader.source import resolve_model_source
-        from pagedllm.models.registry import check_model_config
+        from pagedllm.models.registry import check_model_config, resolve_runner
 
         if self.dtype not in SUPPORTED_DTYPES:
             raise ValueError(f"dtype must be one of {SUPPORTED_DTYPES}, got {self.dtype!r}.")
@@ -189,14 +235,24 @@ class EngineArgs:
             )
         model_dir, gguf_file = resolve_model_source(self.model)
         hf_config = load_hf_config(model_dir, gguf_file)
+        architecture = get_architecture(hf_config)
+        choice = resolve_runner(architecture, self.runner, self.convert)
+        pooler_config, max_seq_length = self._resolve_pooling(choice, model_dir, gguf_file)
         max_model_len = get_max_model_len(hf_config, self.max_model_len)
-        check_model_config(get_architecture(hf_config), hf_config)
+        if self.max_model_len is None and max_seq_length:
+            # sentence-transformers truncates there: longer inputs were never trained on.
+            max_model_len = min(max_model_len, max_seq_length)
+        check_model_config(architecture, hf_config, choice.runner, choice.convert)
         quantization = self._resolve_quantization(model_dir, gguf_file, device)
         is_gguf = gguf_file is not None
         cpu_bf16_is_fast = True
         if device == "cpu" and self.dtype == "auto":
             cpu_bf16_is_fast = _cpu_bf16_is_fast(quantization)
         dtype = resolve_dtype(self.dtype, hf_config, device, is_gguf, cpu_bf16_is_fast)
+        if choice.runner == "pooling" and self.dtype == "auto" and cpu_bf16_is_fast:
+            # A pooled vector's agreement in bfloat16 is measured (cosine >= 0.999), and
+            # encoders are bound by matmuls: where bfloat16 is native it is the default.
+            dtype = "bfloat16" if dtype == "float32" else dtype
         return ModelConfig(
             model=self.model or model_dir,
             model_dir=model_dir,
@@ -204,8 +260,12 @@ class EngineArgs:
             dtype=dtype,
             max_model_len=max_model_len,
             seed=self.seed,
-            architecture=get_architecture(hf_config),
+            architecture=architecture,
             hf_config=hf_config,
             quantization=quantization,
             keep_dense_weights=self.keep_dense_weights,
+            runner=choice.runner,
+            convert=choice.convert,
+            supported_tasks=choice.supported_tasks,
+            pooler_config=pooler_config,
         )

@@ -13,7 +13,7 @@ import asyncio
 import inspect
 import time
 from collections.abc import AsyncGenerator
-from typing import Any
+from typing import Any, cast
 
 from pagedllm.config import EngineConfig, ModelConfig
 from pagedllm.engine.arg_utils import EngineArgs
@@ -26,12 +26,14 @@ from pagedllm.engine.protocol import EngineCoreOutputs
 from pagedllm.logger import init_logger
 from pagedllm.metrics.loggers import LoggingStatLogger, PrometheusStatLogger
 from pagedllm.metrics.request_timing import RequestTimingTracker
-from pagedllm.outputs import CompletionOutput, RequestOutput
+from pagedllm.outputs import CompletionOutput, PoolingRequestOutput, RequestOutput
+from pagedllm.pooling_params import PoolingParams
 from pagedllm.sampling_params import SamplingParams
 
 logger = init_logger(__name__)
 
-_QueueItem = RequestOutput | BaseException
+_Output = RequestOutput | PoolingRequestOutput
+_QueueItem = _Output | BaseException
 
 
 class AsyncLLM:
@@ -138,18 +140,45 @@ class AsyncLLM:
         )
         try:
             async for output in stream:
-                yield output
+                yield cast("RequestOutput", output)
         finally:
             await stream.aclose()
+
+    async def encode(
+        self,
+        prompt: PromptType,
+        pooling_params: PoolingParams,
+        request_id: str,
+        add_special_tokens: bool = True,
+    ) -> AsyncGenerator[PoolingRequestOutput, None]:
+        """A pooling request's result: one PoolingRequestOutput (vLLM's `encode`).
+
+        `pooling_params.task` says what is asked (embed, classify, score, encode, reward).
+
+        Raises:
+            ValueError: a task the model does not serve, or an invalid input.
+            EngineDeadError: the engine core stopped.
+        """
+        stream = await self.add_request(request_id, prompt, pooling_params, 0, add_special_tokens)
+        try:
+            async for output in stream:
+                yield cast("PoolingRequestOutput", output)
+        finally:
+            await stream.aclose()
+
+    @property
+    def supported_tasks(self) -> tuple[str, ...]:
+        """What the model serves: ("generate",), pooling tasks, or both."""
+        return self.engine.supported_tasks
 
     async def add_request(
         self,
         request_id: str,
         prompt: PromptType,
-        sampling_params: SamplingParams,
+        sampling_params: SamplingParams | PoolingParams,
         priority: int = 0,
         add_special_tokens: bool = True,
-    ) -> AsyncGenerator[RequestOutput, None]:
+    ) -> AsyncGenerator[_Output, None]:
         """Validate and queue a request now; returns its output stream.
 
         Unlike `generate`, errors in the input surface here, before any output is awaited
@@ -164,7 +193,7 @@ class AsyncLLM:
 
     async def _stream(
         self, request_id: str, queue: asyncio.Queue[_QueueItem]
-    ) -> AsyncGenerator[RequestOutput, None]:
+    ) -> AsyncGenerator[_Output, None]:
         finished = False
         try:
             while not finished:
@@ -205,7 +234,7 @@ class AsyncLLM:
         self,
         request_id: str,
         prompt: PromptType,
-        params: SamplingParams,
+        params: SamplingParams | PoolingParams,
         priority: int,
         add_special_tokens: bool,
     ) -> asyncio.Queue[_QueueItem]:
@@ -221,10 +250,15 @@ class AsyncLLM:
         self.engine.add_request(request_id, prompt, params, **kwargs)
         queue: asyncio.Queue[_QueueItem] = asyncio.Queue()
         self._queues[request_id] = queue
-        state = self.engine.output_processor.requests.get(request_id)
+        processor = self.engine.output_processor
+        state = processor.requests.get(request_id)
         num_prompt_tokens = len(state.prompt_token_ids) if state is not None else 0
-        self._timing.add_request(request_id, arrival, num_prompt_tokens, params.n,
-                                 params.max_tokens)
+        if isinstance(params, PoolingParams):
+            num_prompt_tokens = len(processor.pooling_requests.get(request_id, ()))
+            self._timing.add_request(request_id, arrival, num_prompt_tokens, 1, 0)
+        else:
+            self._timing.add_request(request_id, arrival, num_prompt_tokens, params.n,
+                                     params.max_tokens)
         return queue
 
     def _abort(self, request_id: str) -> None:
@@ -266,7 +300,9 @@ class AsyncLLM:
             queue = self._queues.get(output.request_id)
             if queue is not None:
                 queue.put_nowait(output)
-            if output.finished:
+            if isinstance(output, PoolingRequestOutput):
+                self._record_finished(output.request_id, "stop", now)
+            elif output.finished:
                 reason = next((c.finish_reason for c in output.outputs if c.finish_reason), None)
                 self._record_finished(output.request_id, reason or "stop", now)
         stats = getattr(outputs, "scheduler_stats", None) or self.engine_core.latest_scheduler_stats

@@ -44,6 +44,8 @@ class EngineCore:
 
     def _check_kv_capacity(self) -> None:
         # Block 0 is the null block; one request must always fit alone or it could never run.
+        if not self.scheduler.has_kv_cache:
+            return  # an encoder: nothing is cached
         manager = self.scheduler.kv_cache_manager
         max_model_len = self.config.model_config.max_model_len
         num_needed = manager.get_num_blocks_needed(max_model_len)
@@ -65,8 +67,10 @@ class EngineCore:
             eos_token_id=request.eos_token_id,
             arrival_time=request.arrival_time,
             priority=request.priority,
+            pooling_params=request.pooling_params,
+            token_type_ids=request.token_type_ids,
         )
-        if params.structured_outputs is not None:
+        if params.structured_outputs is not None and request.pooling_params is None:
             stop_ids = [request.eos_token_id] if request.eos_token_id is not None else []
             core_request.structured_output = self.structured_output.grammar_for(
                 params.structured_outputs, stop_ids + list(params.stop_token_ids or [])
@@ -106,6 +110,7 @@ class EngineCore:
                     # scheduler: it needs only the token ids.
                     new_logprobs=model_output.logprobs.get(request.request_id),
                     new_prompt_logprobs=model_output.prompt_logprobs.get(request.request_id),
+                    pooling_output=model_output.pooler_output.get(request.request_id),
                 )
                 for request, new_token_ids in updates
             ],

@@ -1,7 +1,9 @@
 """InputProcessor: prompt (text, token ids) + SamplingParams → validated EngineCoreRequest.
 
 Runs in the frontend: it tokenizes, checks lengths and token ids against the model, and
-resolves defaults (`max_tokens`), so the core receives only requests it can run.
+resolves defaults (`max_tokens`), so the core receives only requests it can run. A pooling
+request (PoolingParams) is checked against the tasks the model serves and truncated as it
+asks (`truncate_prompt_tokens`); it may fill the whole `max_model_len`.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pagedllm.engine.protocol import EngineCoreRequest
+from pagedllm.pooling_params import PoolingParams
 from pagedllm.sampling_params import SamplingParams
 from pagedllm.structured_output import check_constraint
 
@@ -18,12 +21,18 @@ from pagedllm.structured_output import check_constraint
 PromptType = str | dict[str, Any]
 
 
+# A pooling request samples nothing; the core's Request still carries sampling params.
+_POOLING_SAMPLING_PARAMS = SamplingParams(max_tokens=1)
+
+
 @dataclass
 class ProcessedPrompt:
-    """A prompt after tokenization: the text (if given as text) and its token ids."""
+    """A prompt after tokenization: the text (if given as text), its token ids, and its
+    token types (a cross-encoder pair's, given as `{"prompt_token_ids", "token_type_ids"}`)."""
 
     prompt: str | None
     prompt_token_ids: list[int]
+    token_type_ids: list[int] | None = None
 
 
 class InputProcessor:
@@ -50,6 +59,10 @@ class InputProcessor:
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
         self.eos_token_id = eos_token_id
+        # What the model serves, and its embedding size (for `dimensions`); set by the
+        # engine for pooling models.
+        self.supported_tasks: tuple[str, ...] = ("generate",)
+        self.embedding_size: int | None = None
 
     def process(
         self,
@@ -79,6 +92,89 @@ class InputProcessor:
         )
         return request, processed
 
+    def process_pooling(
+        self,
+        request_id: str,
+        prompt: PromptType,
+        params: PoolingParams,
+        arrival_time: float | None = None,
+        add_special_tokens: bool = True,
+    ) -> tuple[EngineCoreRequest, ProcessedPrompt]:
+        """Tokenize (truncating as asked) and validate one pooling prompt.
+
+        Raises:
+            ValueError: for a task the model does not serve, `dimensions` above the
+                embedding size, or a prompt longer than max_model_len without truncation.
+        """
+        if params.task is None:
+            raise ValueError("PoolingParams.task must be set (embed, classify, ...).")
+        params = params.verify(params.task, self.supported_tasks)
+        size = self.embedding_size
+        if params.dimensions is not None and size is not None and params.dimensions > size:
+            raise ValueError(
+                f"dimensions={params.dimensions} is more than the model's embedding size "
+                f"({size})."
+            )
+        processed = self._tokenize_truncated(prompt, params, add_special_tokens)
+        self._check_pooling_prompt(processed.prompt_token_ids, params)
+        request = EngineCoreRequest(
+            request_id=request_id,
+            prompt_token_ids=processed.prompt_token_ids,
+            sampling_params=_POOLING_SAMPLING_PARAMS,
+            eos_token_id=None,
+            arrival_time=arrival_time if arrival_time is not None else time.time(),
+            pooling_params=params,
+            token_type_ids=processed.token_type_ids,
+        )
+        return request, processed
+
+    def _tokenize_truncated(
+        self, prompt: PromptType, params: PoolingParams, add_special_tokens: bool
+    ) -> ProcessedPrompt:
+        """The prompt's tokens, cut to `truncate_prompt_tokens` as vLLM cuts them: text by
+        the tokenizer (its special tokens kept), token ids to their last k."""
+        keep = params.truncate_prompt_tokens
+        if keep is None:
+            return self.tokenize(prompt, add_special_tokens)
+        if keep == -1:
+            keep = self.max_model_len
+        if keep > self.max_model_len:
+            raise ValueError(
+                f"truncate_prompt_tokens ({keep}) is greater than max_model_len "
+                f"({self.max_model_len}). Please select a smaller truncation size."
+            )
+        text = prompt if isinstance(prompt, str) else None
+        if isinstance(prompt, dict) and "prompt_token_ids" not in prompt:
+            text = prompt.get("prompt") if isinstance(prompt.get("prompt"), str) else None
+        if text is not None:
+            encoded = self.tokenizer(
+                text, add_special_tokens=add_special_tokens, truncation=True, max_length=keep
+            )
+            return ProcessedPrompt(text, list(encoded["input_ids"]))
+        processed = self.tokenize(prompt, add_special_tokens)
+        types = processed.token_type_ids
+        return ProcessedPrompt(
+            processed.prompt,
+            processed.prompt_token_ids[-keep:],
+            types[-keep:] if types is not None else None,
+        )
+
+    def _check_pooling_prompt(self, prompt_token_ids: list[int], params: PoolingParams) -> None:
+        if len(prompt_token_ids) > self.max_model_len:
+            raise ValueError(
+                f"The input (length {len(prompt_token_ids)}) is longer than the maximum model "
+                f"length of {self.max_model_len}. Shorten it, or set truncate_prompt_tokens "
+                "(-1: to max_model_len)."
+            )
+        if not prompt_token_ids:
+            raise ValueError("The prompt cannot be empty.")
+        bad = [t for t in prompt_token_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(
+                f"Token id(s) {bad[:8]} in the prompt are out of vocabulary "
+                f"(vocabulary size: {self.vocab_size})."
+            )
+
     def tokenize(self, prompt: PromptType, add_special_tokens: bool = True) -> ProcessedPrompt:
         """Turn a text prompt, `{"prompt": text}` or `{"prompt_token_ids": ids}` into ids."""
         if isinstance(prompt, str):
@@ -90,7 +186,13 @@ class InputProcessor:
                 isinstance(t, bool) or not isinstance(t, int) for t in ids
             ):
                 raise ValueError("prompt_token_ids must be a list of integers.")
-            return ProcessedPrompt(prompt.get("prompt"), list(ids))
+            types = prompt.get("token_type_ids")
+            if types is not None and (
+                not isinstance(types, list) or len(types) != len(ids)
+                or any(t not in (0, 1) for t in types)
+            ):  # fmt: skip
+                raise ValueError("token_type_ids must be a list of 0/1, one per prompt token.")
+            return ProcessedPrompt(prompt.get("prompt"), list(ids), types)
         if isinstance(prompt, dict) and isinstance(prompt.get("prompt"), str):
             return self.tokenize(prompt["prompt"], add_special_tokens)
         raise ValueError(

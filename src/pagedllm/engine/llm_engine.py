@@ -14,7 +14,8 @@ from pagedllm.engine.core_client import EngineCoreClient, InprocClient, SyncMPCl
 from pagedllm.engine.input_processor import InputProcessor, PromptType
 from pagedllm.engine.output_processor import OutputProcessor
 from pagedllm.engine.protocol import EngineCoreRequest
-from pagedllm.outputs import RequestOutput
+from pagedllm.outputs import PoolingRequestOutput, RequestOutput
+from pagedllm.pooling_params import PoolingParams
 from pagedllm.sampling_params import SamplingParams
 from pagedllm.tokenizer.tokenizer import get_end_of_turn_ids, get_eos_token_id, get_tokenizer
 
@@ -46,6 +47,9 @@ class LLMEngine:
             engine_config.structured_outputs_config.resolved_backend,
             get_end_of_turn_ids(self.tokenizer, model_config.hf_config, eos_token_id),
         )
+        self.supported_tasks = model_config.supported_tasks
+        self.input_processor.supported_tasks = self.supported_tasks
+        self.input_processor.embedding_size = getattr(model_config.hf_config, "hidden_size", None)
         self.output_processor = OutputProcessor(self.tokenizer)
         self.engine_core: EngineCoreClient = engine_core or InprocClient(engine_config)
 
@@ -68,19 +72,33 @@ class LLMEngine:
         self,
         request_id: str,
         prompt: PromptType,
-        params: SamplingParams,
+        params: SamplingParams | PoolingParams,
         arrival_time: float | None = None,
         add_special_tokens: bool = True,
         priority: int = 0,
     ) -> None:
         """Tokenize, validate and queue a request (raises ValueError on bad input).
 
-        `priority` matters under the "priority" scheduling policy: lower runs first.
+        SamplingParams generate; PoolingParams (with its task set) pool, on a model that
+        serves that task. `priority` matters under the "priority" scheduling policy: lower
+        runs first (pooling requests have their own first-come queue).
         """
-        if request_id in self.output_processor.requests:
+        if self.output_processor.is_live(request_id):
             raise ValueError(f"Request id {request_id!r} is already running.")
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise ValueError(f"priority must be an int, got {priority!r}.")
+        if isinstance(params, PoolingParams):
+            pooling_request, pooling_prompt = self.input_processor.process_pooling(
+                request_id, prompt, params, arrival_time, add_special_tokens
+            )
+            self.output_processor.add_pooling_request(request_id, pooling_prompt.prompt_token_ids)
+            self.engine_core.add_request(pooling_request)
+            return
+        if "generate" not in self.supported_tasks:
+            raise ValueError(
+                "This model does not support the 'generate' task; it serves: "
+                f"{', '.join(self.supported_tasks)}."
+            )
         request, processed = self.input_processor.process(
             request_id, prompt, params, arrival_time, add_special_tokens
         )
@@ -127,7 +145,7 @@ class LLMEngine:
             request_ids = [request_ids]
         self.engine_core.abort_requests(self.output_processor.abort_requests(request_ids))
 
-    def step(self) -> list[RequestOutput]:
+    def step(self) -> list[RequestOutput | PoolingRequestOutput]:
         """Run one engine step and return the outputs it produced."""
         core_outputs = self.engine_core.get_output()
         outputs, to_abort = self.output_processor.process_outputs(core_outputs.outputs)

@@ -10,6 +10,9 @@ logprob are returned (vLLM v0), re-indexed 0..n-1 best first.
 Logprobs arrive as lists from the core and become `Logprob` dicts here (engine/logprobs.py):
 in DELTA mode each output carries only its new positions, and the prompt logprobs come
 once, with the first output.
+
+A pooling request ends in one core output carrying its pooled values: it becomes a finished
+PoolingRequestOutput at once.
 """
 
 from __future__ import annotations
@@ -19,7 +22,14 @@ from typing import Any
 
 from pagedllm.engine.logprobs import LogprobsBuilder, sum_scored_logprobs
 from pagedllm.engine.protocol import EngineCoreOutput
-from pagedllm.outputs import CompletionOutput, LogprobsDict, PromptLogprobs, RequestOutput
+from pagedllm.outputs import (
+    CompletionOutput,
+    LogprobsDict,
+    PoolingOutput,
+    PoolingRequestOutput,
+    PromptLogprobs,
+    RequestOutput,
+)
 from pagedllm.sampling_params import RequestOutputKind, SamplingParams
 from pagedllm.tokenizer.detokenizer import TextState
 
@@ -152,6 +162,18 @@ class OutputProcessor:
         self.logprobs_builder = LogprobsBuilder(tokenizer)
         self.requests: dict[str, UserRequestState] = {}
         self.sequence_owner: dict[str, UserRequestState] = {}
+        # Live pooling requests: id → the prompt tokens they pool.
+        self.pooling_requests: dict[str, list[int]] = {}
+
+    def is_live(self, request_id: str) -> bool:
+        """True while a user request with this id is running."""
+        return request_id in self.requests or request_id in self.pooling_requests
+
+    def add_pooling_request(self, request_id: str, prompt_token_ids: list[int]) -> None:
+        """Register a pooling request (it runs in the core under the same id)."""
+        if self.is_live(request_id):
+            raise ValueError(f"Request id {request_id!r} is already running.")
+        self.pooling_requests[request_id] = prompt_token_ids
 
     def add_request(
         self,
@@ -165,7 +187,7 @@ class OutputProcessor:
 
         `params` are the user's: `n` sequences are returned out of len(core_request_ids).
         """
-        if request_id in self.requests:
+        if self.is_live(request_id):
             raise ValueError(f"Request id {request_id!r} is already running.")
         num_returned = min(params.n, len(core_request_ids))
         has_logprobs = params.logprobs is not None
@@ -191,15 +213,21 @@ class OutputProcessor:
 
     def process_outputs(
         self, outputs: list[EngineCoreOutput]
-    ) -> tuple[list[RequestOutput], list[str]]:
+    ) -> tuple[list[RequestOutput | PoolingRequestOutput], list[str]]:
         """Apply one step's core outputs.
 
         Returns:
-            the RequestOutputs to deliver, and core request ids to abort (stop strings).
+            the outputs to deliver, and core request ids to abort (stop strings).
         """
         changed: dict[str, list[SequenceState]] = {}
         to_abort: list[str] = []
+        results: list[RequestOutput | PoolingRequestOutput] = []
         for output in outputs:
+            if output.pooling_output is not None:
+                pooled = self._pooling_output(output)
+                if pooled is not None:
+                    results.append(pooled)
+                continue
             state = self.sequence_owner.get(output.request_id)
             if state is None:
                 continue  # aborted by the user meanwhile
@@ -213,7 +241,6 @@ class OutputProcessor:
             if seq.update(output):
                 to_abort.append(seq.core_request_id)
             changed.setdefault(state.request_id, []).append(seq)
-        results = []
         for request_id, seqs in changed.items():
             state = self.requests[request_id]
             result = state.make_output(seqs)
@@ -223,10 +250,23 @@ class OutputProcessor:
                 self._forget(state)
         return results, to_abort
 
+    def _pooling_output(self, output: EngineCoreOutput) -> PoolingRequestOutput | None:
+        """The finished output of a pooling request (None if it was aborted meanwhile)."""
+        from pagedllm.pooling.model_pooler import from_pooled_data  # torch, when pooling
+
+        prompt_token_ids = self.pooling_requests.pop(output.request_id, None)
+        if prompt_token_ids is None or output.pooling_output is None:
+            return None
+        data = from_pooled_data(output.pooling_output)
+        return PoolingRequestOutput(output.request_id, PoolingOutput(data), prompt_token_ids)
+
     def abort_requests(self, request_ids: list[str]) -> list[str]:
         """Forget user requests; returns the core request ids to abort."""
         core_ids: list[str] = []
         for request_id in request_ids:
+            if self.pooling_requests.pop(request_id, None) is not None:
+                core_ids.append(request_id)
+                continue
             state = self.requests.get(request_id)
             if state is not None:
                 core_ids.extend(s.core_request_id for s in state.sequences if not s.finished)
@@ -240,8 +280,8 @@ class OutputProcessor:
 
     def get_num_unfinished_requests(self) -> int:
         """User requests still live."""
-        return len(self.requests)
+        return len(self.requests) + len(self.pooling_requests)
 
     def has_unfinished_requests(self) -> bool:
         """True while any user request is live."""
-        return bool(self.requests)
+        return bool(self.requests or self.pooling_requests)

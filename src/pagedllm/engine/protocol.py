@@ -16,6 +16,8 @@ from typing import Any
 import msgspec
 
 from pagedllm.metrics.stats import SchedulerStats
+from pagedllm.pooling.data import PooledData
+from pagedllm.pooling_params import PoolingParams
 from pagedllm.request import FinishReason
 from pagedllm.sampling_params import SamplingParams
 from pagedllm.worker.outputs import LogprobsLists
@@ -39,6 +41,9 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=
     arrival_time: float = msgspec.field(default_factory=time.time)
     # Scheduling priority under the "priority" policy (lower runs first).
     priority: int = 0
+    # A pooling request (its sampling_params are then unused), and its token types.
+    pooling_params: PoolingParams | None = None
+    token_type_ids: list[int] | None = None
 
 
 class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
@@ -46,6 +51,7 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=F
 
     `new_logprobs` has one position per new token (when the request asked for logprobs);
     `new_prompt_logprobs` comes once, with the first token, for prompt tokens 2..P.
+    A pooling request ends in one output with `pooling_output` and no tokens.
     """
 
     request_id: str
@@ -54,6 +60,7 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=F
     stop_reason: int | str | None = None
     new_logprobs: LogprobsLists | None = None
     new_prompt_logprobs: LogprobsLists | None = None
+    pooling_output: PooledData | None = None
 
     @property
     def finished(self) -> bool:

@@ -52,6 +52,13 @@ ENGINE_ARG_HELP = {
     "structured_outputs_config": "JSON, e.g. '{\"backend\": \"xgrammar\"}': the grammar "
                                  "library of structured outputs: auto (xgrammar), xgrammar or "
                                  "guidance (llguidance: faster compiles, slower steps).",
+    "runner": "generate, pooling (embeddings, classification, scores), or auto (from the "
+              "architecture: encoders and *ForSequenceClassification pool).",
+    "convert": "embed: a generating decoder as an embedder (last-token pooling; with "
+               "--runner generate it also keeps generating); classify: its classifier head.",
+    "pooler_config": "JSON overriding the pooling setup, e.g. '{\"pooling_type\": \"MEAN\", "
+                     "\"normalize\": true, \"dimensions\": 256}' (default: the model's "
+                     "sentence-transformers files, else its architecture's).",
 }
 ENGINE_ARG_CHOICES: dict[str, Sequence[str]] = {
     "dtype": SUPPORTED_DTYPES,
@@ -60,6 +67,8 @@ ENGINE_ARG_CHOICES: dict[str, Sequence[str]] = {
     "device": ("auto", "cpu", "cuda"),
     "preemption_mode": ("recompute", "swap"),
     "scheduling_policy": ("fcfs", "priority"),
+    "runner": ("auto", "generate", "pooling"),
+    "convert": ("auto", "none", "embed", "classify"),
 }
 _TYPES = {"int": int, "float": float, "str": str}
 

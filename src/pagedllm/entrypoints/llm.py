@@ -1,7 +1,8 @@
 """LLM: the offline API. `LLM(model).generate(prompts, SamplingParams(...))`, as in vLLM.
 
 All prompts are queued at once and the engine runs them with continuous batching; results
-come back in input order.
+come back in input order. Pooling models (embedders, classifiers, cross-encoders, reward
+models) answer `embed`, `classify`, `score`, `encode` and `reward` (entrypoints/llm_pooling.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pagedllm.engine.input_processor import PromptType
 from pagedllm.engine.llm_engine import LLMEngine
 from pagedllm.entrypoints.beam_search import BeamSearchOutput, beam_search
 from pagedllm.entrypoints.chat_utils import conversation_for_template
+from pagedllm.entrypoints.llm_pooling import PoolingMethods
 from pagedllm.outputs import RequestOutput
 from pagedllm.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 from pagedllm.tokenizer.tokenizer import apply_chat_template
@@ -29,8 +31,8 @@ _SINGLE_DEVICE_ARGS = ("tensor_parallel_size", "pipeline_parallel_size")
 Message = dict[str, Any]
 
 
-class LLM:
-    """An LLM for offline batched generation.
+class LLM(PoolingMethods):
+    """An LLM for offline batched generation, or a pooling model for embeddings and scores.
 
     Args:
         model: a local HF model folder, a .gguf file, or None for the default model
@@ -54,7 +56,10 @@ class LLM:
         **kwargs: further EngineArgs fields (enable_chunked_prefill, gpu_memory_utilization,
             device, enable_prefix_caching, swap_space (GiB), preemption_mode ("recompute" or
             "swap"; default recompute on CPU, swap on CUDA), scheduling_policy ("fcfs" or
-            "priority")).
+            "priority"), runner ("auto", "generate", "pooling"), convert ("auto", "none",
+            "embed", "classify"; with runner="generate", "embed" adds embeddings to
+            generation), pooler_config (PoolerConfig or dict: pooling_type, normalize,
+            softmax, dimensions)).
     """
 
     def __init__(
@@ -213,7 +218,7 @@ class LLM:
         try:
             while self.llm_engine.has_unfinished_requests():
                 for output in self.llm_engine.step():
-                    if not output.finished:
+                    if not isinstance(output, RequestOutput) or not output.finished:
                         continue
                     finished.append(output)
                     num_in += len(output.prompt_token_ids)

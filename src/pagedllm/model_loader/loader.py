@@ -19,7 +19,7 @@ from pagedllm.layers.quantization import GroupCodes
 from pagedllm.logger import init_logger
 from pagedllm.model_loader.gguf import iterate_gguf_weights
 from pagedllm.model_loader.safetensors import iterate_safetensors_weights
-from pagedllm.models.registry import resolve_model_class
+from pagedllm.models.registry import resolve_model_class, resolve_runner
 from pagedllm.utils import native
 
 logger = init_logger(__name__)
@@ -100,6 +100,14 @@ def _build_cpu_decode_stacks(model: torch.nn.Module) -> None:
             build()
 
 
+def _model_class(model_config: ModelConfig) -> type:
+    """The class the config's runner runs (a pooling checkpoint's own class for pooling)."""
+    if model_config.runner == "generate":
+        return resolve_model_class(model_config.architecture)
+    convert = model_config.convert or "auto"
+    return resolve_runner(model_config.architecture, "pooling", convert).model_class
+
+
 def get_model(model_config: ModelConfig, device: str = "cpu") -> torch.nn.Module:
     """Construct the model on `device` in `model_config.dtype`, load its weights, set eval.
 
@@ -107,7 +115,7 @@ def get_model(model_config: ModelConfig, device: str = "cpu") -> torch.nn.Module
         ValueError: for unsupported architectures or configs, or when the checkpoint leaves
             some parameter unfilled.
     """
-    model_class = resolve_model_class(model_config.architecture)
+    model_class = _model_class(model_config)
     dtype = to_torch_dtype(model_config.dtype)
     with _default_dtype(dtype), torch.device(device):
         model = model_class(model_config.hf_config)

@@ -46,8 +46,8 @@ class ModelRegistry:
         """
         if architecture not in self._models and _is_pooling_architecture(architecture):
             raise ValueError(
-                f"{architecture} is a pooling model (embeddings, classification or scores); "
-                "the engine does not serve pooling models yet: only generating models run."
+                f"{architecture} is a pooling model (embeddings, classification or scores): "
+                "it runs with runner='pooling' (the default for it), not as a generator."
             )
         if architecture not in self._models:
             raise ValueError(
@@ -71,7 +71,9 @@ def supported_architectures() -> list[str]:
     return _REGISTRY.supported_architectures()
 
 
-def check_model_config(architecture: str, hf_config: Any) -> None:
+def check_model_config(
+    architecture: str, hf_config: Any, runner: str = "generate", convert: str | None = None
+) -> None:
     """Build the model for `hf_config` on the meta device (no memory, no weights), so that a
     config it cannot run (an option not built here) fails when the engine is configured,
     with the model's own ValueError, rather than at load time in the engine process.
@@ -81,7 +83,7 @@ def check_model_config(architecture: str, hf_config: Any) -> None:
     """
     import torch
 
-    model_class = resolve_model_class(architecture)
+    model_class = resolve_runner(architecture, runner, convert or "auto").model_class
     with torch.device("meta"):
         model_class(hf_config)
 
@@ -127,7 +129,8 @@ class RunnerChoice:
 def resolve_runner(architecture: str, runner: str = "auto", convert: str = "auto") -> RunnerChoice:
     """The runner and model class for `architecture`, as vLLM picks them: `auto` follows the
     architecture (pooling ones pool); `runner="pooling"` or `convert="embed"` on a
-    generating decoder makes it an embedder with last-token pooling.
+    generating decoder makes it an embedder with last-token pooling; `runner="generate"`
+    with `convert="embed"` keeps generation and adds embeddings (one engine for both).
 
     Raises:
         ValueError: for an unknown runner / convert value, a generating runner asked of a
@@ -157,6 +160,10 @@ def resolve_runner(architecture: str, runner: str = "auto", convert: str = "auto
             f"convert='classify' needs a *ForSequenceClassification checkpoint; "
             f"{architecture} has no classification head."
         )
+    if runner == "generate" and convert == "embed":
+        # Both in one engine: generation, and embeddings beside it (a RAG server's pair).
+        tasks = ("generate", *_DECODER_EMBED_TASKS)
+        return RunnerChoice("generate", model_class, tasks, "LAST", "embed")
     if runner == "pooling" or convert == "embed":
         return RunnerChoice("pooling", model_class, _DECODER_EMBED_TASKS, "LAST", "embed")
     return RunnerChoice("generate", model_class, ("generate",))

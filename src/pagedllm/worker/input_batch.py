@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pagedllm.pooling_params import PoolingParams
 from pagedllm.sampling_params import SamplingParams
 from pagedllm.worker.outputs import LogprobsLists
 
@@ -19,7 +20,8 @@ class CachedRequestState:
     """What the worker knows about one running request.
 
     `in_progress_prompt_logprobs` accumulates prompt logprobs chunk by chunk; None when the
-    request did not ask for them or they were already sent.
+    request did not ask for them or they were already sent. A pooling request has
+    `pooling_params` and is pooled, never sampled.
     """
 
     request_id: str
@@ -30,6 +32,8 @@ class CachedRequestState:
     block_ids: list[list[int]]  # one block table per KV cache group
     num_computed_tokens: int
     in_progress_prompt_logprobs: LogprobsLists | None = None
+    pooling_params: PoolingParams | None = None
+    token_type_ids: list[int] | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -53,7 +57,8 @@ class StepInputs:
         block_tables: per KV cache group, [num_reqs, max_num_blocks].
         slot_mappings: per KV cache group, [num_tokens].
         sample_rows: batch rows whose last scheduled token ends the known sequence; only
-            these produce a token this step (others are mid-prefill chunks).
+            these produce a token this step (others are mid-prefill chunks or pooling).
+        pooling_rows: batch rows of pooling requests (computed whole this step).
     """
 
     request_ids: list[str]
@@ -65,6 +70,7 @@ class StepInputs:
     context_lens: np.ndarray
     block_tables: list[np.ndarray]
     sample_rows: list[int]
+    pooling_rows: list[int]
 
     @property
     def block_table(self) -> np.ndarray:

@@ -9,6 +9,11 @@ Logprobs are the model's raw distribution (log_softmax of the logits, before pen
 temperature): for the sampled token of rows that ask (`logprobs`), and for prompt tokens
 (`prompt_logprobs`) from the hidden states of the prompt positions computed each step,
 accumulated over chunks and sent once the prompt is done.
+
+Pooling requests (embeddings, class scores) ride in the same batch: their rows are pooled by
+the ModelPooler (pooling/model_pooler.py) instead of sampled. An encoder model (BERT) has no
+KV cache: its steps hold pooling requests only, run with bidirectional attention over the
+packed sequences, without block tables.
 """
 
 from __future__ import annotations
@@ -25,6 +30,9 @@ from pagedllm.core.sched_output import NewRequestData, SchedulerOutput
 from pagedllm.layers.forward_context import ForwardContext, set_forward_context
 from pagedllm.layers.logprobs import compute_token_logprobs
 from pagedllm.layers.sampler import Sampler, SamplingMetadata
+from pagedllm.pooling.config import PoolerConfig
+from pagedllm.pooling.data import PooledData
+from pagedllm.pooling.model_pooler import ModelPooler, PoolingSpan
 from pagedllm.structured_output.bitmask import apply_grammar_bitmask
 from pagedllm.worker.block_table import (
     compute_slot_mapping,
@@ -58,6 +66,7 @@ class ModelRunner:
         device: torch device of the model.
         kv_cache_groups: the KV cache groups, each with its own block table per request
             (None: one full-attention group of every layer).
+        pooler_config: how pooling requests are pooled (None: LAST-token, no defaults).
     """
 
     def __init__(
@@ -68,8 +77,12 @@ class ModelRunner:
         block_size: int,
         device: torch.device,
         kv_cache_groups: tuple[KVCacheGroupSpec, ...] | None = None,
+        pooler_config: PoolerConfig | None = None,
     ) -> None:
         self.model = model
+        # An encoder takes the packed sequences' lengths instead of a KV cache.
+        self.is_encoder = bool(getattr(model, "is_encoder", False))
+        self.pooler = ModelPooler(model, pooler_config or PoolerConfig())
         # The same object, typed as what the runner calls on it beyond forward().
         self._causal_lm = cast("CausalLM", model)
         self.backend = backend
@@ -96,12 +109,14 @@ class ModelRunner:
             return ModelRunnerOutput(request_ids=[], sampled_token_ids=[])
         inputs = self._prepare_inputs(scheduler_output)
         hidden_states = self._forward(inputs)
+        pooler_output = self._pool(inputs, hidden_states)
         # Before sampling: _make_output appends the sampled tokens to the states.
         prompt_logprobs = self._compute_prompt_logprobs(inputs, hidden_states)
         sampled, logprobs = self._sample(inputs, hidden_states, scheduler_output)
         output = self._make_output(inputs, sampled)
         output.logprobs = logprobs
         output.prompt_logprobs = prompt_logprobs
+        output.pooler_output = pooler_output
         return output
 
     def _update_states(self, scheduler_output: SchedulerOutput) -> None:
@@ -116,6 +131,8 @@ class ModelRunner:
                 block_ids=[list(table) for table in new.block_ids],
                 num_computed_tokens=new.num_computed_tokens,
                 in_progress_prompt_logprobs=self._start_prompt_logprobs(new),
+                pooling_params=new.pooling_params,
+                token_type_ids=new.token_type_ids,
             )
         cached = scheduler_output.scheduled_cached_reqs
         for request_id, new_block_ids, num_computed in zip(
@@ -147,7 +164,7 @@ class ModelRunner:
             count=num_tokens,
         )
         block_tables, slot_mappings = [], []
-        for group_id, group in enumerate(self.kv_cache_groups):
+        for group_id, group in enumerate(self.kv_cache_groups if not self.is_encoder else ()):
             table = make_block_table_array([s.block_ids[group_id] for s in states])
             slot_mappings.append(
                 compute_slot_mapping(table, req_indices, positions, self.block_size)
@@ -156,7 +173,11 @@ class ModelRunner:
                 null_skipped_blocks(table, context_lens, group.sliding_window, self.block_size)
             block_tables.append(table)
         ends = context_lens + query_lens
-        sample_rows = [i for i, s in enumerate(states) if ends[i] >= s.num_tokens]
+        pooling_rows = [i for i, s in enumerate(states) if s.pooling_params is not None]
+        sample_rows = [
+            i for i, s in enumerate(states)
+            if ends[i] >= s.num_tokens and s.pooling_params is None
+        ]  # fmt: skip
         return StepInputs(
             request_ids=request_ids,
             input_ids=input_ids,
@@ -167,9 +188,12 @@ class ModelRunner:
             context_lens=context_lens,
             block_tables=block_tables,
             sample_rows=sample_rows,
+            pooling_rows=pooling_rows,
         )
 
     def _forward(self, inputs: StepInputs) -> torch.Tensor:
+        if self.is_encoder:
+            return self._forward_encoder(inputs)
         common = self._build_common_metadata(inputs)
         group_metadata = [self.backend.build_metadata(common, self.block_size)]
         for table, slots in zip(inputs.block_tables[1:], inputs.slot_mappings[1:], strict=True):
@@ -187,6 +211,39 @@ class ModelRunner:
             return self.model(
                 self._to_device(inputs.input_ids), self._to_device(inputs.positions)
             )  # [num_tokens, hidden_size]
+
+    def _forward_encoder(self, inputs: StepInputs) -> torch.Tensor:
+        """Bidirectional attention over the packed sequences; nothing is cached."""
+        states = [self.requests[rid] for rid in inputs.request_ids]
+        token_type_ids = None
+        if any(s.token_type_ids is not None for s in states):
+            token_type_ids = self._to_device(np.concatenate([
+                np.asarray(s.token_type_ids or [0] * s.num_tokens, dtype=np.int64)
+                for s in states
+            ]))  # fmt: skip
+        return self.model(
+            self._to_device(inputs.input_ids),
+            self._to_device(inputs.positions),
+            inputs.query_lens.tolist(),
+            token_type_ids,
+        )  # [num_tokens, hidden_size]
+
+    def _pool(
+        self, inputs: StepInputs, hidden_states: torch.Tensor
+    ) -> dict[str, PooledData]:
+        """The pooled outputs of this step's pooling requests, by request id."""
+        if not inputs.pooling_rows:
+            return {}
+        spans = [
+            PoolingSpan(
+                inputs.request_ids[row],
+                int(inputs.query_start_loc[row]),
+                int(inputs.query_lens[row]),
+                self.requests[inputs.request_ids[row]].pooling_params,  # type: ignore[arg-type]
+            )
+            for row in inputs.pooling_rows
+        ]
+        return self.pooler(hidden_states, self._to_device(inputs.input_ids), spans)
 
     def _build_common_metadata(self, inputs: StepInputs) -> CommonAttentionMetadata:
         seq_lens = inputs.context_lens + inputs.query_lens

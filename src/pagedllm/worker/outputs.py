@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from pagedllm.pooling.data import PooledData
+
 
 class LogprobsLists(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     """Logprobs of consecutive positions of one request (one entry per scored token).
@@ -48,9 +50,11 @@ class ModelRunnerOutput:
             asked for logprobs (or need them for best_of).
         prompt_logprobs: request id → logprobs of prompt tokens 2..P, sent once, in the step
             that finishes the prompt (chunks are accumulated by the runner until then).
+        pooler_output: request id → the pooled result of each pooling request run this step.
     """
 
     request_ids: list[str]
     sampled_token_ids: list[list[int]]
     logprobs: dict[str, LogprobsLists] = field(default_factory=dict)
     prompt_logprobs: dict[str, LogprobsLists] = field(default_factory=dict)
+    pooler_output: dict[str, PooledData] = field(default_factory=dict)

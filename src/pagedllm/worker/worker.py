@@ -6,7 +6,8 @@ budget, allocates one KV tensor per slot of a group in the attention backend's l
 j of every group shares slot j's tensor: a block id belongs to one group at a time), and
 hands each step to the ModelRunner. In swap preemption mode it also allocates a host-side KV
 pool (same layout, CPU memory, `swap_space` GiB) and copies the blocks the scheduler swaps
-out or in before each step.
+out or in before each step. An encoder model (BERT) has no KV cache at all: its spec has no
+groups and no blocks.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ class Worker:
         self.dtype = to_torch_dtype(engine_config.model_config.dtype)
         self.model = get_model(engine_config.model_config, str(self.device))
         self.backend = get_attention_backend(self.device.type, self.dtype)
+        self.is_encoder = bool(getattr(self.model, "is_encoder", False))
         self.kv_cache_spec = self._determine_kv_cache_spec()
         self.host_kv_caches = self._allocate_host_kv_caches()
         # One tensor per slot; the runner sees them per layer.
@@ -68,6 +70,7 @@ class Worker:
             self.kv_cache_spec.block_size,
             self.device,
             kv_cache_groups=self.kv_cache_spec.groups,
+            pooler_config=engine_config.model_config.pooler_config,
         )
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
@@ -137,6 +140,9 @@ class Worker:
 
     def _determine_kv_cache_spec(self) -> KVCacheSpec:
         cache = self.config.cache_config
+        if self.is_encoder:
+            # A pool of just the null block and one more: the scheduler takes none.
+            return KVCacheSpec(num_blocks=2, block_size=cache.block_size, bytes_per_block=0)
         num_kv_heads, head_size = self._layer_geometry()
         groups = self._kv_cache_groups()
         one_block = self.backend.get_kv_cache_shape(
@@ -205,7 +211,9 @@ class Worker:
         return [slot_caches[slot_of[layer]] for layer in range(len(slot_of))]
 
     def _allocate_kv_caches(self) -> list[torch.Tensor]:
-        """One KV tensor per slot of the largest group."""
+        """One KV tensor per slot of the largest group (none for an encoder)."""
+        if not self.kv_cache_spec.groups:
+            return []
         shape = self._kv_cache_shape(self.kv_cache_spec.num_blocks)
         caches = []
         for _ in range(num_kv_slots(self.kv_cache_spec.groups)):
@@ -220,7 +228,8 @@ class Worker:
     def _allocate_host_kv_caches(self) -> list[torch.Tensor]:
         """The swap space: one host tensor per slot, in the device caches' layout."""
         num_cpu_blocks = self.kv_cache_spec.num_cpu_blocks
-        if num_cpu_blocks < 2:  # block 0 is unused, as in every pool
+        # Block 0 is unused, as in every pool; an encoder has no KV to swap.
+        if num_cpu_blocks < 2 or not self.kv_cache_spec.groups:
             return []
         shape = self._kv_cache_shape(num_cpu_blocks)
         # Pinned on CUDA hosts so copies are fast; a plain second pool on a CPU device.

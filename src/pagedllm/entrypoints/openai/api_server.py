@@ -38,11 +38,19 @@ from pagedllm.entrypoints.openai.protocol import (
     DetokenizeRequest,
     TokenizeRequest,
 )
+from pagedllm.entrypoints.openai.protocol_pooling import (
+    ClassificationRequest,
+    EmbeddingRequest,
+    PoolingRequest,
+    RerankRequest,
+    ScoreRequest,
+)
 from pagedllm.entrypoints.openai.server_args import ServerArgs
 from pagedllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from pagedllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from pagedllm.entrypoints.openai.serving_engine import ServingConfig
 from pagedllm.entrypoints.openai.serving_models import OpenAIServingModels
+from pagedllm.entrypoints.openai.serving_pooling import OpenAIServingPooling
 from pagedllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
 from pagedllm.logger import init_logger
 from pagedllm.model_loader.source import DEFAULT_MODEL
@@ -120,6 +128,44 @@ async def create_chat_completion(request: ChatCompletionRequest, raw_request: Re
     return await _handlers(raw_request).chat.create_chat_completion(request, raw_request)
 
 
+@router.post("/v1/embeddings")
+@_answer_errors
+async def create_embedding(request: EmbeddingRequest, raw_request: Request) -> Response:
+    """OpenAI embeddings (pooling models, or a generating one started with convert=embed)."""
+    return await _handlers(raw_request).pooling.create_embedding(request, raw_request)
+
+
+@router.post("/pooling")
+@_answer_errors
+async def create_pooling(request: PoolingRequest, raw_request: Request) -> Response:
+    """The model's raw pooled outputs."""
+    return await _handlers(raw_request).pooling.create_pooling(request, raw_request)
+
+
+@router.post("/classify")
+@_answer_errors
+async def create_classify(request: ClassificationRequest, raw_request: Request) -> Response:
+    """Class probabilities of each input."""
+    return await _handlers(raw_request).pooling.create_classify(request, raw_request)
+
+
+@router.post("/score")
+@router.post("/v1/score")
+@_answer_errors
+async def create_score(request: ScoreRequest, raw_request: Request) -> Response:
+    """Scores of text pairs (cross-encoder, or cosine of embeddings)."""
+    return await _handlers(raw_request).pooling.create_score(request, raw_request)
+
+
+@router.post("/rerank")
+@router.post("/v1/rerank")
+@router.post("/v2/rerank")
+@_answer_errors
+async def create_rerank(request: RerankRequest, raw_request: Request) -> Response:
+    """Documents ordered by relevance to a query (Jina / Cohere shape)."""
+    return await _handlers(raw_request).pooling.create_rerank(request, raw_request)
+
+
 @router.post("/tokenize")
 @_answer_errors
 async def tokenize(request: TokenizeRequest, raw_request: Request) -> JSONResponse:
@@ -187,6 +233,7 @@ def build_app(engine: AsyncLLM, server_args: ServerArgs, model: str | None = Non
     state.chat = OpenAIServingChat(engine, config)
     state.models = OpenAIServingModels(engine, config)
     state.tokenization = OpenAIServingTokenization(engine, config)
+    state.pooling = OpenAIServingPooling(engine, config)
     install_error_handlers(app)
     app.include_router(router)
     api_key = server_args.resolved_api_key()

@@ -105,6 +105,7 @@ class OpenAIServingChat(OpenAIServing):
     ) -> Response:
         """Answer one chat completion request (JSON, or an SSE stream when `stream`)."""
         self.check_model(request.model)
+        self.check_task("generate")
         tool_use = plan_tool_use(request, self.config, self.tokenizer)
         text = self.render(request.messages, request.chat_template,
                            request.add_generation_prompt, request.continue_final_message,

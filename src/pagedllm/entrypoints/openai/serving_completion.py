@@ -43,6 +43,7 @@ class OpenAIServingCompletion(OpenAIServing):
     async def create_completion(self, request: CompletionRequest, raw_request: Request) -> Response:
         """Answer one completion request (JSON, or an SSE stream when `stream`)."""
         self.check_model(request.model)
+        self.check_task("generate")
         if request.suffix is not None:
             raise APIError("suffix is not currently supported.", param="suffix")
         prompts = self._prepare_prompts(request)

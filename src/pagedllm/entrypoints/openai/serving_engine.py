@@ -13,7 +13,7 @@ import json
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
@@ -91,6 +91,15 @@ class OpenAIServing:
                 f"The model `{model}` does not exist.", HTTPStatus.NOT_FOUND, param="model"
             )
 
+    def check_task(self, task: str, also_ok: str | None = None) -> None:
+        """400 unless the model serves `task` (or `also_ok`), naming the tasks it serves."""
+        tasks = self.engine.supported_tasks
+        if task in tasks or (also_ok is not None and also_ok in tasks):
+            return
+        raise APIError(
+            f"The model does not support the {task!r} task; it serves: {', '.join(tasks)}."
+        )
+
     def tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
         """Token ids of `text`."""
         return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
@@ -137,7 +146,7 @@ class OpenAIServing:
                 stream = await self.engine.add_request(
                     engine_id, prompt, params, request.priority, add_special_tokens
                 )
-                streams.append(stream)
+                streams.append(cast("AsyncIterator[RequestOutput]", stream))
         except BaseException:
             await self.engine.abort(engine_ids[: len(streams)])
             raise
