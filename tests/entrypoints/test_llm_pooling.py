@@ -238,3 +238,22 @@ def test_embeddings_join_a_generating_engine_within_a_step(tiny_llama_dir) -> No
     while engine.has_unfinished_requests():
         finished.update({o.request_id: o for o in engine.step() if o.finished})
     assert [finished[f"g{i}"].outputs[0].token_ids for i in range(2)] == alone
+
+
+def test_pooler_config_overrides_the_folder(tiny_bert_dir) -> None:
+    """pooler_config (a dict, as the CLI's JSON) replaces the architecture's CLS default."""
+    from transformers import AutoTokenizer, BertModel
+
+    llm = LLM(str(tiny_bert_dir), dtype="float32",
+              pooler_config={"pooling_type": "mean", "normalize": False})  # fmt: skip
+    theirs = BertModel.from_pretrained(tiny_bert_dir).eval()
+    tokenizer = AutoTokenizer.from_pretrained(tiny_bert_dir)
+    text = "the cat sat on the mat"
+    with torch.no_grad():
+        states = theirs(**tokenizer(text, return_tensors="pt")).last_hidden_state[0]
+    got = torch.tensor(llm.embed(text, use_tqdm=False)[0].outputs.embedding)
+    torch.testing.assert_close(got, states.mean(0), atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="pooler_config must be a dict with keys among"):
+        LLM(str(tiny_bert_dir), pooler_config={"pooling": "MEAN"})
+    with pytest.raises(ValueError, match="pooling_type must be one of"):
+        LLM(str(tiny_bert_dir), pooler_config='{"pooling_type": "MAX"}')
