@@ -116,7 +116,7 @@ class InputProcessor:
                 f"({size})."
             )
         processed = self._tokenize_truncated(prompt, params, add_special_tokens)
-        self._check_pooling_prompt(processed.prompt_token_ids, params)
+        self._check_pooling_prompt(processed.prompt_token_ids)
         request = EngineCoreRequest(
             request_id=request_id,
             prompt_token_ids=processed.prompt_token_ids,
@@ -159,13 +159,17 @@ class InputProcessor:
             types[-keep:] if types is not None else None,
         )
 
-    def _check_pooling_prompt(self, prompt_token_ids: list[int], params: PoolingParams) -> None:
+    def _check_pooling_prompt(self, prompt_token_ids: list[int]) -> None:
+        # A pooling input may fill the whole context: nothing is generated after it.
         if len(prompt_token_ids) > self.max_model_len:
             raise ValueError(
                 f"The input (length {len(prompt_token_ids)}) is longer than the maximum model "
                 f"length of {self.max_model_len}. Shorten it, or set truncate_prompt_tokens "
                 "(-1: to max_model_len)."
             )
+        self._check_token_ids(prompt_token_ids)
+
+    def _check_token_ids(self, prompt_token_ids: list[int]) -> None:
         if not prompt_token_ids:
             raise ValueError("The prompt cannot be empty.")
         bad = [t for t in prompt_token_ids if not 0 <= t < self.vocab_size]
@@ -201,14 +205,7 @@ class InputProcessor:
         )
 
     def _check_prompt(self, prompt_token_ids: list[int]) -> None:
-        if not prompt_token_ids:
-            raise ValueError("The prompt cannot be empty.")
-        bad = [t for t in prompt_token_ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(
-                f"Token id(s) {bad[:8]} in the prompt are out of vocabulary "
-                f"(vocabulary size: {self.vocab_size})."
-            )
+        self._check_token_ids(prompt_token_ids)
         if len(prompt_token_ids) >= self.max_model_len:
             raise ValueError(
                 f"The prompt (length {len(prompt_token_ids)}) is longer than the maximum model "

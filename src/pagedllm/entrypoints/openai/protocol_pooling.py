@@ -83,6 +83,15 @@ class RerankRequest(_PoolingRequestBase):
     return_documents: bool = True
 
 
+class _ListResponse(BaseModel):
+    """What every pooling answer but /rerank carries beside its `data`."""
+
+    object: str = "list"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    usage: UsageInfo
+
+
 class EmbeddingData(BaseModel):
     """One embedding: floats, or base64 of little-endian float32 values."""
 
@@ -91,15 +100,11 @@ class EmbeddingData(BaseModel):
     embedding: list[float] | str
 
 
-class EmbeddingResponse(BaseModel):
+class EmbeddingResponse(_ListResponse):
     """The /v1/embeddings answer."""
 
     id: str = Field(default_factory=lambda: f"embd-{random_uuid()}")
-    object: str = "list"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
     data: list[EmbeddingData]
-    usage: UsageInfo
 
 
 class PoolingData(BaseModel):
@@ -110,15 +115,11 @@ class PoolingData(BaseModel):
     data: list[Any] | str
 
 
-class PoolingResponse(BaseModel):
+class PoolingResponse(_ListResponse):
     """The /pooling answer."""
 
     id: str = Field(default_factory=lambda: f"pool-{random_uuid()}")
-    object: str = "list"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
     data: list[PoolingData]
-    usage: UsageInfo
 
 
 class ClassificationData(BaseModel):
@@ -130,15 +131,11 @@ class ClassificationData(BaseModel):
     num_classes: int
 
 
-class ClassificationResponse(BaseModel):
+class ClassificationResponse(_ListResponse):
     """The /classify answer."""
 
     id: str = Field(default_factory=lambda: f"classify-{random_uuid()}")
-    object: str = "list"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
     data: list[ClassificationData]
-    usage: UsageInfo
 
 
 class ScoreData(BaseModel):
@@ -149,15 +146,11 @@ class ScoreData(BaseModel):
     score: float
 
 
-class ScoreResponse(BaseModel):
+class ScoreResponse(_ListResponse):
     """The /score answer."""
 
     id: str = Field(default_factory=lambda: f"score-{random_uuid()}")
-    object: str = "list"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
     data: list[ScoreData]
-    usage: UsageInfo
 
 
 class RerankDocument(BaseModel):
