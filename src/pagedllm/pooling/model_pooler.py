@@ -15,11 +15,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from pagedllm.pooling.config import PoolerConfig
 from pagedllm.pooling.data import PooledData
-from pagedllm.pooling.pooler import pool_hidden_states
+from pagedllm.pooling.pooler import finish_embedding, finish_scores, pool_hidden_states
 from pagedllm.pooling_params import PoolingParams
 
 # Tasks answered by the model's classification / score head rather than by pooling.
@@ -65,11 +64,13 @@ class ModelPooler:
     def _pool(
         self, hidden_states: torch.Tensor, input_ids: torch.Tensor, spans: list[PoolingSpan]
     ) -> dict[str, torch.Tensor]:
-        packed, packed_ids = _gather(hidden_states, spans), _gather(input_ids, spans)
         pooling_type = self.config.pooling_type or "LAST"
+        # Only STEP pooling reads the input ids.
+        packed_ids = _gather(input_ids, spans) if pooling_type == "STEP" else None
         pooled = pool_hidden_states(
-            packed, [s.length for s in spans], pooling_type, packed_ids, self.config.step_tag_id
-        )
+            _gather(hidden_states, spans), [s.length for s in spans], pooling_type,
+            packed_ids, self.config.step_tag_id,
+        )  # fmt: skip
         groups: dict[tuple[int | None, bool], list[int]] = defaultdict(list)
         for index, span in enumerate(spans):
             groups[self._embedding_options(span.params)].append(index)
@@ -109,9 +110,8 @@ class ModelPooler:
         default = params.task != "reward"
         if params.task == "classify" and self.config.softmax is not None:
             default = self.config.softmax
-        if not (default if params.activation is None else params.activation):
-            return logits
-        return logits.sigmoid() if logits.shape[-1] == 1 else logits.softmax(-1)
+        activate = default if params.activation is None else params.activation
+        return finish_scores(logits, PoolerConfig(softmax=activate))
 
 
 def _gather(values: torch.Tensor, spans: list[PoolingSpan]) -> torch.Tensor:
@@ -133,19 +133,10 @@ def _finish_embeddings(
     pooled: list[torch.Tensor], dimensions: int | None, normalize: bool
 ) -> list[torch.Tensor]:
     """Cut to `dimensions`, then L2-normalize if asked; one operation per same-shape batch."""
+    config = PoolerConfig(normalize=normalize, dimensions=dimensions)
     if any(p.dim() != 1 for p in pooled):  # ALL / STEP: a matrix per request
-        return [_finish_one(p.float(), dimensions, normalize) for p in pooled]
-    return list(_finish_one(torch.stack(pooled).float(), dimensions, normalize).unbind(0))
-
-
-def _finish_one(values: torch.Tensor, dimensions: int | None, normalize: bool) -> torch.Tensor:
-    if dimensions is not None:
-        if dimensions > values.shape[-1]:
-            raise ValueError(
-                f"dimensions={dimensions} is more than the model's {values.shape[-1]}."
-            )
-        values = values[..., :dimensions]
-    return F.normalize(values, p=2, dim=-1) if normalize else values
+        return [finish_embedding(p, config) for p in pooled]
+    return list(finish_embedding(torch.stack(pooled), config).unbind(0))
 
 
 def to_pooled_data(value: torch.Tensor) -> PooledData:

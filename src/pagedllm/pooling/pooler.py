@@ -71,6 +71,10 @@ def finish_embedding(embedding: torch.Tensor, config: PoolerConfig) -> torch.Ten
 
 
 def finish_scores(logits: torch.Tensor, config: PoolerConfig) -> torch.Tensor:
-    """Class logits → probabilities when the config asks for a softmax (float32)."""
+    """Class logits [..., L] → probabilities when the config asks (`softmax`), float32: a
+    softmax over the labels, or a sigmoid when there is one label (a cross-encoder's or a
+    binary classifier's score)."""
     logits = logits.float()
-    return logits.softmax(dim=-1) if config.softmax else logits
+    if not config.softmax:
+        return logits
+    return logits.sigmoid() if logits.shape[-1] == 1 else logits.softmax(dim=-1)
