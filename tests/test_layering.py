@@ -39,6 +39,10 @@ FORBIDDEN = {
     # frontends call; it calls none of them.
     "pooling": ["pagedllm.core", "pagedllm.engine", "pagedllm.worker", "pagedllm.entrypoints",
                 "pagedllm.models", "pagedllm.structured_output"],
+    # Speculative decoding: proposers and the rejection sampler, called by the model runner
+    # (and its config by the engine args); it never reaches the scheduler or the engine.
+    "spec_decode": ["pagedllm.core", "pagedllm.engine", "pagedllm.worker",
+                    "pagedllm.entrypoints", "pagedllm.structured_output", "pagedllm.tokenizer"],
     # The C kernels are a leaf: layers, attention and models call them, never the reverse.
     "kernels": ["pagedllm.core", "pagedllm.engine", "pagedllm.worker", "pagedllm.entrypoints",
                 "pagedllm.models", "pagedllm.layers", "pagedllm.attention",

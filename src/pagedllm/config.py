@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pagedllm.pooling.config import PoolerConfig
+from pagedllm.spec_decode.config import SpeculativeConfig
 
 SUPPORTED_DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATION_METHODS = ("int8", "int4")
@@ -203,3 +204,5 @@ class EngineConfig:
     structured_outputs_config: StructuredOutputsConfig = field(
         default_factory=StructuredOutputsConfig
     )
+    # Speculative decoding (None: off).
+    speculative_config: SpeculativeConfig | None = None

@@ -81,6 +81,8 @@ class Request:
             computed whole in one step and finishes with its pooled output; its
             `sampling_params` are then never used.
         token_type_ids: per prompt token, 0 or 1 (the second text of a cross-encoder pair).
+        spec_token_ids: draft tokens proposed for its next step (speculative decoding);
+            they are verified, never appended as such.
     """
 
     request_id: str
@@ -102,6 +104,7 @@ class Request:
     structured_output: Any = None
     pooling_params: PoolingParams | None = None
     token_type_ids: list[int] | None = None
+    spec_token_ids: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.prompt_token_ids)

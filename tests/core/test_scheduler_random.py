@@ -10,11 +10,13 @@ cap hold; and the KV that every scheduled request attends to is exactly its own 
 fake worker stores, in each cache slot, the group and the full token prefix that produced
 it, copies blocks for swaps, and writes all of a step's tokens before checking any context
 (as the attention backend does), so a wrong prefix hit, a bad swap or a block reused too
-early fails the test. At the end every request has finished or been aborted (no starvation
-or deadlock) and every block, device and host, is free again (cached-but-evictable blocks
-count as free). A sliding-window group is checked on the keys its queries can see: those
-must be present and exact, while the blocks before them may have been let go (null in the
-scheduler's table).
+early fails the test. With speculation on, the fake worker proposes random drafts after
+each sample and accepts a random prefix of the ones it verifies, so rejected positions are
+rolled back and their blocks freed (the worker cuts its tables as told). At the end every
+request has finished or been aborted (no starvation or deadlock) and every block, device
+and host, is free again (cached-but-evictable blocks count as free). A sliding-window group
+is checked on the keys its queries can see: those must be present and exact, while the
+blocks before them may have been let go (null in the scheduler's table).
 """
 
 from __future__ import annotations
@@ -49,8 +51,11 @@ class _WorkerRequest:
 class FakeWorker:
     """Applies SchedulerOutput diffs as a real worker would, simulating KV contents."""
 
-    def __init__(self, scheduler: Scheduler, rng: random.Random, eos_prob: float) -> None:
+    def __init__(
+        self, scheduler: Scheduler, rng: random.Random, eos_prob: float, num_spec: int = 0
+    ) -> None:
         self.scheduler = scheduler
+        self.num_spec = num_spec  # most draft tokens proposed per request (0: off)
         self.block_size = scheduler.cache_config.block_size
         self.rng = rng
         self.eos_prob = eos_prob
@@ -71,12 +76,16 @@ class FakeWorker:
                 token_ids, [list(table) for table in new.block_ids], new.num_computed_tokens
             )
         cached = output.scheduled_cached_reqs
-        for request_id, block_ids, num_computed in zip(
-            cached.request_ids, cached.new_block_ids, cached.num_computed_tokens, strict=True
+        kept = cached.num_blocks_kept or [None] * cached.num_requests
+        for request_id, block_ids, num_computed, num_kept in zip(
+            cached.request_ids, cached.new_block_ids, cached.num_computed_tokens, kept,
+            strict=True,
         ):
             state = self.requests[request_id]
             assert state.num_computed_tokens == num_computed
             for table, new_ids in zip(state.block_ids, block_ids, strict=True):
+                if num_kept is not None:
+                    del table[num_kept:]
                 table += new_ids
         self._write_kv(output)
         self._check_contexts(output)
@@ -99,12 +108,13 @@ class FakeWorker:
         for request_id, num_tokens in output.num_scheduled_tokens.items():
             state = self.requests[request_id]
             start = state.num_computed_tokens
+            tokens = state.token_ids + output.scheduled_spec_decode_tokens.get(request_id, [])
             for group_id, table in enumerate(state.block_ids):
                 for position in range(start, start + num_tokens):
                     block_id = table[position // self.block_size]
                     assert block_id != 0, "the null block was handed out"
                     block = self.device_kv.setdefault(block_id, [None] * self.block_size)
-                    prefix = tuple(state.token_ids[: position + 1])
+                    prefix = tuple(tokens[: position + 1])
                     block[position % self.block_size] = (group_id, prefix)
 
     def _check_contexts(self, output: SchedulerOutput) -> None:
@@ -115,6 +125,7 @@ class FakeWorker:
         for request_id, num_tokens in output.num_scheduled_tokens.items():
             state = self.requests[request_id]
             start, end = state.num_computed_tokens, state.num_computed_tokens + num_tokens
+            tokens = state.token_ids + output.scheduled_spec_decode_tokens.get(request_id, [])
             tables = manager.get_block_ids(request_id)
             for group_id, (table, window) in enumerate(zip(tables, self.windows, strict=True)):
                 # The worker's table only grows; the scheduler's nulls what was let go.
@@ -126,28 +137,42 @@ class FakeWorker:
                     block_id = table[position // block_size]
                     assert block_id != 0, f"{request_id} lost a block it still sees"
                     slot = self.device_kv[block_id][position % block_size]
-                    assert slot == (group_id, tuple(state.token_ids[: position + 1])), (
+                    assert slot == (group_id, tuple(tokens[: position + 1])), (
                         f"{request_id} reads wrong KV at position {position}"
                     )
 
     def _sample(self, output: SchedulerOutput) -> ModelRunnerOutput:
         block_size = self.block_size
         sampled: list[list[int]] = []
+        drafts: dict[str, list[int]] = {}
         for request_id, num_tokens in output.num_scheduled_tokens.items():
             state = self.requests[request_id]
+            verified = output.scheduled_spec_decode_tokens.get(request_id, [])
             state.num_computed_tokens += num_tokens
-            assert state.num_computed_tokens <= len(state.token_ids)
+            assert state.num_computed_tokens <= len(state.token_ids) + len(verified)
             assert state.num_computed_tokens <= self.scheduler.max_model_len
             for table in state.block_ids:
                 assert len(table) * block_size >= state.num_computed_tokens
             if state.num_computed_tokens < len(state.token_ids):
+                assert not verified, "drafts scheduled before the prompt was done"
                 sampled.append([])  # partial prefill
                 continue
+            # Accept a random prefix of the drafts; the rest are rolled back.
+            num_accepted = 0
+            while num_accepted < len(verified) and self.rng.random() < 0.6:
+                num_accepted += 1
+            state.num_computed_tokens -= len(verified) - num_accepted
             is_eos = self.rng.random() < self.eos_prob
             token_id = EOS if is_eos else self.rng.randrange(3, 50)
-            state.token_ids.append(token_id)
-            sampled.append([token_id])
-        return ModelRunnerOutput(list(output.num_scheduled_tokens), sampled)
+            emitted = verified[:num_accepted] + [token_id]
+            state.token_ids.extend(emitted)
+            sampled.append(emitted)
+            if self.num_spec:
+                count = self.rng.randrange(self.num_spec + 1)
+                drafts[request_id] = [self.rng.randrange(3, 50) for _ in range(count)]
+        output_ = ModelRunnerOutput(list(output.num_scheduled_tokens), sampled)
+        output_.spec_token_ids = {r: d for r, d in drafts.items() if d}
+        return output_
 
 
 def check_blocks(scheduler: Scheduler, all_requests: list[Request]) -> None:
@@ -230,6 +255,7 @@ def workloads(draw: st.DrawFn) -> dict[str, object]:
         "requests": draw(st.lists(request, min_size=2, max_size=10)),
         "seed": draw(st.integers(0, 2**16)),
         "eos_prob": draw(st.sampled_from([0.0, 0.05, 0.3])),
+        "num_spec": draw(st.sampled_from([0, 0, 1, 3])),
     }
 
 
@@ -263,7 +289,7 @@ def test_random_workloads_keep_invariants_and_finish(workload: dict) -> None:
     scheduler: Scheduler = workload["scheduler"]
     specs: list[tuple] = workload["requests"]
     rng = random.Random(workload["seed"])
-    worker = FakeWorker(scheduler, rng, workload["eos_prob"])
+    worker = FakeWorker(scheduler, rng, workload["eos_prob"], workload["num_spec"])
     requests = [*_make_requests(specs, scheduler.max_model_len, rng)]
     last_arrival = max(s[0] for s in specs)
     # Generous: preemption (recompute) and priority preemption redo work.

@@ -31,6 +31,10 @@ class CommonAttentionMetadata:
         block_tables: [num_reqs, max_num_blocks] int64, block ids, padded with 0.
         slot_mapping: [num_tokens] int64, cache slot of each new token.
         query_lens_cpu / seq_lens_cpu: the same lengths as Python lists (no device sync).
+        contexts_rewritten: positions below a request's context may hold other tokens than
+            in earlier steps (speculative decoding rolls rejected drafts back and writes
+            those positions again): a backend must not reuse its own copies of contexts
+            from earlier steps.
     """
 
     num_reqs: int
@@ -45,6 +49,7 @@ class CommonAttentionMetadata:
     slot_mapping: torch.Tensor
     query_lens_cpu: list[int]
     seq_lens_cpu: list[int]
+    contexts_rewritten: bool = False
 
     def decode_and_prefill_rows(self) -> tuple[list[int], list[int]]:
         """Indices of the requests computing one token (decodes) and more (prefills)."""

@@ -328,7 +328,9 @@ class TorchPagedBackend(AttentionBackend):
         decode_rows, prefill_rows = common.decode_and_prefill_rows()
         if decode_rows:
             metadata.decode_buckets = _build_decode_buckets(common, decode_rows, block_size)
-        self.decode_contexts.start_step(metadata.decode_buckets)
+        self.decode_contexts.start_step(
+            metadata.decode_buckets, reuse=not common.contexts_rewritten
+        )
         if prefill_rows:
             groups = _group_by_length(
                 prefill_rows, common.query_lens_cpu, common.seq_lens_cpu, _PREFILL_GROUP_COST
@@ -422,10 +424,13 @@ class _DecodeContexts:
         self._previous: list[_DecodeBucket] = []
         self._contexts: dict[tuple[int, int], torch.Tensor] = {}
 
-    def start_step(self, buckets: list[_DecodeBucket]) -> None:
-        """Mark which of this step's buckets extend last step's; drop stale contexts."""
+    def start_step(self, buckets: list[_DecodeBucket], reuse: bool = True) -> None:
+        """Mark which of this step's buckets extend last step's; drop stale contexts.
+        With `reuse` False every context is gathered afresh."""
         for i, bucket in enumerate(buckets):
-            bucket.is_extension = i < len(self._previous) and _extends(self._previous[i], bucket)
+            bucket.is_extension = (
+                reuse and i < len(self._previous) and _extends(self._previous[i], bucket)
+            )
             if bucket.is_extension:
                 # Keep the previous allocation (it still has headroom) and its length.
                 bucket.kv = self._previous[i].kv

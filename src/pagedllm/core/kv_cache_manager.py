@@ -215,6 +215,21 @@ class KVCacheManager:
         for manager in self.managers:
             manager.remove_skipped_blocks(request.request_id, request.num_computed_tokens)
 
+    def trim(self, request: Request) -> int | None:
+        """Free the blocks past `request`'s computed tokens: after a speculative step
+        they held only the slots of rejected draft tokens.
+
+        Returns:
+            The length of its block tables (the same in every group) if any was cut,
+            else None.
+        """
+        cut = [m.trim(request.request_id, request.num_computed_tokens) for m in self.managers]
+        if not any(cut):
+            return None
+        lengths = {len(m.get_blocks(request.request_id)) for m in self.managers}
+        assert len(lengths) == 1, "groups disagree on a request's table length"
+        return lengths.pop()
+
     def get_block_ids(self, request_id: str) -> BlockIds:
         """Copies of the request's block tables, one per group (0 where a block was let
         go; empty lists if it holds none)."""

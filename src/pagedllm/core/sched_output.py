@@ -56,11 +56,15 @@ class CachedRequestData:
         request_ids: ids.
         new_block_ids: per request, the blocks appended to each group's table this step.
         num_computed_tokens: tokens in the KV cache before this step.
+        num_blocks_kept: per request, None, or the length every block table is cut to
+            before the new blocks are appended (after a speculative step the scheduler
+            freed the blocks that held only rejected draft tokens).
     """
 
     request_ids: list[str] = field(default_factory=list)
     new_block_ids: list[tuple[list[int], ...]] = field(default_factory=list)
     num_computed_tokens: list[int] = field(default_factory=list)
+    num_blocks_kept: list[int | None] = field(default_factory=list)
 
     @property
     def num_requests(self) -> int:
@@ -85,6 +89,8 @@ class SchedulerOutput:
             the order of `grammar_bitmask`'s rows.
         grammar_bitmask: [len(structured_output_request_ids), ceil(vocab / 32)] int32 tensor
             of the tokens each may sample (filled by the engine core), or None.
+        scheduled_spec_decode_tokens: request id -> the draft tokens it verifies this step
+            (speculative decoding); they are the last tokens of its scheduled count.
     """
 
     scheduled_new_reqs: list[NewRequestData]
@@ -96,6 +102,7 @@ class SchedulerOutput:
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
     structured_output_request_ids: list[str] = field(default_factory=list)
     grammar_bitmask: Any = None
+    scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def is_empty(self) -> bool:

@@ -26,6 +26,7 @@ from pagedllm.core.kv_cache_groups import KVCacheGroupSpec
 from pagedllm.core.kv_cache_manager import BlockIds, KVCacheManager
 from pagedllm.core.request_queue import RequestQueue, create_request_queue
 from pagedllm.core.sched_output import SchedulerOutput
+from pagedllm.core.spec_tokens import SpecDecodeCounters, drafts_to_schedule
 from pagedllm.core.step_plan import StepPlan
 from pagedllm.core.stop_check import append_and_check_stop
 from pagedllm.core.swap_manager import SwapManager
@@ -98,6 +99,10 @@ class Scheduler:
         self.num_preemptions = 0
         # Prompt tokens the model ran (prefix hits excluded, recomputed ones included).
         self.num_computed_prompt_tokens = 0
+        # Speculative decoding: how the drafts verified so far fared, and the block tables
+        # cut after rejections that the worker has not been told about yet.
+        self.spec_counters = SpecDecodeCounters()
+        self.trimmed_tables: dict[str, int] = {}
 
     # ----------------------------------------------------------------- requests in and out
 
@@ -208,6 +213,7 @@ class Scheduler:
         if self.has_kv_cache:
             self.kv_cache_manager.free(request)
         del self.requests[request.request_id]
+        self.trimmed_tables.pop(request.request_id, None)
         self.finished_request_ids.add(request.request_id)
 
     def _remove_from_running(self, requests: list[Request]) -> None:
@@ -282,11 +288,15 @@ class Scheduler:
                 # Nothing to compute now (or, unchunked, too little budget left).
                 index += 1
                 continue
+            drafts = drafts_to_schedule(
+                request, num_new_tokens, plan.token_budget, self.max_model_len
+            )
+            num_new_tokens += len(drafts)
             new_block_ids = self._allocate_or_preempt(request, num_new_tokens, plan)
             if new_block_ids is None:
                 # It preempted itself; being the tail, no running request is left after it.
                 break
-            plan.add(request, num_new_tokens, new_block_ids, is_new=False)
+            plan.add(request, num_new_tokens, new_block_ids, is_new=False, spec_token_ids=drafts)
             index += 1
 
     def _allocate_or_preempt(
@@ -334,6 +344,7 @@ class Scheduler:
     def _preempt(self, request: Request, plan: StepPlan) -> None:
         """Take `request` (already out of `running`) off the device: swap, else recompute."""
         assert request.status == RequestStatus.RUNNING
+        request.spec_token_ids = []  # proposed for a step it will not run
         is_swapped = self._swap_out(request, plan)
         if not is_swapped:
             self.kv_cache_manager.free(request)
@@ -355,6 +366,7 @@ class Scheduler:
         plan.preempted_ids.add(request.request_id)
         # The worker must drop its state: the request comes back as a new one.
         self.finished_request_ids.add(request.request_id)
+        self.trimmed_tables.pop(request.request_id, None)
 
     def _swap_out(self, request: Request, plan: StepPlan) -> bool:
         """Move `request`'s KV to host blocks (swap mode); False if it must recompute."""
@@ -450,7 +462,9 @@ class Scheduler:
 
     def _make_output(self, plan: StepPlan) -> SchedulerOutput:
         """Package the plan for the worker, then advance `num_computed_tokens`."""
-        output = plan.make_output(self._get_block_ids, self.finished_request_ids)
+        output = plan.make_output(
+            self._get_block_ids, self.finished_request_ids, self.trimmed_tables
+        )
         self.finished_request_ids = set()
         for request in plan.cached_requests + plan.new_requests:
             start = request.num_computed_tokens
@@ -492,7 +506,10 @@ class Scheduler:
                 continue  # aborted (and perhaps re-added) since schedule()
             if not token_ids:
                 continue  # prompt still being prefilled in chunks
-            assert request.num_computed_tokens == request.num_tokens, (
+            drafts = scheduler_output.scheduled_spec_decode_tokens.get(request_id)
+            if drafts:
+                self._roll_back_rejected(request, len(drafts), len(token_ids) - 1)
+            assert request.num_computed_tokens == request.num_tokens + len(token_ids) - 1, (
                 f"request {request_id} sampled before its prompt was computed"
             )
             new_token_ids = append_and_check_stop(request, token_ids, self.max_model_len)
@@ -501,12 +518,25 @@ class Scheduler:
             results.append((request, new_token_ids))
             if request.is_finished():
                 finished.append(request)
+            else:
+                request.spec_token_ids = model_runner_output.spec_token_ids.get(request_id, [])
         for request in finished:
             self._free_request(request)
         if finished:
             self._remove_from_running(finished)
         results.extend(self._finish_pooling(scheduler_output, model_runner_output))
         return results
+
+    def _roll_back_rejected(self, request: Request, num_drafts: int, num_accepted: int) -> None:
+        """Un-compute the positions of rejected drafts and free the blocks that held only
+        them; their KV is overwritten when real tokens reach those positions."""
+        self.spec_counters.observe(num_drafts, num_accepted)
+        num_rejected = num_drafts - num_accepted
+        if num_rejected:
+            request.num_computed_tokens -= num_rejected
+            num_kept = self.kv_cache_manager.trim(request)
+            if num_kept is not None:
+                self.trimmed_tables[request.request_id] = num_kept
 
     def _finish_pooling(
         self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
@@ -576,6 +606,10 @@ class Scheduler:
             prefix_cache_hits=manager.prefix_cache_hits,
             num_preemptions=self.num_preemptions,
             num_computed_prompt_tokens=self.num_computed_prompt_tokens,
+            spec_num_drafts=self.spec_counters.num_drafts,
+            spec_num_draft_tokens=self.spec_counters.num_draft_tokens,
+            spec_num_accepted_tokens=self.spec_counters.num_accepted_tokens,
+            spec_accepted_per_pos=list(self.spec_counters.accepted_per_pos),
         )
 
     def reset_prefix_cache(self) -> bool:
@@ -621,7 +655,9 @@ class Scheduler:
         manager = self.kv_cache_manager
         for request in self.running:
             assert request.status == RequestStatus.RUNNING
-            assert 0 <= request.num_computed_tokens <= request.num_tokens
+            # Between schedule() and update_from_output() drafts count as computed.
+            num_known = request.num_tokens + len(request.spec_token_ids)
+            assert 0 <= request.num_computed_tokens <= num_known
             assert request.num_computed_tokens <= self.max_model_len
             for table in manager.get_block_ids(request.request_id):
                 assert len(table) * block_size >= request.num_computed_tokens

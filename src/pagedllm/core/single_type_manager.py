@@ -138,6 +138,20 @@ class FullAttentionManager:
         self.num_cached_blocks.pop(request_id, None)
         self.block_pool.free_blocks(b for b in reversed(blocks) if b is not self.null_block)
 
+    def trim(self, request_id: str, num_tokens: int) -> bool:
+        """Return the blocks past the first `num_tokens` tokens (speculative slots of
+        rejected drafts), tail first; True if any. They were never cached: a block is
+        cached only once full of the request's real tokens, all below `num_tokens`."""
+        blocks = self.req_to_blocks.get(request_id)
+        keep = cdiv(num_tokens, self.block_size)
+        if blocks is None or len(blocks) <= keep:
+            return False
+        assert self.num_cached_blocks.get(request_id, 0) <= keep, "trimming a cached block"
+        extra = blocks[keep:]
+        del blocks[keep:]
+        self.block_pool.free_blocks(b for b in reversed(extra) if b is not self.null_block)
+        return True
+
 
 class SlidingWindowManager(FullAttentionManager):
     """Block tables of a sliding-window group: blocks outside the window are let go.

@@ -29,24 +29,43 @@ class StepPlan:
     preempted_ids: set[str] = field(default_factory=set)
     blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
+    # Draft tokens verified this step, by request (their count is in num_scheduled_tokens).
+    spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
 
-    def add(self, request: Request, num_tokens: int, block_ids: BlockIds, is_new: bool) -> None:
-        """Record that `request` computes `num_tokens` tokens this step."""
+    def add(
+        self,
+        request: Request,
+        num_tokens: int,
+        block_ids: BlockIds,
+        is_new: bool,
+        spec_token_ids: list[int] | None = None,
+    ) -> None:
+        """Record that `request` computes `num_tokens` tokens this step (the last ones
+        being `spec_token_ids`, drafts to verify, if any)."""
         assert 0 < num_tokens <= self.token_budget
         self.num_scheduled_tokens[request.request_id] = num_tokens
+        if spec_token_ids:
+            self.spec_token_ids[request.request_id] = spec_token_ids
         self.token_budget -= num_tokens
         self.new_block_ids[request.request_id] = block_ids
         (self.new_requests if is_new else self.cached_requests).append(request)
 
     def make_output(
-        self, get_block_ids: Callable[[str], BlockIds], finished_request_ids: set[str]
+        self,
+        get_block_ids: Callable[[str], BlockIds],
+        finished_request_ids: set[str],
+        trimmed_tables: dict[str, int] | None = None,
     ) -> SchedulerOutput:
         """The worker's view of the plan: new requests in full, the others as diffs.
 
         Args:
             get_block_ids: request id → its whole block tables (one per KV cache group).
             finished_request_ids: requests the worker must drop before this step.
+            trimmed_tables: request id → its table length since blocks of rejected drafts
+                were freed, for requests the worker has not been told yet (consumed here
+                for every request sent).
         """
+        trimmed = trimmed_tables if trimmed_tables is not None else {}
         new_reqs = [
             NewRequestData(
                 request_id=request.request_id,
@@ -66,7 +85,10 @@ class StepPlan:
             request_ids=[request.request_id for request in cached],
             new_block_ids=[self.new_block_ids[request.request_id] for request in cached],
             num_computed_tokens=[request.num_computed_tokens for request in cached],
+            num_blocks_kept=[trimmed.pop(request.request_id, None) for request in cached],
         )
+        for request in self.new_requests:  # sent in full: nothing left to cut
+            trimmed.pop(request.request_id, None)
         return SchedulerOutput(
             scheduled_new_reqs=new_reqs,
             scheduled_cached_reqs=cached_reqs,
@@ -75,4 +97,5 @@ class StepPlan:
             finished_request_ids=finished_request_ids,
             blocks_to_swap_out=self.blocks_to_swap_out,
             blocks_to_swap_in=self.blocks_to_swap_in,
+            scheduled_spec_decode_tokens=self.spec_token_ids,
         )

@@ -22,6 +22,7 @@ from pagedllm.config import (
 )
 from pagedllm.logger import init_logger
 from pagedllm.pooling.config import PoolerConfig
+from pagedllm.spec_decode.config import SpeculativeConfig
 
 if TYPE_CHECKING:
     from pagedllm.models.registry import RunnerChoice
@@ -75,6 +76,7 @@ class EngineArgs:
     runner: str = "auto"
     convert: str = "auto"
     pooler_config: dict | str | PoolerConfig | None = None
+    speculative_config: dict | str | SpeculativeConfig | None = None
 
     def create_engine_config(self) -> EngineConfig:
         """Validate the arguments and resolve everything the engine needs to start."""
@@ -111,7 +113,19 @@ class EngineArgs:
             ),
             device_config=DeviceConfig(device),
             structured_outputs_config=self._structured_outputs_config(),
+            speculative_config=self._speculative_config(model_config),
         )
+
+    def _speculative_config(self, model_config: ModelConfig) -> SpeculativeConfig | None:
+        """The user's speculative_config, validated, its draft model located."""
+        if self.speculative_config is None:
+            return None
+        config = SpeculativeConfig.parse(self.speculative_config)
+        if model_config.runner == "pooling":
+            raise ValueError("speculative_config applies to generating models only.")
+        if config.model is not None:
+            raise ValueError(f"speculative_config method {config.method!r} is not built yet.")
+        return config
 
     def _pooler_config_overrides(self) -> PoolerConfig:
         """The user's pooler_config (a PoolerConfig, a dict or the CLI's JSON text)."""

@@ -58,13 +58,20 @@ class SequenceState:
 
     def update(self, output: EngineCoreOutput) -> bool:
         """Apply one core output; True if a stop string ended the sequence here."""
-        self.token_ids.extend(output.new_token_ids)
-        if output.new_logprobs is not None:
+        token_ids, new_logprobs = output.new_token_ids, output.new_logprobs
+        if len(token_ids) > 1 and self.text_state.has_stop_strings:
+            stop_string, num_kept = self._update_text_token_by_token(output)
+            token_ids = token_ids[:num_kept]
+            if new_logprobs is not None:
+                new_logprobs = new_logprobs.head(num_kept)
+        else:
+            stop_string = self.text_state.update(token_ids, output.finished)
+        self.token_ids.extend(token_ids)
+        if new_logprobs is not None:
             if self.cumulative_logprob is not None:
-                self.cumulative_logprob += sum_scored_logprobs(output.new_logprobs)
+                self.cumulative_logprob += sum_scored_logprobs(new_logprobs)
             if self.logprobs is not None and self.logprobs_builder is not None:
-                self.logprobs.extend(self.logprobs_builder.to_dicts(output.new_logprobs))
-        stop_string = self.text_state.update(output.new_token_ids, output.finished)
+                self.logprobs.extend(self.logprobs_builder.to_dicts(new_logprobs))
         if stop_string is not None:
             self.finish_reason, self.stop_reason = "stop", stop_string
             return not output.finished
@@ -72,6 +79,18 @@ class SequenceState:
             self.finish_reason = str(output.finish_reason)
             self.stop_reason = output.stop_reason
         return False
+
+    def _update_text_token_by_token(self, output: EngineCoreOutput) -> tuple[str | None, int]:
+        """Feed several tokens of one step (speculative decoding) one at a time, so that
+        a stop string ends the output at the token that completed it, as one-token steps
+        would. Returns (the stop string or None, how many tokens are kept)."""
+        token_ids = output.new_token_ids
+        for i, token_id in enumerate(token_ids):
+            is_last = i == len(token_ids) - 1
+            stop_string = self.text_state.update([token_id], output.finished and is_last)
+            if stop_string is not None:
+                return stop_string, i + 1
+        return None, len(token_ids)
 
     def make_output(self, delta: bool, index: int | None = None) -> CompletionOutput:
         """The sequence so far (delta: only what was not sent yet), as output `index`."""

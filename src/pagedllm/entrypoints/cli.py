@@ -59,6 +59,9 @@ ENGINE_ARG_HELP = {
     "pooler_config": "JSON overriding the pooling setup, e.g. '{\"pooling_type\": \"MEAN\", "
                      "\"normalize\": true, \"dimensions\": 256}' (default: the model's "
                      "sentence-transformers files, else its architecture's).",
+    "speculative_config": "JSON with vLLM's keys, e.g. '{\"method\": \"ngram\", "
+                          "\"num_speculative_tokens\": 5, \"prompt_lookup_max\": 4}': "
+                          "speculative decoding (ngram; the same greedy text, sooner).",
 }
 ENGINE_ARG_CHOICES: dict[str, Sequence[str]] = {
     "dtype": SUPPORTED_DTYPES,

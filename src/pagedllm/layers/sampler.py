@@ -52,7 +52,7 @@ def derive_seed(seed: int, position: int) -> int:
 
 
 def _generator_for(seed: int, position: int) -> torch.Generator:
-    generator = torch.Generator()  # CPU: see _row_uniforms
+    generator = torch.Generator()  # CPU: see row_uniforms
     generator.manual_seed(derive_seed(seed, position))
     return generator
 
@@ -89,6 +89,17 @@ class SamplingMetadata:
     generators: dict[int, torch.Generator] = field(default_factory=dict)
     min_tokens_mask: tuple[torch.Tensor, torch.Tensor] | None = None
     logits_processors: LogitsProcessors | None = None
+
+    def greedy_rows(self) -> torch.Tensor:
+        """[B] bool: the rows sampled greedily."""
+        return self.temperature < _SAMPLING_EPS
+
+    def seeded_rows(self, batch_size: int) -> torch.Tensor:
+        """[B] bool: the random rows with their own seed."""
+        seeded = torch.zeros(batch_size, dtype=torch.bool, device=self.temperature.device)
+        if self.generators:
+            seeded[list(self.generators)] = True
+        return seeded
 
     @classmethod
     def build(
@@ -196,21 +207,33 @@ class Sampler(nn.Module):
 
     def forward(self, logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
         """Return the sampled token ids, [B] int64; `logits` ([B, V] float32) is not modified."""
+        logits = self.process_logits(logits, metadata)
+        if metadata.all_greedy:
+            return logits.argmax(dim=-1)  # [B]
+        weights = self.random_weights(logits, metadata)  # [B, V]
+        uniform = row_uniforms(weights.shape[0], metadata.generators, weights.device)  # [B]
+        sampled = sample_inverse_cdf(weights, uniform)  # [B]
+        if metadata.all_random:
+            return sampled
+        is_greedy = metadata.temperature < _SAMPLING_EPS  # [B]
+        return torch.where(is_greedy, logits.argmax(dim=-1), sampled)
+
+    @staticmethod
+    def process_logits(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
+        """The logits after penalties, biases, allowed tokens, bad words and min_tokens
+        (a new tensor when any applies; `logits` itself is never modified)."""
         if metadata.logits_processors is not None:
             logits = metadata.logits_processors.apply(logits)  # a new [B, V] tensor
         if metadata.min_tokens_mask is not None:
             rows, token_ids = metadata.min_tokens_mask
             minus_inf = torch.tensor(-math.inf, device=logits.device)
             logits = logits.index_put((rows, token_ids), minus_inf)
-        if metadata.all_greedy:
-            return logits.argmax(dim=-1)  # [B]
-        sampled = self._sample_random(logits, metadata)  # [B]
-        if metadata.all_random:
-            return sampled
-        is_greedy = metadata.temperature < _SAMPLING_EPS  # [B]
-        return torch.where(is_greedy, logits.argmax(dim=-1), sampled)
+        return logits
 
-    def _sample_random(self, logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
+    @staticmethod
+    def random_weights(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
+        """[B, V] unnormalised probabilities of processed `logits` after temperature, top-k,
+        top-p and min-p (max 1 per row; greedy rows as if at temperature 1)."""
         temperature = metadata.temperature
         if not metadata.all_random:
             # Greedy rows are sampled too (their result is discarded); avoid dividing by 0.
@@ -222,15 +245,20 @@ class Sampler(nn.Module):
         threshold = _keep_threshold(weights, metadata)  # [B] or None
         if threshold is not None:
             weights.masked_fill_(weights < threshold.unsqueeze(1), 0.0)
-        # float64 so that tail tokens are not absorbed by a large running sum.
-        cdf = weights.cumsum(dim=-1, dtype=torch.float64)  # [B, V]
-        total = cdf[:, -1]  # [B]
-        uniform = _row_uniforms(weights.shape[0], metadata.generators, weights.device)  # [B]
-        # Stay strictly below the total, so the search never runs past the last kept token.
-        target = torch.minimum(uniform * total, torch.nextafter(total, torch.zeros_like(total)))
-        # right=True: the first index whose cdf exceeds the target, never a zero-weight token
-        # (its cdf equals its predecessor's), even for a target of exactly 0.
-        return torch.searchsorted(cdf, target.unsqueeze(1), right=True).squeeze(1)  # [B]
+        return weights
+
+
+def sample_inverse_cdf(weights: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """One token per row of [B, V] non-negative `weights` (not all zero) from [B] float64
+    uniforms: the first token whose cumulative weight exceeds u * sum(w)."""
+    # float64 so that tail tokens are not absorbed by a large running sum.
+    cdf = weights.cumsum(dim=-1, dtype=torch.float64)  # [B, V]
+    total = cdf[:, -1]  # [B]
+    # Stay strictly below the total, so the search never runs past the last kept token.
+    target = torch.minimum(uniform * total, torch.nextafter(total, torch.zeros_like(total)))
+    # right=True: the first index whose cdf exceeds the target, never a zero-weight token
+    # (its cdf equals its predecessor's), even for a target of exactly 0.
+    return torch.searchsorted(cdf, target.unsqueeze(1), right=True).squeeze(1)  # [B]
 
 
 def _keep_threshold(weights: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor | None:
@@ -339,7 +367,7 @@ def _threshold_from_sorted(
     return threshold.masked_fill_(num_keep >= vocab_size, 0.0), is_exact
 
 
-def _row_uniforms(
+def row_uniforms(
     batch_size: int, generators: dict[int, torch.Generator], device: torch.device
 ) -> torch.Tensor:
     """One Uniform[0, 1) float64 per row; seeded rows draw theirs from their own generator."""

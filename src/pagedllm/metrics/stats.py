@@ -9,7 +9,7 @@ This module must not import torch or anything from the engine.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -28,6 +28,10 @@ class SchedulerStats:
             included, prefix-cache hits excluded).
         model_execute_seconds: cumulative seconds the model runner spent executing steps
             (filled in by the engine core; its share of wall time is the runner's busy share).
+        spec_num_drafts: cumulative verifications of draft tokens (speculative decoding).
+        spec_num_draft_tokens: cumulative draft tokens verified.
+        spec_num_accepted_tokens: cumulative draft tokens accepted.
+        spec_accepted_per_pos: cumulative acceptances per draft position.
     """
 
     num_running_reqs: int = 0
@@ -39,6 +43,17 @@ class SchedulerStats:
     num_preemptions: int = 0
     num_computed_prompt_tokens: int = 0
     model_execute_seconds: float = 0.0
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_accepted_per_pos: list[int] = field(default_factory=list)
+
+    @property
+    def spec_mean_acceptance_length(self) -> float:
+        """Tokens emitted per verification: 1 + accepted drafts per draft (0 before any)."""
+        if self.spec_num_drafts == 0:
+            return 0.0
+        return 1.0 + self.spec_num_accepted_tokens / self.spec_num_drafts
 
     @property
     def prefix_cache_hit_rate(self) -> float:

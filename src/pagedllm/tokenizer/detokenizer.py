@@ -285,6 +285,11 @@ class TextState:
         self.is_finished = False
         self.stop_string: str | None = None
 
+    @property
+    def has_stop_strings(self) -> bool:
+        """True when the request has stop strings to match."""
+        return bool(self._stop)
+
     def update(self, new_token_ids: list[int], finished: bool) -> str | None:
         """Add sampled tokens; return the stop string if one just matched (then finished).
 

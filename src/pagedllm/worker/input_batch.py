@@ -6,7 +6,7 @@ tokens it samples itself, so its copy of the token ids is always complete.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -59,6 +59,8 @@ class StepInputs:
         sample_rows: batch rows whose last scheduled token ends the known sequence; only
             these produce a token this step (others are mid-prefill chunks or pooling).
         pooling_rows: batch rows of pooling requests (computed whole this step).
+        draft_token_ids: per sample row, the drafts it verifies (speculative decoding):
+            they are its last scheduled tokens, and it samples at each of them plus one.
     """
 
     request_ids: list[str]
@@ -71,6 +73,7 @@ class StepInputs:
     block_tables: list[np.ndarray]
     sample_rows: list[int]
     pooling_rows: list[int]
+    draft_token_ids: list[list[int]] = field(default_factory=list)
 
     @property
     def block_table(self) -> np.ndarray:
@@ -83,6 +86,26 @@ class StepInputs:
         return self.slot_mappings[0]
 
     @property
+    def has_drafts(self) -> bool:
+        """True when some row verifies draft tokens this step."""
+        return any(self.draft_token_ids)
+
+    @property
+    def num_drafts(self) -> np.ndarray:
+        """[num_reqs] draft tokens verified by each batch row (0 for most)."""
+        counts = np.zeros(len(self.request_ids), dtype=np.int64)
+        for row, drafts in zip(self.sample_rows, self.draft_token_ids, strict=True):
+            counts[row] = len(drafts)
+        return counts
+
+    @property
     def logits_indices(self) -> np.ndarray:
-        """Index of the last token of every sampled row in the flattened batch."""
-        return self.query_start_loc[1:][self.sample_rows] - 1
+        """Positions in the flattened batch whose logits are sampled: the last token of
+        every sampled row, preceded by one position per draft it verifies."""
+        ends = self.query_start_loc[1:][self.sample_rows]
+        if not self.has_drafts:
+            return ends - 1
+        counts = np.array([len(d) + 1 for d in self.draft_token_ids], dtype=np.int64)
+        first = np.repeat(ends - counts, counts)
+        offsets = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+        return first + offsets

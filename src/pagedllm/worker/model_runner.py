@@ -33,6 +33,10 @@ from pagedllm.layers.sampler import Sampler, SamplingMetadata
 from pagedllm.pooling.config import PoolerConfig
 from pagedllm.pooling.data import PooledData
 from pagedllm.pooling.model_pooler import ModelPooler, PoolingSpan
+from pagedllm.spec_decode.config import SpeculativeConfig
+from pagedllm.spec_decode.proposers import make_proposer
+from pagedllm.spec_decode.rejection_sampler import DraftLayout, RejectionSampler, accept_greedy
+from pagedllm.spec_decode.verify import build_verify_metadata, split_verify_rows
 from pagedllm.structured_output.bitmask import apply_grammar_bitmask
 from pagedllm.worker.block_table import (
     compute_slot_mapping,
@@ -67,6 +71,7 @@ class ModelRunner:
         kv_cache_groups: the KV cache groups, each with its own block table per request
             (None: one full-attention group of every layer).
         pooler_config: how pooling requests are pooled (None: LAST-token, no defaults).
+        speculative_config: speculative decoding (None: off).
     """
 
     def __init__(
@@ -78,6 +83,7 @@ class ModelRunner:
         device: torch.device,
         kv_cache_groups: tuple[KVCacheGroupSpec, ...] | None = None,
         pooler_config: PoolerConfig | None = None,
+        speculative_config: SpeculativeConfig | None = None,
     ) -> None:
         self.model = model
         # An encoder takes the packed sequences' lengths instead of a KV cache.
@@ -97,6 +103,9 @@ class ModelRunner:
             for layer_index in group.layer_indices:
                 self._group_of_layer[layer_index] = group_id
         self.sampler = Sampler()
+        self.speculative_config = speculative_config
+        self.proposer = make_proposer(speculative_config) if speculative_config else None
+        self.rejection_sampler = RejectionSampler()
         self.requests: dict[str, CachedRequestState] = {}
         # Prompt logprobs of requests swapped out mid-prompt, until they are swapped back in.
         self._parked_prompt_logprobs: dict[str, LogprobsLists] = {}
@@ -114,6 +123,7 @@ class ModelRunner:
         prompt_logprobs = self._compute_prompt_logprobs(inputs, hidden_states)
         sampled, logprobs = self._sample(inputs, hidden_states, scheduler_output)
         output = self._make_output(inputs, sampled)
+        output.spec_token_ids = self._propose(inputs)
         output.logprobs = logprobs
         output.prompt_logprobs = prompt_logprobs
         output.pooler_output = pooler_output
@@ -135,11 +145,18 @@ class ModelRunner:
                 token_type_ids=new.token_type_ids,
             )
         cached = scheduler_output.scheduled_cached_reqs
-        for request_id, new_block_ids, num_computed in zip(
-            cached.request_ids, cached.new_block_ids, cached.num_computed_tokens, strict=True
+        num_blocks_kept = cached.num_blocks_kept or [None] * cached.num_requests
+        for request_id, new_block_ids, num_computed, num_kept in zip(
+            cached.request_ids,
+            cached.new_block_ids,
+            cached.num_computed_tokens,
+            num_blocks_kept,
+            strict=True,
         ):
             state = self.requests[request_id]
             for table, new_ids in zip(state.block_ids, new_block_ids, strict=True):
+                if num_kept is not None:
+                    del table[num_kept:]  # blocks of rejected drafts, freed
                 table.extend(new_ids)
             state.num_computed_tokens = num_computed
 
@@ -157,9 +174,18 @@ class ModelRunner:
         req_indices = np.repeat(np.arange(len(states)), query_lens)
         offsets = np.arange(num_tokens) - np.repeat(query_start_loc[:-1], query_lens)
         positions = context_lens[req_indices] + offsets
+        drafts_of = scheduler_output.scheduled_spec_decode_tokens
         slices = zip(states, context_lens, query_lens, strict=True)
         input_ids = np.fromiter(
-            (t for s, c, q in slices for t in s.token_ids[c : c + q]),
+            (
+                t
+                for s, c, q in slices
+                for t in (
+                    s.token_ids[c : c + q]
+                    if s.request_id not in drafts_of
+                    else s.token_ids[c:] + drafts_of[s.request_id]
+                )
+            ),
             dtype=np.int64,
             count=num_tokens,
         )
@@ -189,6 +215,7 @@ class ModelRunner:
             block_tables=block_tables,
             sample_rows=sample_rows,
             pooling_rows=pooling_rows,
+            draft_token_ids=[drafts_of.get(request_ids[i], []) for i in sample_rows],
         )
 
     def _forward(self, inputs: StepInputs) -> torch.Tensor:
@@ -196,7 +223,8 @@ class ModelRunner:
             return self._forward_encoder(inputs)
         common = self._build_common_metadata(inputs)
         group_metadata = [self.backend.build_metadata(common, self.block_size)]
-        for table, slots in zip(inputs.block_tables[1:], inputs.slot_mappings[1:], strict=True):
+        tables = self._attention_block_tables(inputs)
+        for table, slots in zip(tables[1:], inputs.slot_mappings[1:], strict=True):
             group_common = dataclasses.replace(
                 common, block_tables=self._to_device(table), slot_mapping=self._to_device(slots)
             )
@@ -245,28 +273,49 @@ class ModelRunner:
         ]
         return self.pooler(hidden_states, self._to_device(inputs.input_ids), spans)
 
+    def _attention_block_tables(self, inputs: StepInputs) -> list[np.ndarray]:
+        if not inputs.has_drafts:
+            return inputs.block_tables
+        return split_verify_rows(
+            inputs.query_lens, inputs.context_lens, inputs.block_tables, inputs.num_drafts
+        ).block_tables
+
     def _build_common_metadata(self, inputs: StepInputs) -> CommonAttentionMetadata:
-        seq_lens = inputs.context_lens + inputs.query_lens
+        query_start_loc, query_lens, context_lens = (
+            inputs.query_start_loc, inputs.query_lens, inputs.context_lens
+        )
+        block_table = inputs.block_table
+        if inputs.has_drafts:  # verifications run as decode rows (spec_decode/verify.py)
+            rows = split_verify_rows(query_lens, context_lens, [block_table], inputs.num_drafts)
+            query_start_loc, query_lens, context_lens = (
+                rows.query_start_loc, rows.query_lens, rows.context_lens
+            )
+            block_table = rows.block_tables[0]
+        seq_lens = context_lens + query_lens
         return CommonAttentionMetadata(
-            num_reqs=len(inputs.request_ids),
+            num_reqs=len(query_lens),
             num_tokens=len(inputs.input_ids),
-            query_start_loc=self._to_device(inputs.query_start_loc),
-            query_lens=self._to_device(inputs.query_lens),
-            context_lens=self._to_device(inputs.context_lens),
+            query_start_loc=self._to_device(query_start_loc),
+            query_lens=self._to_device(query_lens),
+            context_lens=self._to_device(context_lens),
             seq_lens=self._to_device(seq_lens),
-            max_query_len=int(inputs.query_lens.max()),
+            max_query_len=int(query_lens.max()),
             max_seq_len=int(seq_lens.max()),
-            block_tables=self._to_device(inputs.block_table),
+            block_tables=self._to_device(block_table),
             slot_mapping=self._to_device(inputs.slot_mapping),
-            query_lens_cpu=inputs.query_lens.tolist(),
+            query_lens_cpu=query_lens.tolist(),
             seq_lens_cpu=seq_lens.tolist(),
+            contexts_rewritten=self.speculative_config is not None,
         )
 
     def _sample(
         self, inputs: StepInputs, hidden_states: torch.Tensor, scheduler_output: SchedulerOutput
-    ) -> tuple[list[int], dict[str, LogprobsLists]]:
+    ) -> tuple[list[list[int]], dict[str, LogprobsLists]]:
+        """The tokens each sample row emits this step, and their logprobs where asked."""
         if not inputs.sample_rows:
             return [], {}
+        if inputs.has_drafts:
+            return self._verify(inputs, hidden_states, scheduler_output)
         constrained = scheduler_output.structured_output_request_ids
         states = [self.requests[inputs.request_ids[row]] for row in inputs.sample_rows]
         metadata = SamplingMetadata.build(
@@ -289,7 +338,7 @@ class ModelRunner:
         if ranking_only and metadata.min_tokens_mask is None:
             # Nothing but each row's argmax is used: the LM head picks it directly.
             tokens = self._causal_lm.compute_greedy_tokens(hidden_states[logits_indices])
-            return tokens.tolist(), {}
+            return [[t] for t in tokens.tolist()], {}
         logits = self._causal_lm.compute_logits(hidden_states[logits_indices], ranking_only)
         logits = logits.float()  # [n, vocab]
         if constrained:
@@ -297,7 +346,80 @@ class ModelRunner:
             rows = [row_of[request_id] for request_id in constrained]
             apply_grammar_bitmask(logits, scheduler_output.grammar_bitmask, rows)
         sampled = self.sampler(logits, metadata)  # [n]
-        return sampled.tolist(), self._sampled_logprobs(states, logits, sampled)
+        logprobs = self._sampled_logprobs(states, logits, sampled)
+        return [[t] for t in sampled.tolist()], logprobs
+
+    def _verify(
+        self, inputs: StepInputs, hidden_states: torch.Tensor, scheduler_output: SchedulerOutput
+    ) -> tuple[list[list[int]], dict[str, LogprobsLists]]:
+        """Verify the drafts of the step: each row emits its accepted drafts plus one."""
+        states = [self.requests[inputs.request_ids[row]] for row in inputs.sample_rows]
+        drafts = inputs.draft_token_ids
+        layout = DraftLayout.build(drafts)
+        metadata = build_verify_metadata(
+            [s.sampling_params for s in states],
+            [s.num_output_tokens for s in states],
+            [s.eos_token_id for s in states],
+            [s.token_ids for s in states],
+            [s.num_prompt_tokens for s in states],
+            drafts,
+            self.device,
+        )
+        constrained = scheduler_output.structured_output_request_ids
+        asks_logprobs = any(s.sampling_params.logprobs is not None for s in states)
+        logits_indices = self._to_device(inputs.logits_indices)
+        if (
+            metadata.all_greedy
+            and metadata.logits_processors is None
+            and metadata.min_tokens_mask is None
+            and not constrained
+            and not asks_logprobs
+        ):
+            tokens = self._causal_lm.compute_greedy_tokens(hidden_states[logits_indices])
+            return accept_greedy(layout, tokens.tolist()), {}
+        logits = self._causal_lm.compute_logits(hidden_states[logits_indices]).float()
+        if constrained:  # constrained requests verify no drafts: their single row
+            ids = [s.request_id for s in states]
+            first_row = dict(zip(ids, layout.row_starts.tolist(), strict=True))
+            rows = [first_row[request_id] for request_id in constrained]
+            apply_grammar_bitmask(logits, scheduler_output.grammar_bitmask, rows)
+        emitted = self.rejection_sampler(logits, metadata, layout)
+        return emitted, self._emitted_logprobs(states, logits, layout, emitted)
+
+    def _emitted_logprobs(
+        self,
+        states: list[CachedRequestState],
+        logits: torch.Tensor,
+        layout: DraftLayout,
+        emitted: list[list[int]],
+    ) -> dict[str, LogprobsLists]:
+        """Raw logprobs of every emitted token at its own row, for the rows that ask."""
+        asking = [i for i, s in enumerate(states) if s.sampling_params.logprobs is not None]
+        if not asking:
+            return {}
+        vocab_size = logits.shape[-1]
+        rows = [int(layout.row_starts[i]) + j for i in asking for j in range(len(emitted[i]))]
+        tokens = [t for i in asking for t in emitted[i]]
+        num_top = [
+            resolve_num_top(states[i].sampling_params.logprobs or 0, vocab_size) for i in asking
+        ]
+        index = torch.tensor(rows, device=logits.device)
+        token_tensor = torch.tensor(tokens, dtype=torch.int64, device=logits.device)
+        result = compute_token_logprobs(logits[index], token_tensor, max(num_top))
+        lists = split_logprobs(result, [len(emitted[i]) for i in asking], num_top)
+        return {states[i].request_id: lp for i, lp in zip(asking, lists, strict=True)}
+
+    def _propose(self, inputs: StepInputs) -> dict[str, list[int]]:
+        """Draft tokens for the next step of every request that sampled in this one."""
+        if self.proposer is None or not inputs.sample_rows:
+            return {}
+        assert self.speculative_config is not None
+        if len(inputs.sample_rows) > self.speculative_config.max_batch_size:
+            return {}  # a compute-bound batch: verifying costs what it saves
+        request_ids = [inputs.request_ids[row] for row in inputs.sample_rows]
+        token_ids = [self.requests[request_id].token_ids for request_id in request_ids]
+        drafts = self.proposer.propose(request_ids, token_ids)
+        return {r: d for r, d in zip(request_ids, drafts, strict=True) if d}
 
     def _sampled_logprobs(
         self, states: list[CachedRequestState], logits: torch.Tensor, sampled: torch.Tensor
@@ -368,6 +490,8 @@ class ModelRunner:
     def _drop_requests(self, scheduler_output: SchedulerOutput) -> None:
         """Forget finished and preempted requests, parking mid-prompt logprobs of swaps."""
         swapped_out = {device for device, _ in scheduler_output.blocks_to_swap_out}
+        if self.proposer is not None:
+            self.proposer.forget(list(scheduler_output.finished_request_ids))
         for request_id in scheduler_output.finished_request_ids:
             state = self.requests.pop(request_id, None)
             if state is None:
@@ -381,11 +505,11 @@ class ModelRunner:
             if any(swapped_out.intersection(table) for table in state.block_ids):
                 self._parked_prompt_logprobs[request_id] = state.in_progress_prompt_logprobs
 
-    def _make_output(self, inputs: StepInputs, sampled: list[int]) -> ModelRunnerOutput:
+    def _make_output(self, inputs: StepInputs, sampled: list[list[int]]) -> ModelRunnerOutput:
         sampled_token_ids: list[list[int]] = [[] for _ in inputs.request_ids]
-        for row, token_id in zip(inputs.sample_rows, sampled, strict=True):
-            sampled_token_ids[row] = [token_id]
-            self.requests[inputs.request_ids[row]].token_ids.append(token_id)
+        for row, token_ids in zip(inputs.sample_rows, sampled, strict=True):
+            sampled_token_ids[row] = token_ids
+            self.requests[inputs.request_ids[row]].token_ids.extend(token_ids)
         return ModelRunnerOutput(
             request_ids=inputs.request_ids, sampled_token_ids=sampled_token_ids
         )

@@ -34,6 +34,14 @@ class LogprobsLists(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fals
         self.logprobs.extend(other.logprobs)
         self.ranks.extend(other.ranks)
 
+    def head(self, num_positions: int) -> LogprobsLists:
+        """The first `num_positions` positions."""
+        return LogprobsLists(
+            self.token_ids[:num_positions],
+            self.logprobs[:num_positions],
+            self.ranks[:num_positions],
+        )
+
     def __len__(self) -> int:
         return len(self.ranks)
 
@@ -51,6 +59,8 @@ class ModelRunnerOutput:
         prompt_logprobs: request id → logprobs of prompt tokens 2..P, sent once, in the step
             that finishes the prompt (chunks are accumulated by the runner until then).
         pooler_output: request id → the pooled result of each pooling request run this step.
+        spec_token_ids: request id → draft tokens proposed for its next step (speculative
+            decoding; requests without drafts are absent).
     """
 
     request_ids: list[str]
@@ -58,3 +68,4 @@ class ModelRunnerOutput:
     logprobs: dict[str, LogprobsLists] = field(default_factory=dict)
     prompt_logprobs: dict[str, LogprobsLists] = field(default_factory=dict)
     pooler_output: dict[str, PooledData] = field(default_factory=dict)
+    spec_token_ids: dict[str, list[int]] = field(default_factory=dict)

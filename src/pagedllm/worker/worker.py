@@ -71,6 +71,7 @@ class Worker:
             self.device,
             kv_cache_groups=self.kv_cache_spec.groups,
             pooler_config=engine_config.model_config.pooler_config,
+            speculative_config=engine_config.speculative_config,
         )
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
