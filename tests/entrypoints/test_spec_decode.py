@@ -154,6 +154,11 @@ def test_greedy_equals_transformers(reference, setting, proposer):
     counters = _engine(llm).scheduler.spec_counters
     assert counters.num_accepted_tokens > 0
     assert counters.num_accepted_tokens < counters.num_draft_tokens  # some were rejected
+    metrics = {m.name: m for m in llm.get_metrics()}  # the offline stats say the same
+    assert metrics["pagedllm:spec_decode_num_drafts"].value == counters.num_drafts
+    assert metrics["pagedllm:spec_decode_num_accepted_tokens"].value == (
+        counters.num_accepted_tokens
+    )
     if setting in ("recompute", "swap"):
         assert _engine(llm).scheduler.num_preemptions > 0
     _check_all_returned(llm)

@@ -14,6 +14,8 @@ from pagedllm.engine.core_client import EngineCoreClient, InprocClient, SyncMPCl
 from pagedllm.engine.input_processor import InputProcessor, PromptType
 from pagedllm.engine.output_processor import OutputProcessor
 from pagedllm.engine.protocol import EngineCoreRequest
+from pagedllm.metrics.reader import Metric, metrics_from_stats
+from pagedllm.metrics.stats import SchedulerStats
 from pagedllm.outputs import PoolingRequestOutput, RequestOutput
 from pagedllm.pooling_params import PoolingParams
 from pagedllm.sampling_params import SamplingParams
@@ -52,6 +54,7 @@ class LLMEngine:
         self.input_processor.embedding_size = getattr(model_config.hf_config, "hidden_size", None)
         self.output_processor = OutputProcessor(self.tokenizer)
         self.engine_core: EngineCoreClient = engine_core or InprocClient(engine_config)
+        self._latest_stats: SchedulerStats | None = None
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs, multiprocessing: bool = False) -> LLMEngine:
@@ -148,9 +151,14 @@ class LLMEngine:
     def step(self) -> list[RequestOutput | PoolingRequestOutput]:
         """Run one engine step and return the outputs it produced."""
         core_outputs = self.engine_core.get_output()
+        self._latest_stats = core_outputs.scheduler_stats or self._latest_stats
         outputs, to_abort = self.output_processor.process_outputs(core_outputs.outputs)
         self.engine_core.abort_requests(to_abort)
         return outputs
+
+    def get_metrics(self) -> list[Metric]:
+        """The engine's counters and gauges after its latest step (metrics/reader.py)."""
+        return metrics_from_stats(self._latest_stats)
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached KV block, so no later prompt reuses an earlier one's KV.

@@ -20,6 +20,7 @@ from pagedllm.engine.llm_engine import LLMEngine
 from pagedllm.entrypoints.beam_search import BeamSearchOutput, beam_search
 from pagedllm.entrypoints.chat_utils import conversation_for_template
 from pagedllm.entrypoints.llm_pooling import PoolingMethods
+from pagedllm.metrics.reader import Metric
 from pagedllm.outputs import RequestOutput
 from pagedllm.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 from pagedllm.tokenizer.tokenizer import apply_chat_template
@@ -98,6 +99,12 @@ class LLM(PoolingMethods):
     def reset_prefix_cache(self) -> bool:
         """Forget the prefix cache (as vLLM's); False while requests hold KV blocks."""
         return self.llm_engine.reset_prefix_cache()
+
+    def get_metrics(self) -> list[Metric]:
+        """The engine's metrics after its latest step, named as the server's `/metrics`
+        (queue sizes, KV usage, prefix-cache hits, preemptions, speculative decoding's
+        drafts and acceptances): vLLM's Counter / Gauge / Vector records."""
+        return self.llm_engine.get_metrics()
 
     def generate(
         self,

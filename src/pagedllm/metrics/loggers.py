@@ -112,7 +112,8 @@ def build_1_2_5_buckets(max_value: int) -> list[int]:
 
 
 class LoggingStatLogger:
-    """Logs throughput, load and KV usage every `interval_s` while the engine is busy."""
+    """Logs throughput, load and KV usage every `interval_s` while the engine is busy, and
+    speculative decoding's acceptance over the interval when drafts were verified."""
 
     def __init__(self, interval_s: float = 10.0) -> None:
         self.interval_s = interval_s
@@ -120,6 +121,9 @@ class LoggingStatLogger:
         self._num_prompt_tokens = 0
         self._num_generation_tokens = 0
         self._stats: Any = None
+        # The spec decode counters at the previous log line (drafts, draft tokens,
+        # accepted tokens, accepted per position).
+        self._last_spec: tuple[int, int, int, list[int]] = (0, 0, 0, [])
 
     def record(self, scheduler_stats: Any, iteration: IterationSample | None) -> None:
         """Accumulate one batch, and log if the interval passed."""
@@ -145,8 +149,39 @@ class LoggingStatLogger:
                 getattr(stats, "num_waiting_reqs", 0),
                 100.0 * getattr(stats, "kv_cache_usage", 0.0),
             )
+        if stats is not None:
+            self._log_spec_decoding(stats, elapsed)
         self._last_log = now
         self._num_prompt_tokens = self._num_generation_tokens = 0
+
+    def _log_spec_decoding(self, stats: Any, elapsed: float) -> None:
+        """vLLM's "SpecDecoding metrics" line, over the interval since the last one."""
+        current = (
+            int(getattr(stats, "spec_num_drafts", 0)),
+            int(getattr(stats, "spec_num_draft_tokens", 0)),
+            int(getattr(stats, "spec_num_accepted_tokens", 0)),
+            list(getattr(stats, "spec_accepted_per_pos", [])),
+        )
+        drafts = current[0] - self._last_spec[0]
+        draft_tokens = current[1] - self._last_spec[1]
+        accepted = current[2] - self._last_spec[2]
+        previous = self._last_spec[3]
+        per_pos = [n - (previous[i] if i < len(previous) else 0) for i, n in enumerate(current[3])]
+        self._last_spec = current
+        if drafts <= 0:
+            return
+        logger.info(
+            "SpecDecoding metrics: Mean acceptance length: %.2f, Accepted throughput: %.2f "
+            "tokens/s, Drafted throughput: %.2f tokens/s, Accepted: %d tokens, Drafted: %d "
+            "tokens, Per-position acceptance rate: %s, Avg Draft acceptance rate: %.1f%%",
+            1.0 + accepted / drafts,
+            accepted / elapsed,
+            draft_tokens / elapsed,
+            accepted,
+            draft_tokens,
+            ", ".join(f"{n / drafts:.3f}" for n in per_pos),
+            100.0 * accepted / max(draft_tokens, 1),
+        )
 
 
 class PrometheusStatLogger:
@@ -188,10 +223,26 @@ class PrometheusStatLogger:
             "model_execute_seconds",
             "Seconds the model runner spent executing steps (its busy time).",
         )
+        self.spec_drafts = m(
+            Counter, "spec_decode_num_drafts", "Verifications of draft tokens (per request)."
+        )
+        self.spec_draft_tokens = m(
+            Counter, "spec_decode_num_draft_tokens", "Draft tokens verified."
+        )
+        self.spec_accepted = m(
+            Counter, "spec_decode_num_accepted_tokens", "Draft tokens accepted."
+        )
+        self.spec_accepted_per_pos = m(
+            Counter,
+            "spec_decode_num_accepted_tokens_per_pos",
+            "Draft tokens accepted, by position in the draft.",
+            extra_labels=["position"],
+        )
         for gauge in (self.running, self.waiting, self.kv_usage):
             gauge.labels(**labels).set(0)
         for counter in (
-            self.preemptions, self.prefix_queries, self.prefix_hits, self.model_execute
+            self.preemptions, self.prefix_queries, self.prefix_hits, self.model_execute,
+            self.spec_drafts, self.spec_draft_tokens, self.spec_accepted,
         ):
             counter.labels(**labels)
         info = Gauge(
@@ -262,12 +313,25 @@ class PrometheusStatLogger:
             ("prefix_cache_queries", self.prefix_queries),
             ("prefix_cache_hits", self.prefix_hits),
             ("model_execute_seconds", self.model_execute),
+            ("spec_num_drafts", self.spec_drafts),
+            ("spec_num_draft_tokens", self.spec_draft_tokens),
+            ("spec_num_accepted_tokens", self.spec_accepted),
         ):
-            value = float(getattr(stats, name, 0) or 0)
-            delta = value - self._last_cumulative.get(name, 0)
-            if delta > 0:
-                counter.labels(**labels).inc(delta)
-            self._last_cumulative[name] = value
+            self._add_delta(counter, name, float(getattr(stats, name, 0) or 0))
+        per_pos = getattr(stats, "spec_accepted_per_pos", None) or []
+        for position, value in enumerate(per_pos):
+            counter = self.spec_accepted_per_pos
+            self._add_delta(counter, f"spec_pos_{position}", float(value), str(position))
+
+    def _add_delta(
+        self, counter: Any, name: str, value: float, position: str | None = None
+    ) -> None:
+        """Increase `counter` by how much the cumulative `value` grew since last time."""
+        delta = value - self._last_cumulative.get(name, 0)
+        labels = dict(self._labels) if position is None else {**self._labels, "position": position}
+        if delta > 0:
+            counter.labels(**labels).inc(delta)
+        self._last_cumulative[name] = value
 
     def record_iteration(self, sample: IterationSample) -> None:
         """Token counters, TTFT and inter-token latency of one batch."""
