@@ -10,6 +10,7 @@ the plain ones; seeded sampling replays; and sampling keeps its distribution (ch
 
 from __future__ import annotations
 
+import json
 import random
 from collections import Counter
 
@@ -313,3 +314,43 @@ class _FixedDraft:
 
     def forget(self, request_ids):
         pass
+
+
+@pytest.mark.parametrize("backend", ["xgrammar", "guidance"])
+def test_structured_outputs_check_drafts_against_the_grammar(reference, backend):
+    """Drafts the grammar refuses are cut before verification; verified positions sample
+    under their own bitmask rows: the same constrained output as without speculation."""
+    from pagedllm import StructuredOutputsParams
+
+    model_dir, prompts, _ = reference
+    schema = {
+        "type": "object",
+        "properties": {"id": {"type": "integer", "minimum": 0, "maximum": 99999},
+                       "name": {"type": "string", "pattern": "^[a-z]{1,12}$"}},
+        "required": ["id", "name"], "additionalProperties": False,
+    }
+    constraint = StructuredOutputsParams(json=schema, disable_any_whitespace=True)
+    plain = LLM(str(model_dir), dtype="float32", max_model_len=256,
+                structured_outputs_config={"backend": backend})
+    spec = LLM(str(model_dir), dtype="float32", max_model_len=256, speculative_config=NGRAM,
+               structured_outputs_config={"backend": backend})
+    _engine(spec).executor.worker.model_runner.speculative_config = _no_batch_limit(NGRAM)
+    for temperature, seed in ((0.0, None), (1.0, 5)):
+        params = SamplingParams(temperature=temperature, seed=seed, max_tokens=60,
+                                structured_outputs=constraint)
+        inputs = [{"prompt_token_ids": p} for p in prompts[:4]]
+        want = [list(o.outputs[0].token_ids)
+                for o in plain.generate(inputs, params, use_tqdm=False)]
+        # The oracle proposes the constrained reference, with corrupted tokens that the
+        # grammar (or the target) refuses.
+        _with_oracle(spec, prompts[:4], want)
+        got = spec.generate(inputs, params, use_tqdm=False)
+        assert [list(o.outputs[0].token_ids) for o in got] == want
+        tokenizer = spec.get_tokenizer()
+        for output in got:
+            if output.outputs[0].finish_reason == "stop":
+                text = tokenizer.decode(output.outputs[0].token_ids, skip_special_tokens=True)
+                assert json.loads(text).keys() == {"id", "name"}
+    counters = _engine(spec).scheduler.spec_counters
+    assert 0 < counters.num_accepted_tokens < counters.num_draft_tokens
+    _check_all_returned(spec)

@@ -87,8 +87,10 @@ class SchedulerOutput:
         blocks_to_swap_in: (device block id, host block id) pairs to copy host → device.
         structured_output_request_ids: requests that sample this step under a grammar, in
             the order of `grammar_bitmask`'s rows.
-        grammar_bitmask: [len(structured_output_request_ids), ceil(vocab / 32)] int32 tensor
-            of the tokens each may sample (filled by the engine core), or None.
+        grammar_bitmask: [rows, ceil(vocab / 32)] int32 tensor of the tokens each may sample
+            (filled by the engine core), or None: one row per request in the order of
+            structured_output_request_ids, or 1 + its drafts' count for a request that
+            verifies drafts (the row of each verified position).
         scheduled_spec_decode_tokens: request id -> the draft tokens it verifies this step
             (speculative decoding); they are the last tokens of its scheduled count.
     """

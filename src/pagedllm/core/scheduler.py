@@ -512,9 +512,10 @@ class Scheduler:
             assert request.num_computed_tokens == request.num_tokens + len(token_ids) - 1, (
                 f"request {request_id} sampled before its prompt was computed"
             )
-            new_token_ids = append_and_check_stop(request, token_ids, self.max_model_len)
-            if request.structured_output is not None:
-                self._advance_grammar(request, new_token_ids)
+            if request.structured_output is None:
+                new_token_ids = append_and_check_stop(request, token_ids, self.max_model_len)
+            else:
+                new_token_ids = self._append_constrained(request, token_ids)
             results.append((request, new_token_ids))
             if request.is_finished():
                 finished.append(request)
@@ -554,6 +555,17 @@ class Scheduler:
             results.append((request, []))
         self.pooling_in_step = [r for r in self.pooling_in_step if not r.is_finished()]
         return results
+
+    def _append_constrained(self, request: Request, token_ids: list[int]) -> list[int]:
+        """Append tokens one at a time, each through the grammar: a grammar that completes
+        ends the request at that token, as one-token steps would."""
+        appended: list[int] = []
+        for token_id in token_ids:
+            appended += append_and_check_stop(request, [token_id], self.max_model_len)
+            self._advance_grammar(request, [token_id])
+            if request.is_finished():
+                break
+        return appended
 
     @staticmethod
     def _advance_grammar(request: Request, new_token_ids: list[int]) -> None:

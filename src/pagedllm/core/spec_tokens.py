@@ -20,10 +20,10 @@ def drafts_to_schedule(
     """The prefix of `request`'s drafts it verifies this step, after `num_new_tokens` real
     tokens: none unless those reach its last token, and no more than the budget left, the
     context length and its remaining `max_tokens` (after the one token every step emits)
-    allow. Constrained requests take none (their grammar does not check drafts yet).
+    allow. A constrained request keeps the drafts its grammar allows.
     """
     drafts = request.spec_token_ids
-    if not drafts or request.structured_output is not None:
+    if not drafts:
         return []
     if request.num_computed_tokens + num_new_tokens < request.num_tokens:
         return []  # still prefilling
@@ -32,7 +32,10 @@ def drafts_to_schedule(
         max_model_len - request.num_tokens,
         request.max_tokens - request.num_output_tokens - 1,
     )
-    return drafts[: max(0, room)]
+    drafts = drafts[: max(0, room)]
+    if drafts and request.structured_output is not None:
+        drafts = drafts[: request.structured_output.num_valid_tokens(drafts)]
+    return drafts
 
 
 @dataclass

@@ -126,13 +126,16 @@ class EngineCore:
             requests[request_id]
             for request_id in scheduler_output.num_scheduled_tokens
             if requests[request_id].structured_output is not None
+            # Drafts count as computed: >= covers a request that verifies some.
             and requests[request_id].num_computed_tokens >= requests[request_id].num_tokens
         ]
         if not sampling:
             return
         scheduler_output.structured_output_request_ids = [r.request_id for r in sampling]
+        drafts = scheduler_output.scheduled_spec_decode_tokens
         scheduler_output.grammar_bitmask = self.structured_output.grammar_bitmask(
-            [r.structured_output for r in sampling]
+            [r.structured_output for r in sampling],
+            [drafts.get(r.request_id, []) for r in sampling],
         )
 
     def reset_prefix_cache(self) -> bool:

@@ -29,6 +29,10 @@ class GrammarMatcher(Protocol):
         """Undo the last `num_tokens` accepted tokens."""
         ...
 
+    def num_valid_tokens(self, token_ids: list[int]) -> int:
+        """How many leading `token_ids` the grammar allows; the state is unchanged."""
+        ...
+
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         """Write the tokens allowed next into `bitmask[row]`."""
         ...

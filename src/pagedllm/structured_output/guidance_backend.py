@@ -89,6 +89,11 @@ class GuidanceMatcher:
         """Undo the last `num_tokens` accepted tokens."""
         self._matcher.rollback(num_tokens)
 
+    def num_valid_tokens(self, token_ids: list[int]) -> int:
+        """How many leading `token_ids` the grammar allows; the state is unchanged (a
+        refused consume_token would leave the matcher in its error state)."""
+        return int(self._matcher.validate_tokens(token_ids))
+
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         """The tokens allowed next, into `bitmask[row]`."""
         llguidance.torch.fill_next_token_bitmask(self._matcher, bitmask, row)

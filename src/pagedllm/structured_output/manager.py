@@ -47,8 +47,14 @@ class RequestGrammar:
         make_matcher: builds the matcher from the compiled grammar.
     """
 
-    def __init__(self, compiled: Future, make_matcher: Callable[[Any], GrammarMatcher]) -> None:
+    def __init__(
+        self,
+        compiled: Future,
+        make_matcher: Callable[[Any], GrammarMatcher],
+        stop_token_ids: Sequence[int] = (),
+    ) -> None:
         self._compiled = compiled
+        self.stop_token_ids = frozenset(stop_token_ids)
         self._make_matcher = make_matcher
         self._matcher: GrammarMatcher | None = None
 
@@ -76,6 +82,35 @@ class RequestGrammar:
     def is_terminated(self) -> bool:
         """True once the grammar is complete and a stop token was accepted."""
         return self.matcher.is_terminated()
+
+    def num_valid_tokens(self, token_ids: list[int]) -> int:
+        """How many leading `token_ids` (draft tokens) the grammar allows from its
+        current state; the state is left unchanged."""
+        if self.matcher.is_terminated():
+            return 0
+        count = self.matcher.num_valid_tokens(token_ids)
+        # Nothing follows a stop token: keep the drafts up to the first that ends it.
+        for index, token_id in enumerate(token_ids[:count]):
+            if token_id in self.stop_token_ids:
+                return index + 1
+        return count
+
+    def fill_bitmask_rows(self, bitmask: torch.Tensor, row: int, drafts: list[int]) -> None:
+        """Rows row .. row + len(drafts): the tokens allowed next now, and after each
+        prefix of `drafts` (valid ones: see num_valid_tokens); the state is left as is."""
+        matcher = self.matcher
+        matcher.fill_bitmask(bitmask, row)
+        for offset, token_id in enumerate(drafts, start=1):
+            accepted = matcher.accept_tokens([token_id])
+            assert accepted, "a draft token the grammar refuses was scheduled"
+            if matcher.is_terminated():
+                # A draft stop token ends the request if accepted: the token after it is
+                # never used, so its row allows everything.
+                bitmask[row + offset].fill_(-1)
+            else:
+                matcher.fill_bitmask(bitmask, row + offset)
+        if drafts:
+            matcher.rollback(len(drafts))
 
 
 class StructuredOutputManager:
@@ -138,7 +173,9 @@ class StructuredOutputManager:
         else:
             self._cache.move_to_end(key)
         stops = list(stop_token_ids)
-        return RequestGrammar(future, lambda compiled: self._get_backend().matcher(compiled, stops))
+        return RequestGrammar(
+            future, lambda compiled: self._get_backend().matcher(compiled, stops), stops
+        )
 
     # -------------------------------------------------------------------- each step
 
@@ -147,14 +184,22 @@ class StructuredOutputManager:
         """False until a constrained request arrives (the step loop then skips all this)."""
         return bool(self._cache)
 
-    def grammar_bitmask(self, grammars: Sequence[RequestGrammar]) -> torch.Tensor:
-        """Row i: the tokens `grammars[i]` allows next (a view of a reused buffer)."""
+    def grammar_bitmask(
+        self, grammars: Sequence[RequestGrammar], drafts: Sequence[list[int]] | None = None
+    ) -> torch.Tensor:
+        """The tokens each grammar allows next, one row per grammar, or with `drafts`
+        (speculative decoding) 1 + len(drafts[i]) rows for grammar i: next, and after each
+        prefix of its drafts. A view of a reused buffer."""
         backend = self._get_backend()
-        if self._bitmask is None or self._bitmask.shape[0] < len(grammars):
-            self._bitmask = backend.allocate_bitmask(max(len(grammars), 8))
-        bitmask = self._bitmask[: len(grammars)]
-        for row, grammar in enumerate(grammars):
-            grammar.matcher.fill_bitmask(bitmask, row)
+        drafts = drafts or [[] for _ in grammars]
+        num_rows = sum(len(d) + 1 for d in drafts)
+        if self._bitmask is None or self._bitmask.shape[0] < num_rows:
+            self._bitmask = backend.allocate_bitmask(max(num_rows, 8))
+        bitmask = self._bitmask[:num_rows]
+        row = 0
+        for grammar, grammar_drafts in zip(grammars, drafts, strict=True):
+            grammar.fill_bitmask_rows(bitmask, row, grammar_drafts)
+            row += len(grammar_drafts) + 1
         return bitmask
 
     def shutdown(self) -> None:

@@ -100,6 +100,18 @@ class XgrammarMatcher:
         """Undo the last `num_tokens` accepted tokens."""
         self._matcher.rollback(num_tokens)
 
+    def num_valid_tokens(self, token_ids: list[int]) -> int:
+        """How many leading `token_ids` the grammar allows (none after a stop token); the
+        state is unchanged (a refused accept_token changes nothing)."""
+        count = 0
+        for token_id in token_ids:
+            if self._matcher.is_terminated() or not self._matcher.accept_token(token_id):
+                break
+            count += 1
+        if count:
+            self._matcher.rollback(count)
+        return count
+
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         """The tokens allowed next, into `bitmask[row]`."""
         self._matcher.fill_next_token_bitmask(bitmask, row)

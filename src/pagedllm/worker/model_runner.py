@@ -378,10 +378,13 @@ class ModelRunner:
             tokens = self._causal_lm.compute_greedy_tokens(hidden_states[logits_indices])
             return accept_greedy(layout, tokens.tolist()), {}
         logits = self._causal_lm.compute_logits(hidden_states[logits_indices]).float()
-        if constrained:  # constrained requests verify no drafts: their single row
-            ids = [s.request_id for s in states]
-            first_row = dict(zip(ids, layout.row_starts.tolist(), strict=True))
-            rows = [first_row[request_id] for request_id in constrained]
+        if constrained:  # a bitmask row for each position a constrained request verifies
+            index = {s.request_id: i for i, s in enumerate(states)}
+            rows = [
+                int(layout.row_starts[index[request_id]]) + j
+                for request_id in constrained
+                for j in range(len(drafts[index[request_id]]) + 1)
+            ]
             apply_grammar_bitmask(logits, scheduler_output.grammar_bitmask, rows)
         emitted = self.rejection_sampler(logits, metadata, layout)
         return emitted, self._emitted_logprobs(states, logits, layout, emitted)
