@@ -56,9 +56,11 @@ class OracleProposer:
         self.k = k
         self.calls = 0
 
-    def propose(self, request_ids, token_ids):
+    def propose(self, inputs):
+        from pagedllm.spec_decode.proposers import Proposal
+
         drafts = []
-        for tokens in token_ids:
+        for tokens in (inputs.token_ids[row] for row in inputs.propose_rows):
             proposal: list[int] = []
             for prompt, expected in self.references:
                 if list(tokens[: len(prompt)]) == prompt:
@@ -69,7 +71,7 @@ class OracleProposer:
             if proposal and self.calls % 3 == 0:
                 proposal[-1] = 3 + (proposal[-1] + 1) % 50
             drafts.append(proposal)
-        return drafts
+        return Proposal(drafts, [None] * len(drafts))
 
     def forget(self, request_ids):
         pass
@@ -309,8 +311,11 @@ class _FixedDraft:
     def __init__(self, token: int):
         self.token = token
 
-    def propose(self, request_ids, token_ids):
-        return [[self.token] for _ in request_ids]
+    def propose(self, inputs):
+        from pagedllm.spec_decode.proposers import Proposal
+
+        drafts = [[self.token] for _ in inputs.propose_rows]
+        return Proposal(drafts, [None] * len(drafts))
 
     def forget(self, request_ids):
         pass

@@ -123,9 +123,40 @@ class EngineArgs:
         config = SpeculativeConfig.parse(self.speculative_config)
         if model_config.runner == "pooling":
             raise ValueError("speculative_config applies to generating models only.")
-        if config.model is not None:
-            raise ValueError(f"speculative_config method {config.method!r} is not built yet.")
+        if config.model is None:
+            return config
+        if config.method == "draft_model":
+            return config.with_draft_model(self._draft_model_config(config, model_config))
+        import os
+
+        if not os.path.isdir(config.model):
+            raise ValueError(
+                f"speculative_config model {config.model!r} must be the folder of a "
+                f"{config.method} checkpoint."
+            )
         return config
+
+    def _draft_model_config(
+        self, config: SpeculativeConfig, model_config: ModelConfig
+    ) -> ModelConfig:
+        """The draft model's ModelConfig: the target's dtype and length; its vocabulary
+        must be the target's (they share the tokenizer)."""
+        draft_args = EngineArgs(
+            model=config.model, dtype=model_config.dtype, seed=self.seed,
+            max_model_len=model_config.max_model_len, quantization=self.quantization,
+            keep_dense_weights=self.keep_dense_weights,
+        )
+        draft = draft_args._create_model_config(self._resolve_device())
+        if draft.runner != "generate":
+            raise ValueError(f"speculative_config model {config.model!r} is not a generator.")
+        target_vocab = model_config.hf_config.vocab_size
+        if draft.hf_config.vocab_size != target_vocab:
+            raise ValueError(
+                f"speculative_config model {config.model!r} has a vocabulary of "
+                f"{draft.hf_config.vocab_size} tokens, the target {target_vocab}: a draft "
+                "model must share the target's tokenizer."
+            )
+        return draft
 
     def _pooler_config_overrides(self) -> PoolerConfig:
         """The user's pooler_config (a PoolerConfig, a dict or the CLI's JSON text)."""

@@ -9,7 +9,7 @@ torch.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 SPEC_METHODS = ("ngram", "draft_model", "eagle", "eagle3", "medusa")
@@ -38,7 +38,7 @@ class SpeculativeConfig:
         disable_by_batch_size: a step with more running requests than this proposes no
             drafts (the batch is compute-bound); None: the method's default (4 for
             ngram, 8 with a draft model or head).
-        draft_model_dir / draft_gguf_file: where `model` resolved to (set by EngineArgs).
+        draft_model_config: the draft model's resolved ModelConfig (method draft_model).
     """
 
     method: str = "ngram"
@@ -47,8 +47,7 @@ class SpeculativeConfig:
     prompt_lookup_min: int | None = None
     prompt_lookup_max: int | None = None
     disable_by_batch_size: int | None = None
-    draft_model_dir: str | None = None
-    draft_gguf_file: str | None = None
+    draft_model_config: Any = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.method not in SPEC_METHODS:
@@ -106,7 +105,7 @@ class SpeculativeConfig:
                 raise ValueError(f"speculative_config is not valid JSON: {exc}") from None
         if not isinstance(value, dict):
             raise ValueError(f"speculative_config must be a dict, got {value!r}.")
-        allowed = {f.name for f in fields(cls)} - {"draft_model_dir", "draft_gguf_file"}
+        allowed = {f.name for f in fields(cls)} - {"draft_model_config"}
         unknown = sorted(set(value) - allowed)
         if unknown:
             raise ValueError(
@@ -119,9 +118,9 @@ class SpeculativeConfig:
             value["method"] = "eagle3"
         return cls(**value)
 
-    def with_draft_location(self, model_dir: str, gguf_file: str | None) -> SpeculativeConfig:
-        """This config with the resolved location of its draft model or head."""
-        return replace(self, draft_model_dir=model_dir, draft_gguf_file=gguf_file)
+    def with_draft_model(self, model_config: Any) -> SpeculativeConfig:
+        """This config with its draft model's resolved ModelConfig."""
+        return replace(self, draft_model_config=model_config)
 
 
 def _check_int(name: str, value: Any, minimum: int) -> None:

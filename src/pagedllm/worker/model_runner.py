@@ -34,7 +34,7 @@ from pagedllm.pooling.config import PoolerConfig
 from pagedllm.pooling.data import PooledData
 from pagedllm.pooling.model_pooler import ModelPooler, PoolingSpan
 from pagedllm.spec_decode.config import SpeculativeConfig
-from pagedllm.spec_decode.proposers import make_proposer
+from pagedllm.spec_decode.proposers import ProposalInputs, Proposer
 from pagedllm.spec_decode.rejection_sampler import DraftLayout, RejectionSampler, accept_greedy
 from pagedllm.spec_decode.verify import build_verify_metadata, split_verify_rows
 from pagedllm.structured_output.bitmask import apply_grammar_bitmask
@@ -72,6 +72,7 @@ class ModelRunner:
             (None: one full-attention group of every layer).
         pooler_config: how pooling requests are pooled (None: LAST-token, no defaults).
         speculative_config: speculative decoding (None: off).
+        proposer: its proposer of draft tokens (built by the worker).
     """
 
     def __init__(
@@ -84,6 +85,7 @@ class ModelRunner:
         kv_cache_groups: tuple[KVCacheGroupSpec, ...] | None = None,
         pooler_config: PoolerConfig | None = None,
         speculative_config: SpeculativeConfig | None = None,
+        proposer: Proposer | None = None,
     ) -> None:
         self.model = model
         # An encoder takes the packed sequences' lengths instead of a KV cache.
@@ -104,8 +106,10 @@ class ModelRunner:
                 self._group_of_layer[layer_index] = group_id
         self.sampler = Sampler()
         self.speculative_config = speculative_config
-        self.proposer = make_proposer(speculative_config) if speculative_config else None
+        self.proposer = proposer
         self.rejection_sampler = RejectionSampler()
+        # request id -> [drafts, vocab] the distribution its pending drafts were drawn from.
+        self._draft_probs: dict[str, torch.Tensor] = {}
         self.requests: dict[str, CachedRequestState] = {}
         # Prompt logprobs of requests swapped out mid-prompt, until they are swapped back in.
         self._parked_prompt_logprobs: dict[str, LogprobsLists] = {}
@@ -123,7 +127,7 @@ class ModelRunner:
         prompt_logprobs = self._compute_prompt_logprobs(inputs, hidden_states)
         sampled, logprobs = self._sample(inputs, hidden_states, scheduler_output)
         output = self._make_output(inputs, sampled)
-        output.spec_token_ids = self._propose(inputs)
+        output.spec_token_ids = self._propose(inputs, hidden_states, sampled)
         output.logprobs = logprobs
         output.prompt_logprobs = prompt_logprobs
         output.pooler_output = pooler_output
@@ -386,8 +390,27 @@ class ModelRunner:
                 for j in range(len(drafts[index[request_id]]) + 1)
             ]
             apply_grammar_bitmask(logits, scheduler_output.grammar_bitmask, rows)
-        emitted = self.rejection_sampler(logits, metadata, layout)
+        draft_probs = self._pending_draft_probs(states, drafts, logits.shape[-1])
+        emitted = self.rejection_sampler(logits, metadata, layout, draft_probs)
         return emitted, self._emitted_logprobs(states, logits, layout, emitted)
+
+    def _pending_draft_probs(
+        self, states: list[CachedRequestState], drafts: list[list[int]], vocab_size: int
+    ) -> torch.Tensor | None:
+        """[M, vocab] the drafter's distribution at every verified draft (one-hot where the
+        drafts were deterministic); None when all were."""
+        probs = [self._draft_probs.pop(s.request_id, None) for s in states]
+        if all(p is None for p in probs):
+            return None
+        rows = []
+        for p, request_drafts in zip(probs, drafts, strict=True):
+            if not request_drafts:
+                continue
+            if p is None:  # deterministic drafts: all the mass on the draft
+                p = torch.zeros(len(request_drafts), vocab_size, device=self.device)
+                p[torch.arange(len(request_drafts)), torch.tensor(request_drafts)] = 1.0
+            rows.append(p[: len(request_drafts)].float())  # the scheduler may cut drafts
+        return torch.cat(rows)
 
     def _emitted_logprobs(
         self,
@@ -412,17 +435,43 @@ class ModelRunner:
         lists = split_logprobs(result, [len(emitted[i]) for i in asking], num_top)
         return {states[i].request_id: lp for i, lp in zip(asking, lists, strict=True)}
 
-    def _propose(self, inputs: StepInputs) -> dict[str, list[int]]:
+    def _propose(
+        self, inputs: StepInputs, hidden_states: torch.Tensor, emitted: list[list[int]]
+    ) -> dict[str, list[int]]:
         """Draft tokens for the next step of every request that sampled in this one."""
-        if self.proposer is None or not inputs.sample_rows:
+        if self.proposer is None:
             return {}
         assert self.speculative_config is not None
-        if len(inputs.sample_rows) > self.speculative_config.max_batch_size:
-            return {}  # a compute-bound batch: verifying costs what it saves
-        request_ids = [inputs.request_ids[row] for row in inputs.sample_rows]
-        token_ids = [self.requests[request_id].token_ids for request_id in request_ids]
-        drafts = self.proposer.propose(request_ids, token_ids)
-        return {r: d for r, d in zip(request_ids, drafts, strict=True) if d}
+        propose_rows = list(inputs.sample_rows)
+        if len(propose_rows) > self.speculative_config.max_batch_size:
+            propose_rows = []  # a compute-bound batch: verifying costs what it saves
+        states = [self.requests[request_id] for request_id in inputs.request_ids]
+        num_kept = inputs.query_lens.copy()
+        for row, drafts, tokens in zip(
+            inputs.sample_rows, inputs.draft_token_ids, emitted, strict=True
+        ):
+            num_kept[row] -= len(drafts) - (len(tokens) - 1)  # the rejected drafts
+        proposal = self.proposer.propose(ProposalInputs(
+            request_ids=inputs.request_ids,
+            token_ids=[s.token_ids for s in states],
+            context_lens=inputs.context_lens,
+            num_kept=num_kept,
+            query_start_loc=inputs.query_start_loc,
+            block_tables=[s.block_ids[0] if s.block_ids else [] for s in states],
+            sampling_params=[s.sampling_params for s in states],
+            propose_rows=propose_rows,
+            hidden_states=hidden_states,
+            aux_hidden_states=getattr(self.model, "aux_hidden_states", None),
+            is_pooling=[s.pooling_params is not None for s in states],
+        ))
+        result: dict[str, list[int]] = {}
+        for row, drafts, probs in zip(propose_rows, proposal.drafts, proposal.probs, strict=True):
+            request_id = inputs.request_ids[row]
+            if drafts:
+                result[request_id] = drafts
+                if probs is not None:
+                    self._draft_probs[request_id] = probs
+        return result
 
     def _sampled_logprobs(
         self, states: list[CachedRequestState], logits: torch.Tensor, sampled: torch.Tensor
@@ -495,6 +544,8 @@ class ModelRunner:
         swapped_out = {device for device, _ in scheduler_output.blocks_to_swap_out}
         if self.proposer is not None:
             self.proposer.forget(list(scheduler_output.finished_request_ids))
+            for request_id in scheduler_output.finished_request_ids:
+                self._draft_probs.pop(request_id, None)
         for request_id in scheduler_output.finished_request_ids:
             state = self.requests.pop(request_id, None)
             if state is None:

@@ -25,6 +25,7 @@ from pagedllm.core.sched_output import SchedulerOutput
 from pagedllm.layers.attention import Attention
 from pagedllm.logger import init_logger
 from pagedllm.model_loader.loader import get_model
+from pagedllm.spec_decode.proposers import DrafterContext, Proposer, make_proposer
 from pagedllm.utils.device import cuda_free_memory_bytes, to_torch_dtype
 from pagedllm.worker.model_runner import ModelRunner
 from pagedllm.worker.outputs import ModelRunnerOutput
@@ -72,7 +73,25 @@ class Worker:
             kv_cache_groups=self.kv_cache_spec.groups,
             pooler_config=engine_config.model_config.pooler_config,
             speculative_config=engine_config.speculative_config,
+            proposer=self._make_proposer(),
         )
+
+    def _make_proposer(self) -> Proposer | None:
+        """The speculative decoding proposer, with what a model-based one needs."""
+        config = self.config.speculative_config
+        if config is None:
+            return None
+        context = DrafterContext(
+            target=self.model,
+            backend=self.backend,
+            block_size=self.kv_cache_spec.block_size,
+            num_blocks=self.kv_cache_spec.num_blocks,
+            device=self.device,
+            dtype=self.dtype,
+            kv_cache_dtype=self.config.cache_config.cache_dtype,
+            model_config=config.draft_model_config,
+        )
+        return make_proposer(config, context)
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """Apply the step's swaps, then run it."""
