@@ -36,6 +36,7 @@ def make_scheduler(
     scheduling_policy: str = "fcfs",
     num_cpu_blocks: int = 0,
     kv_cache_groups: tuple[KVCacheGroupSpec, ...] | None = None,
+    num_lookahead_slots: int = 0,
 ) -> Scheduler:
     """A scheduler with tiny limits; prefix caching is off unless asked for, so that the
     identical prompts of these tests do not share blocks."""
@@ -49,7 +50,8 @@ def make_scheduler(
     )
     cache_config = CacheConfig(block_size=block_size, enable_prefix_caching=enable_prefix_caching)
     return Scheduler(
-        scheduler_config, cache_config, num_blocks, num_cpu_blocks, kv_cache_groups
+        scheduler_config, cache_config, num_blocks, num_cpu_blocks, kv_cache_groups,
+        num_lookahead_slots,
     )
 
 

@@ -153,6 +153,11 @@ class FakeWorker:
             assert state.num_computed_tokens <= self.scheduler.max_model_len
             for table in state.block_ids:
                 assert len(table) * block_size >= state.num_computed_tokens
+                if self.scheduler.num_lookahead_slots and not state.num_computed_tokens < len(
+                    state.token_ids
+                ):
+                    final = min(self.scheduler.max_model_len, len(state.token_ids) + 1)
+                    assert len(table) * block_size >= final, "no lookahead slot"
             if state.num_computed_tokens < len(state.token_ids):
                 assert not verified, "drafts scheduled before the prompt was done"
                 sampled.append([])  # partial prefill
@@ -251,6 +256,8 @@ def workloads(draw: st.DrawFn) -> dict[str, object]:
             scheduling_policy=draw(st.sampled_from(["fcfs", "priority"])),
             num_cpu_blocks=draw(st.integers(0, 12)),
             kv_cache_groups=groups,
+            # A drafter with a KV cache of its own takes lookahead slots each step.
+            num_lookahead_slots=draw(st.sampled_from([0, 0, 2])),
         ),
         "requests": draw(st.lists(request, min_size=2, max_size=10)),
         "seed": draw(st.integers(0, 2**16)),

@@ -61,6 +61,9 @@ class Scheduler:
             recompute. Ignored unless preemption_mode is "swap".
         kv_cache_groups: the model's KV cache groups (None: one full-attention group; empty:
             the model keeps no KV cache and serves pooling requests only).
+        num_lookahead_slots: KV slots reserved past the tokens of a request that samples in
+            a step, for a drafter's own KV (speculative decoding with a draft model or
+            EAGLE); freed again after the step.
     """
 
     def __init__(
@@ -70,8 +73,10 @@ class Scheduler:
         num_blocks: int,
         num_cpu_blocks: int = 0,
         kv_cache_groups: tuple[KVCacheGroupSpec, ...] | None = None,
+        num_lookahead_slots: int = 0,
     ) -> None:
         self.scheduler_config = scheduler_config
+        self.num_lookahead_slots = num_lookahead_slots
         self.cache_config = cache_config
         self.max_model_len = scheduler_config.max_model_len
         self.has_kv_cache = kv_cache_groups != ()
@@ -292,15 +297,28 @@ class Scheduler:
                 request, num_new_tokens, plan.token_budget, self.max_model_len
             )
             num_new_tokens += len(drafts)
-            new_block_ids = self._allocate_or_preempt(request, num_new_tokens, plan)
+            new_block_ids = self._allocate_or_preempt(
+                request, num_new_tokens, plan, self._lookahead(request, num_new_tokens)
+            )
             if new_block_ids is None:
                 # It preempted itself; being the tail, no running request is left after it.
                 break
             plan.add(request, num_new_tokens, new_block_ids, is_new=False, spec_token_ids=drafts)
             index += 1
 
+    def _lookahead(self, request: Request, num_new_tokens: int, start: int | None = None) -> int:
+        """Lookahead slots `request` takes past its `num_new_tokens` (from `start`, default
+        its computed tokens): only when it samples this step, within its final length."""
+        if not self.num_lookahead_slots:
+            return 0
+        end = (request.num_computed_tokens if start is None else start) + num_new_tokens
+        if end < request.num_tokens:
+            return 0  # mid-prefill: it samples nothing this step
+        final = min(self.max_model_len, request.num_prompt_tokens + request.max_tokens)
+        return max(0, min(self.num_lookahead_slots, final - end))
+
     def _allocate_or_preempt(
-        self, request: Request, num_new_tokens: int, plan: StepPlan
+        self, request: Request, num_new_tokens: int, plan: StepPlan, num_lookahead: int = 0
     ) -> BlockIds | None:
         """Allocate for `request`, preempting the running tail until it fits.
 
@@ -309,7 +327,9 @@ class Scheduler:
         fits in the cache alone (`_check_fits_alone`), so the head always advances.
         """
         while True:
-            new_block_ids = self.kv_cache_manager.allocate_slots(request, num_new_tokens)
+            new_block_ids = self.kv_cache_manager.allocate_slots(
+                request, num_new_tokens + num_lookahead
+            )
             if new_block_ids is not None:
                 return new_block_ids
             victim = self.running.pop()
@@ -337,8 +357,9 @@ class Scheduler:
             return False
         blocks, num_cached = self.kv_cache_manager.get_computed_blocks(request)
         num_new_tokens = self._num_tokens_to_schedule(request, plan.token_budget, num_cached)
+        num_lookahead = self._lookahead(request, num_new_tokens, num_cached)
         return num_new_tokens > 0 and self.kv_cache_manager.can_allocate(
-            request, num_new_tokens, blocks
+            request, num_new_tokens + num_lookahead, blocks
         )
 
     def _preempt(self, request: Request, plan: StepPlan) -> None:
@@ -400,7 +421,9 @@ class Scheduler:
             num_new_tokens = self._num_tokens_to_schedule(request, plan.token_budget)
             if num_new_tokens == 0:
                 break
-            new_block_ids = self.kv_cache_manager.allocate_slots(request, num_new_tokens)
+            new_block_ids = self.kv_cache_manager.allocate_slots(
+                request, num_new_tokens + self._lookahead(request, num_new_tokens)
+            )
             if new_block_ids is None:
                 break
             self.swapped.pop()
@@ -443,7 +466,10 @@ class Scheduler:
             num_new_tokens = self._num_tokens_to_schedule(request, plan.token_budget, num_cached)
             if num_new_tokens == 0:
                 break  # unchunked and too little budget: later requests may not jump ahead
-            new_block_ids = manager.allocate_slots(request, num_new_tokens, computed_blocks)
+            num_lookahead = self._lookahead(request, num_new_tokens, num_cached)
+            new_block_ids = manager.allocate_slots(
+                request, num_new_tokens + num_lookahead, computed_blocks
+            )
             if new_block_ids is None:
                 break
             self.waiting.pop()
@@ -509,6 +535,8 @@ class Scheduler:
             drafts = scheduler_output.scheduled_spec_decode_tokens.get(request_id)
             if drafts:
                 self._roll_back_rejected(request, len(drafts), len(token_ids) - 1)
+            if self.num_lookahead_slots:
+                self._trim(request)  # the lookahead slots served their step
             assert request.num_computed_tokens == request.num_tokens + len(token_ids) - 1, (
                 f"request {request_id} sampled before its prompt was computed"
             )
@@ -535,9 +563,13 @@ class Scheduler:
         num_rejected = num_drafts - num_accepted
         if num_rejected:
             request.num_computed_tokens -= num_rejected
-            num_kept = self.kv_cache_manager.trim(request)
-            if num_kept is not None:
-                self.trimmed_tables[request.request_id] = num_kept
+            self._trim(request)
+
+    def _trim(self, request: Request) -> None:
+        """Free the blocks past the request's computed tokens; tell the worker next step."""
+        num_kept = self.kv_cache_manager.trim(request)
+        if num_kept is not None:
+            self.trimmed_tables[request.request_id] = num_kept
 
     def _finish_pooling(
         self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput

@@ -33,6 +33,11 @@ class EngineCore:
             spec.num_blocks,
             num_cpu_blocks=spec.num_cpu_blocks,
             kv_cache_groups=spec.groups,
+            num_lookahead_slots=(
+                engine_config.speculative_config.num_lookahead_slots
+                if engine_config.speculative_config is not None
+                else 0
+            ),
         )
         self._check_kv_capacity()
         model_config = engine_config.model_config

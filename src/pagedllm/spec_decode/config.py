@@ -85,9 +85,12 @@ class SpeculativeConfig:
         return DEFAULT_DISABLE_BY_BATCH_SIZE if self.method == "ngram" else 8
 
     @property
-    def uses_draft_model(self) -> bool:
-        """True when a draft model (not heads over the target) proposes."""
-        return self.method == "draft_model"
+    def num_lookahead_slots(self) -> int:
+        """KV slots past its tokens a sampling request needs for the drafter's own KV
+        (its guesses); 0 for drafters without a KV cache."""
+        if self.method in ("draft_model", "eagle", "eagle3"):
+            return self.num_speculative_tokens
+        return 0
 
     @classmethod
     def parse(cls, value: SpeculativeConfig | dict[str, Any] | str) -> SpeculativeConfig:

@@ -142,4 +142,8 @@ def make_proposer(config: SpeculativeConfig, context: DrafterContext | None = No
         from pagedllm.spec_decode.medusa import MedusaProposer
 
         return MedusaProposer(config, context)
+    if config.method == "draft_model":
+        from pagedllm.spec_decode.draft_model import DraftModelProposer
+
+        return DraftModelProposer(config, context)
     raise ValueError(f"speculative_config method {config.method!r} is not built yet.")

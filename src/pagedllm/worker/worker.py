@@ -81,6 +81,16 @@ class Worker:
         config = self.config.speculative_config
         if config is None:
             return None
+        groups = self.kv_cache_spec.groups
+        if config.num_lookahead_slots and (
+            len(groups) != 1 or groups[0].sliding_window is not None
+        ):
+            # The drafter's cache follows the target's block table, which must then hold
+            # every position (no sliding window letting blocks go).
+            raise ValueError(
+                f"speculative_config method {config.method!r} needs a target whose layers all "
+                "attend to the whole context (one KV cache group without a sliding window)."
+            )
         context = DrafterContext(
             target=self.model,
             backend=self.backend,

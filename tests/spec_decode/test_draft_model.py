@@ -1,0 +1,114 @@
+"""A draft model with its own paged KV cache: greedy output unchanged in every batch layout,
+every draft accepted when the draft is the target itself (so its KV is exactly right through
+catch-up, lookahead slots, chunking and preemption), and sampled drafts verified by
+rejection sampling keep the target's distribution."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from scipy import stats
+
+from pagedllm import LLM, SamplingParams
+from tests.conftest import make_tiny_model
+from tests.entrypoints.test_spec_decode import (
+    SETTINGS,
+    _check_all_returned,
+    _engine,
+    _watch_block_tables,
+)
+
+PROMPTS = [[5, 17, 42, 8, 5, 17, 42], [7, 7, 12] * 5, [101, 55, 23], [9] * 40, [33, 4]]
+
+
+@pytest.fixture(scope="module")
+def tiny_draft_dir(tmp_path_factory, tiny_tokenizer_dir):
+    """A one-layer Qwen2 sharing the tiny Llama's tokenizer."""
+    return make_tiny_model(
+        tmp_path_factory.mktemp("draft"), tiny_tokenizer_dir, "qwen2", num_hidden_layers=1
+    )
+
+
+@pytest.fixture(scope="module")
+def plain_outputs(tiny_llama_dir):
+    plain = LLM(str(tiny_llama_dir), dtype="float32", max_model_len=256)
+    params = SamplingParams(temperature=0.0, max_tokens=30)
+    outputs = plain.generate([{"prompt_token_ids": p} for p in PROMPTS], params,
+                             use_tqdm=False)
+    return [o.outputs[0].token_ids for o in outputs]
+
+
+def _spec_llm(target, draft, k=3, **kwargs) -> LLM:
+    kwargs.setdefault("dtype", "float32")
+    llm = LLM(str(target),
+              speculative_config={"model": str(draft), "num_speculative_tokens": k,
+                                  "disable_by_batch_size": 1000},
+              **kwargs)
+    _watch_block_tables(llm)
+    return llm
+
+
+def _greedy(llm: LLM) -> list[list[int]]:
+    params = SamplingParams(temperature=0.0, max_tokens=30)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
+    return [o.outputs[0].token_ids for o in outputs]
+
+
+@pytest.mark.parametrize("setting", sorted(SETTINGS))
+def test_the_target_as_its_own_draft_is_always_accepted(tiny_llama_dir, plain_outputs, setting):
+    llm = _spec_llm(tiny_llama_dir, tiny_llama_dir, **SETTINGS[setting])
+    assert _greedy(llm) == plain_outputs
+    counters = _engine(llm).scheduler.spec_counters
+    assert counters.num_draft_tokens > 0
+    assert counters.num_accepted_tokens == counters.num_draft_tokens
+    if setting in ("recompute", "swap"):
+        assert _engine(llm).scheduler.num_preemptions > 0
+    _check_all_returned(llm)
+
+
+def test_another_architecture_as_draft(tiny_llama_dir, tiny_draft_dir, plain_outputs):
+    llm = _spec_llm(tiny_llama_dir, tiny_draft_dir, k=4, max_model_len=256)
+    assert _greedy(llm) == plain_outputs
+    for prompt, want in zip(PROMPTS, plain_outputs, strict=True):  # alone, too
+        params = SamplingParams(temperature=0.0, max_tokens=30)
+        out = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)
+        assert out[0].outputs[0].token_ids == want
+    assert _engine(llm).scheduler.spec_counters.num_draft_tokens > 0
+    _check_all_returned(llm)
+
+
+def test_sampled_drafts_keep_the_target_distribution(tiny_llama_dir, tiny_draft_dir):
+    """Chi-square over 20,000 second tokens: the draft (another model, so q != p) samples
+    its drafts and the rejection sampler verifies them against its distribution."""
+    params = SamplingParams(temperature=1.0, max_tokens=3, detokenize=False, ignore_eos=True)
+    prompt = PROMPTS[0]
+    num_samples = 20_000
+    counts = []
+    for speculate in (False, True):
+        kwargs = dict(dtype="float32", max_model_len=64, max_num_seqs=512,
+                      max_num_batched_tokens=4096)
+        if speculate:
+            llm = _spec_llm(tiny_llama_dir, tiny_draft_dir, k=1, **kwargs)
+        else:
+            llm = LLM(str(tiny_llama_dir), **kwargs)
+        outputs = llm.generate([{"prompt_token_ids": prompt}] * num_samples, params,
+                               use_tqdm=False)
+        counts.append(Counter(o.outputs[0].token_ids[1] for o in outputs))
+        if speculate:
+            counters = _engine(llm).scheduler.spec_counters
+            assert counters.num_drafts == num_samples
+            assert 0 < counters.num_accepted_tokens < num_samples
+    head = [t for t in set(counts[0]) | set(counts[1]) if counts[0][t] + counts[1][t] >= 20]
+    table = [[c[t] for t in head] + [sum(c.values()) - sum(c[t] for t in head)] for c in counts]
+    if table[0][-1] + table[1][-1] == 0:
+        table = [row[:-1] for row in table]
+    assert len(table[0]) > 2
+    assert stats.chi2_contingency(table).pvalue > 0.01
+
+
+def test_a_draft_with_another_vocabulary_is_refused(tiny_llama_dir, tmp_path,
+                                                    tiny_tokenizer_dir):
+    other = make_tiny_model(tmp_path / "other", tiny_tokenizer_dir, "llama", vocab_size=300)
+    with pytest.raises(ValueError, match="vocabulary"):
+        LLM(str(tiny_llama_dir), speculative_config={"model": str(other)})
