@@ -32,7 +32,7 @@ from pagedllm.layers.rotary import RotaryEmbedding
 from pagedllm.models.cpu_decode_stack import CpuDecodeStack
 from pagedllm.models.spec import DecoderSpec, MoESpec, RopeSpec
 
-__all__ = ["DecoderForCausalLM", "DecoderSpec", "MoESpec", "RopeSpec"]
+__all__ = ["DecoderForCausalLM", "DecoderSpec", "MoESpec", "RopeSpec", "load_hf_tensor"]
 
 Weight = torch.Tensor | GroupCodes
 
@@ -137,7 +137,7 @@ class DecoderLayer(nn.Module):
         return self.mlp(hidden_states), residual
 
 
-def _rotary_embeddings(spec: DecoderSpec) -> list[RotaryEmbedding | None]:
+def rotary_embeddings(spec: DecoderSpec) -> list[RotaryEmbedding | None]:
     """Each layer's rotary embedding; layers that rotate alike share one (and its table)."""
     shared: dict[tuple[Any, ...], RotaryEmbedding] = {}
     result: list[RotaryEmbedding | None] = []
@@ -172,10 +172,14 @@ class DecoderModel(nn.Module):
             self.embed_positions = VocabEmbedding(
                 spec.max_position + spec.position_offset, spec.hidden_size
             )
-        ropes = _rotary_embeddings(spec)
+        ropes = rotary_embeddings(spec)
         self.layers = nn.ModuleList(DecoderLayer(spec, ropes[i], i) for i in range(spec.num_layers))
         self.norm = make_norm(spec.norm, spec.hidden_size, spec.norm_eps, spec.norm_bias)
         self.cpu_decode_stack: CpuDecodeStack | None = None
+        # An EAGLE-3 head reads the residual stream before these layers (len(layers): after
+        # the last one), side by side, from every forward pass (spec_decode/eagle.py).
+        self.aux_hidden_state_layers: tuple[int, ...] = ()
+        self.aux_hidden_states: torch.Tensor | None = None
 
     def build_cpu_decode_stack(self) -> None:
         """After loading (and quantizing): run decode-only steps as one C call when this
@@ -198,11 +202,33 @@ class DecoderModel(nn.Module):
         hidden_states = self.embed(input_ids, positions)  # [T, hidden]
         residual: torch.Tensor | None = None
         stack = self.cpu_decode_stack
+        if self.aux_hidden_state_layers:
+            return self._forward_with_aux(positions, hidden_states)
         if stack is not None and stack.serves(hidden_states, positions):
             hidden_states, residual = stack(hidden_states, positions)
         else:
             for layer in self.layers:
                 hidden_states, residual = layer(positions, hidden_states, residual)
+        hidden_states, _ = self.norm(hidden_states, residual)
+        return hidden_states
+
+    def _forward_with_aux(
+        self, positions: torch.Tensor, hidden_states: torch.Tensor
+    ) -> torch.Tensor:
+        """The layer loop, keeping the residual stream before the aux layers."""
+        residual: torch.Tensor | None = None
+        streams: dict[int, torch.Tensor] = {}
+        for index in range(len(self.layers) + 1):
+            if index in self.aux_hidden_state_layers:
+                # A copy: fused norms update the residual stream in place.
+                streams[index] = (
+                    hidden_states.clone() if residual is None else hidden_states + residual
+                )
+            if index < len(self.layers):
+                hidden_states, residual = self.layers[index](positions, hidden_states, residual)
+        self.aux_hidden_states = torch.cat(
+            [streams[i] for i in self.aux_hidden_state_layers], dim=-1
+        )  # [T, n * hidden]
         hidden_states, _ = self.norm(hidden_states, residual)
         return hidden_states
 
@@ -273,18 +299,33 @@ class DecoderForCausalLM(nn.Module):
 
     def _load_one(self, params: dict[str, nn.Parameter], hf_name: str, tensor: Weight) -> str:
         """Load one tensor into its (possibly fused) parameter; return the parameter name."""
-        for hf_part, (fused_part, shard_id) in self.packed_modules_mapping.items():
-            if f".{hf_part}." in hf_name:
-                name = hf_name.replace(f".{hf_part}.", f".{fused_part}.")
-                param = self._param(params, name, hf_name)
-                param.weight_loader(param, tensor, shard_id)  # type: ignore[attr-defined]
-                return name
-        param = self._param(params, hf_name, hf_name)
-        getattr(param, "weight_loader", default_weight_loader)(param, tensor)
-        return hf_name
+        return load_hf_tensor(params, hf_name, tensor, self.packed_modules_mapping)
 
-    @staticmethod
-    def _param(params: dict[str, nn.Parameter], name: str, hf_name: str) -> nn.Parameter:
-        if name not in params:
-            raise ValueError(f"Checkpoint tensor {hf_name!r} has no matching parameter {name!r}.")
-        return params[name]
+
+def load_hf_tensor(
+    params: dict[str, nn.Parameter],
+    hf_name: str,
+    tensor: Weight,
+    packed_modules_mapping: dict[str, tuple[str, str | int]],
+) -> str:
+    """Load one HF-named tensor into its parameter, separate q/k/v and gate/up tensors into
+    their fused parameters (`packed_modules_mapping`); return the parameter's name.
+
+    Raises:
+        ValueError: when no parameter matches.
+    """
+    for hf_part, (fused_part, shard_id) in packed_modules_mapping.items():
+        if f".{hf_part}." in hf_name:
+            name = hf_name.replace(f".{hf_part}.", f".{fused_part}.")
+            param = _param(params, name, hf_name)
+            param.weight_loader(param, tensor, shard_id)  # type: ignore[attr-defined]
+            return name
+    param = _param(params, hf_name, hf_name)
+    getattr(param, "weight_loader", default_weight_loader)(param, tensor)
+    return hf_name
+
+
+def _param(params: dict[str, nn.Parameter], name: str, hf_name: str) -> nn.Parameter:
+    if name not in params:
+        raise ValueError(f"Checkpoint tensor {hf_name!r} has no matching parameter {name!r}.")
+    return params[name]

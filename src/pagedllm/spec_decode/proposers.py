@@ -39,8 +39,6 @@ class ProposalInputs:
         sampling_params: per row.
         propose_rows: the rows to propose for (they sampled; the batch-size policy holds).
         hidden_states: [T, hidden] the target's final hidden states of the step.
-        aux_hidden_states: [T, n * hidden] the target's hidden states after the layers an
-            EAGLE-3 head reads, side by side; None otherwise.
         is_pooling: per row, a pooling request (never proposed for, no tokens).
     """
 
@@ -53,7 +51,6 @@ class ProposalInputs:
     sampling_params: list[SamplingParams]
     propose_rows: list[int]
     hidden_states: torch.Tensor
-    aux_hidden_states: torch.Tensor | None = None
     is_pooling: list[bool] | None = None
 
     def last_hidden_index(self, row: int) -> int:
@@ -146,4 +143,8 @@ def make_proposer(config: SpeculativeConfig, context: DrafterContext | None = No
         from pagedllm.spec_decode.draft_model import DraftModelProposer
 
         return DraftModelProposer(config, context)
+    if config.method in ("eagle", "eagle3"):
+        from pagedllm.spec_decode.eagle import EagleProposer
+
+        return EagleProposer(config, context)
     raise ValueError(f"speculative_config method {config.method!r} is not built yet.")

@@ -461,7 +461,6 @@ class ModelRunner:
             sampling_params=[s.sampling_params for s in states],
             propose_rows=propose_rows,
             hidden_states=hidden_states,
-            aux_hidden_states=getattr(self.model, "aux_hidden_states", None),
             is_pooling=[s.pooling_params is not None for s in states],
         ))
         result: dict[str, list[int]] = {}
