@@ -127,12 +127,10 @@ def test_greedy_output_is_unchanged(tiny_llama_dir, plain_outputs, head, setting
     _check_all_returned(llm)
 
 
-def test_eagle3_reads_three_residual_streams(tiny_llama_dir, head):
-    method, path = head
-    if method != "eagle3":
-        pytest.skip("EAGLE-3 only")
+def test_eagle3_reads_three_residual_streams(tiny_llama_dir, tmp_path):
+    path = make_eagle3(tmp_path / "eagle3", _vocab(tiny_llama_dir))
     llm = LLM(str(tiny_llama_dir), dtype="float32", max_model_len=128,
-              speculative_config={"method": method, "model": str(path),
+              speculative_config={"method": "eagle3", "model": str(path),
                                   "num_speculative_tokens": 2})
     target = _engine(llm).executor.worker.model
     assert target.model.aux_hidden_state_layers == (0, 1, 2)
