@@ -15,11 +15,15 @@ Measured:
   batch with the policy off (`--no-policy-run` skips it) shows what verifying would cost.
 - the acceptance: drafts, draft tokens, accepted tokens, mean acceptance length.
 
-Methods: `ngram` (`--k`, `--lookup-min`, `--lookup-max`), and `draft:PATH` for a draft model
-(a folder or .gguf sharing the target's tokenizer).
+Methods: `ngram` (`--k`, `--lookup-min`, `--lookup-max`); `draft:PATH` for a draft model (a
+folder or .gguf sharing the target's tokenizer); `draft-layers:N` for the target's own first
+N layers and LM head as a draft (saved once as a folder: the best draft there is for a
+model without a smaller sibling here); `eagle`, `eagle3`, `medusa` for random heads sized
+for the target (their acceptance means nothing: they measure the overhead).
 
     python benchmarks/spec_decode.py
-    python benchmarks/spec_decode.py --methods ngram,draft:/path/to/draft --output-json out.json
+    python benchmarks/spec_decode.py --methods ngram,draft-layers:8,eagle,medusa \
+        --output-json out.json
 """
 
 from __future__ import annotations
@@ -135,11 +139,117 @@ def spec_config(method: str, args: Any, policy: bool = True) -> dict[str, Any]:
                       prompt_lookup_max=args.lookup_max)
     elif method.startswith("draft:"):
         config.update(method="draft_model", model=method.split(":", 1)[1])
+    elif method.startswith("draft-layers:"):
+        config.update(method="draft_model",
+                      model=truncated_draft(args, int(method.split(":", 1)[1])))
+    elif method in ("eagle", "eagle3", "medusa"):
+        config.update(method=method, model=random_head(args, method))
+        config["num_speculative_tokens"] = min(args.k, 3)
     else:
         raise SystemExit(f"unknown method {method!r}")
     if not policy:
         config["disable_by_batch_size"] = 10_000
     return config
+
+
+def _target_config(args: Any) -> Any:
+    from pagedllm.engine.arg_utils import EngineArgs
+
+    return EngineArgs(model=args.model).create_engine_config().model_config
+
+
+def truncated_draft(args: Any, num_layers: int) -> str:
+    """The target's first `num_layers` layers, norm and LM head as a safetensors folder."""
+    import shutil
+
+    folder = Path(args.work_dir) / f"draft_{num_layers}_layers"
+    if (folder / "config.json").is_file():
+        return str(folder)
+    from transformers import AutoModelForCausalLM
+
+    config = _target_config(args)
+    model = AutoModelForCausalLM.from_pretrained(
+        config.model_dir, gguf_file=config.gguf_file, dtype="float32"
+    )
+    model.model.layers = model.model.layers[:num_layers]
+    model.config.num_hidden_layers = num_layers
+    model.save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        source = Path(config.model_dir) / name
+        if source.is_file():
+            shutil.copy(source, folder / name)
+    tokenizer = _load_target_tokenizer(config)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+def _load_target_tokenizer(config: Any) -> Any:
+    from pagedllm.tokenizer.tokenizer import get_tokenizer
+
+    return get_tokenizer(config.model_dir, config.gguf_file)
+
+
+def random_head(args: Any, method: str) -> str:
+    """Random EAGLE / EAGLE-3 / Medusa weights sized for the target (overhead only)."""
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    folder = Path(args.work_dir) / f"random_{method}"
+    if (folder / "config.json").is_file():
+        return str(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    hf = _target_config(args).hf_config
+    hidden, vocab = hf.hidden_size, hf.vocab_size
+    heads, kv_heads = hf.num_attention_heads, hf.num_key_value_heads
+    head_dim, inter = hidden // heads, hf.intermediate_size
+    generator = torch.Generator().manual_seed(0)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=generator) * 0.02
+
+    if method == "medusa":
+        tensors = {}
+        for head in range(3):
+            tensors[f"{head}.0.linear.weight"] = rand(hidden, hidden)
+            tensors[f"{head}.0.linear.bias"] = rand(hidden)
+            tensors[f"{head}.1.weight"] = rand(vocab, hidden)
+        config = {"medusa_num_heads": 3, "medusa_num_layers": 1}
+    else:
+        prefix = "midlayer" if method == "eagle3" else "layers.0"
+        q_in = 2 * hidden if method == "eagle3" else hidden
+        tensors = {
+            f"{prefix}.self_attn.q_proj.weight": rand(heads * head_dim, q_in),
+            f"{prefix}.self_attn.k_proj.weight": rand(kv_heads * head_dim, q_in),
+            f"{prefix}.self_attn.v_proj.weight": rand(kv_heads * head_dim, q_in),
+            f"{prefix}.self_attn.o_proj.weight": rand(hidden, heads * head_dim),
+            f"{prefix}.mlp.gate_proj.weight": rand(inter, hidden),
+            f"{prefix}.mlp.up_proj.weight": rand(inter, hidden),
+            f"{prefix}.mlp.down_proj.weight": rand(hidden, inter),
+            f"{prefix}.post_attention_layernorm.weight": torch.ones(hidden),
+        }
+        config = {k: getattr(hf, k) for k in (
+            "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+            "vocab_size", "max_position_embeddings", "rms_norm_eps", "rope_theta")}
+        config.update(num_hidden_layers=1, architectures=["LlamaForCausalLM"])
+        if method == "eagle3":
+            draft_vocab = 32_000
+            tensors.update({
+                "fc.weight": rand(hidden, 3 * hidden),
+                "midlayer.input_layernorm.weight": torch.ones(hidden),
+                "midlayer.hidden_norm.weight": torch.ones(hidden),
+                "norm.weight": torch.ones(hidden),
+                "lm_head.weight": rand(draft_vocab, hidden),
+                "d2t": torch.zeros(draft_vocab, dtype=torch.int64),
+            })
+            config.update(architectures=["LlamaForCausalLMEagle3"],
+                          draft_vocab_size=draft_vocab)
+        else:
+            tensors.update({"fc.weight": rand(hidden, 2 * hidden), "fc.bias": rand(hidden)})
+    save_file(tensors, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps(config))
+    return str(folder)
 
 
 def make_engine(args: Any, speculative_config: dict[str, Any] | None) -> Any:
@@ -245,6 +355,8 @@ def main() -> None:
     parser.add_argument("--num-iters", type=int, default=3)
     parser.add_argument("--no-policy-run", action="store_true")
     parser.add_argument("--output-json", default=None)
+    parser.add_argument("--work-dir", default=str(Path.home() / ".cache" / "pagedllm-bench"),
+                        help="Where generated drafts and random heads are kept.")
     args = parser.parse_args()
 
     conversations = workload_messages()

@@ -139,11 +139,13 @@ class EngineArgs:
     def _draft_model_config(
         self, config: SpeculativeConfig, model_config: ModelConfig
     ) -> ModelConfig:
-        """The draft model's ModelConfig: the target's dtype and length; its vocabulary
-        must be the target's (they share the tokenizer)."""
+        """The draft model's ModelConfig: the target's dtype, length and weight format
+        (a 4-bit GGUF target's int4 runs its draft in int4 too); its vocabulary must be the
+        target's (they share the tokenizer)."""
         draft_args = EngineArgs(
             model=config.model, dtype=model_config.dtype, seed=self.seed,
-            max_model_len=model_config.max_model_len, quantization=self.quantization,
+            max_model_len=model_config.max_model_len,
+            quantization=self.quantization or model_config.quantization,
             keep_dense_weights=self.keep_dense_weights,
         )
         draft = draft_args._create_model_config(self._resolve_device())
