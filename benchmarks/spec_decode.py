@@ -171,9 +171,19 @@ def truncated_draft(args: Any, num_layers: int) -> str:
     model = AutoModelForCausalLM.from_pretrained(
         config.model_dir, gguf_file=config.gguf_file, dtype="float32"
     )
+    from safetensors.torch import save_file
+
     model.model.layers = model.model.layers[:num_layers]
     model.config.num_hidden_layers = num_layers
-    model.save_pretrained(folder)
+    # transformers will not re-save a GGUF-loaded model: write its tensors and config.
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    if model.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(folder / "model.safetensors"))
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.config.save_pretrained(folder)
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         source = Path(config.model_dir) / name
         if source.is_file():
@@ -231,7 +241,8 @@ def random_head(args: Any, method: str) -> str:
         }
         config = {k: getattr(hf, k) for k in (
             "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
-            "vocab_size", "max_position_embeddings", "rms_norm_eps", "rope_theta")}
+            "vocab_size", "max_position_embeddings", "rms_norm_eps")}
+        config["rope_theta"] = getattr(hf, "rope_theta", None) or 100_000.0
         config.update(num_hidden_layers=1, architectures=["LlamaForCausalLM"])
         if method == "eagle3":
             draft_vocab = 32_000

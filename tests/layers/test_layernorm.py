@@ -43,3 +43,19 @@ def test_statistics_in_float32() -> None:
     x = torch.tensor([[300.0, -300.0, 300.0, -300.0]], dtype=torch.bfloat16)
     out, _ = norm(x)
     torch.testing.assert_close(out.float(), torch.tensor([[1.0, -1.0, 1.0, -1.0]]))
+
+
+def test_a_bfloat16_residual_is_never_overrun() -> None:
+    """The fused CPU call updates a float32 residual in place; a bfloat16 residual (an EAGLE
+    head once passed one) must take the torch path instead of being written past its end."""
+    gen = torch.Generator().manual_seed(1)
+    norm = RMSNorm(64, eps=1e-5).to(torch.bfloat16)
+    x = torch.randn(5, 64, generator=gen).to(torch.bfloat16)
+    residual = torch.randn(5, 64, generator=gen).to(torch.bfloat16)
+    guard = torch.zeros(5, 64, dtype=torch.bfloat16)  # allocated next to it, as often
+    kept = residual.clone()
+    out, new_residual = norm(x, residual)
+    expected, expected_residual = norm(x, residual.float())
+    assert torch.equal(residual, kept) and torch.equal(guard, torch.zeros_like(guard))
+    assert torch.equal(new_residual, expected_residual)
+    assert torch.equal(out, expected)

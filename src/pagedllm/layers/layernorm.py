@@ -41,11 +41,13 @@ class RMSNorm(nn.Module):
             bfloat16 runs closer to float32: it halves their logit divergence. On CPU in
             bfloat16 one fused C call does all of it and updates `residual` in place.
         """
+        # The fused call updates a float32 residual in place: any other one takes the torch
+        # path (a bfloat16 residual would be overrun).
         if cpu_ops.serves(x) and self.weight.dtype == torch.bfloat16 and (
-            residual is None or residual.is_contiguous()
+            residual is None or (residual.is_contiguous() and residual.dtype == torch.float32)
         ):
             return cpu_ops.add_rms_norm(x, residual, self.weight, self.eps)
-        x32 = x.float() if residual is None else residual + x  # [..., hidden_size] float32
+        x32 = x.float() if residual is None else residual.float() + x  # [..., hidden] float32
         return self._norm(x32), x32
 
 

@@ -53,10 +53,9 @@ class _NoInputNorm(nn.Module):
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            return x, x
-        total = x + residual
-        return total, total
+        # The residual stream is float32, as every norm's (layers/layernorm.py).
+        total = x.float() if residual is None else residual + x
+        return total.to(x.dtype), total
 
 
 class Eagle3Layer(nn.Module):
@@ -79,7 +78,7 @@ class Eagle3Layer(nn.Module):
         self, positions: torch.Tensor, embeds: torch.Tensor, hidden_states: torch.Tensor
     ) -> torch.Tensor:
         """Returns the layer's output before the final norm, [T, hidden]."""
-        residual = hidden_states
+        residual = hidden_states.float()  # the norms keep the residual stream in float32
         embeds, _ = self.input_layernorm(embeds)
         normed, _ = self.hidden_norm(hidden_states)
         attn = self.self_attn(positions, torch.cat([embeds, normed], dim=-1))
@@ -125,10 +124,10 @@ class EagleHead(nn.Module):
         """[T] positions, [T, hidden] token embeddings, [T, hidden] hidden states (the
         target's, already through `fc` for EAGLE-3, or the head's own) → [T, hidden]."""
         if self.eagle3:
-            return self.layer(positions, embeds, hidden_states)
+            return self.layer(positions, embeds, hidden_states).to(embeds.dtype)
         hidden_states = self.fc(torch.cat([embeds, hidden_states], dim=-1))
         out, residual = self.layer(positions, hidden_states, None)
-        return out + residual
+        return (out + residual).to(embeds.dtype)
 
 
 def load_eagle_head(
@@ -267,7 +266,7 @@ class EagleProposer:
             return inputs.hidden_states
         aux = self.target.model.aux_hidden_states
         assert aux is not None, "the target kept no aux hidden states"
-        return aux
+        return aux.to(self.context.dtype)  # the residual streams are float32
 
     def _forward(
         self, batch: DraftBatch, hidden: torch.Tensor, own_hidden: bool = False
