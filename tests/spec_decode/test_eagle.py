@@ -172,3 +172,21 @@ def test_bad_heads_raise(tiny_llama_dir, tmp_path):
     (path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="aux hidden state layers"):
         LLM(str(tiny_llama_dir), speculative_config={"method": "eagle3", "model": str(path)})
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+def test_bfloat16_heads(tiny_llama_dir, tmp_path, method):
+    """In bfloat16 the heads' float32 residual stream meets the fused CPU norms (a bfloat16
+    one once overran their buffer): the output is the plain bfloat16 engine's."""
+    vocab = _vocab(tiny_llama_dir)
+    path = (make_eagle if method == "eagle" else make_eagle3)(tmp_path / method, vocab)
+    params = SamplingParams(temperature=0.0, max_tokens=20)
+    inputs = [{"prompt_token_ids": p} for p in PROMPTS[:1]]
+    plain = LLM(str(tiny_llama_dir), dtype="bfloat16", max_model_len=128)
+    want = [o.outputs[0].token_ids for o in plain.generate(inputs, params, use_tqdm=False)]
+    llm = LLM(str(tiny_llama_dir), dtype="bfloat16", max_model_len=128,
+              speculative_config={"method": method, "model": str(path),
+                                  "num_speculative_tokens": 3})
+    got = [o.outputs[0].token_ids for o in llm.generate(inputs, params, use_tqdm=False)]
+    assert got == want
+    assert _engine(llm).scheduler.spec_counters.num_draft_tokens > 0
