@@ -52,7 +52,8 @@ def test_engine_args_resolve_it(tiny_llama_dir):
         speculative_config='{"method": "ngram", "num_speculative_tokens": 2}',
     ).create_engine_config()
     assert config.speculative_config == SpeculativeConfig(
-        method="ngram", num_speculative_tokens=2, prompt_lookup_min=5, prompt_lookup_max=5
+        method="ngram", num_speculative_tokens=2, prompt_lookup_min=5, prompt_lookup_max=5,
+        disable_by_batch_size=4,  # a float32 model: the compute-bound default
     )
     assert EngineArgs(model=str(tiny_llama_dir)).create_engine_config().speculative_config is None
     with pytest.raises(ValueError, match="prompt_lookup_max"):
@@ -70,3 +71,21 @@ def test_cli_flag(tiny_llama_dir):
     config = engine_args.create_engine_config().speculative_config
     assert config is not None and config.num_speculative_tokens == 3
     assert (config.prompt_lookup_min, config.prompt_lookup_max) == (2, 2)
+
+
+@pytest.mark.parametrize(("native_bf16", "limit"), [(True, 32), (False, 4)])
+def test_ngram_batch_limit_follows_the_cpu(tiny_llama_dir, monkeypatch, native_bf16, limit):
+    """Documented policy: n-gram drafts up to 32 running requests where bfloat16 matmuls
+    are native (AMX), else up to 4; an explicit value wins."""
+    import types
+
+    import pagedllm.kernels
+
+    monkeypatch.setattr(pagedllm.kernels, "cpu_plan",
+                        lambda: types.SimpleNamespace(native_bf16=native_bf16))
+    args = dict(model=str(tiny_llama_dir), dtype="bfloat16", device="cpu")
+    config = EngineArgs(**args, speculative_config={"method": "ngram"}).create_engine_config()
+    assert config.speculative_config.max_batch_size == limit
+    explicit = {"method": "ngram", "disable_by_batch_size": 7}
+    config = EngineArgs(**args, speculative_config=explicit).create_engine_config()
+    assert config.speculative_config.max_batch_size == 7

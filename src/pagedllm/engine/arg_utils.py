@@ -22,7 +22,11 @@ from pagedllm.config import (
 )
 from pagedllm.logger import init_logger
 from pagedllm.pooling.config import PoolerConfig
-from pagedllm.spec_decode.config import SpeculativeConfig
+from pagedllm.spec_decode.config import (
+    AMX_DISABLE_BY_BATCH_SIZE,
+    DEFAULT_DISABLE_BY_BATCH_SIZE,
+    SpeculativeConfig,
+)
 
 if TYPE_CHECKING:
     from pagedllm.models.registry import RunnerChoice
@@ -123,6 +127,8 @@ class EngineArgs:
         config = SpeculativeConfig.parse(self.speculative_config)
         if model_config.runner == "pooling":
             raise ValueError("speculative_config applies to generating models only.")
+        if config.disable_by_batch_size is None and config.method == "ngram":
+            config = config.with_batch_limit(self._ngram_batch_limit(model_config))
         if config.model is None:
             return config
         if config.method == "draft_model":
@@ -135,6 +141,19 @@ class EngineArgs:
                 f"{config.method} checkpoint."
             )
         return config
+
+    def _ngram_batch_limit(self, model_config: ModelConfig) -> int:
+        """The most running requests that still get n-gram drafts: 32 where a bfloat16
+        model's matmuls are native (AMX: a batch of 32 verifying its drafts ran 1.19x the
+        tokens/s of plain decoding), else 4 (AVX2: the same batch is compute-bound and ran
+        0.94x; BENCHMARKS.md)."""
+        if self._resolve_device() != "cpu" or model_config.dtype != "bfloat16":
+            return DEFAULT_DISABLE_BY_BATCH_SIZE
+        from pagedllm.kernels import cpu_plan
+
+        return AMX_DISABLE_BY_BATCH_SIZE if cpu_plan().native_bf16 else (
+            DEFAULT_DISABLE_BY_BATCH_SIZE
+        )
 
     def _draft_model_config(
         self, config: SpeculativeConfig, model_config: ModelConfig

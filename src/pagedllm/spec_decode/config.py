@@ -17,8 +17,10 @@ SPEC_METHODS = ("ngram", "draft_model", "eagle", "eagle3", "medusa")
 MODEL_METHODS = ("draft_model", "eagle", "eagle3", "medusa")
 # With n-gram lookup on, a step of more requests than this proposes nothing (the default of
 # `disable_by_batch_size`): a larger CPU batch is compute-bound, so verifying drafts costs
-# about as much as decoding them would (BENCHMARKS.md, "Speculative decoding").
+# about as much as decoding them would (BENCHMARKS.md, "Speculative decoding"). Where
+# bfloat16 matmuls are native (AMX) batches up to 32 still gain (the engine args choose).
 DEFAULT_DISABLE_BY_BATCH_SIZE = 4
+AMX_DISABLE_BY_BATCH_SIZE = 32
 # vLLM's default n-gram length when neither bound is given.
 DEFAULT_PROMPT_LOOKUP = 5
 
@@ -36,8 +38,9 @@ class SpeculativeConfig:
             last n tokens are looked up in the request's earlier tokens and the k tokens
             after the latest match are proposed.
         disable_by_batch_size: a step with more running requests than this proposes no
-            drafts (the batch is compute-bound); None: the method's default (4 for
-            ngram, 8 with a draft model or head).
+            drafts (the batch is compute-bound); None: the method's default (ngram: 32 for a
+            bfloat16 model on a CPU with native bfloat16 matmuls, else 4; 8 with a draft
+            model or head).
         draft_model_config: the draft model's resolved ModelConfig (method draft_model).
     """
 
@@ -120,6 +123,10 @@ class SpeculativeConfig:
         if value["method"] == "eagle-3":
             value["method"] = "eagle3"
         return cls(**value)
+
+    def with_batch_limit(self, disable_by_batch_size: int) -> SpeculativeConfig:
+        """This config with its resolved `disable_by_batch_size`."""
+        return replace(self, disable_by_batch_size=disable_by_batch_size)
 
     def with_draft_model(self, model_config: Any) -> SpeculativeConfig:
         """This config with its draft model's resolved ModelConfig."""
