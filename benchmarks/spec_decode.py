@@ -341,6 +341,22 @@ def batch_pass(engine: Any, prompts: list[list[int]], args: Any, tag: str) -> di
     return {"output_tokens_per_s": statistics.median(rates), "passes": rates, "outputs": ordered}
 
 
+def agreement(got: list[list[int]], want: list[list[int]]) -> dict[str, Any]:
+    """How many outputs are identical, and the share of tokens before the first divergence
+    (bfloat16 steps of different sizes may take different matmul paths)."""
+    same_prefix = 0
+    for g, w in zip(got, want, strict=True):
+        n = 0
+        while n < min(len(g), len(w)) and g[n] == w[n]:
+            n += 1
+        same_prefix += n
+    return {
+        "identical_outputs": sum(g == w for g, w in zip(got, want, strict=True)),
+        "outputs": len(want),
+        "tokens_before_divergence": same_prefix / max(1, sum(len(w) for w in want)),
+    }
+
+
 def acceptance(engine: Any) -> dict[str, Any]:
     metrics = {m.name.split(":")[-1]: m for m in engine.get_metrics()}
     drafts = metrics["spec_decode_num_drafts"].value
@@ -394,14 +410,16 @@ def main() -> None:
             "batch": _strip(batch),
             "batch_ratio": batch["output_tokens_per_s"] / base_batch["output_tokens_per_s"],
             "batch_same_outputs": batch["outputs"] == base_batch["outputs"],
+            "batch_agreement": agreement(batch["outputs"], base_batch["outputs"]),
         }
         print(f"{method}: single-stream decode {single['decode_tokens_per_s']:.1f} tok/s "
               f"= {entry['single_ratio']:.2f}x (same outputs: {same}); mean acceptance length "
               f"{single_stats['mean_acceptance_length']:.2f}, accepted "
               f"{single_stats['accepted_tokens']}/{single_stats['draft_tokens']}")
         print(f"{method}: batch {args.batch_size} (policy on) {batch['output_tokens_per_s']:.1f}"
-              f" tok/s = {entry['batch_ratio']:.3f}x (same outputs: "
-              f"{entry['batch_same_outputs']})")
+              f" tok/s = {entry['batch_ratio']:.3f}x (identical outputs: "
+              f"{entry['batch_agreement']['identical_outputs']}/{args.batch_size}, tokens "
+              f"before a divergence: {entry['batch_agreement']['tokens_before_divergence']:.1%})")
         del engine
         if not args.no_policy_run:
             engine = make_engine(args, spec_config(method, args, policy=False))
