@@ -18,8 +18,7 @@ from tests.entrypoints.test_spec_decode import (
     _engine,
     _watch_block_tables,
 )
-
-PROMPTS = [[5, 17, 42, 8, 5, 17, 42], [7, 7, 12] * 5, [101, 55, 23], [9] * 40, [33, 4]]
+from tests.spec_decode.conftest import PROMPTS
 
 
 @pytest.fixture(scope="module")
@@ -28,15 +27,6 @@ def tiny_draft_dir(tmp_path_factory, tiny_tokenizer_dir):
     return make_tiny_model(
         tmp_path_factory.mktemp("draft"), tiny_tokenizer_dir, "qwen2", num_hidden_layers=1
     )
-
-
-@pytest.fixture(scope="module")
-def plain_outputs(tiny_llama_dir):
-    plain = LLM(str(tiny_llama_dir), dtype="float32", max_model_len=256)
-    params = SamplingParams(temperature=0.0, max_tokens=30)
-    outputs = plain.generate([{"prompt_token_ids": p} for p in PROMPTS], params,
-                             use_tqdm=False)
-    return [o.outputs[0].token_ids for o in outputs]
 
 
 def _spec_llm(target, draft, k=3, **kwargs) -> LLM:

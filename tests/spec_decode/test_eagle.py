@@ -17,9 +17,9 @@ from tests.entrypoints.test_spec_decode import (
     _engine,
     _watch_block_tables,
 )
+from tests.spec_decode.conftest import PROMPTS
 
 HIDDEN, INTERMEDIATE, HEADS, KV_HEADS, HEAD_DIM = 64, 128, 4, 2, 16
-PROMPTS = [[5, 17, 42, 8, 5, 17, 42], [7, 7, 12] * 5, [101, 55, 23], [9] * 40, [33, 4]]
 
 
 def _layer_tensors(prefix: str, generator, q_in: int, input_norm: bool) -> dict:
@@ -93,15 +93,6 @@ def make_eagle3(folder, vocab: int, draft_vocab: int = 64):
 
 def _vocab(model_dir) -> int:
     return json.loads((model_dir / "config.json").read_text())["vocab_size"]
-
-
-@pytest.fixture(scope="module")
-def plain_outputs(tiny_llama_dir):
-    plain = LLM(str(tiny_llama_dir), dtype="float32", max_model_len=256)
-    params = SamplingParams(temperature=0.0, max_tokens=30)
-    outputs = plain.generate([{"prompt_token_ids": p} for p in PROMPTS], params,
-                             use_tqdm=False)
-    return [o.outputs[0].token_ids for o in outputs]
 
 
 @pytest.fixture(scope="module", params=["eagle", "eagle3"])
