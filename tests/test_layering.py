@@ -43,6 +43,10 @@ FORBIDDEN = {
     # (and its config by the engine args); it never reaches the scheduler or the engine.
     "spec_decode": ["pagedllm.core", "pagedllm.engine", "pagedllm.worker",
                     "pagedllm.entrypoints", "pagedllm.structured_output", "pagedllm.tokenizer"],
+    # LoRA: adapter loading and slot weights, called by the worker (manager), the linear
+    # layers (duck-typed slots) and the frontend (request, config checks).
+    "lora": ["pagedllm.core", "pagedllm.engine", "pagedllm.worker", "pagedllm.entrypoints",
+             "pagedllm.models", "pagedllm.spec_decode", "pagedllm.structured_output"],
     # The C kernels are a leaf: layers, attention and models call them, never the reverse.
     "kernels": ["pagedllm.core", "pagedllm.engine", "pagedllm.worker", "pagedllm.entrypoints",
                 "pagedllm.models", "pagedllm.layers", "pagedllm.attention",

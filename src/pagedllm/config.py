@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from pagedllm.lora.config import LoRAConfig
 from pagedllm.pooling.config import PoolerConfig
 from pagedllm.spec_decode.config import SpeculativeConfig
 
@@ -206,3 +207,5 @@ class EngineConfig:
     )
     # Speculative decoding (None: off).
     speculative_config: SpeculativeConfig | None = None
+    # Multi-LoRA (None: LoRA off).
+    lora_config: LoRAConfig | None = None

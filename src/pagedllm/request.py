@@ -83,6 +83,7 @@ class Request:
         token_type_ids: per prompt token, 0 or 1 (the second text of a cross-encoder pair).
         spec_token_ids: draft tokens proposed for its next step (speculative decoding);
             they are verified, never appended as such.
+        lora_request: its LoRA adapter (lora/request.py LoRARequest), or None.
     """
 
     request_id: str
@@ -105,6 +106,7 @@ class Request:
     pooling_params: PoolingParams | None = None
     token_type_ids: list[int] | None = None
     spec_token_ids: list[int] = field(default_factory=list)
+    lora_request: Any = None
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.prompt_token_ids)

@@ -59,6 +59,10 @@ def update_request_block_hashes(
     """
     hashes = request.block_hashes
     token_ids = request.all_token_ids
+    if extra_keys is None and request.lora_request is not None:
+        # A LoRA adapter changes every layer's K/V: the same tokens under two adapters (or
+        # none) never share a block.
+        extra_keys = ("lora", request.lora_request.lora_int_id)
     num_full_blocks = len(token_ids) // block_size
     parent = hashes[-1] if hashes else None
     for index in range(len(hashes), num_full_blocks):

@@ -35,6 +35,7 @@ class NewRequestData:
         num_computed_tokens: tokens already in the KV cache before this step.
         pooling_params: set for a pooling request (pooled, not sampled, this one step).
         token_type_ids: its token types, when the model takes them.
+        lora_request: its LoRA adapter, or None.
     """
 
     request_id: str
@@ -46,6 +47,7 @@ class NewRequestData:
     num_computed_tokens: int
     pooling_params: PoolingParams | None = None
     token_type_ids: list[int] | None = None
+    lora_request: Any = None
 
 
 @dataclass

@@ -61,6 +61,8 @@ class Scheduler:
             recompute. Ignored unless preemption_mode is "swap".
         kv_cache_groups: the model's KV cache groups (None: one full-attention group; empty:
             the model keeps no KV cache and serves pooling requests only).
+        max_loras: the most LoRA adapters one step may use (None: LoRA off); requests of
+            other adapters wait for a later step.
         num_lookahead_slots: KV slots reserved past the tokens of a request that samples in
             a step, for a drafter's own KV (speculative decoding with a draft model or
             EAGLE); freed again after the step.
@@ -73,9 +75,11 @@ class Scheduler:
         num_blocks: int,
         num_cpu_blocks: int = 0,
         kv_cache_groups: tuple[KVCacheGroupSpec, ...] | None = None,
+        max_loras: int | None = None,
         num_lookahead_slots: int = 0,
     ) -> None:
         self.scheduler_config = scheduler_config
+        self.max_loras = max_loras
         self.num_lookahead_slots = num_lookahead_slots
         self.cache_config = cache_config
         self.max_model_len = scheduler_config.max_model_len
@@ -289,8 +293,9 @@ class Scheduler:
         while index < len(self.running) and plan.token_budget > 0:
             request = self.running[index]
             num_new_tokens = self._num_tokens_to_schedule(request, plan.token_budget)
-            if num_new_tokens == 0:
-                # Nothing to compute now (or, unchunked, too little budget left).
+            if num_new_tokens == 0 or not self._lora_fits(request, plan):
+                # Nothing to compute now (or, unchunked, too little budget left; or its
+                # adapter would be one too many this step).
                 index += 1
                 continue
             drafts = drafts_to_schedule(
@@ -418,6 +423,8 @@ class Scheduler:
             request = self.swapped.peek()
             if self.waiting and self.waiting.outranks(self.waiting.peek(), request):
                 break
+            if not self._lora_fits(request, plan):
+                break
             num_new_tokens = self._num_tokens_to_schedule(request, plan.token_budget)
             if num_new_tokens == 0:
                 break
@@ -454,7 +461,10 @@ class Scheduler:
             if request.request_id in plan.preempted_ids:
                 break  # preempted this step: re-admitting it now would only thrash
             grammar = request.structured_output
-            if grammar is not None and not grammar.is_ready():
+            if (grammar is not None and not grammar.is_ready()) or not self._lora_fits(
+                request, plan
+            ):
+                # Compiling, or one adapter too many this step: it keeps its place.
                 compiling.append(self.waiting.pop())
                 continue
             if grammar is not None and grammar.error is not None:
@@ -479,6 +489,13 @@ class Scheduler:
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             plan.add(request, num_new_tokens, new_block_ids, is_new=True)
+
+    def _lora_fits(self, request: Request, plan: StepPlan) -> bool:
+        """True unless `request`'s adapter would be one more than max_loras this step."""
+        lora = request.lora_request
+        if lora is None or self.max_loras is None or lora.lora_int_id in plan.lora_ids:
+            return True
+        return len(plan.lora_ids) < self.max_loras
 
     def _fail_grammar(self, request: Request, error: str) -> None:
         logger.error("Request %s: its grammar did not compile: %s", request.request_id, error)

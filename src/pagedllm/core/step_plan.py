@@ -31,6 +31,8 @@ class StepPlan:
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
     # Draft tokens verified this step, by request (their count is in num_scheduled_tokens).
     spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
+    # The LoRA adapters (lora_int_id) the step's requests use.
+    lora_ids: set[int] = field(default_factory=set)
 
     def add(
         self,
@@ -44,6 +46,8 @@ class StepPlan:
         being `spec_token_ids`, drafts to verify, if any)."""
         assert 0 < num_tokens <= self.token_budget
         self.num_scheduled_tokens[request.request_id] = num_tokens
+        if request.lora_request is not None:
+            self.lora_ids.add(request.lora_request.lora_int_id)
         if spec_token_ids:
             self.spec_token_ids[request.request_id] = spec_token_ids
         self.token_budget -= num_tokens
@@ -77,6 +81,7 @@ class StepPlan:
                 num_computed_tokens=request.num_computed_tokens,
                 pooling_params=request.pooling_params,
                 token_type_ids=request.token_type_ids,
+                lora_request=request.lora_request,
             )
             for request in self.new_requests
         ]

@@ -21,6 +21,7 @@ from pagedllm.config import (
     StructuredOutputsConfig,
 )
 from pagedllm.logger import init_logger
+from pagedllm.lora.config import LoRAConfig
 from pagedllm.pooling.config import PoolerConfig
 from pagedllm.spec_decode.config import (
     AMX_DISABLE_BY_BATCH_SIZE,
@@ -81,6 +82,10 @@ class EngineArgs:
     convert: str = "auto"
     pooler_config: dict | str | PoolerConfig | None = None
     speculative_config: dict | str | SpeculativeConfig | None = None
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None
 
     def create_engine_config(self) -> EngineConfig:
         """Validate the arguments and resolve everything the engine needs to start."""
@@ -118,7 +123,16 @@ class EngineArgs:
             device_config=DeviceConfig(device),
             structured_outputs_config=self._structured_outputs_config(),
             speculative_config=self._speculative_config(model_config),
+            lora_config=self._lora_config(model_config),
         )
+
+    def _lora_config(self, model_config: ModelConfig) -> LoRAConfig | None:
+        """The multi-LoRA limits when enable_lora is on."""
+        if not self.enable_lora:
+            return None
+        if model_config.runner == "pooling":
+            raise ValueError("enable_lora applies to generating models only.")
+        return LoRAConfig(self.max_loras, self.max_lora_rank, self.max_cpu_loras)
 
     def _speculative_config(self, model_config: ModelConfig) -> SpeculativeConfig | None:
         """The user's speculative_config, validated, its draft model located."""

@@ -33,6 +33,9 @@ class EngineCore:
             spec.num_blocks,
             num_cpu_blocks=spec.num_cpu_blocks,
             kv_cache_groups=spec.groups,
+            max_loras=(
+                engine_config.lora_config.max_loras if engine_config.lora_config else None
+            ),
             num_lookahead_slots=(
                 engine_config.speculative_config.num_lookahead_slots
                 if engine_config.speculative_config is not None
@@ -74,6 +77,7 @@ class EngineCore:
             priority=request.priority,
             pooling_params=request.pooling_params,
             token_type_ids=request.token_type_ids,
+            lora_request=request.lora_request,
         )
         if params.structured_outputs is not None and request.pooling_params is None:
             stop_ids = [request.eos_token_id] if request.eos_token_id is not None else []

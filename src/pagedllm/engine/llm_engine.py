@@ -14,6 +14,7 @@ from pagedllm.engine.core_client import EngineCoreClient, InprocClient, SyncMPCl
 from pagedllm.engine.input_processor import InputProcessor, PromptType
 from pagedllm.engine.output_processor import OutputProcessor
 from pagedllm.engine.protocol import EngineCoreRequest
+from pagedllm.lora.request import LoRARequest
 from pagedllm.metrics.reader import Metric, metrics_from_stats
 from pagedllm.metrics.stats import SchedulerStats
 from pagedllm.outputs import PoolingRequestOutput, RequestOutput
@@ -79,6 +80,7 @@ class LLMEngine:
         arrival_time: float | None = None,
         add_special_tokens: bool = True,
         priority: int = 0,
+        lora_request: LoRARequest | None = None,
     ) -> None:
         """Tokenize, validate and queue a request (raises ValueError on bad input).
 
@@ -106,6 +108,7 @@ class LLMEngine:
             request_id, prompt, params, arrival_time, add_special_tokens
         )
         request.priority = priority
+        request.lora_request = self._check_lora(lora_request)
         core_params = request.sampling_params
         # best_of (>= n) sequences are sampled; the output processor returns the best n.
         num_seqs = core_params.num_sequences
@@ -115,6 +118,26 @@ class LLMEngine:
         )
         for index, core_id in enumerate(core_ids):
             self.engine_core.add_request(self._child_request(request, core_id, index, num_seqs))
+
+    def _check_lora(self, lora_request: LoRARequest | None) -> LoRARequest | None:
+        """The request's adapter, checked (its config read) before it is queued."""
+        if lora_request is None:
+            return None
+        if not isinstance(lora_request, LoRARequest):
+            raise ValueError(
+                f"lora_request must be a LoRARequest, got {type(lora_request).__name__}."
+            )
+        lora_config = self.engine_config.lora_config
+        if lora_config is None:
+            raise ValueError(
+                f"LoRA adapter {lora_request.lora_name!r} given but LoRA is off: start the "
+                "engine with enable_lora=True."
+            )
+        from pagedllm.lora.peft_adapter import check_adapter_config, read_adapter_config
+
+        config = read_adapter_config(lora_request.lora_path)
+        check_adapter_config(config, lora_request.lora_path, lora_config.max_lora_rank)
+        return lora_request
 
     @staticmethod
     def _child_request(
@@ -140,6 +163,7 @@ class LLMEngine:
             eos_token_id=request.eos_token_id,
             arrival_time=request.arrival_time,
             priority=request.priority,
+            lora_request=request.lora_request,
         )
 
     def abort_request(self, request_ids: str | list[str]) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 import msgspec
 
+from pagedllm.lora.request import LoRARequest
 from pagedllm.metrics.stats import SchedulerStats
 from pagedllm.pooling.data import PooledData
 from pagedllm.pooling_params import PoolingParams
@@ -44,6 +45,8 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=
     # A pooling request (its sampling_params are then unused), and its token types.
     pooling_params: PoolingParams | None = None
     token_type_ids: list[int] | None = None
+    # The LoRA adapter it runs with, or None for the base model.
+    lora_request: LoRARequest | None = None
 
 
 class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):

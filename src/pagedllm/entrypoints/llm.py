@@ -20,6 +20,7 @@ from pagedllm.engine.llm_engine import LLMEngine
 from pagedllm.entrypoints.beam_search import BeamSearchOutput, beam_search
 from pagedllm.entrypoints.chat_utils import conversation_for_template
 from pagedllm.entrypoints.llm_pooling import PoolingMethods
+from pagedllm.lora.request import LoRARequest
 from pagedllm.metrics.reader import Metric
 from pagedllm.outputs import RequestOutput
 from pagedllm.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
@@ -112,6 +113,7 @@ class LLM(PoolingMethods):
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
         priority: list[int] | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Generate completions for one or many prompts, returned in input order.
 
@@ -121,10 +123,13 @@ class LLM(PoolingMethods):
             use_tqdm: show a progress bar.
             priority: one priority per prompt (lower first), used by the "priority"
                 scheduling policy; None means 0 for all.
+            lora_request: a LoRA adapter for every prompt, or one (or None) per prompt
+                (needs enable_lora=True).
         """
         prompt_list = _as_prompt_list(prompts)
         return self._run(
-            prompt_list, sampling_params, use_tqdm, add_special_tokens=True, priority=priority
+            prompt_list, sampling_params, use_tqdm, add_special_tokens=True, priority=priority,
+            lora_request=lora_request,
         )
 
     def beam_search(
@@ -154,6 +159,7 @@ class LLM(PoolingMethods):
         continue_final_message: bool = False,
         tools: list[dict[str, Any]] | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Apply the model's chat template to one conversation or a list of them, then generate.
 
@@ -180,7 +186,10 @@ class LLM(PoolingMethods):
             for conv in conversations  # type: ignore[arg-type]
         ]
         # The template already wrote BOS and other special tokens where the model wants them.
-        return self._run(prompts, sampling_params, use_tqdm, add_special_tokens=False)
+        return self._run(
+            prompts, sampling_params, use_tqdm, add_special_tokens=False,
+            lora_request=lora_request,
+        )
 
     def _run(
         self,
@@ -189,8 +198,10 @@ class LLM(PoolingMethods):
         use_tqdm: bool,
         add_special_tokens: bool,
         priority: list[int] | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         params_list = _as_params_list(sampling_params, len(prompts))
+        loras = _as_lora_list(lora_request, len(prompts))
         if priority is not None and len(priority) != len(prompts):
             raise ValueError(
                 f"The lengths of prompts ({len(prompts)}) and priority ({len(priority)}) "
@@ -199,7 +210,9 @@ class LLM(PoolingMethods):
         priorities = list(priority) if priority is not None else [0] * len(prompts)
         request_ids = []
         try:
-            for prompt, params, prio in zip(prompts, params_list, priorities, strict=True):
+            for prompt, params, prio, lora in zip(
+                prompts, params_list, priorities, loras, strict=True
+            ):
                 request_id = str(next(self._request_counter))
                 final_params = dataclasses.replace(params, output_kind=RequestOutputKind.FINAL_ONLY)
                 self.llm_engine.add_request(
@@ -208,6 +221,7 @@ class LLM(PoolingMethods):
                     final_params,
                     add_special_tokens=add_special_tokens,
                     priority=prio,
+                    lora_request=lora,
                 )
                 request_ids.append(request_id)
         except Exception:
@@ -277,3 +291,17 @@ def _as_params_list(
             f"({len(params_list)}) must be the same."
         )
     return params_list
+
+
+def _as_lora_list(
+    lora_request: LoRARequest | Sequence[LoRARequest | None] | None, count: int
+) -> list[LoRARequest | None]:
+    """One adapter (or None) per prompt."""
+    if lora_request is None or isinstance(lora_request, LoRARequest):
+        return [lora_request] * count
+    loras = list(lora_request)
+    if len(loras) != count:
+        raise ValueError(
+            f"The lengths of prompts ({count}) and lora_request ({len(loras)}) must be the same."
+        )
+    return loras

@@ -9,6 +9,7 @@ knows about models, attention or the KV cache.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -101,6 +102,9 @@ class Linear(nn.Module):
         super().__init__()
         self.input_size = input_size
         self.output_size = output_size
+        # LoRA adapter slots (lora/layers.py LoRALinearSlots), attached by the worker when
+        # LoRA is enabled; None otherwise. Duck-typed: layers/ does not import lora/.
+        self.lora: Any = None
         # Uninitialised: every parameter is filled by load_weights.
         self.weight = nn.Parameter(torch.empty(output_size, input_size), requires_grad=False)
         self.weight.weight_loader = self.weight_loader  # type: ignore[attr-defined]
@@ -223,7 +227,14 @@ class Linear(nn.Module):
         self.weight.data = torch.empty(0, dtype=self.weight.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """[..., input_size] → [..., output_size]."""
+        """[..., input_size] → [..., output_size], plus the step's LoRA deltas when the
+        layer has adapter slots (lora/layers.py) and the step uses any."""
+        out = self._base_forward(x)
+        if self.lora is not None and self.lora.batch.active:
+            out = self.lora.apply(x, out)
+        return out
+
+    def _base_forward(self, x: torch.Tensor) -> torch.Tensor:
         if uses_quantized(self.quantized, self.keeps_dense, x.shape[0]):
             assert self.quantized is not None
             out = self.quantized.matmul(x)

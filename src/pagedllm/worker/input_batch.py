@@ -7,6 +7,7 @@ tokens it samples itself, so its copy of the token ids is always complete.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -34,6 +35,7 @@ class CachedRequestState:
     in_progress_prompt_logprobs: LogprobsLists | None = None
     pooling_params: PoolingParams | None = None
     token_type_ids: list[int] | None = None
+    lora_request: Any = None  # its LoRA adapter (lora/request.py), or None
 
     @property
     def num_tokens(self) -> int:

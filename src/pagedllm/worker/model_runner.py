@@ -53,6 +53,7 @@ from pagedllm.worker.logprobs import (
 from pagedllm.worker.outputs import LogprobsLists, ModelRunnerOutput
 
 if TYPE_CHECKING:
+    from pagedllm.lora.manager import LoRAModelManager
     from pagedllm.models.interfaces import CausalLM
 
 # Prompt positions scored per logits computation: bounds the [M, vocab] float32 temporaries.
@@ -73,6 +74,7 @@ class ModelRunner:
         pooler_config: how pooling requests are pooled (None: LAST-token, no defaults).
         speculative_config: speculative decoding (None: off).
         proposer: its proposer of draft tokens (built by the worker).
+        lora_manager: the model's LoRA adapter slots (None: LoRA off).
     """
 
     def __init__(
@@ -86,6 +88,7 @@ class ModelRunner:
         pooler_config: PoolerConfig | None = None,
         speculative_config: SpeculativeConfig | None = None,
         proposer: Proposer | None = None,
+        lora_manager: LoRAModelManager | None = None,
     ) -> None:
         self.model = model
         # An encoder takes the packed sequences' lengths instead of a KV cache.
@@ -107,6 +110,7 @@ class ModelRunner:
         self.sampler = Sampler()
         self.speculative_config = speculative_config
         self.proposer = proposer
+        self.lora_manager = lora_manager
         self.rejection_sampler = RejectionSampler()
         # request id -> [drafts, vocab] the distribution its pending drafts were drawn from.
         self._draft_probs: dict[str, torch.Tensor] = {}
@@ -147,6 +151,7 @@ class ModelRunner:
                 in_progress_prompt_logprobs=self._start_prompt_logprobs(new),
                 pooling_params=new.pooling_params,
                 token_type_ids=new.token_type_ids,
+                lora_request=new.lora_request,
             )
         cached = scheduler_output.scheduled_cached_reqs
         num_blocks_kept = cached.num_blocks_kept or [None] * cached.num_requests
@@ -225,6 +230,14 @@ class ModelRunner:
     def _forward(self, inputs: StepInputs) -> torch.Tensor:
         if self.is_encoder:
             return self._forward_encoder(inputs)
+        if self.lora_manager is not None:  # group the step's tokens by adapter
+            self.lora_manager.prepare_step(
+                [
+                    (self.requests[rid].lora_request, int(q))
+                    for rid, q in zip(inputs.request_ids, inputs.query_lens, strict=True)
+                ],
+                self.device,
+            )
         common = self._build_common_metadata(inputs)
         group_metadata = [self.backend.build_metadata(common, self.block_size)]
         tables = self._attention_block_tables(inputs)

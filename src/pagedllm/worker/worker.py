@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -29,6 +30,9 @@ from pagedllm.spec_decode.proposers import DrafterContext, Proposer, make_propos
 from pagedllm.utils.device import cuda_free_memory_bytes, to_torch_dtype
 from pagedllm.worker.model_runner import ModelRunner
 from pagedllm.worker.outputs import ModelRunnerOutput
+
+if TYPE_CHECKING:
+    from pagedllm.lora.manager import LoRAModelManager
 
 logger = init_logger(__name__)
 
@@ -74,7 +78,16 @@ class Worker:
             pooler_config=engine_config.model_config.pooler_config,
             speculative_config=engine_config.speculative_config,
             proposer=self._make_proposer(),
+            lora_manager=self._make_lora_manager(),
         )
+
+    def _make_lora_manager(self) -> LoRAModelManager | None:
+        """Adapter slots on every LoRA-able layer, when LoRA is on."""
+        if self.config.lora_config is None:
+            return None
+        from pagedllm.lora.manager import LoRAModelManager
+
+        return LoRAModelManager(self.model, self.config.lora_config, self.dtype, self.device)
 
     def _make_proposer(self) -> Proposer | None:
         """The speculative decoding proposer, with what a model-based one needs."""
