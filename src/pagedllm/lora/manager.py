@@ -36,7 +36,7 @@ class LoRAModelManager:
         self, model: nn.Module, config: LoRAConfig, dtype: torch.dtype, device: torch.device
     ) -> None:
         self.config = config
-        self.batch = LoRABatch()
+        self.batch = LoRABatch(max_loras=config.max_loras)
         layers = getattr(getattr(model, "model", None), "layers", None)
         if layers is None:
             raise ValueError("LoRA is built for decoder models (model.layers).")
