@@ -62,6 +62,11 @@ ENGINE_ARG_HELP = {
     "speculative_config": "JSON with vLLM's keys, e.g. '{\"method\": \"ngram\", "
                           "\"num_speculative_tokens\": 5, \"prompt_lookup_max\": 4}': "
                           "speculative decoding (ngram; the same greedy text, sooner).",
+    "enable_lora": "Serve LoRA adapters beside the base model (offline LoRARequest; the "
+                   "server cannot name adapters yet: --lora-modules is not built).",
+    "max_loras": "Most LoRA adapters in one engine step.",
+    "max_lora_rank": "Largest LoRA rank accepted.",
+    "max_cpu_loras": "LoRA adapters kept loaded on the host (default: max_loras).",
 }
 ENGINE_ARG_CHOICES: dict[str, Sequence[str]] = {
     "dtype": SUPPORTED_DTYPES,
