@@ -6,7 +6,6 @@ its context length and the dtype to run in. Invalid values raise ValueError nami
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -28,6 +27,7 @@ from pagedllm.spec_decode.config import (
     DEFAULT_DISABLE_BY_BATCH_SIZE,
     SpeculativeConfig,
 )
+from pagedllm.utils.json_args import parse_json_arg
 
 if TYPE_CHECKING:
     from pagedllm.models.registry import RunnerChoice
@@ -200,11 +200,7 @@ class EngineArgs:
             return PoolerConfig()
         if isinstance(config, PoolerConfig):
             return config
-        if isinstance(config, str):
-            try:
-                config = json.loads(config)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"pooler_config is not valid JSON: {exc}") from None
+        config = parse_json_arg(config, "pooler_config")
         fields = {"pooling_type", "normalize", "softmax", "dimensions", "step_tag_id"}
         if not isinstance(config, dict) or set(config) - fields:
             raise ValueError(
@@ -236,11 +232,7 @@ class EngineArgs:
             return StructuredOutputsConfig()
         if isinstance(config, StructuredOutputsConfig):
             return config
-        if isinstance(config, str):  # the CLI's --structured-outputs-config '{"backend": ...}'
-            try:
-                config = json.loads(config)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"structured_outputs_config is not valid JSON: {exc}") from None
+        config = parse_json_arg(config, "structured_outputs_config")
         if not isinstance(config, dict) or set(config) - {"backend"}:
             raise ValueError(
                 "structured_outputs_config must be a dict with the key 'backend', got "

@@ -8,9 +8,10 @@ torch.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
+
+from pagedllm.utils.json_args import parse_json_arg
 
 SPEC_METHODS = ("ngram", "draft_model", "eagle", "eagle3", "medusa")
 # Methods whose proposals come from a model (a draft model or heads over the target's states).
@@ -104,11 +105,7 @@ class SpeculativeConfig:
         """
         if isinstance(value, SpeculativeConfig):
             return value
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"speculative_config is not valid JSON: {exc}") from None
+        value = parse_json_arg(value, "speculative_config")
         if not isinstance(value, dict):
             raise ValueError(f"speculative_config must be a dict, got {value!r}.")
         allowed = {f.name for f in fields(cls)} - {"draft_model_config"}

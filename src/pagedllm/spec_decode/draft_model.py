@@ -32,8 +32,6 @@ from pagedllm.spec_decode.proposers import DrafterContext, Proposal, ProposalInp
 if TYPE_CHECKING:
     from pagedllm.models.interfaces import CausalLM
 
-_GREEDY_EPS = 1e-5  # SamplingParams' greedy threshold
-
 
 class DraftModelProposer:
     """Proposes k tokens per request by running a small model autoregressively."""
@@ -121,7 +119,7 @@ class DraftModelProposer:
         """Argmax for greedy and seeded rows, a temperature sample (recorded) otherwise."""
         chosen = logits.argmax(dim=-1).tolist()
         for i, p in enumerate(params):
-            if p.temperature < _GREEDY_EPS or p.seed is not None:
+            if p.is_greedy or p.seed is not None:
                 continue
             distribution = torch.softmax(logits[i] / p.temperature, dim=-1)
             chosen[i] = int(torch.multinomial(distribution, 1))

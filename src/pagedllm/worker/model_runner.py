@@ -36,7 +36,11 @@ from pagedllm.pooling.model_pooler import ModelPooler, PoolingSpan
 from pagedllm.spec_decode.config import SpeculativeConfig
 from pagedllm.spec_decode.proposers import ProposalInputs, Proposer
 from pagedllm.spec_decode.rejection_sampler import DraftLayout, RejectionSampler, accept_greedy
-from pagedllm.spec_decode.verify import build_verify_metadata, split_verify_rows
+from pagedllm.spec_decode.verify import (
+    AttentionRows,
+    build_verify_metadata,
+    split_verify_rows,
+)
 from pagedllm.structured_output.bitmask import apply_grammar_bitmask
 from pagedllm.worker.block_table import (
     compute_slot_mapping,
@@ -238,10 +242,10 @@ class ModelRunner:
                 ],
                 self.device,
             )
-        common = self._build_common_metadata(inputs)
+        rows = self._attention_rows(inputs)
+        common = self._build_common_metadata(inputs, rows)
         group_metadata = [self.backend.build_metadata(common, self.block_size)]
-        tables = self._attention_block_tables(inputs)
-        for table, slots in zip(tables[1:], inputs.slot_mappings[1:], strict=True):
+        for table, slots in zip(rows.block_tables[1:], inputs.slot_mappings[1:], strict=True):
             group_common = dataclasses.replace(
                 common, block_tables=self._to_device(table), slot_mapping=self._to_device(slots)
             )
@@ -290,24 +294,23 @@ class ModelRunner:
         ]
         return self.pooler(hidden_states, self._to_device(inputs.input_ids), spans)
 
-    def _attention_block_tables(self, inputs: StepInputs) -> list[np.ndarray]:
-        if not inputs.has_drafts:
-            return inputs.block_tables
-        return split_verify_rows(
-            inputs.query_lens, inputs.context_lens, inputs.block_tables, inputs.num_drafts
-        ).block_tables
-
-    def _build_common_metadata(self, inputs: StepInputs) -> CommonAttentionMetadata:
-        query_start_loc, query_lens, context_lens = (
-            inputs.query_start_loc, inputs.query_lens, inputs.context_lens
-        )
-        block_table = inputs.block_table
-        if inputs.has_drafts:  # verifications run as decode rows (spec_decode/verify.py)
-            rows = split_verify_rows(query_lens, context_lens, [block_table], inputs.num_drafts)
-            query_start_loc, query_lens, context_lens = (
-                rows.query_start_loc, rows.query_lens, rows.context_lens
+    @staticmethod
+    def _attention_rows(inputs: StepInputs) -> AttentionRows:
+        """The batch as attention sees it: verifications as decode rows
+        (spec_decode/verify.py), every other request as one row."""
+        if inputs.has_drafts:
+            return split_verify_rows(
+                inputs.query_lens, inputs.context_lens, inputs.block_tables, inputs.num_drafts
             )
-            block_table = rows.block_tables[0]
+        return AttentionRows(
+            inputs.query_start_loc, inputs.query_lens, inputs.context_lens, inputs.block_tables
+        )
+
+    def _build_common_metadata(
+        self, inputs: StepInputs, rows: AttentionRows
+    ) -> CommonAttentionMetadata:
+        query_lens, context_lens = rows.query_lens, rows.context_lens
+        query_start_loc, block_table = rows.query_start_loc, rows.block_tables[0]
         seq_lens = context_lens + query_lens
         return CommonAttentionMetadata(
             num_reqs=len(query_lens),
@@ -362,9 +365,9 @@ class ModelRunner:
             row_of = {state.request_id: row for row, state in enumerate(states)}
             rows = [row_of[request_id] for request_id in constrained]
             apply_grammar_bitmask(logits, scheduler_output.grammar_bitmask, rows)
-        sampled = self.sampler(logits, metadata)  # [n]
-        logprobs = self._sampled_logprobs(states, logits, sampled)
-        return [[t] for t in sampled.tolist()], logprobs
+        emitted = [[t] for t in self.sampler(logits, metadata).tolist()]  # one token a row
+        logprobs = self._emitted_logprobs(states, logits, list(range(len(states))), emitted)
+        return emitted, logprobs
 
     def _verify(
         self, inputs: StepInputs, hidden_states: torch.Tensor, scheduler_output: SchedulerOutput
@@ -405,7 +408,8 @@ class ModelRunner:
             apply_grammar_bitmask(logits, scheduler_output.grammar_bitmask, rows)
         draft_probs = self._pending_draft_probs(states, drafts, logits.shape[-1])
         emitted = self.rejection_sampler(logits, metadata, layout, draft_probs)
-        return emitted, self._emitted_logprobs(states, logits, layout, emitted)
+        row_starts = layout.row_starts.tolist()
+        return emitted, self._emitted_logprobs(states, logits, row_starts, emitted)
 
     def _pending_draft_probs(
         self, states: list[CachedRequestState], drafts: list[list[int]], vocab_size: int
@@ -429,15 +433,17 @@ class ModelRunner:
         self,
         states: list[CachedRequestState],
         logits: torch.Tensor,
-        layout: DraftLayout,
+        row_starts: list[int],
         emitted: list[list[int]],
     ) -> dict[str, LogprobsLists]:
-        """Raw logprobs of every emitted token at its own row, for the rows that ask."""
+        """Raw logprobs (+ top-k) of every emitted token at its own logits row (request i's
+        tokens at rows row_starts[i], +1, ...), for the requests that ask; one
+        log_softmax and one topk (k = the largest asked) over all of them."""
         asking = [i for i, s in enumerate(states) if s.sampling_params.logprobs is not None]
         if not asking:
             return {}
         vocab_size = logits.shape[-1]
-        rows = [int(layout.row_starts[i]) + j for i in asking for j in range(len(emitted[i]))]
+        rows = [row_starts[i] + j for i in asking for j in range(len(emitted[i]))]
         tokens = [t for i in asking for t in emitted[i]]
         num_top = [
             resolve_num_top(states[i].sampling_params.logprobs or 0, vocab_size) for i in asking
@@ -484,25 +490,6 @@ class ModelRunner:
                 if probs is not None:
                     self._draft_probs[request_id] = probs
         return result
-
-    def _sampled_logprobs(
-        self, states: list[CachedRequestState], logits: torch.Tensor, sampled: torch.Tensor
-    ) -> dict[str, LogprobsLists]:
-        """Raw logprobs of each sampled token (+ top-k) for the rows that ask for them."""
-        rows = [i for i, s in enumerate(states) if s.sampling_params.logprobs is not None]
-        if not rows:
-            return {}
-        vocab_size = logits.shape[-1]
-        num_top = [
-            resolve_num_top(states[i].sampling_params.logprobs or 0, vocab_size) for i in rows
-        ]
-        if len(rows) < len(states):
-            index = torch.tensor(rows, device=logits.device)
-            logits, sampled = logits[index], sampled[index]  # [R, vocab], [R]
-        # One log_softmax and one topk (k = the largest request) over every asking row.
-        result = compute_token_logprobs(logits, sampled, max(num_top))
-        lists = split_logprobs(result, [1] * len(rows), num_top)
-        return {states[i].request_id: lp for i, lp in zip(rows, lists, strict=True)}
 
     def _compute_prompt_logprobs(
         self, inputs: StepInputs, hidden_states: torch.Tensor
