@@ -86,3 +86,10 @@ def dense_from_tokens() -> int | str:
             f"not {value!r}."
         )
     return int(value)
+
+
+def allow_runtime_lora_updating() -> bool:
+    """PAGEDLLM_ALLOW_RUNTIME_LORA_UPDATING=true opens POST /v1/load_lora_adapter and
+    /v1/unload_lora_adapter on the server (default off, as in vLLM)."""
+    value = os.environ.get("PAGEDLLM_ALLOW_RUNTIME_LORA_UPDATING", "")
+    return value.strip().lower() in ("1", "true")

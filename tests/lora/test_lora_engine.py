@@ -11,48 +11,7 @@ import torch
 
 from pagedllm import LLM, SamplingParams
 from pagedllm.lora.request import LoRARequest
-
-MAX_TOKENS = 16
-# (rank, alpha, targets, rsLoRA)
-ADAPTERS = [
-    (8, 16, ["q_proj", "v_proj"], False),
-    (4, 8, ["q_proj", "k_proj", "v_proj", "o_proj"], False),
-    (16, 32, ["gate_proj", "up_proj", "down_proj"], True),
-    (8, 4, ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-     False),
-]
-
-
-def make_adapter(model_dir, out_dir, rank, alpha, targets, rslora, seed):
-    """A random PEFT LoRA adapter (lora_B not zero, so it changes the output)."""
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(seed)
-    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets, use_rslora=rslora,
-                        lora_dropout=0.0, init_lora_weights=False)
-    model = get_peft_model(base, config)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "lora_" in name:
-                param.normal_(0.0, 0.05)
-    model.save_pretrained(out_dir)
-    return out_dir
-
-
-def reference_tokens(model_dir, adapter_dir, prompts):
-    """transformers (+ peft when an adapter is given) greedy continuations."""
-    from transformers import AutoModelForCausalLM
-
-    from tests.conftest import hf_greedy_tokens
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    if adapter_dir is not None:
-        from peft import PeftModel
-
-        model = PeftModel.from_pretrained(model, adapter_dir).eval()
-    return hf_greedy_tokens(model, prompts, MAX_TOKENS)
+from tests.lora.adapters import ADAPTERS, MAX_TOKENS, make_adapter, reference_tokens
 
 
 @pytest.fixture(scope="module", params=["tiny_llama_dir", "tiny_qwen2_dir"])
@@ -143,3 +102,76 @@ def test_decode_stack_steps_aside_for_lora_batches(setup, monkeypatch):
     llm.generate([{"prompt_token_ids": prompts[0]}], params, use_tqdm=False,
                  lora_request=loras[0])
     assert not calls, "LoRA decode steps must not use the stack"
+
+
+def _misfit_adapter(source, out_dir):
+    """A copy of `source` whose q_proj lora_A reads one feature more than the model has."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(source, out_dir)
+    weights = load_file(str(out_dir / "adapter_model.safetensors"))
+    for name, tensor in list(weights.items()):
+        if "q_proj.lora_A" in name:
+            weights[name] = torch.zeros(tensor.shape[0], tensor.shape[1] + 1)
+    save_file(weights, str(out_dir / "adapter_model.safetensors"))
+    return out_dir
+
+
+def test_add_remove_and_list_loras(setup, tmp_path):
+    """add_lora loads (and checks) an adapter up front; remove_lora drops it; a misfit
+    adapter or a reused id is refused with a ValueError and the engine goes on."""
+    model_dir, prompts, loras, expected = setup
+    llm = LLM(str(model_dir), dtype="float32", enable_lora=True, max_loras=2,
+              max_cpu_loras=4, max_model_len=256)
+    engine = llm.llm_engine
+    assert engine.add_lora(loras[0]) and engine.list_loras() == {loras[0].lora_int_id}
+    misfit = LoRARequest("misfit", 9, str(_misfit_adapter(loras[0].lora_path, tmp_path / "m")))
+    with pytest.raises(ValueError, match="q_proj maps"):
+        engine.add_lora(misfit)
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
+    with pytest.raises(ValueError, match="q_proj maps"):
+        llm.generate([{"prompt_token_ids": prompts[0]}], params, use_tqdm=False,
+                     lora_request=misfit)
+    reused = LoRARequest("other", loras[0].lora_int_id, loras[1].lora_path)
+    with pytest.raises(ValueError, match="its own lora_int_id"):
+        engine.add_lora(reused)
+    out = llm.generate([{"prompt_token_ids": prompts[0]}], params, use_tqdm=False,
+                       lora_request=loras[0])
+    assert out[0].outputs[0].token_ids == expected[loras[0].lora_int_id][0]
+    assert engine.remove_lora(loras[0].lora_int_id)
+    assert engine.list_loras() == set()
+    assert not engine.remove_lora(loras[0].lora_int_id)
+    # A request naming the removed adapter loads it again.
+    out = llm.generate([{"prompt_token_ids": prompts[1]}], params, use_tqdm=False,
+                       lora_request=loras[0])
+    assert out[0].outputs[0].token_ids == expected[loras[0].lora_int_id][1]
+
+
+def test_removed_adapter_serves_its_running_requests_first(setup):
+    """remove_lora while requests run on the adapter: they finish with its exact tokens;
+    the adapter is dropped once the last one ends."""
+    model_dir, prompts, loras, expected = setup
+    llm = LLM(str(model_dir), dtype="float32", enable_lora=True, max_loras=2,
+              max_model_len=256)
+    engine = llm.llm_engine
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
+    lora = loras[1]
+    for index, prompt in enumerate(prompts[:3]):
+        engine.add_request(f"r{index}", {"prompt_token_ids": prompt}, params,
+                           lora_request=lora)
+    engine.step()
+    engine.step()
+    assert engine.remove_lora(lora.lora_int_id)
+    assert lora.lora_int_id not in engine.list_loras()  # no new work is expected on it
+    core = engine.engine_core.engine_core
+    assert lora.lora_int_id in core.executor.list_loras()  # still held for its requests
+    finished = {}
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            if output.finished:
+                finished[output.request_id] = output.outputs[0].token_ids
+    for index in range(3):
+        assert finished[f"r{index}"] == expected[lora.lora_int_id][index]
+    assert lora.lora_int_id not in core.executor.list_loras()

@@ -24,6 +24,7 @@ from pagedllm.engine.input_processor import PromptType
 from pagedllm.engine.llm_engine import LLMEngine
 from pagedllm.engine.protocol import EngineCoreOutputs
 from pagedllm.logger import init_logger
+from pagedllm.lora.request import LoRARequest
 from pagedllm.metrics.loggers import LoggingStatLogger, PrometheusStatLogger
 from pagedllm.metrics.request_timing import RequestTimingTracker
 from pagedllm.outputs import CompletionOutput, PoolingRequestOutput, RequestOutput
@@ -128,6 +129,7 @@ class AsyncLLM:
         request_id: str,
         priority: int = 0,
         add_special_tokens: bool = True,
+        lora_request: LoRARequest | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
         """Stream the request's RequestOutputs (in `sampling_params.output_kind`).
 
@@ -136,7 +138,7 @@ class AsyncLLM:
             EngineDeadError: the engine core stopped.
         """
         stream = await self.add_request(
-            request_id, prompt, sampling_params, priority, add_special_tokens
+            request_id, prompt, sampling_params, priority, add_special_tokens, lora_request
         )
         try:
             async for output in stream:
@@ -178,18 +180,33 @@ class AsyncLLM:
         sampling_params: SamplingParams | PoolingParams,
         priority: int = 0,
         add_special_tokens: bool = True,
+        lora_request: LoRARequest | None = None,
     ) -> AsyncGenerator[_Output, None]:
         """Validate and queue a request now; returns its output stream.
 
         Unlike `generate`, errors in the input surface here, before any output is awaited
         (the server answers them with a 400 before it starts a stream). The caller must
-        iterate the stream to its end, or `abort` the request.
+        iterate the stream to its end, or `abort` the request. An adapter not yet loaded
+        with `add_lora` is loaded first (blocking: prefer `await add_lora(...)` beforehand).
         """
         self._start_output_handler()
         queue = self._add_request(
-            request_id, prompt, sampling_params, priority, add_special_tokens
+            request_id, prompt, sampling_params, priority, add_special_tokens, lora_request
         )
         return self._stream(request_id, queue)
+
+    async def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Load a LoRA adapter in the engine core (ValueError naming what is wrong)."""
+        await asyncio.wrap_future(self.engine.start_add_lora(lora_request))
+        return True
+
+    async def remove_lora(self, lora_int_id: int) -> bool:
+        """Drop a LoRA adapter once its running requests finish (False: not loaded)."""
+        return bool(await asyncio.wrap_future(self.engine.start_remove_lora(lora_int_id)))
+
+    async def list_loras(self) -> set[int]:
+        """Ids of the LoRA adapters loaded in the engine core."""
+        return set(await asyncio.wrap_future(self.engine_core.call_utility("list_loras")))
 
     async def _stream(
         self, request_id: str, queue: asyncio.Queue[_QueueItem]
@@ -237,11 +254,14 @@ class AsyncLLM:
         params: SamplingParams | PoolingParams,
         priority: int,
         add_special_tokens: bool,
+        lora_request: LoRARequest | None = None,
     ) -> asyncio.Queue[_QueueItem]:
         self.engine_core.check_health()
         if request_id in self._queues:
             raise ValueError(f"Request id {request_id!r} is already running.")
         kwargs: dict[str, Any] = {"add_special_tokens": add_special_tokens}
+        if lora_request is not None:
+            kwargs["lora_request"] = lora_request
         if priority != 0:
             if not self._supports_priority:
                 raise ValueError("priority is not supported yet: requests are served FCFS.")

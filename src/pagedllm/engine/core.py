@@ -13,6 +13,7 @@ from pagedllm.config import EngineConfig
 from pagedllm.core.sched_output import SchedulerOutput
 from pagedllm.core.scheduler import Scheduler
 from pagedllm.engine.protocol import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
+from pagedllm.lora.request import LoRARequest
 from pagedllm.request import Request
 from pagedllm.structured_output import StructuredOutputManager
 from pagedllm.tokenizer.tokenizer import get_tokenizer
@@ -43,6 +44,7 @@ class EngineCore:
             ),
         )
         self._check_kv_capacity()
+        self._loras_to_remove: set[int] = set()  # asked to go, waiting for their requests
         model_config = engine_config.model_config
         self.structured_output = StructuredOutputManager(
             lambda: get_tokenizer(model_config.model_dir, model_config.gguf_file),
@@ -89,10 +91,49 @@ class EngineCore:
     def abort_requests(self, request_ids: Iterable[str]) -> None:
         """Stop requests wherever they are and free their KV blocks."""
         self.scheduler.abort_requests(request_ids)
+        if self._loras_to_remove:
+            self._drop_unused_loras()
 
     def has_unfinished_requests(self) -> bool:
         """True while any request waits or runs."""
         return self.scheduler.has_unfinished_requests()
+
+    def add_lora(self, lora_name: str, lora_int_id: int, lora_path: str) -> bool:
+        """Load a LoRA adapter now, so requests naming it start at once (vLLM's add_lora).
+
+        Raises:
+            ValueError: LoRA is off, or the adapter is missing, unsupported or made for
+                another model (naming what).
+        """
+        self._loras_to_remove.discard(lora_int_id)
+        self.executor.add_lora(LoRARequest(lora_name, lora_int_id, lora_path))
+        return True
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        """Drop a LoRA adapter once no unfinished request uses it (those finish first).
+
+        Returns False when no worker held it.
+        """
+        if lora_int_id not in self.executor.list_loras():
+            return False
+        self._loras_to_remove.add(lora_int_id)
+        self._drop_unused_loras()
+        return True
+
+    def list_loras(self) -> list[int]:
+        """Ids of the loaded LoRA adapters (those being removed excluded)."""
+        return [i for i in self.executor.list_loras() if i not in self._loras_to_remove]
+
+    def _drop_unused_loras(self) -> None:
+        """Remove the adapters asked to go that no unfinished request runs any more."""
+        in_use = {
+            request.lora_request.lora_int_id
+            for request in self.scheduler.requests.values()
+            if request.lora_request is not None
+        }
+        for lora_id in sorted(self._loras_to_remove - in_use):
+            self.executor.remove_lora(lora_id)
+            self._loras_to_remove.discard(lora_id)
 
     def step(self) -> EngineCoreOutputs:
         """Schedule, run the model, and report new tokens and finished requests."""
@@ -106,6 +147,8 @@ class EngineCore:
         model_output = self.executor.execute_model(scheduler_output)
         self.model_execute_seconds += time.perf_counter() - start
         updates = self.scheduler.update_from_output(scheduler_output, model_output)
+        if self._loras_to_remove:
+            self._drop_unused_loras()
         stats = self.scheduler.make_stats()
         stats.model_execute_seconds = self.model_execute_seconds
         return EngineCoreOutputs(

@@ -39,6 +39,7 @@ from pagedllm.engine.protocol import (
     UtilityRequest,
 )
 from pagedllm.engine.serial import CoreOutputsDecoder, CoreRequestEncoder
+from pagedllm.engine.utility import run_utility, settle
 from pagedllm.logger import init_logger
 from pagedllm.metrics.stats import SchedulerStats
 
@@ -63,6 +64,11 @@ class EngineCoreClient(ABC):
     @abstractmethod
     def get_output(self) -> EngineCoreOutputs:
         """Outputs of the next step (runs it, in-process)."""
+
+    @abstractmethod
+    def call_utility(self, method: str, *args: Any) -> Future[Any]:
+        """Call an EngineCore method (engine/utility.py) between steps; its future result
+        (ValueError for bad input)."""
 
     def shutdown(self) -> None:  # noqa: B027 - an optional hook: most transports hold nothing
         """Stop the core."""
@@ -90,6 +96,12 @@ class InprocClient(EngineCoreClient):
     def reset_prefix_cache(self) -> bool:
         """Forget the core's cached KV blocks (False while requests hold blocks)."""
         return self.engine_core.reset_prefix_cache()
+
+    def call_utility(self, method: str, *args: Any) -> Future[Any]:
+        """Run the core method now (this is the core's thread); a completed future."""
+        future: Future[Any] = Future()
+        settle(future, run_utility(self.engine_core, UtilityRequest(0, method, list(args))))
+        return future
 
     def shutdown(self) -> None:
         """Release the core's executor."""
@@ -235,7 +247,7 @@ class _MPClient(EngineCoreClient):
             self._send(EngineCoreRequestType.ABORT, list(request_ids))
 
     def call_utility(self, method: str, *args: Any) -> Future[Any]:
-        """Call an EngineCore method in the child (see core_proc.UTILITY_METHODS)."""
+        """Call an EngineCore method in the child (see engine/utility.py)."""
         self.check_health()
         call_id = next(self._call_ids)
         future: Future[Any] = Future()
@@ -276,12 +288,8 @@ class _MPClient(EngineCoreClient):
         result = outputs.utility_result
         assert result is not None
         future = self._calls.pop(result.call_id, None)
-        if future is None:
-            return
-        if result.error is not None:
-            future.set_exception(RuntimeError(result.error))
-        else:
-            future.set_result(result.result)
+        if future is not None:
+            settle(future, result)
 
     @abstractmethod
     def _deliver(self, item: EngineCoreOutputs | EngineDeadError) -> None:

@@ -37,13 +37,12 @@ from pagedllm.engine.protocol import (
     UtilityResult,
 )
 from pagedllm.engine.serial import CoreOutputsEncoder, CoreRequestDecoder
+from pagedllm.engine.utility import run_utility
 from pagedllm.logger import init_logger
 from pagedllm.request import FinishReason
 
 logger = init_logger(__name__)
 
-# EngineCore methods the frontend may call by name (UTILITY messages).
-UTILITY_METHODS = frozenset({"reset_prefix_cache", "has_unfinished_requests"})
 
 _SHUTDOWN = object()
 
@@ -99,12 +98,7 @@ class EngineCoreProc:
             self.output_queue.put(EngineCoreOutputs(utility_result=self._call_utility(payload)))
 
     def _call_utility(self, call: UtilityRequest) -> UtilityResult:
-        if call.method not in UTILITY_METHODS:
-            return UtilityResult(call.call_id, error=f"Unknown utility method {call.method!r}.")
-        try:
-            return UtilityResult(call.call_id, getattr(self.engine_core, call.method)(*call.args))
-        except Exception as error:  # noqa: BLE001 - the caller gets the error, the core lives
-            return UtilityResult(call.call_id, error=repr(error))
+        return run_utility(self.engine_core, call)
 
     def _send(self, outputs: EngineCoreOutputs) -> None:
         stats = outputs.scheduler_stats

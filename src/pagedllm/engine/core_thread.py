@@ -13,13 +13,20 @@ import contextlib
 import enum
 import queue
 import threading
+from concurrent.futures import Future
 from typing import Any
 
 from pagedllm.config import EngineConfig
 from pagedllm.engine.core import EngineCore
 from pagedllm.engine.core_client import AsyncEngineCoreClient
 from pagedllm.engine.exceptions import EngineDeadError
-from pagedllm.engine.protocol import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
+from pagedllm.engine.protocol import (
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    EngineCoreRequest,
+    UtilityRequest,
+)
+from pagedllm.engine.utility import run_utility, settle
 from pagedllm.logger import init_logger
 from pagedllm.metrics.stats import SchedulerStats
 from pagedllm.request import FinishReason
@@ -32,6 +39,7 @@ _JOIN_TIMEOUT_S = 10.0
 class _Message(enum.Enum):
     ADD = enum.auto()
     ABORT = enum.auto()
+    UTILITY = enum.auto()
     SHUTDOWN = enum.auto()
 
 
@@ -86,6 +94,13 @@ class ThreadedCoreClient(AsyncEngineCoreClient):
         if request_ids and self._error is None:
             self._inputs.put((_Message.ABORT, list(request_ids)))
 
+    def call_utility(self, method: str, *args: Any) -> Future[Any]:
+        """Run a core method on the core thread between steps; its future result."""
+        self.check_health()
+        future: Future[Any] = Future()
+        self._inputs.put((_Message.UTILITY, (UtilityRequest(0, method, list(args)), future)))
+        return future
+
     async def get_output_async(self) -> EngineCoreOutputs:
         """The next step's outputs; raises EngineDeadError once the core died."""
         self._bind_loop()
@@ -122,6 +137,17 @@ class ThreadedCoreClient(AsyncEngineCoreClient):
             logger.exception("The engine core crashed.")
             self._error = error
             self._post(EngineDeadError(f"The engine core died: {error!r}"))
+        self._fail_pending_calls()
+
+    def _fail_pending_calls(self) -> None:
+        """Utility calls still queued when the loop ended get an error, not a hang."""
+        while True:
+            try:
+                kind, payload = self._inputs.get_nowait()
+            except queue.Empty:
+                return
+            if kind is _Message.UTILITY:
+                payload[1].set_exception(EngineDeadError("The engine core is not running."))
 
     def _has_work(self) -> bool:
         scheduler = self.engine_core.scheduler
@@ -139,6 +165,9 @@ class ThreadedCoreClient(AsyncEngineCoreClient):
                 return False
             if kind is _Message.ADD:
                 self._add(payload)
+            elif kind is _Message.UTILITY:
+                call, future = payload
+                settle(future, run_utility(self.engine_core, call))
             else:
                 self.engine_core.abort_requests(payload)
             try:

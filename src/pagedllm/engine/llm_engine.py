@@ -6,6 +6,7 @@ through an EngineCoreClient. Text stays here; the core only sees token ids.
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from typing import Any
 
 from pagedllm.config import EngineConfig
@@ -56,6 +57,7 @@ class LLMEngine:
         self.output_processor = OutputProcessor(self.tokenizer)
         self.engine_core: EngineCoreClient = engine_core or InprocClient(engine_config)
         self._latest_stats: SchedulerStats | None = None
+        self._loras: dict[int, LoRARequest] = {}  # adapters loaded through this frontend
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs, multiprocessing: bool = False) -> LLMEngine:
@@ -93,6 +95,8 @@ class LLMEngine:
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise ValueError(f"priority must be an int, got {priority!r}.")
         if isinstance(params, PoolingParams):
+            if lora_request is not None:
+                raise ValueError("lora_request: LoRA adapters apply to generation only.")
             pooling_request, pooling_prompt = self.input_processor.process_pooling(
                 request_id, prompt, params, arrival_time, add_special_tokens
             )
@@ -120,24 +124,70 @@ class LLMEngine:
             self.engine_core.add_request(self._child_request(request, core_id, index, num_seqs))
 
     def _check_lora(self, lora_request: LoRARequest | None) -> LoRARequest | None:
-        """The request's adapter, checked (its config read) before it is queued."""
+        """The request's adapter, loaded in the core (and so checked) before it is queued."""
         if lora_request is None:
             return None
         if not isinstance(lora_request, LoRARequest):
             raise ValueError(
                 f"lora_request must be a LoRARequest, got {type(lora_request).__name__}."
             )
+        if self._loras.get(lora_request.lora_int_id) != lora_request:
+            self.add_lora(lora_request)
+        return lora_request
+
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Load a LoRA adapter in the engine core now (vLLM's `add_lora`).
+
+        Raises:
+            ValueError: LoRA is off; the folder is missing; the adapter is unsupported, over
+                max_lora_rank or made for another model; its id names another adapter.
+        """
+        self.start_add_lora(lora_request).result()
+        return True
+
+    def start_add_lora(self, lora_request: LoRARequest) -> Future[Any]:
+        """`add_lora` without waiting: the cheap checks now (ValueError), the core's load
+        as a future (AsyncLLM awaits it)."""
         lora_config = self.engine_config.lora_config
         if lora_config is None:
             raise ValueError(
                 f"LoRA adapter {lora_request.lora_name!r} given but LoRA is off: start the "
                 "engine with enable_lora=True."
             )
+        known = self._loras.get(lora_request.lora_int_id)
+        if known is not None and known.lora_path != lora_request.lora_path:
+            raise ValueError(
+                f"lora_int_id {lora_request.lora_int_id} is adapter {known.lora_name!r} "
+                f"({known.lora_path}); give {lora_request.lora_name!r} its own lora_int_id."
+            )
         from pagedllm.lora.peft_adapter import check_adapter_config, read_adapter_config
 
+        # Cheap checks here; the core then reads the weights and fits them to the model.
         config = read_adapter_config(lora_request.lora_path)
         check_adapter_config(config, lora_request.lora_path, lora_config.max_lora_rank)
-        return lora_request
+        future = self.engine_core.call_utility(
+            "add_lora", lora_request.lora_name, lora_request.lora_int_id, lora_request.lora_path
+        )
+
+        def remember(done: Future[Any]) -> None:
+            if done.exception() is None:
+                self._loras[lora_request.lora_int_id] = lora_request
+
+        future.add_done_callback(remember)
+        return future
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        """Drop a LoRA adapter once the requests running it finish (False: not loaded)."""
+        return bool(self.start_remove_lora(lora_int_id).result())
+
+    def start_remove_lora(self, lora_int_id: int) -> Future[Any]:
+        """`remove_lora` without waiting (the core's answer as a future)."""
+        self._loras.pop(lora_int_id, None)
+        return self.engine_core.call_utility("remove_lora", lora_int_id)
+
+    def list_loras(self) -> set[int]:
+        """Ids of the LoRA adapters loaded in the core."""
+        return set(self.engine_core.call_utility("list_loras").result())
 
     @staticmethod
     def _child_request(

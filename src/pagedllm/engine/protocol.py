@@ -80,11 +80,13 @@ class UtilityRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fal
 
 
 class UtilityResult(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    """The answer to the UtilityRequest with `call_id`: its result, or the error's text."""
+    """The answer to the UtilityRequest with `call_id`: its result, or the error's text
+    (`error_type`: "ValueError" for bad input, which the caller raises as ValueError)."""
 
     call_id: int
     result: Any = None
     error: str | None = None
+    error_type: str | None = None
 
 
 class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):

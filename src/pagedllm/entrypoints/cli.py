@@ -62,8 +62,8 @@ ENGINE_ARG_HELP = {
     "speculative_config": "JSON with vLLM's keys, e.g. '{\"method\": \"ngram\", "
                           "\"num_speculative_tokens\": 5, \"prompt_lookup_max\": 4}': "
                           "speculative decoding (ngram; the same greedy text, sooner).",
-    "enable_lora": "Serve LoRA adapters beside the base model (offline LoRARequest; the "
-                   "server cannot name adapters yet: --lora-modules is not built).",
+    "enable_lora": "Serve LoRA adapters beside the base model (--lora-modules names them; "
+                   "offline: LoRARequest).",
     "max_loras": "Most LoRA adapters in one engine step.",
     "max_lora_rank": "Largest LoRA rank accepted.",
     "max_cpu_loras": "LoRA adapters kept loaded on the host (default: max_loras).",

@@ -99,6 +99,7 @@ class LoRALinearSlots:
         dtype: torch.dtype,
         device: torch.device,
     ) -> None:
+        self.input_size = input_size
         self.sub_sizes = sub_sizes
         self.offsets = [sum(sub_sizes[:i]) for i in range(len(sub_sizes))]
         self.max_rank = max_rank

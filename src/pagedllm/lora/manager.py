@@ -80,13 +80,45 @@ class LoRAModelManager:
         return adapter
 
     def _check_layers(self, adapter: PeftAdapter, request: LoRARequest) -> None:
+        """Refuse an adapter made for another model (its layers or shapes do not fit)."""
+        shapes = {
+            (layer_index, peft_name): (slots.sub_sizes[i], slots.input_size)
+            for layer_index, slots, peft_names in self.layer_slots
+            for i, peft_name in enumerate(peft_names)
+        }
         num_layers = 1 + max((i for i, _, _ in self.layer_slots), default=-1)
-        for layer_index, _ in adapter.modules:
+        for (layer_index, name), module in adapter.modules.items():
             if layer_index >= num_layers:
                 raise ValueError(
                     f"LoRA adapter {request.lora_name!r} has weights for layer {layer_index}; "
                     f"the model has {num_layers}."
                 )
+            out_size, in_size = shapes[layer_index, name]
+            got = (int(module.lora_b.shape[0]), int(module.lora_a.shape[1]))
+            if got != (out_size, in_size):
+                raise ValueError(
+                    f"LoRA adapter {request.lora_name!r}: layer {layer_index} {name} maps "
+                    f"{got[1]} -> {got[0]} features; the model's maps {in_size} -> {out_size} "
+                    "(an adapter for another model?)."
+                )
+
+    def add(self, request: LoRARequest) -> None:
+        """Load the adapter now (host LRU), so a bad one fails here, not in a step.
+
+        Raises:
+            ValueError: a missing or unsupported adapter, or one made for another model.
+        """
+        cached = self._loaded.get(request.lora_int_id)
+        if cached is not None and cached.path != request.lora_path:
+            raise ValueError(
+                f"LoRA id {request.lora_int_id} is already {cached.name!r} from "
+                f"{cached.path!r}; give {request.lora_name!r} its own lora_int_id."
+            )
+        self.load(request)
+
+    def loaded_ids(self) -> list[int]:
+        """The adapters on the host, least recently used first."""
+        return list(self._loaded)
 
     def remove(self, lora_int_id: int) -> None:
         """Forget an adapter (host copy and slot)."""

@@ -53,6 +53,7 @@ class PeftAdapter:
     name: str
     rank: int
     modules: dict[tuple[int, str], LoRAModuleWeights]
+    path: str = ""
 
 
 def read_adapter_config(path: str | Path) -> dict[str, Any]:
@@ -149,6 +150,11 @@ def load_peft_adapter(name: str, path: str, max_lora_rank: int) -> PeftAdapter:
         if set(pair) != {"A", "B"}:
             raise ValueError(f"LoRA adapter {path!r} has only lora_{''.join(pair)} of {key}.")
         module_rank = int(pair["A"].shape[0])
+        if pair["A"].dim() != 2 or pair["B"].dim() != 2 or pair["B"].shape[1] != module_rank:
+            raise ValueError(
+                f"LoRA adapter {path!r}: {key} has lora_A {tuple(pair['A'].shape)} and "
+                f"lora_B {tuple(pair['B'].shape)}, not [r, in] and [out, r]."
+            )
         if module_rank > max_lora_rank:
             raise ValueError(
                 f"LoRA adapter {path!r} has rank {module_rank}, above "
@@ -156,4 +162,4 @@ def load_peft_adapter(name: str, path: str, max_lora_rank: int) -> PeftAdapter:
             )
         scale = alpha / (module_rank**0.5 if use_rslora else module_rank)
         modules[key] = LoRAModuleWeights(pair["A"], pair["B"], scale)
-    return PeftAdapter(name, rank, modules)
+    return PeftAdapter(name, rank, modules, str(path))

@@ -33,6 +33,7 @@ from pagedllm.worker.outputs import ModelRunnerOutput
 
 if TYPE_CHECKING:
     from pagedllm.lora.manager import LoRAModelManager
+    from pagedllm.lora.request import LoRARequest
 
 logger = init_logger(__name__)
 
@@ -115,6 +116,24 @@ class Worker:
             model_config=config.draft_model_config,
         )
         return make_proposer(config, context)
+
+    def add_lora(self, lora_request: LoRARequest) -> None:
+        """Load an adapter onto the host now (ValueError: missing, unsupported, misfit)."""
+        self._lora_manager().add(lora_request)
+
+    def remove_lora(self, lora_int_id: int) -> None:
+        """Drop an adapter's host copy and slot (a later request reloads it)."""
+        self._lora_manager().remove(lora_int_id)
+
+    def list_loras(self) -> list[int]:
+        """Ids of the adapters loaded on the host."""
+        return self._lora_manager().loaded_ids()
+
+    def _lora_manager(self) -> LoRAModelManager:
+        manager = self.model_runner.lora_manager
+        if manager is None:
+            raise ValueError("LoRA is off: start the engine with enable_lora=True.")
+        return manager
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """Apply the step's swaps, then run it."""

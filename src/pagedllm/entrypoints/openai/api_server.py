@@ -23,11 +23,11 @@ from typing import Any
 
 import uvicorn
 from fastapi import APIRouter, FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from pagedllm import __version__
+from pagedllm import __version__, envs
 from pagedllm.engine.arg_utils import EngineArgs
 from pagedllm.engine.async_llm import AsyncLLM
 from pagedllm.engine.exceptions import EngineDeadError
@@ -36,7 +36,9 @@ from pagedllm.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
+    LoadLoRAAdapterRequest,
     TokenizeRequest,
+    UnloadLoRAAdapterRequest,
 )
 from pagedllm.entrypoints.openai.protocol_pooling import (
     ClassificationRequest,
@@ -45,6 +47,7 @@ from pagedllm.entrypoints.openai.protocol_pooling import (
     RerankRequest,
     ScoreRequest,
 )
+from pagedllm.entrypoints.openai.served_models import ServedModels, parse_lora_modules
 from pagedllm.entrypoints.openai.server_args import ServerArgs
 from pagedllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from pagedllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
@@ -57,6 +60,8 @@ from pagedllm.model_loader.source import DEFAULT_MODEL
 
 logger = init_logger(__name__)
 router = APIRouter()
+# Opened only with PAGEDLLM_ALLOW_RUNTIME_LORA_UPDATING=true (as vLLM does).
+lora_router = APIRouter()
 
 
 def _handlers(request: Request) -> Any:
@@ -112,6 +117,22 @@ async def metrics(raw_request: Request) -> Response:
 async def list_models(raw_request: Request) -> JSONResponse:
     """The served model names."""
     return JSONResponse(_handlers(raw_request).models.list_models().model_dump())
+
+
+@lora_router.post("/v1/load_lora_adapter")
+@_answer_errors
+async def load_lora_adapter(request: LoadLoRAAdapterRequest, raw_request: Request) -> Response:
+    """Serve a LoRA adapter under a new name (PAGEDLLM_ALLOW_RUNTIME_LORA_UPDATING=true)."""
+    message = await _handlers(raw_request).models.load_lora_adapter(request)
+    return PlainTextResponse(message)
+
+
+@lora_router.post("/v1/unload_lora_adapter")
+@_answer_errors
+async def unload_lora_adapter(request: UnloadLoRAAdapterRequest, raw_request: Request) -> Response:
+    """Stop serving a LoRA adapter (PAGEDLLM_ALLOW_RUNTIME_LORA_UPDATING=true)."""
+    message = await _handlers(raw_request).models.unload_lora_adapter(request)
+    return PlainTextResponse(message)
 
 
 @router.post("/v1/completions")
@@ -217,10 +238,12 @@ def build_app(engine: AsyncLLM, server_args: ServerArgs, model: str | None = Non
 
     app = FastAPI(title="pagedllm OpenAI-compatible server", version=__version__,
                   lifespan=lifespan)
+    models = ServedModels(
+        engine, tuple(served_model_names(server_args, model or engine.get_model_config().model))
+    )
+    models.load_static(parse_lora_modules(server_args.lora_modules))
     config = ServingConfig(
-        served_model_names=tuple(
-            served_model_names(server_args, model or engine.get_model_config().model)
-        ),
+        models=models,
         chat_template=server_args.resolved_chat_template(),
         tool_call_parser=server_args.tool_call_parser,
         enable_auto_tool_choice=server_args.enable_auto_tool_choice,
@@ -236,6 +259,8 @@ def build_app(engine: AsyncLLM, server_args: ServerArgs, model: str | None = Non
     state.pooling = OpenAIServingPooling(engine, config)
     install_error_handlers(app)
     app.include_router(router)
+    if envs.allow_runtime_lora_updating():
+        app.include_router(lora_router)
     api_key = server_args.resolved_api_key()
     if api_key:
         app.add_middleware(APIKeyMiddleware, api_key=api_key)

@@ -412,6 +412,26 @@ class ModelCard(BaseModel):
     permission: list[dict[str, Any]] = Field(default_factory=list)
 
 
+class LoadLoRAAdapterRequest(BaseModel):
+    """POST /v1/load_lora_adapter (vLLM's shape)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    lora_name: str | None = None
+    lora_path: str | None = None
+    load_inplace: bool = False  # replace an adapter already served under lora_name
+
+
+class UnloadLoRAAdapterRequest(BaseModel):
+    """POST /v1/unload_lora_adapter (vLLM's shape; `lora_int_id` is accepted and unused:
+    the name identifies the adapter)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    lora_name: str | None = None
+    lora_int_id: int | None = None
+
+
 class ModelList(BaseModel):
     """GET /v1/models."""
 

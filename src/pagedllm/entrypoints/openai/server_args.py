@@ -10,6 +10,7 @@ import os
 from dataclasses import dataclass, field
 
 from pagedllm import envs
+from pagedllm.entrypoints.openai.served_models import parse_lora_modules
 from pagedllm.tool_calling import get_tool_parser
 
 
@@ -30,6 +31,10 @@ class ServerArgs:
     served_model_name: list[str] | None = field(default=None, metadata=_help(
         "Name(s) clients pass as `model`; the first is reported in responses (default: the "
         "model argument)."))
+    lora_modules: list[str] | None = field(default=None, metadata=_help(
+        "LoRA adapters to serve (needs --enable-lora), each `name=path` or JSON "
+        "'{\"name\": ..., \"path\": ..., \"base_model_name\": ...}'; clients pick one "
+        "by passing its name as `model`."))
     chat_template: str | None = field(default=None, metadata=_help(
         "Jinja chat template, as a file path or inline, overriding the model's own."))
     uvicorn_log_level: str = field(default="info", metadata=_help(
@@ -53,6 +58,7 @@ class ServerArgs:
         "Leave `tools` out of the chat template when a request sets tool_choice \"none\"."))
 
     def __post_init__(self) -> None:
+        parse_lora_modules(self.lora_modules)  # ValueError naming a malformed entry
         if self.tool_call_parser is not None:
             get_tool_parser(self.tool_call_parser)  # ValueError naming the known ones
         if self.enable_auto_tool_choice and self.tool_call_parser is None:

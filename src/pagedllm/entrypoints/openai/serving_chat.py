@@ -104,7 +104,7 @@ class OpenAIServingChat(OpenAIServing):
         self, request: ChatCompletionRequest, raw_request: Request
     ) -> Response:
         """Answer one chat completion request (JSON, or an SSE stream when `stream`)."""
-        self.check_model(request.model)
+        lora_request = self.check_model(request.model)
         self.check_task("generate")
         tool_use = plan_tool_use(request, self.config, self.tokenizer)
         text = self.render(request.messages, request.chat_template,
@@ -121,7 +121,8 @@ class OpenAIServingChat(OpenAIServing):
         tool_use.adjust(params)
         response_id = request.request_id or f"chatcmpl-{random_uuid()}"
         streams = await self.add_requests(request, [prompt.engine_prompt()], [response_id],
-                                          params, add_special_tokens=False)
+                                          params, add_special_tokens=False,
+                                          lora_request=lora_request)
         created = int(time.time())
         if request.stream:
             body = self._stream(request, response_id, created, prompt, streams[0], tool_use)
@@ -165,7 +166,8 @@ class OpenAIServingChat(OpenAIServing):
             ))
         num_generated = sum(len(seq.token_ids) for seq in final.outputs)
         response = ChatCompletionResponse(
-            id=response_id, created=created, model=self.model_name, choices=choices,
+            id=response_id, created=created, model=self.response_model(request.model),
+            choices=choices,
             usage=_usage(len(prompt.token_ids), num_generated),
             system_fingerprint=self.system_fingerprint,
         )
@@ -174,10 +176,10 @@ class OpenAIServingChat(OpenAIServing):
         return response
 
     def _chunk(
-        self, response_id: str, created: int, choice: ChatStreamChoice
+        self, model: str, response_id: str, created: int, choice: ChatStreamChoice
     ) -> ChatCompletionChunk:
         return ChatCompletionChunk(
-            id=response_id, created=created, model=self.model_name, choices=[choice],
+            id=response_id, created=created, model=model, choices=[choice],
             system_fingerprint=self.system_fingerprint,
         )
 
@@ -191,23 +193,26 @@ class OpenAIServingChat(OpenAIServing):
         try:
             for index in range(request.n):
                 delta = DeltaMessage(role=role, content="")
-                yield sse(self._chunk(response_id, created, ChatStreamChoice(index=index,
-                                                                             delta=delta)))
+                choice = ChatStreamChoice(index=index, delta=delta)
+                yield sse(self._chunk(self.response_model(request.model), response_id, created,
+                                      choice))
                 if echo:
                     delta = DeltaMessage(content=echo)
-                    yield sse(self._chunk(response_id, created,
+                    yield sse(self._chunk(self.response_model(request.model), response_id, created,
                                           ChatStreamChoice(index=index, delta=delta)))
             async for output in stream:
                 for seq in output.outputs:
                     num_generated += len(seq.token_ids)
                     for choice in self._stream_choices(request, seq, streamers[seq.index]):
-                        chunk = self._chunk(response_id, created, choice)
+                        chunk = self._chunk(self.response_model(request.model), response_id,
+                                            created, choice)
                         if request.continuous_usage:
                             chunk.usage = _usage(num_prompt, num_generated)
                         yield sse(chunk)
             if request.include_usage:
                 yield sse(ChatCompletionChunk(
-                    id=response_id, created=created, model=self.model_name, choices=[],
+                    id=response_id, created=created, model=self.response_model(request.model),
+                    choices=[],
                     usage=_usage(num_prompt, num_generated),
                     system_fingerprint=self.system_fingerprint,
                 ))

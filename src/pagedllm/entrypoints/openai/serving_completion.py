@@ -42,7 +42,7 @@ class OpenAIServingCompletion(OpenAIServing):
 
     async def create_completion(self, request: CompletionRequest, raw_request: Request) -> Response:
         """Answer one completion request (JSON, or an SSE stream when `stream`)."""
-        self.check_model(request.model)
+        lora_request = self.check_model(request.model)
         self.check_task("generate")
         if request.suffix is not None:
             raise APIError("suffix is not currently supported.", param="suffix")
@@ -53,6 +53,7 @@ class OpenAIServingCompletion(OpenAIServing):
         streams = await self.add_requests(
             request, [p.engine_prompt() for p in prompts], engine_ids,
             self._sampling_params(request, echo_only), add_special_tokens=False,
+            lora_request=lora_request,
         )
         created = int(time.time())
         if request.stream:
@@ -139,7 +140,8 @@ class OpenAIServingCompletion(OpenAIServing):
                 num_generated += 0 if echo_only else len(seq.token_ids)
         num_prompt = sum(len(p.token_ids) for p in prompts)
         return CompletionResponse(
-            id=response_id, created=created, model=self.model_name, choices=choices,
+            id=response_id, created=created, model=self.response_model(request.model),
+            choices=choices,
             usage=_usage(num_prompt, num_generated),
             system_fingerprint=self.system_fingerprint,
         )
@@ -165,7 +167,7 @@ class OpenAIServingCompletion(OpenAIServing):
                     choice = self._choice(request, prompts[i], output, seq, index, echo,
                                           echo_only)
                     chunk = CompletionResponse(
-                        id=response_id, created=created, model=self.model_name,
+                        id=response_id, created=created, model=self.response_model(request.model),
                         choices=[choice], system_fingerprint=self.system_fingerprint,
                     )
                     if request.continuous_usage:
@@ -173,7 +175,8 @@ class OpenAIServingCompletion(OpenAIServing):
                     yield sse(chunk)
             if request.include_usage:
                 yield sse(CompletionResponse(
-                    id=response_id, created=created, model=self.model_name, choices=[],
+                    id=response_id, created=created, model=self.response_model(request.model),
+                    choices=[],
                     usage=_usage(num_prompt, num_generated),
                     system_fingerprint=self.system_fingerprint,
                 ))

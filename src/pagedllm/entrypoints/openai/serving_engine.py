@@ -12,7 +12,6 @@ import hashlib
 import json
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from http import HTTPStatus
 from typing import Any, TypeVar, cast
 
 from fastapi import Request
@@ -25,6 +24,8 @@ from pagedllm.engine.async_llm import AsyncLLM
 from pagedllm.entrypoints.openai.errors import APIError
 from pagedllm.entrypoints.openai.protocol import SamplingExtras
 from pagedllm.entrypoints.openai.sampling import load_generation_defaults
+from pagedllm.entrypoints.openai.served_models import ServedModels
+from pagedllm.lora.request import LoRARequest
 from pagedllm.outputs import RequestOutput
 from pagedllm.sampling_params import SamplingParams
 
@@ -36,7 +37,7 @@ class ServingConfig:
     """Server-side settings the handlers need.
 
     Attributes:
-        served_model_names: names clients may pass as `model` (the first is reported).
+        models: the names clients may pass as `model` (base model and LoRA adapters).
         chat_template: a Jinja template overriding the model's (None: the model's own).
         tool_call_parser: the parser of tool calls in `tool_choice="auto"` replies.
         enable_auto_tool_choice: whether `tool_choice="auto"` is served.
@@ -44,7 +45,7 @@ class ServingConfig:
         grammar_backend: the engine's structured-outputs library ("xgrammar", "guidance").
     """
 
-    served_model_names: tuple[str, ...]
+    models: ServedModels
     chat_template: str | None = None
     tool_call_parser: str | None = None
     enable_auto_tool_choice: bool = False
@@ -81,15 +82,22 @@ class OpenAIServing:
 
     @property
     def model_name(self) -> str:
-        """The name reported in responses."""
-        return self.config.served_model_names[0]
+        """The base model's name, reported when a request names no model."""
+        return self.config.models.base_names[0]
 
-    def check_model(self, model: str | None) -> None:
-        """404 unless `model` is None or one of the served names."""
-        if model is not None and model not in self.config.served_model_names:
-            raise APIError(
-                f"The model `{model}` does not exist.", HTTPStatus.NOT_FOUND, param="model"
-            )
+    def response_model(self, model: str | None) -> str:
+        """The `model` of a response: the name the request used (as vLLM reports it)."""
+        return model or self.model_name
+
+    def check_model(self, model: str | None) -> LoRARequest | None:
+        """The LoRA adapter `model` names (None: the base model); 404 for an unknown name."""
+        return self.config.models.resolve(model)
+
+    def check_base_model(self, model: str | None, what: str) -> None:
+        """Like check_model, but 400 for an adapter (`what` is served by the base only)."""
+        if self.check_model(model) is not None:
+            raise APIError(f"LoRA adapters serve generation only, not {what}; "
+                           f"`{model}` is an adapter.", param="model")
 
     def check_task(self, task: str, also_ok: str | None = None) -> None:
         """400 unless the model serves `task` (or `also_ok`), naming the tasks it serves."""
@@ -138,13 +146,15 @@ class OpenAIServing:
         engine_ids: list[str],
         params: SamplingParams,
         add_special_tokens: bool,
+        lora_request: LoRARequest | None = None,
     ) -> list[AsyncIterator[RequestOutput]]:
         """Queue one engine request per prompt; all or none (a failure aborts the rest)."""
         streams: list[AsyncIterator[RequestOutput]] = []
         try:
             for prompt, engine_id in zip(engine_prompts, engine_ids, strict=True):
                 stream = await self.engine.add_request(
-                    engine_id, prompt, params, request.priority, add_special_tokens
+                    engine_id, prompt, params, request.priority, add_special_tokens,
+                    lora_request,
                 )
                 streams.append(cast("AsyncIterator[RequestOutput]", stream))
         except BaseException:

@@ -53,7 +53,7 @@ class OpenAIServingPooling(OpenAIServing):
 
     async def create_embedding(self, request: EmbeddingRequest, raw_request: Request) -> Response:
         """OpenAI embeddings: one vector per input, floats or base64."""
-        self.check_model(request.model)
+        self.check_base_model(request.model, "pooling")
         params = PoolingParams(
             "embed", request.dimensions, request.normalize, None, request.truncate_prompt_tokens
         )
@@ -69,7 +69,7 @@ class OpenAIServingPooling(OpenAIServing):
 
     async def create_pooling(self, request: PoolingRequest, raw_request: Request) -> Response:
         """The model's raw pooled output per input."""
-        self.check_model(request.model)
+        self.check_base_model(request.model, "pooling")
         task = request.task or "encode"
         params = PoolingParams(task, truncate_prompt_tokens=request.truncate_prompt_tokens)
         outputs = await self._run(raw_request, _prompts(request.input), params, request)
@@ -86,7 +86,7 @@ class OpenAIServingPooling(OpenAIServing):
         self, request: ClassificationRequest, raw_request: Request
     ) -> Response:
         """Class probabilities and the most likely label per input."""
-        self.check_model(request.model)
+        self.check_base_model(request.model, "pooling")
         params = PoolingParams(
             "classify", activation=request.activation,
             truncate_prompt_tokens=request.truncate_prompt_tokens,
@@ -107,7 +107,7 @@ class OpenAIServingPooling(OpenAIServing):
 
     async def create_score(self, request: ScoreRequest, raw_request: Request) -> Response:
         """A score for each (text_1, text_2) pair."""
-        self.check_model(request.model)
+        self.check_base_model(request.model, "pooling")
         result = await self._score(
             raw_request, request, pair_up(request.text_1, request.text_2), request.activation
         )
@@ -121,7 +121,7 @@ class OpenAIServingPooling(OpenAIServing):
 
     async def create_rerank(self, request: RerankRequest, raw_request: Request) -> Response:
         """The documents ordered by relevance to the query (Jina / Cohere shape)."""
-        self.check_model(request.model)
+        self.check_base_model(request.model, "pooling")
         if not request.documents:
             raise APIError("documents cannot be empty.", param="documents")
         pairs = pair_up(request.query, request.documents)
