@@ -80,14 +80,16 @@ def test_same_prompt_under_two_adapters_never_shares_kv(setup):
         assert out[0].outputs[0].token_ids == expected[key][2]
 
 
-def test_decode_stack_steps_aside_for_lora_batches(setup, monkeypatch):
-    """The C decode stack has no LoRA deltas: decode steps with an adapter run the Python
-    layers (which add them), steps without one keep the stack."""
+def test_decode_stack_adds_lora_deltas_as_the_python_layers(setup, monkeypatch):
+    """bfloat16 W4A8: LoRA decode steps run in the C decode stack, which adds each matrix's
+    deltas with the same kernel the Python layers call: the same tokens and bit-identical
+    logprobs as with the stack off, adapters and base requests mixed."""
     from pagedllm.models.cpu_decode_stack import CpuDecodeStack
 
     model_dir, prompts, loras, _ = setup
-    llm = LLM(str(model_dir), dtype="bfloat16", quantization="int4", enable_lora=True,
-              max_model_len=128)
+    kwargs = dict(dtype="bfloat16", quantization="int4", enable_lora=True, max_loras=4,
+                  max_model_len=128)
+    llm = LLM(str(model_dir), **kwargs)
     model = llm.llm_engine.engine_core.engine_core.executor.worker.model
     if model.model.cpu_decode_stack is None:
         pytest.skip("the decode stack is not built for this model on this machine")
@@ -95,13 +97,25 @@ def test_decode_stack_steps_aside_for_lora_batches(setup, monkeypatch):
     original = CpuDecodeStack.__call__
     monkeypatch.setattr(CpuDecodeStack, "__call__",
                         lambda self, *a: calls.append(1) or original(self, *a))
-    params = SamplingParams(temperature=0.0, max_tokens=6)
-    llm.generate([{"prompt_token_ids": prompts[0]}], params, use_tqdm=False)
-    assert calls, "base decode steps use the stack"
+    pairs = _mixed(prompts[:3], loras)
+    params = SamplingParams(temperature=0.0, max_tokens=8, logprobs=2)
+
+    def run(engine):
+        return engine.generate([{"prompt_token_ids": p} for p, _ in pairs], params,
+                               use_tqdm=False, lora_request=[lora for _, lora in pairs])
+
+    with_stack = run(llm)
+    assert calls, "LoRA decode steps use the stack"
+    monkeypatch.setenv("PAGEDLLM_DECODE_STACK", "python")
+    python_layers = LLM(str(model_dir), **kwargs)
     calls.clear()
-    llm.generate([{"prompt_token_ids": prompts[0]}], params, use_tqdm=False,
-                 lora_request=loras[0])
-    assert not calls, "LoRA decode steps must not use the stack"
+    reference = run(python_layers)
+    assert not calls
+    for got, want in zip(with_stack, reference, strict=True):
+        assert got.outputs[0].token_ids == want.outputs[0].token_ids
+        got_lp = [{k: v.logprob for k, v in step.items()} for step in got.outputs[0].logprobs]
+        want_lp = [{k: v.logprob for k, v in step.items()} for step in want.outputs[0].logprobs]
+        assert got_lp == want_lp
 
 
 def _misfit_adapter(source, out_dir):

@@ -28,6 +28,7 @@ _INT_FUNCTIONS = (
     "paged_decode_f32", "paged_decode_bf16", "paged_decode_f32_int8", "paged_decode_bf16_int8",
     "paged_prefill_f32", "paged_prefill_bf16", "paged_prefill_f32_int8",
     "paged_prefill_bf16_int8", "w4a8_matmul_bf16", "w8a8_matmul_bf16", "decode_stack_bf16",
+    "lora_add_bf16",
 )
 _VOID_FUNCTIONS = (
     "store_int8_f32", "store_int8_bf16", "add_rms_norm_bf16", "silu_and_mul_bf16",

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from pagedllm.lora import cpu_kernel
 from pagedllm.lora.peft_adapter import LoRAModuleWeights
 
 
@@ -38,6 +39,9 @@ class LoRABatch:
         padded_index: [G * Tmax] each group's tokens, padded to the largest group with
             token 0 (for steps of several adapters).
         padded_valid: [G, Tmax, 1] 1 for a real token, 0 for padding.
+        num_tokens: the step's tokens (with or without an adapter).
+        order / order_slots: [n] int32, the tokens that have an adapter grouped by slot,
+            and their slots (for the C kernel, csrc/lora.c).
     """
 
     max_loras: int = 1
@@ -45,6 +49,9 @@ class LoRABatch:
     slots: torch.Tensor | None = None
     padded_index: torch.Tensor | None = None
     padded_valid: torch.Tensor | None = None
+    num_tokens: int = 0
+    order: torch.Tensor | None = None
+    order_slots: torch.Tensor | None = None
 
     @property
     def active(self) -> bool:
@@ -53,6 +60,11 @@ class LoRABatch:
 
     def set_token_slots(self, token_slots: torch.Tensor) -> None:
         """From [T] slot per token (-1: no adapter)."""
+        self.num_tokens = int(token_slots.shape[0])
+        with_adapter = (token_slots >= 0).nonzero().squeeze(1)
+        by_slot = torch.argsort(token_slots[with_adapter], stable=True)
+        self.order = with_adapter[by_slot].to(torch.int32)
+        self.order_slots = token_slots[self.order.long()].to(torch.int32)
         self.groups = [
             (int(slot), (token_slots == slot).nonzero().squeeze(1))
             for slot in torch.unique(token_slots).tolist()
@@ -119,6 +131,15 @@ class LoRALinearSlots:
         self.lora_b_t = torch.zeros(
             max_loras, self.slot_width, sum(sub_sizes), dtype=dtype, device=device
         )
+        # For the C kernel (bfloat16 on CPU): per slot, each sub's B^T [r, n_j] at r * o_j.
+        self.kernel = cpu_kernel.kernel_library(dtype, device)
+        self.lora_b_sub = torch.zeros(
+            max_loras if self.kernel is not None else 0, max_rank * sum(sub_sizes),
+            dtype=dtype, device=device,
+        )
+        self.sub_offsets = torch.tensor(
+            [*self.offsets, sum(sub_sizes)], dtype=torch.int64, device=device
+        )
 
     def set_slot(self, slot: int, modules: list[LoRAModuleWeights | None]) -> None:
         """Write an adapter into `slot`: modules[i] for sub-output i (None: no delta there).
@@ -139,10 +160,33 @@ class LoRALinearSlots:
             ).to(self.lora_b.dtype)
         self.lora_a_t[slot] = self.lora_a[slot].T
         self.lora_b_t[slot] = self.lora_b[:, first : first + self.slot_width].T
+        if self.kernel is not None:
+            self._set_kernel_slot(slot, modules)
+
+    def kernel_serves(self, num_tokens: int) -> bool:
+        """True when a step of `num_tokens` adds its deltas with the C kernel (the decode
+        stack then adds them the same way)."""
+        return self.kernel is not None and num_tokens <= cpu_kernel.MAX_TOKENS
+
+    def _set_kernel_slot(self, slot: int, modules: list[LoRAModuleWeights | None]) -> None:
+        """The slot's B in the C kernel's layout: sub j's B^T [max_rank, n_j], scale folded."""
+        flat = self.lora_b_sub[slot]
+        flat.zero_()
+        for index, module in enumerate(modules):
+            if module is None:
+                continue
+            offset, size = self.offsets[index], self.sub_sizes[index]
+            block = flat[self.max_rank * offset : self.max_rank * (offset + size)]
+            block = block.view(self.max_rank, size)
+            block[: module.rank] = (module.lora_b * module.scale).T.to(block.dtype)
 
     def apply(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """`out` (the base layer's [T, out]) plus each adapter's delta on its tokens."""
         batch = self.batch
+        if self.kernel is not None and cpu_kernel.serves(batch, x, out):
+            cpu_kernel.add_deltas(self.kernel, batch, x, out, self.lora_a, self.lora_b_sub,
+                                  self.sub_offsets, self.max_rank)
+            return out
         if batch.padded_index is None:
             return self._apply_one(x, out)
         assert batch.padded_valid is not None

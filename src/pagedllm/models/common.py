@@ -16,7 +16,7 @@ model.norm, lm_head.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch import nn
@@ -204,24 +204,13 @@ class DecoderModel(nn.Module):
         stack = self.cpu_decode_stack
         if self.aux_hidden_state_layers:
             return self._forward_with_aux(positions, hidden_states)
-        # The C stack has no LoRA deltas: a step with adapters runs the Python layers.
-        if stack is not None and not self._lora_active() and stack.serves(
-            hidden_states, positions
-        ):
+        if stack is not None and stack.serves(hidden_states, positions):
             hidden_states, residual = stack(hidden_states, positions)
         else:
             for layer in self.layers:
                 hidden_states, residual = layer(positions, hidden_states, residual)
         hidden_states, _ = self.norm(hidden_states, residual)
         return hidden_states
-
-    def _lora_active(self) -> bool:
-        """True when the step runs LoRA adapters (any layer's slots see it)."""
-        if not len(self.layers):
-            return False
-        first = cast("DecoderLayer", self.layers[0])
-        slots = first.self_attn.qkv_proj.lora
-        return slots is not None and bool(slots.batch.active)
 
     def _forward_with_aux(
         self, positions: torch.Tensor, hidden_states: torch.Tensor

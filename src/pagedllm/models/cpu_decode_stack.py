@@ -58,6 +58,17 @@ class _StackLayer(ctypes.Structure):
     ]
 
 
+class _StackLoRA(ctypes.Structure):
+    _fields_ = [("a", ctypes.c_void_p), ("b", ctypes.c_void_p),
+                ("sub_offsets", ctypes.c_void_p), ("subs", ctypes.c_int64)]
+
+
+class _StackLoRAStep(ctypes.Structure):
+    _fields_ = [("num", ctypes.c_int64), ("rank", ctypes.c_int64),
+                ("order", ctypes.c_void_p), ("order_slots", ctypes.c_void_p),
+                ("matrices", ctypes.c_void_p)]
+
+
 def _library() -> Any:
     """The kernel library's handle, or None when the stack is switched off or its parts are
     (they must run here as they do in the Python layers for the results to agree)."""
@@ -160,6 +171,7 @@ class CpuDecodeStack:
         )
         self._table: ctypes.Array[_StackLayer] | None = None
         self._table_key: tuple[int, ...] = ()
+        self._lora_table: ctypes.Array[_StackLoRA] | None = None
         self.max_tokens = _max_quantized_tokens(self.layers)
 
     @classmethod
@@ -187,6 +199,9 @@ class CpuDecodeStack:
             return False
         if self.max_tokens is not None and num_tokens > self.max_tokens:
             return False  # the layers' dense weights are faster for this step
+        lora = self._lora_slots()
+        if lora is not None and lora.batch.active and not lora.kernel_serves(num_tokens):
+            return False  # LoRA deltas the C kernel does not take this step
         context = get_forward_context()
         metadata = context.attn_metadata
         return (
@@ -212,12 +227,14 @@ class CpuDecodeStack:
         out = hidden_states.contiguous().clone()
         residual = torch.empty(num_tokens, hidden, dtype=torch.float32)
         slots = metadata.slot_mapping.to(torch.int64).contiguous()
+        lora_step = self._lora_step()
         failed = self.library.decode_stack_bf16(
             ctypes.byref(self.dims), table, ctypes.c_int64(num_tokens),
             pointer(out), pointer(residual), pointer(positions),
             pointer(self.rotary.cos_sin_cache), pointer(slots),
             pointer(decodes.block_tables), pointer(decodes.seq_lens),
             pointer(decodes.token_rows), ctypes.c_int64(decodes.max_seq_len),
+            None if lora_step is None else ctypes.byref(lora_step),
         )
         if failed:
             raise RuntimeError(f"The CPU decode stack failed (code {failed}).")
@@ -244,4 +261,36 @@ class CpuDecodeStack:
             )
             entry.kv_cache = kv_cache.data_ptr()
         self._table, self._table_key = table, key
+        return table
+
+    # LoRA: the layers' adapter slots (lora/layers.py, duck-typed: models/ does not import
+    # lora/) feed the same C kernel the Python layers call, after each matrix.
+
+    def _lora_slots(self) -> Any:
+        """The first matrix's LoRA slots (every matrix has them when LoRA is on), or None."""
+        return _matrices(self.layers[0])[0].lora
+
+    def _lora_step(self) -> _StackLoRAStep | None:
+        """This step's LoRA tokens and every matrix's slots, or None without adapters."""
+        lora = self._lora_slots()
+        if lora is None or not lora.batch.active:
+            return None
+        if self._lora_table is None:
+            self._lora_table = self._build_lora_table()
+        batch = lora.batch
+        return _StackLoRAStep(
+            num=batch.order.shape[0], rank=lora.max_rank, order=batch.order.data_ptr(),
+            order_slots=batch.order_slots.data_ptr(),
+            matrices=ctypes.cast(self._lora_table, ctypes.c_void_p),
+        )
+
+    def _build_lora_table(self) -> ctypes.Array[_StackLoRA]:
+        """Pointers to every matrix's slot weights (written in place as adapters change)."""
+        table = (_StackLoRA * (4 * len(self.layers)))()
+        for index, linear in enumerate(m for layer in self.layers for m in _matrices(layer)):
+            slots = linear.lora
+            table[index] = _StackLoRA(
+                slots.lora_a.data_ptr(), slots.lora_b_sub.data_ptr(),
+                slots.sub_offsets.data_ptr(), slots.sub_offsets.shape[0] - 1,
+            )
         return table

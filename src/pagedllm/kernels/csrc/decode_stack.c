@@ -14,6 +14,9 @@
  *   x = rms_norm(hidden + residual)          residual += hidden
  *   hidden = (silu(x @ Wgate^T) * (x @ Wup^T)) @ Wdown^T
  *
+ * With a LoRA step (`lora` not NULL), each matrix's output then gets its tokens' adapter
+ * deltas (lora.c), as the Python layers add them after their base matmul.
+ *
  * The caller applies the final norm. Returns 0, or non-zero when a kernel refused its
  * shapes or a buffer could not be allocated (the caller then runs the Python layers).
  */
@@ -22,6 +25,16 @@
 
 #include "kernels.h"
 
+/* Matrix `which` (0 qkv, 1 o, 2 gate_up, 3 down) of layer l: out += its LoRA deltas. */
+static int add_lora(const StackLoRAStep *lora, int64_t l, int which, int64_t K, int64_t N,
+                    const uint16_t *x, int64_t x_stride, uint16_t *out, int64_t out_stride) {
+    if (lora == NULL) return 0;
+    const StackLoRA *m = lora->matrices + l * 4 + which;
+    if (m->a == NULL) return 0;
+    return lora_add_bf16(lora->num, K, N, x, x_stride, out, out_stride, lora->order,
+                         lora->order_slots, m->subs, m->sub_offsets, lora->rank, m->a, m->b);
+}
+
 /* hidden [T, hidden] bfloat16: the embeddings in, the last layer's MLP output out;
  * residual [T, hidden] float32 out. positions and slots [T] int64; block_tables
  * [T, max_blocks], seq_lens [T] and token_rows [T] int32: token t is request t's query. */
@@ -29,7 +42,8 @@ int decode_stack_bf16(const StackDims *d, const StackLayer *layers, int64_t T,
                       uint16_t *hidden, float *residual, const int64_t *positions,
                       const float *cos_sin, const int64_t *slots,
                       const int32_t *block_tables, const int32_t *seq_lens,
-                      const int32_t *token_rows, int64_t max_seq_len) {
+                      const int32_t *token_rows, int64_t max_seq_len,
+                      const StackLoRAStep *lora) {
     const int64_t H = d->hidden, D = d->head_size, I = d->intermediate;
     const int64_t q_size = d->num_heads * D, kv_size = d->num_kv_heads * D;
     const int64_t qkv_size = q_size + 2 * kv_size;
@@ -44,6 +58,7 @@ int decode_stack_bf16(const StackDims *d, const StackLayer *layers, int64_t T,
         const StackLayer *L = layers + l;
         add_rms_norm_bf16(T, H, hidden, H, residual, l > 0, L->input_norm, x, d->eps);
         failed |= w4a8_matmul_bf16(T, qkv_size, H, x, H, L->qkv, L->qkv_dm, qkv, qkv_size);
+        failed |= add_lora(lora, l, 0, H, qkv_size, x, H, qkv, qkv_size);
         rope_neox_bf16(T, d->num_heads + d->num_kv_heads, D, d->rot_dim, qkv, qkv_size,
                        positions, cos_sin);
         store_int8_bf16(&paged, L->kv_cache, qkv + q_size, qkv + q_size + kv_size, qkv_size,
@@ -54,11 +69,14 @@ int decode_stack_bf16(const StackDims *d, const StackLayer *layers, int64_t T,
                                          block_tables, seq_lens, token_rows, T, max_seq_len,
                                          d->scale);
         failed |= w4a8_matmul_bf16(T, H, q_size, attn, q_size, L->o, L->o_dm, hidden, H);
+        failed |= add_lora(lora, l, 1, q_size, H, attn, q_size, hidden, H);
         add_rms_norm_bf16(T, H, hidden, H, residual, 1, L->post_norm, x, d->eps);
         failed |= w4a8_matmul_bf16(T, 2 * I, H, x, H, L->gate_up, L->gate_up_dm, gate_up,
                                    2 * I);
+        failed |= add_lora(lora, l, 2, H, 2 * I, x, H, gate_up, 2 * I);
         silu_and_mul_bf16(T, I, gate_up, 2 * I, act);
         failed |= w4a8_matmul_bf16(T, H, I, act, I, L->down, L->down_dm, hidden, H);
+        failed |= add_lora(lora, l, 3, I, H, act, I, hidden, H);
     }
     free(x);
     return failed;

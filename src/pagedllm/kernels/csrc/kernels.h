@@ -75,6 +75,14 @@ PAGEDLLM_API int w8a8_matmul_bf16(int64_t M, int64_t N, int64_t K, const uint16_
                                   int64_t x_stride, const uint8_t *qs, const float *dm,
                                   uint16_t *out, int64_t out_stride);
 
+/* lora.c: each listed token adds its LoRA adapter's delta to its bfloat16 output row;
+ * returns 2 when out of memory. */
+PAGEDLLM_API int lora_add_bf16(int64_t num, int64_t K, int64_t N, const uint16_t *x,
+                               int64_t x_stride, uint16_t *out, int64_t out_stride,
+                               const int32_t *order, const int32_t *order_slots, int64_t subs,
+                               const int64_t *sub_offsets, int64_t R, const uint16_t *A,
+                               const uint16_t *B);
+
 /* decode_stack.c: a Llama-style decoder stack for decode-only steps, in one call. */
 typedef struct {
     int64_t num_layers, hidden, num_heads, num_kv_heads, head_size, intermediate, rot_dim;
@@ -90,10 +98,26 @@ typedef struct {
     int8_t *kv_cache;
 } StackLayer;
 
+/* LoRA adapter slots of one matrix (lora.c's layout; a == NULL: none on this matrix). */
+typedef struct {
+    const uint16_t *a, *b;
+    const int64_t *sub_offsets;
+    int64_t subs;
+} StackLoRA;
+
+/* A step's LoRA tokens (lora.c's order / order_slots) and every layer's four matrices'
+ * slots (qkv, o, gate_up, down), [num_layers * 4]. */
+typedef struct {
+    int64_t num, rank;
+    const int32_t *order, *order_slots;
+    const StackLoRA *matrices;
+} StackLoRAStep;
+
 PAGEDLLM_API int decode_stack_bf16(const StackDims *d, const StackLayer *layers, int64_t T,
                                    uint16_t *hidden, float *residual, const int64_t *positions,
                                    const float *cos_sin, const int64_t *slots,
                                    const int32_t *block_tables, const int32_t *seq_lens,
-                                   const int32_t *token_rows, int64_t max_seq_len);
+                                   const int32_t *token_rows, int64_t max_seq_len,
+                                   const StackLoRAStep *lora);
 
 #endif
