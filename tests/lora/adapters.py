@@ -45,3 +45,18 @@ def reference_tokens(model_dir, adapter_dir, prompts):
 
         model = PeftModel.from_pretrained(model, adapter_dir).eval()
     return hf_greedy_tokens(model, prompts, MAX_TOKENS)
+
+
+def misfit_adapter(source, out_dir):
+    """A copy of `source` whose q_proj lora_A reads one feature more than the model has."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(source, out_dir)
+    weights = load_file(str(out_dir / "adapter_model.safetensors"))
+    for name, tensor in list(weights.items()):
+        if "q_proj.lora_A" in name:
+            weights[name] = torch.zeros(tensor.shape[0], tensor.shape[1] + 1)
+    save_file(weights, str(out_dir / "adapter_model.safetensors"))
+    return out_dir

@@ -7,11 +7,16 @@ from __future__ import annotations
 import random
 
 import pytest
-import torch
 
 from pagedllm import LLM, SamplingParams
 from pagedllm.lora.request import LoRARequest
-from tests.lora.adapters import ADAPTERS, MAX_TOKENS, make_adapter, reference_tokens
+from tests.lora.adapters import (
+    ADAPTERS,
+    MAX_TOKENS,
+    make_adapter,
+    misfit_adapter,
+    reference_tokens,
+)
 
 
 @pytest.fixture(scope="module", params=["tiny_llama_dir", "tiny_qwen2_dir"])
@@ -118,21 +123,6 @@ def test_decode_stack_adds_lora_deltas_as_the_python_layers(setup, monkeypatch):
         assert got_lp == want_lp
 
 
-def _misfit_adapter(source, out_dir):
-    """A copy of `source` whose q_proj lora_A reads one feature more than the model has."""
-    import shutil
-
-    from safetensors.torch import load_file, save_file
-
-    shutil.copytree(source, out_dir)
-    weights = load_file(str(out_dir / "adapter_model.safetensors"))
-    for name, tensor in list(weights.items()):
-        if "q_proj.lora_A" in name:
-            weights[name] = torch.zeros(tensor.shape[0], tensor.shape[1] + 1)
-    save_file(weights, str(out_dir / "adapter_model.safetensors"))
-    return out_dir
-
-
 def test_add_remove_and_list_loras(setup, tmp_path):
     """add_lora loads (and checks) an adapter up front; remove_lora drops it; a misfit
     adapter or a reused id is refused with a ValueError and the engine goes on."""
@@ -141,7 +131,7 @@ def test_add_remove_and_list_loras(setup, tmp_path):
               max_cpu_loras=4, max_model_len=256)
     engine = llm.llm_engine
     assert engine.add_lora(loras[0]) and engine.list_loras() == {loras[0].lora_int_id}
-    misfit = LoRARequest("misfit", 9, str(_misfit_adapter(loras[0].lora_path, tmp_path / "m")))
+    misfit = LoRARequest("misfit", 9, str(misfit_adapter(loras[0].lora_path, tmp_path / "m")))
     with pytest.raises(ValueError, match="q_proj maps"):
         engine.add_lora(misfit)
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)

@@ -2,9 +2,10 @@
 
 One call per linear layer adds every token's adapter delta, whatever the number of
 adapters: no gather, no padding, no index_add, and no block of zeros between a fused
-layer's sub-outputs. It pays for small steps (decodes); large ones (prefill chunks) go to
-torch's batched matmuls, which use the CPU's matrix units (`MAX_TOKENS`, measured:
-BENCHMARKS.md "LoRA").
+layer's sub-outputs. Where bfloat16 matmuls are native (AVX-512 BF16, AMX), torch's batched
+matmuls win for large steps (prefill chunks): the kernel takes steps up to
+`NATIVE_BF16_MAX_TOKENS`. Elsewhere torch emulates bfloat16 matmuls and the kernel is
+15-20x faster at every size (BENCHMARKS.md "LoRA"): it takes every step.
 """
 
 from __future__ import annotations
@@ -16,12 +17,16 @@ import torch
 
 from pagedllm import kernels
 from pagedllm.kernels import pointer
+from pagedllm.kernels.plan import cpu_plan
 
 if TYPE_CHECKING:
     from pagedllm.lora.layers import LoRABatch
 
-# Steps with more tokens than this run torch's batched matmuls instead (prefill chunks).
-MAX_TOKENS = 256
+# Measured crossover with native bfloat16 matmuls (per layer, 8 adapters of rank 16):
+# the kernel wins 1.1-1.7x at 64 tokens, loses 1.2-2x at 256.
+NATIVE_BF16_MAX_TOKENS = 128
+# Steps with more tokens than this run torch's batched matmuls instead (None: none do).
+MAX_TOKENS: int | None = None
 
 
 def kernel_library(dtype: torch.dtype, device: torch.device) -> Any | None:
@@ -32,10 +37,23 @@ def kernel_library(dtype: torch.dtype, device: torch.device) -> Any | None:
     return None if library is None else library.lib
 
 
+def max_tokens() -> int | None:
+    """The largest step the kernel takes on this CPU (None: any)."""
+    if MAX_TOKENS is not None:
+        return MAX_TOKENS
+    return NATIVE_BF16_MAX_TOKENS if cpu_plan().native_bf16 else None
+
+
+def takes(num_tokens: int) -> bool:
+    """True when a step of `num_tokens` is for the kernel on this CPU."""
+    limit = max_tokens()
+    return limit is None or num_tokens <= limit
+
+
 def serves(batch: LoRABatch, x: torch.Tensor, out: torch.Tensor) -> bool:
     """True when this step's delta is for the kernel (few tokens, row-major rows)."""
     return (
-        batch.num_tokens <= MAX_TOKENS
+        takes(batch.num_tokens)
         and x.dtype == out.dtype == torch.bfloat16
         and x.stride(-1) == 1 and out.stride(-1) == 1
     )

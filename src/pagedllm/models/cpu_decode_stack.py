@@ -10,9 +10,12 @@ layer-by-layer path (tested), only the dispatch is gone. Where the layers keep d
 weights for large steps (CPUs with matrix units, layers/dense_crossover.py), the stack
 takes only the steps small enough for W4A8.
 
-Anything else (prefills, mixed steps, float32, other layer types) runs the
-Python layers. PAGEDLLM_DECODE_STACK=python switches the stack off. The C loop is
-csrc/decode_stack.c in the kernels package, built with the other kernels for this CPU.
+LoRA steps run here too: after each matrix the C loop adds the tokens' adapter deltas
+with the kernel the layers' LoRA slots call (csrc/lora.c), unless that step's deltas go to
+torch instead (lora/cpu_kernel.py). Anything else (prefills, mixed steps, float32, other
+layer types) runs the Python layers. PAGEDLLM_DECODE_STACK=python switches the stack off.
+The C loop is csrc/decode_stack.c in the kernels package, built with the other kernels for
+this CPU.
 """
 
 from __future__ import annotations
