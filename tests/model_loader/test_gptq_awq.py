@@ -68,12 +68,19 @@ def _min_max_quantize(weight: torch.Tensor, group: int, sym: bool):
     return scales.half().float(), zeros
 
 
+def _on_grid(weight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group: int):
+    """scale * (clamp(round(w / scale) + zero, 0, 15) - zero), per group (GPTQ's quantizer)."""
+    s, z = scales.repeat_interleave(group, 1), zeros.repeat_interleave(group, 1)
+    return (torch.clamp(torch.round(weight / s) + z, 0, 15) - z) * s
+
+
 def gptq_pack(autogptq: ModuleType, weight: torch.Tensor, group: int, sym: bool):
     """AutoGPTQ's packing of `weight` [out, in]; returns (tensors, library's dequantized)."""
     out_size, in_size = weight.shape
     scales, zeros = _min_max_quantize(weight, group, sym)
     linear = torch.nn.Linear(in_size, out_size, bias=False)
-    linear.weight.data = weight.half()
+    # GPTQ hands pack() the weight already rounded to its grid (pack itself does not clamp).
+    linear.weight.data = _on_grid(weight, scales, zeros, group)
     layer = autogptq.QuantLinear(4, group, in_size, out_size, False)
     layer.pack(linear, scales, zeros, torch.arange(in_size) // group)
     tensors = {"qweight": layer.qweight, "qzeros": layer.qzeros,
@@ -87,8 +94,8 @@ def awq_pack(weight: torch.Tensor, group: int):
     """AWQ's GEMM packing (documented layout): qweight [in, out/8], qzeros [groups, out/8]."""
     out_size, in_size = weight.shape
     scales, zeros = _min_max_quantize(weight, group, sym=False)
-    q = torch.round(weight / scales.repeat_interleave(group, 1)
-                    + zeros.repeat_interleave(group, 1)).clamp(0, 15).to(torch.int32)
+    q = torch.clamp(torch.round(weight / scales.repeat_interleave(group, 1))
+                    + zeros.repeat_interleave(group, 1), 0, 15).to(torch.int32)
 
     def pack(values: torch.Tensor) -> torch.Tensor:  # [r, c] → [r, c / 8], AWQ's order
         words = values.view(values.shape[0], -1, 8)
@@ -110,6 +117,8 @@ def test_gptq_codes_equal_autogptq_dequantization(autogptq, group, sym):
                                 "desc_act": False, "sym": sym})
     codes = layer_codes(config, tensors, "layer")
     assert torch.equal(dequantize(codes, torch.float32), reference)
+    grid = _on_grid(weight, *_min_max_quantize(weight, size, sym), size)
+    torch.testing.assert_close(reference, grid, rtol=0, atol=1e-6)  # what was quantized
 
 
 @pytest.mark.parametrize("group", [32, 64])
@@ -236,6 +245,12 @@ def test_quantization_argument_must_match_the_checkpoint(gptq_checkpoint, tiny_l
     config = EngineArgs(model=str(quantized), quantization="gptq",
                         dtype="bfloat16").create_engine_config().model_config
     assert config.checkpoint_quantization["quant_method"] == "gptq"
+    # "auto" runs a quantized checkpoint in bfloat16 where its 4-bit kernels are fast.
+    from pagedllm.engine.arg_utils import _cpu_bf16_is_fast
+
+    auto = EngineArgs(model=str(quantized)).create_engine_config().model_config
+    assert auto.dtype == ("bfloat16" if _cpu_bf16_is_fast("int4") else "float32")
+    assert auto.quantization == ("int4" if auto.dtype == "bfloat16" else None)
 
 
 def test_unsupported_checkpoint_scheme_fails_at_load(tiny_llama_dir, tmp_path):

@@ -357,7 +357,12 @@ class EngineArgs:
         cpu_bf16_is_fast = True
         if device == "cpu" and self.dtype == "auto":
             cpu_bf16_is_fast = _cpu_bf16_is_fast(quantization)
-        dtype = resolve_dtype(self.dtype, hf_config, device, is_gguf, cpu_bf16_is_fast)
+        # A quantized checkpoint's "auto" dtype is bfloat16, as a GGUF's: its 4-bit kernels
+        # take bfloat16 (its config's float16 or float32 describes the unquantized tensors).
+        quantized_checkpoint = is_gguf or checkpoint_quantization is not None
+        dtype = resolve_dtype(
+            self.dtype, hf_config, device, quantized_checkpoint, cpu_bf16_is_fast
+        )
         if checkpoint_quantization is not None and (dtype != "bfloat16" or device != "cpu"):
             # The 4-bit kernels take bfloat16 on CPU; elsewhere the layers are dequantized.
             quantization = None
