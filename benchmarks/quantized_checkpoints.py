@@ -34,7 +34,7 @@ TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 def autogptq_quant_linear() -> Any:
     """AutoGPTQ's QuantLinear, loaded from its file (.venv/refs, as the tests do)."""
     path = Path(sys.prefix) / "refs" / "auto_gptq" / "nn_modules" / "qlinear"
-    spec = importlib.util.spec_from_file_location("_autogptq_qlinear", path / "qlinear_cuda_old.py")
+    spec = importlib.util.spec_from_file_location("_autogptq_qlinear", path / "qlinear_cuda.py")
     assert spec is not None and spec.loader is not None, "run make to install .venv/refs"
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

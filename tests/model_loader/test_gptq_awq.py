@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from pagedllm.layers.quantization import W4A8Weight
-from pagedllm.model_loader.gptq import W4A16Config, dequantize, layer_codes
+from pagedllm.model_loader.gptq import W4A16Config, layer_codes
 
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -45,7 +45,7 @@ def _library_file(package: str, relative: str) -> ModuleType:
 
 @pytest.fixture(scope="module")
 def autogptq() -> ModuleType:
-    return _library_file("auto_gptq", "nn_modules/qlinear/qlinear_cuda_old.py")
+    return _library_file("auto_gptq", "nn_modules/qlinear/qlinear_cuda.py")
 
 
 @pytest.fixture(scope="module")
@@ -74,19 +74,28 @@ def _on_grid(weight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, gr
     return (torch.clamp(torch.round(weight / s) + z, 0, 15) - z) * s
 
 
-def gptq_pack(autogptq: ModuleType, weight: torch.Tensor, group: int, sym: bool):
-    """AutoGPTQ's packing of `weight` [out, in]; returns (tensors, library's dequantized)."""
+def gptq_pack(autogptq: ModuleType, weight: torch.Tensor, group: int, sym: bool,
+              perm: torch.Tensor | None = None):
+    """AutoGPTQ's packing of `weight` [out, in]; returns (tensors, library's dequantized).
+    With `perm` (act-order), group g holds inputs perm[g * group: (g + 1) * group]."""
     out_size, in_size = weight.shape
-    scales, zeros = _min_max_quantize(weight, group, sym)
-    linear = torch.nn.Linear(in_size, out_size, bias=False)
+    perm = torch.arange(in_size) if perm is None else perm
+    ordered = weight[:, perm]
+    scales, zeros = _min_max_quantize(ordered, group, sym)
+    grid = torch.empty_like(weight)
     # GPTQ hands pack() the weight already rounded to its grid (pack itself does not clamp).
-    linear.weight.data = _on_grid(weight, scales, zeros, group)
+    grid[:, perm] = _on_grid(ordered, scales, zeros, group)
+    g_idx = torch.empty(in_size, dtype=torch.int32)
+    g_idx[perm] = (torch.arange(in_size) // group).to(torch.int32)
+    linear = torch.nn.Linear(in_size, out_size, bias=False)
+    linear.weight.data = grid
     layer = autogptq.QuantLinear(4, group, in_size, out_size, False)
-    layer.pack(linear, scales, zeros, torch.arange(in_size) // group)
+    layer.pack(linear, scales, zeros, g_idx)
     tensors = {"qweight": layer.qweight, "qzeros": layer.qzeros,
                "scales": layer.scales.half(), "g_idx": layer.g_idx}
     layer.scales = layer.scales.float()  # its CPU forward dequantizes: read it in float32
     dequantized = layer(torch.eye(in_size)).T  # [out, in]
+    torch.testing.assert_close(dequantized, grid, rtol=0, atol=1e-6)  # what was quantized
     return tensors, dequantized
 
 
@@ -116,9 +125,7 @@ def test_gptq_codes_equal_autogptq_dequantization(autogptq, group, sym):
     config = W4A16Config.parse({"quant_method": "gptq", "bits": 4, "group_size": group,
                                 "desc_act": False, "sym": sym})
     codes = layer_codes(config, tensors, "layer")
-    assert torch.equal(dequantize(codes, torch.float32), reference)
-    grid = _on_grid(weight, *_min_max_quantize(weight, size, sym), size)
-    torch.testing.assert_close(reference, grid, rtol=0, atol=1e-6)  # what was quantized
+    assert torch.equal(codes.dense(torch.float32), reference)
 
 
 @pytest.mark.parametrize("group", [32, 64])
@@ -130,7 +137,7 @@ def test_awq_codes_equal_autoawq_dequantization(autoawq, group):
     config = W4A16Config.parse({"quant_method": "awq", "bits": 4, "group_size": group,
                                 "zero_point": True, "version": "GEMM"})
     codes = layer_codes(config, tensors, "layer")
-    assert torch.equal(dequantize(codes, torch.float32), reference)
+    assert torch.equal(codes.dense(torch.float32), reference)
 
 
 @pytest.mark.parametrize("config, words", [
@@ -145,17 +152,24 @@ def test_unsupported_schemes_are_named(config, words):
         W4A16Config.parse(config)
 
 
-def test_act_order_groups_are_refused(autogptq):
-    tensors, _ = gptq_pack(autogptq, torch.randn(32, 64), 32, True)
-    tensors["g_idx"] = torch.randperm(64).to(torch.int32) // 32
+def test_act_order_codes_equal_autogptq_dequantization(autogptq):
+    """desc_act: groups gather inputs from anywhere; the codes are lined up by group and
+    the layer reads its input in that order."""
+    weight = torch.randn(64, 128)  # AutoGPTQ packs zeros 32 outputs at a time
+    perm = torch.randperm(128, generator=torch.Generator().manual_seed(0))
+    tensors, reference = gptq_pack(autogptq, weight, 32, True, perm)
     config = W4A16Config.parse({"quant_method": "gptq", "bits": 4, "group_size": 32,
                                 "desc_act": True})
-    with pytest.raises(ValueError, match="act-order"):
-        layer_codes(config, tensors, "layer")
+    codes = layer_codes(config, tensors, "layer")
+    assert codes.input_perm is not None
+    assert torch.equal(codes.dense(torch.float32), reference)
+    bad = dict(tensors, g_idx=torch.zeros(128, dtype=torch.int32))  # one group of 128
+    with pytest.raises(ValueError, match="g_idx"):
+        layer_codes(config, bad, "layer")
 
 
 def _write_checkpoints(tiny_llama_dir: Path, folder: Path, quantize, quantization_config):
-    """The tiny Llama with every decoder matrix packed by `quantize(weight)` → (tensors,
+    """The tiny Llama with every decoder matrix packed by `quantize(name, weight)` → (tensors,
     dequantized), and the same model with those matrices dequantized (the reference)."""
     from safetensors.torch import load_file, save_file
 
@@ -168,7 +182,7 @@ def _write_checkpoints(tiny_llama_dir: Path, folder: Path, quantize, quantizatio
         module = name.rsplit(".", 2)
         if name.endswith(".weight") and module[-2] in TARGETS:
             prefix = name[: -len(".weight")]
-            tensors, dequantized = quantize(tensor)
+            tensors, dequantized = quantize(prefix, tensor)
             packed.update({f"{prefix}.{part}": value for part, value in tensors.items()})
             weights[name] = dequantized.contiguous()
         else:
@@ -191,7 +205,7 @@ def gptq_checkpoint(autogptq, tiny_llama_dir: Path, tmp_path_factory: pytest.Tem
     """Every decoder matrix GPTQ-packed by AutoGPTQ (symmetric, groups of 32)."""
     return _write_checkpoints(
         tiny_llama_dir, tmp_path_factory.mktemp("gptq"),
-        lambda weight: gptq_pack(autogptq, weight, 32, sym=True),
+        lambda name, weight: gptq_pack(autogptq, weight, 32, sym=True),
         {"quant_method": "gptq", "bits": 4, "group_size": 32, "desc_act": False, "sym": True,
          "checkpoint_format": "gptq"},
     )
@@ -201,7 +215,7 @@ def gptq_checkpoint(autogptq, tiny_llama_dir: Path, tmp_path_factory: pytest.Tem
 def awq_checkpoint(autoawq, tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     """Every decoder matrix AWQ-packed (GEMM, groups of 64), dequantized by AutoAWQ."""
 
-    def quantize(weight: torch.Tensor):
+    def quantize(name: str, weight: torch.Tensor):
         tensors = awq_pack(weight, 64)
         dequantized = autoawq.dequantize_gemm(tensors["qweight"], tensors["qzeros"],
                                               tensors["scales"].float(), 4, 64).T
@@ -212,6 +226,38 @@ def awq_checkpoint(autoawq, tiny_llama_dir: Path, tmp_path_factory: pytest.TempP
         {"quant_method": "awq", "bits": 4, "group_size": 64, "zero_point": True,
          "version": "gemm"},
     )
+
+
+@pytest.fixture(scope="module")
+def act_order_checkpoint(autogptq, tiny_llama_dir: Path,
+                         tmp_path_factory: pytest.TempPathFactory):
+    """GPTQ with desc_act: each matrix's groups gather inputs in a random order, one order
+    per input (q, k and v share the layer's, as gate and up do: GPTQ orders a layer's
+    inputs by their activations, which the fused matrices share)."""
+    orders: dict[tuple[str, int], torch.Tensor] = {}
+
+    def quantize(name: str, weight: torch.Tensor):
+        shared = name.rsplit(".", 1)[-1]
+        shared = {"k_proj": "q_proj", "v_proj": "q_proj", "up_proj": "gate_proj"}.get(
+            shared, shared)
+        key = (name.rsplit(".", 1)[0] + shared, weight.shape[1])
+        if key not in orders:
+            orders[key] = torch.randperm(weight.shape[1],
+                                         generator=torch.Generator().manual_seed(len(orders)))
+        return gptq_pack(autogptq, weight, 32, sym=False, perm=orders[key])
+
+    return _write_checkpoints(
+        tiny_llama_dir, tmp_path_factory.mktemp("gptq_act_order"), quantize,
+        {"quant_method": "gptq", "bits": 4, "group_size": 32, "desc_act": True, "sym": False},
+    )
+
+
+def test_act_order_float32_equals_transformers(act_order_checkpoint):
+    _check_float32_greedy(*act_order_checkpoint)
+
+
+def test_act_order_bfloat16_reads_inputs_in_group_order(act_order_checkpoint):
+    _check_bfloat16_matrices(*act_order_checkpoint, act_order=True)
 
 
 def test_awq_float32_equals_transformers_on_the_dequantized_weights(awq_checkpoint):
@@ -272,22 +318,23 @@ def test_gptq_float32_equals_transformers_on_the_dequantized_weights(gptq_checkp
 
 
 def test_gptq_bfloat16_keeps_the_codes_each_matrix_near_float32(gptq_checkpoint):
-    from pagedllm import LLM
+    _check_bfloat16_matrices(*gptq_checkpoint, act_order=False)
 
-    quantized, dense = gptq_checkpoint
+
+def _check_bfloat16_matrices(quantized: Path, dense: Path, act_order: bool) -> None:
+    """bfloat16: every matrix runs W4A8 on the checkpoint's codes, within 1.5% of its
+    dequantized float32 reference (the W4A8 kernel quantizes activations to int8 per 16
+    values: about 0.5%); act-order layers read their input in group order."""
+    from safetensors.torch import load_file
+
+    from pagedllm import LLM, SamplingParams
+
     llm = LLM(str(quantized), dtype="bfloat16", max_model_len=256)
     config = llm.llm_engine.engine_config.model_config
     if config.dtype != "bfloat16" or config.quantization != "int4":
         pytest.skip(f"4-bit kernels not in use here ({config.dtype}, {config.quantization})")
     model = llm.llm_engine.engine_core.engine_core.executor.worker.model
     layer = model.model.layers[0]
-    for linear in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
-                   layer.mlp.down_proj):
-        assert isinstance(linear.quantized, W4A8Weight)
-    # Each matrix against its dequantized float32 reference (AutoGPTQ's): the W4A8 kernel
-    # quantizes activations to int8 per 16 values, a relative error of about 0.5%.
-    from safetensors.torch import load_file
-
     dense_weights = load_file(str(dense / "model.safetensors"))
     prefix = "model.layers.0."
     references = {
@@ -301,8 +348,15 @@ def test_gptq_bfloat16_keeps_the_codes_each_matrix_near_float32(gptq_checkpoint)
                "gate_up": layer.mlp.gate_up_proj, "down": layer.mlp.down_proj}
     generator = torch.Generator().manual_seed(1)
     for name, linear in linears.items():
+        assert isinstance(linear.quantized, W4A8Weight)
+        assert (linear.input_perm is not None) == act_order
         x = torch.randn(4, linear.input_size, generator=generator).to(torch.bfloat16)
-        got = linear.quantized.matmul(x).float()
+        got = linear(x).float()  # 4 tokens: the W4A8 path
         want = x.float() @ references[name].T
         error = ((got - want).norm() / want.norm()).item()
         assert error < 0.015, (name, error)
+    if act_order:  # the one-call decode stack does not permute inputs: it steps aside
+        assert model.model.cpu_decode_stack is None
+    out = llm.generate([{"prompt_token_ids": [5, 6, 7]}],
+                       SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == 4

@@ -95,6 +95,14 @@ def _check_shard(param: nn.Parameter, shape: tuple[int, ...], offset: int, size:
         )
 
 
+def _same_input_order(perms: list[torch.Tensor | None]) -> bool:
+    """True when fused parts read their inputs in one order (so their codes can be joined)."""
+    first = perms[0]
+    if first is None:
+        return all(p is None for p in perms)
+    return all(p is not None and torch.equal(p, first) for p in perms)
+
+
 class Linear(nn.Module):
     """y = x W^T (+ b), with W of shape [output_size, input_size] as in HF checkpoints."""
 
@@ -120,6 +128,9 @@ class Linear(nn.Module):
         self.keeps_dense = True
         # File codes of the weight's rows, by first row, until quantize() repacks them.
         self.pending_codes: list[tuple[int, GroupCodes]] = []
+        # The quantized weight's input order when it is not the layer's (GPTQ act-order):
+        # its matmul reads x[:, input_perm]; the dense weight keeps the layer's order.
+        self.input_perm: torch.Tensor | None = None
 
     def weight_loader(
         self, param: nn.Parameter, loaded_weight: torch.Tensor | GroupCodes
@@ -158,6 +169,7 @@ class Linear(nn.Module):
             and starts == [0, *ends[:-1]]
             and ends[-1] == self.output_size
             and len({codes.is_int4 for _, codes in pending}) == 1
+            and _same_input_order([codes.input_perm for _, codes in pending])
         ):
             parts = [codes for _, codes in pending]
             if any(c.has_half_scales for c in parts):  # Q6_K beside Q8_0 / Q5_0 rows
@@ -165,7 +177,7 @@ class Linear(nn.Module):
             mins = [c.mins for c in parts if c.mins is not None]
             return GroupCodes(
                 torch.cat([c.codes for c in parts]), torch.cat([c.scales for c in parts]),
-                torch.cat(mins) if mins else None,
+                torch.cat(mins) if mins else None, parts[0].input_perm,
             )
         with torch.no_grad():
             for offset, codes in pending:
@@ -190,6 +202,7 @@ class Linear(nn.Module):
         byte_dot: W4A8Weight | W8A8Weight | SplitWeight | None = None
         if codes is not None:
             byte_dot = w4a8_from_codes(codes) if codes.is_int4 else w8a8_from_codes(codes)
+            self.input_perm = codes.input_perm
         elif method == "int4" and can_quantize_w4a8(self.weight.data):
             byte_dot = quantize_w4a8(self.weight.data)
         else:
@@ -201,7 +214,7 @@ class Linear(nn.Module):
             # Dense matmuls win from `dense_from` tokens on this CPU (AMX): keep both.
             if codes is not None:  # the dense weight was never filled from the file
                 with torch.no_grad():
-                    self.weight.data.copy_(byte_dot.dense(self.weight.dtype))
+                    self.weight.data.copy_(codes.dense(self.weight.dtype))
             self.quantized = dataclasses.replace(byte_dot, max_tokens=dense_from - 1)
             return
         if byte_dot is not None:
@@ -237,6 +250,8 @@ class Linear(nn.Module):
     def _base_forward(self, x: torch.Tensor) -> torch.Tensor:
         if uses_quantized(self.quantized, self.keeps_dense, x.shape[0]):
             assert self.quantized is not None
+            if self.input_perm is not None:
+                x = x.index_select(-1, self.input_perm)
             out = self.quantized.matmul(x)
             return out if self.bias is None else out + self.bias
         if self.packed_weight is not None:

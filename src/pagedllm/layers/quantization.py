@@ -298,6 +298,9 @@ class GroupCodes:
     codes: torch.Tensor  # [rows, groups, 32] uint8 (int4) or int8 (int8)
     scales: torch.Tensor  # [rows, groups] float32, or [rows, groups, 2] per half-group
     mins: torch.Tensor | None  # [rows, groups] float32 for int4, None for int8
+    # The inputs in the codes' order (None: the layer's own): code column j multiplies
+    # input input_perm[j] (GPTQ act-order, whose groups gather inputs from anywhere).
+    input_perm: torch.Tensor | None = None
 
     @property
     def has_half_scales(self) -> bool:
@@ -324,7 +327,7 @@ class GroupCodes:
     def map_rows(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> GroupCodes:
         """The same weight with `fn` (a row permutation) applied to every part's rows."""
         mins = None if self.mins is None else fn(self.mins)
-        return GroupCodes(fn(self.codes), fn(self.scales), mins)
+        return GroupCodes(fn(self.codes), fn(self.scales), mins, self.input_perm)
 
     def dense(self, dtype: torch.dtype) -> torch.Tensor:
         """The [out, in] weight, computed in float32 as the file defines it."""
@@ -335,7 +338,12 @@ class GroupCodes:
         values = self.codes.float() * self.scales[..., None]
         if self.mins is not None:
             values += self.mins[..., None]
-        return values.view(self.shape).to(dtype)
+        values = values.view(self.shape)
+        if self.input_perm is not None:  # back to the layer's input order
+            ordered = torch.empty_like(values)
+            ordered[:, self.input_perm] = values
+            values = ordered
+        return values.to(dtype)
 
 
 def w4a8_from_codes(codes: GroupCodes) -> W4A8Weight | SplitWeight:

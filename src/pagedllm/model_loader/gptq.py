@@ -12,8 +12,10 @@ an output row: w = scale * (q - z), q and z in 0..15, one (scale, z) per group a
 
 The engine's int4 groups hold 32 inputs with w = d * q + m (GroupCodes), so a group of a
 multiple of 32 inputs is exactly d = scale, m = -scale * z on each of its 32-input pieces:
-the layers receive the checkpoint's own codes, repacked, never a dense copy. Without the
-int4 kernels (float32, no C compiler) the weights are dequantized instead.
+the layers receive the checkpoint's own codes, repacked, never a dense copy. GPTQ's
+act-order (desc_act) groups gather inputs from anywhere: the codes are lined up by group
+and carry the input order the layer then reads its input in (GroupCodes.input_perm).
+Without the int4 kernels (float32, no C compiler) the weights are dequantized instead.
 """
 
 from __future__ import annotations
@@ -121,27 +123,42 @@ def layer_codes(
         )
     if in_size % INT4_GROUP_SIZE:
         raise ValueError(f"{name}: {in_size} inputs are not whole groups of {INT4_GROUP_SIZE}.")
-    g_idx = parts.get("g_idx")
-    if g_idx is not None:
-        expected = torch.arange(in_size, dtype=torch.int64) // group_size
-        if not torch.equal(g_idx.long(), expected):
-            raise ValueError(
-                f"{name}: act-order groups (desc_act with a permuted g_idx) are not built; "
-                "requantize without desc_act, or with static_groups."
-            )
+    input_perm = _act_order(parts.get("g_idx"), in_size, group_size, num_groups, name)
+    if input_perm is not None:  # each group's inputs side by side, in g_idx's order
+        q = q[:, input_perm]
     z = zeros[:, :out_size].float() + config.zeros_offset  # [groups, out]
     pieces = in_size // INT4_GROUP_SIZE
     parent = torch.arange(pieces) * INT4_GROUP_SIZE // group_size  # piece → its group
     d = scales[parent].T.contiguous()  # [out, pieces]
     m = (-scales * z)[parent].T.contiguous()
     codes = q.contiguous().view(out_size, pieces, INT4_GROUP_SIZE)
-    return GroupCodes(codes, d, m)
+    return GroupCodes(codes, d, m, input_perm)
 
 
-def dequantize(codes: GroupCodes, dtype: torch.dtype) -> torch.Tensor:
-    """The dense weight [out, in] the codes define: d * q + m per 32-input group."""
-    dense = codes.codes.float() * codes.scales[..., None] + codes.mins[..., None]  # type: ignore[index]
-    return dense.reshape(codes.shape).to(dtype)
+def _act_order(
+    g_idx: torch.Tensor | None, in_size: int, group_size: int, num_groups: int, name: str
+) -> torch.Tensor | None:
+    """The input order that makes g_idx's groups contiguous (None: already in order).
+
+    GPTQ's act-order quantizes inputs by decreasing activation energy, so group g holds
+    inputs from anywhere; sorting the inputs by g_idx (stably) lines each group up, and
+    the layer then reads its input in that order.
+
+    Raises:
+        ValueError: when a group does not hold exactly `group_size` inputs.
+    """
+    if g_idx is None:
+        return None
+    groups = g_idx.long()
+    if torch.equal(groups, torch.arange(in_size, dtype=torch.int64) // group_size):
+        return None
+    counts = torch.bincount(groups, minlength=num_groups)
+    if groups.min() < 0 or counts.shape[0] != num_groups or bool((counts != group_size).any()):
+        raise ValueError(
+            f"{name}: g_idx does not give every group {group_size} inputs; not a GPTQ "
+            "act-order layout."
+        )
+    return torch.argsort(groups, stable=True)
 
 
 def iterate_w4a16_weights(
@@ -179,4 +196,4 @@ def _joined(
     dtype: torch.dtype | None,
 ) -> Iterator[tuple[str, torch.Tensor | GroupCodes]]:
     codes = layer_codes(config, parts, prefix)
-    yield f"{prefix}.weight", codes if keep_codes else dequantize(codes, dtype or torch.float32)
+    yield f"{prefix}.weight", codes if keep_codes else codes.dense(dtype or torch.float32)

@@ -145,6 +145,7 @@ def _standard_layer(layer: DecoderLayer) -> bool:
         and attn.rotary_emb.rotary_dim == attn.rotary_emb.head_size
         and all(type(n) is RMSNorm and n.weight.dtype == torch.bfloat16 for n in norms)
         and all(_w4a8(linear) is not None for linear in _matrices(layer))
+        and all(linear.input_perm is None for linear in _matrices(layer))  # act-order GPTQ
     )
 
 
