@@ -19,8 +19,8 @@ SUPPORTED_DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATION_METHODS = ("int8", "int4")
 # What `quantization` accepts: None (the checkpoint decides), "none" (dense weights) or a method.
 # Checkpoint formats named by their config.json `quantization_config` (vLLM's names); their
-# 4-bit weights run as "int4" (model_loader/gptq.py).
-CHECKPOINT_QUANTIZATIONS = ("gptq", "awq")
+# codes run as "int4" / "int8" (model_loader/checkpoint_quantization.py).
+CHECKPOINT_QUANTIZATIONS = ("gptq", "awq", "compressed-tensors")
 QUANTIZATION_CHOICES = ("none", *QUANTIZATION_METHODS, *CHECKPOINT_QUANTIZATIONS)
 # KV cache formats: "auto" is the model's dtype (as in vLLM); "int8" stores codes with one
 # float32 scale per 16 values of a (position, kv head) row (attention/kv_quant.py).
@@ -44,8 +44,9 @@ class ModelConfig:
         hf_config: the transformers `PretrainedConfig` (not compared, not printed).
         quantization: weight-only quantization ("int8", "int4") or None for dense weights.
         keep_dense_weights: with quantization, also keep the dense weights for large steps.
-        checkpoint_quantization: a GPTQ / AWQ checkpoint's `quantization_config` (its layers
-            are stored packed: model_loader/gptq.py), else None.
+        checkpoint_quantization: a GPTQ / AWQ / compressed-tensors checkpoint's
+            `quantization_config` (its layers are stored quantized:
+            model_loader/checkpoint_quantization.py), else None.
         runner: "generate" or "pooling" (models/registry.py resolve_runner).
         convert: "embed" when a generating decoder serves as an embedder, else None.
         supported_tasks: what requests the model serves: ("generate",), or pooling tasks

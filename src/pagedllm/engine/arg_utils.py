@@ -287,15 +287,10 @@ class EngineArgs:
                 )
             return None
         config = raw if isinstance(raw, dict) else raw.to_dict()
-        method = str(config.get("quant_method", "")).lower()
-        if method not in CHECKPOINT_QUANTIZATIONS:
-            raise ValueError(
-                f"The checkpoint's quantization_config quant_method {method!r} is not built "
-                f"(built: {', '.join(CHECKPOINT_QUANTIZATIONS)})."
-            )
-        from pagedllm.model_loader.gptq import W4A16Config
+        from pagedllm.model_loader.checkpoint_quantization import parse
 
-        W4A16Config.parse(config)  # ValueError naming an unsupported field
+        parse(config)  # ValueError naming an unknown method or an unsupported field
+        method = str(config.get("quant_method", "")).lower()
         if self.quantization not in (None, "none", method):
             raise ValueError(
                 f"quantization={self.quantization!r} but the checkpoint is quantized with "
@@ -350,7 +345,10 @@ class EngineArgs:
         check_model_config(architecture, hf_config, choice.runner, choice.convert)
         checkpoint_quantization = self._checkpoint_quantization(hf_config)
         if checkpoint_quantization is not None:
-            quantization = None if self.quantization == "none" else "int4"
+            from pagedllm.model_loader.checkpoint_quantization import kernel_method
+
+            method = kernel_method(checkpoint_quantization)
+            quantization = None if self.quantization == "none" else method
         else:
             quantization = self._resolve_quantization(model_dir, gguf_file, device)
         is_gguf = gguf_file is not None
@@ -364,7 +362,7 @@ class EngineArgs:
             self.dtype, hf_config, device, quantized_checkpoint, cpu_bf16_is_fast
         )
         if checkpoint_quantization is not None and (dtype != "bfloat16" or device != "cpu"):
-            # The 4-bit kernels take bfloat16 on CPU; elsewhere the layers are dequantized.
+            # The byte kernels take bfloat16 on CPU; elsewhere the layers are dequantized.
             quantization = None
         if choice.runner == "pooling" and self.dtype == "auto" and cpu_bf16_is_fast:
             # A pooled vector's agreement in bfloat16 is measured (cosine >= 0.999), and

@@ -17,8 +17,8 @@ from pagedllm.config import ModelConfig
 from pagedllm.layers import cpu_ops
 from pagedllm.layers.quantization import GroupCodes
 from pagedllm.logger import init_logger
+from pagedllm.model_loader.checkpoint_quantization import iterate_weights
 from pagedllm.model_loader.gguf import iterate_gguf_weights
-from pagedllm.model_loader.gptq import W4A16Config, iterate_w4a16_weights
 from pagedllm.model_loader.safetensors import iterate_safetensors_weights
 from pagedllm.models.registry import resolve_model_class, resolve_runner
 from pagedllm.utils import native
@@ -62,11 +62,10 @@ def iterate_checkpoint_weights(
     if model_config.gguf_file is not None:
         path = os.path.join(model_config.model_dir, model_config.gguf_file)
         return iterate_gguf_weights(path, dtype=dtype, keep_codes=keep_codes)
-    if model_config.checkpoint_quantization is not None:  # GPTQ / AWQ packed layers
-        # Read as stored: the scales' float16 bits are kept (the other tensors are cast).
-        config = W4A16Config.parse(model_config.checkpoint_quantization)
+    if model_config.checkpoint_quantization is not None:  # GPTQ / AWQ / compressed-tensors
+        # Read as stored: the scales' own bits are kept (the other tensors are cast).
         stored = iterate_safetensors_weights(model_config.model_dir)
-        return iterate_w4a16_weights(stored, config, keep_codes, dtype)
+        return iterate_weights(model_config.checkpoint_quantization, stored, keep_codes, dtype)
     return iterate_safetensors_weights(model_config.model_dir, dtype=dtype)
 
 
