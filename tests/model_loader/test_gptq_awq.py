@@ -20,7 +20,7 @@ from types import ModuleType
 import pytest
 import torch
 
-from pagedllm.layers.quantization import W4A8Weight
+from pagedllm.layers.quantization import W4A8Weight, W8A8Weight
 from pagedllm.model_loader.gptq import W4A16Config, layer_codes
 
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -53,43 +53,45 @@ def autoawq() -> ModuleType:
     return _library_file("awq", "utils/packing_utils.py")
 
 
-def _min_max_quantize(weight: torch.Tensor, group: int, sym: bool):
-    """Per-group 4-bit scales [out, groups] and zero points (as GPTQ's quantizer keeps them)."""
+def _min_max_quantize(weight: torch.Tensor, group: int, sym: bool, bits: int = 4):
+    """Per-group scales [out, groups] and zero points (as GPTQ's quantizer keeps them)."""
     out_size, in_size = weight.shape
+    top = (1 << bits) - 1
     groups = weight.view(out_size, in_size // group, group)
     if sym:
         amax = groups.abs().amax(-1)
-        scales = (2 * amax / 15).clamp(min=1e-5)
-        zeros = torch.full_like(scales, 8.0)
+        scales = (2 * amax / top).clamp(min=1e-5)
+        zeros = torch.full_like(scales, float((top + 1) // 2))
     else:
         high, low = groups.amax(-1), groups.amin(-1)
-        scales = ((high - low) / 15).clamp(min=1e-5)
-        zeros = torch.round(-low / scales).clamp(0, 15)
+        scales = ((high - low) / top).clamp(min=1e-5)
+        zeros = torch.round(-low / scales).clamp(0, top)
     return scales.half().float(), zeros
 
 
-def _on_grid(weight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group: int):
-    """scale * (clamp(round(w / scale) + zero, 0, 15) - zero), per group (GPTQ's quantizer)."""
+def _on_grid(weight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group: int,
+             bits: int = 4):
+    """scale * (clamp(round(w / scale) + zero, 0, 2^bits - 1) - zero), per group (GPTQ)."""
     s, z = scales.repeat_interleave(group, 1), zeros.repeat_interleave(group, 1)
-    return (torch.clamp(torch.round(weight / s) + z, 0, 15) - z) * s
+    return (torch.clamp(torch.round(weight / s) + z, 0, (1 << bits) - 1) - z) * s
 
 
 def gptq_pack(autogptq: ModuleType, weight: torch.Tensor, group: int, sym: bool,
-              perm: torch.Tensor | None = None):
+              perm: torch.Tensor | None = None, bits: int = 4):
     """AutoGPTQ's packing of `weight` [out, in]; returns (tensors, library's dequantized).
     With `perm` (act-order), group g holds inputs perm[g * group: (g + 1) * group]."""
     out_size, in_size = weight.shape
     perm = torch.arange(in_size) if perm is None else perm
     ordered = weight[:, perm]
-    scales, zeros = _min_max_quantize(ordered, group, sym)
+    scales, zeros = _min_max_quantize(ordered, group, sym, bits)
     grid = torch.empty_like(weight)
     # GPTQ hands pack() the weight already rounded to its grid (pack itself does not clamp).
-    grid[:, perm] = _on_grid(ordered, scales, zeros, group)
+    grid[:, perm] = _on_grid(ordered, scales, zeros, group, bits)
     g_idx = torch.empty(in_size, dtype=torch.int32)
     g_idx[perm] = (torch.arange(in_size) // group).to(torch.int32)
     linear = torch.nn.Linear(in_size, out_size, bias=False)
     linear.weight.data = grid
-    layer = autogptq.QuantLinear(4, group, in_size, out_size, False)
+    layer = autogptq.QuantLinear(bits, group, in_size, out_size, False)
     layer.pack(linear, scales, zeros, g_idx)
     tensors = {"qweight": layer.qweight, "qzeros": layer.qzeros,
                "scales": layer.scales.half(), "g_idx": layer.g_idx}
@@ -128,6 +130,18 @@ def test_gptq_codes_equal_autogptq_dequantization(autogptq, group, sym):
     assert torch.equal(codes.dense(torch.float32), reference)
 
 
+@pytest.mark.parametrize("group", [32, -1])
+def test_gptq_8bit_codes_equal_autogptq_dequantization(autogptq, group):
+    weight = torch.randn(64, 128)
+    tensors, reference = gptq_pack(autogptq, weight, 128 if group == -1 else group, True,
+                                   bits=8)
+    config = W4A16Config.parse({"quant_method": "gptq", "bits": 8, "group_size": group,
+                                "sym": True})
+    codes = layer_codes(config, tensors, "layer")
+    assert not codes.is_int4 and config.kernel_method == "int8"
+    assert torch.equal(codes.dense(torch.float32), reference)
+
+
 @pytest.mark.parametrize("group", [32, 64])
 def test_awq_codes_equal_autoawq_dequantization(autoawq, group):
     weight = torch.randn(64, 128)
@@ -141,7 +155,9 @@ def test_awq_codes_equal_autoawq_dequantization(autoawq, group):
 
 
 @pytest.mark.parametrize("config, words", [
-    ({"quant_method": "gptq", "bits": 8, "group_size": 128}, "bits=8"),
+    ({"quant_method": "gptq", "bits": 3, "group_size": 128}, "bits=3"),
+    ({"quant_method": "gptq", "bits": 8, "group_size": 128, "sym": False}, "asymmetric 8-bit"),
+    ({"quant_method": "awq", "bits": 8, "group_size": 128}, "only 4-bit awq"),
     ({"quant_method": "gptq", "bits": 4, "group_size": 48}, "group_size=48"),
     ({"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemv"}, "gemv"),
     ({"quant_method": "gptq", "bits": 4, "checkpoint_format": "marlin"}, "marlin"),
@@ -252,6 +268,24 @@ def act_order_checkpoint(autogptq, tiny_llama_dir: Path,
     )
 
 
+@pytest.fixture(scope="module")
+def gptq8_checkpoint(autogptq, tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    """Every decoder matrix 8-bit GPTQ-packed by AutoGPTQ (symmetric, groups of 32)."""
+    return _write_checkpoints(
+        tiny_llama_dir, tmp_path_factory.mktemp("gptq8"),
+        lambda name, weight: gptq_pack(autogptq, weight, 32, sym=True, bits=8),
+        {"quant_method": "gptq", "bits": 8, "group_size": 32, "desc_act": False, "sym": True},
+    )
+
+
+def test_gptq_8bit_float32_equals_transformers(gptq8_checkpoint):
+    _check_float32_greedy(*gptq8_checkpoint)
+
+
+def test_gptq_8bit_bfloat16_runs_int8_codes(gptq8_checkpoint):
+    _check_bfloat16_matrices(*gptq8_checkpoint, act_order=False, kind=W8A8Weight)
+
+
 def test_act_order_float32_equals_transformers(act_order_checkpoint):
     _check_float32_greedy(*act_order_checkpoint)
 
@@ -321,7 +355,8 @@ def test_gptq_bfloat16_keeps_the_codes_each_matrix_near_float32(gptq_checkpoint)
     _check_bfloat16_matrices(*gptq_checkpoint, act_order=False)
 
 
-def _check_bfloat16_matrices(quantized: Path, dense: Path, act_order: bool) -> None:
+def _check_bfloat16_matrices(quantized: Path, dense: Path, act_order: bool,
+                             kind: type = W4A8Weight) -> None:
     """bfloat16: every matrix runs W4A8 on the checkpoint's codes, within 1.5% of its
     dequantized float32 reference (the W4A8 kernel quantizes activations to int8 per 16
     values: about 0.5%); act-order layers read their input in group order."""
@@ -331,7 +366,8 @@ def _check_bfloat16_matrices(quantized: Path, dense: Path, act_order: bool) -> N
 
     llm = LLM(str(quantized), dtype="bfloat16", max_model_len=256)
     config = llm.llm_engine.engine_config.model_config
-    if config.dtype != "bfloat16" or config.quantization != "int4":
+    method = "int4" if kind is W4A8Weight else "int8"
+    if config.dtype != "bfloat16" or config.quantization != method:
         pytest.skip(f"4-bit kernels not in use here ({config.dtype}, {config.quantization})")
     model = llm.llm_engine.engine_core.engine_core.executor.worker.model
     layer = model.model.layers[0]
@@ -348,7 +384,7 @@ def _check_bfloat16_matrices(quantized: Path, dense: Path, act_order: bool) -> N
                "gate_up": layer.mlp.gate_up_proj, "down": layer.mlp.down_proj}
     generator = torch.Generator().manual_seed(1)
     for name, linear in linears.items():
-        assert isinstance(linear.quantized, W4A8Weight)
+        assert isinstance(linear.quantized, kind)
         assert (linear.input_perm is not None) == act_order
         x = torch.randn(4, linear.input_size, generator=generator).to(torch.bfloat16)
         got = linear(x).float()  # 4 tokens: the W4A8 path

@@ -39,8 +39,7 @@ def parse(config: dict[str, Any]) -> W4A16Config | CompressedTensorsConfig:
 def kernel_method(config: dict[str, Any]) -> str | None:
     """The engine's weight method for the checkpoint's codes ("int4", "int8"; None: the
     layers are dequantized)."""
-    scheme = parse(config)
-    return scheme.kernel_method if isinstance(scheme, CompressedTensorsConfig) else "int4"
+    return parse(config).kernel_method
 
 
 def iterate_weights(

@@ -1,4 +1,5 @@
-"""GPTQ and AWQ 4-bit checkpoints (W4A16): `quantization_config` and the packed tensors.
+"""GPTQ (4 and 8 bits) and AWQ (4 bits) checkpoints: `quantization_config` and the packed
+tensors.
 
 A quantized linear layer `X` is stored as `X.qweight`, `X.qzeros`, `X.scales` (and GPTQ's
 `X.g_idx`) instead of `X.weight`. Both formats quantize groups of `group_size` inputs of
@@ -12,7 +13,8 @@ an output row: w = scale * (q - z), q and z in 0..15, one (scale, z) per group a
 
 The engine's int4 groups hold 32 inputs with w = d * q + m (GroupCodes), so a group of a
 multiple of 32 inputs is exactly d = scale, m = -scale * z on each of its 32-input pieces:
-the layers receive the checkpoint's own codes, repacked, never a dense copy. GPTQ's
+the layers receive the checkpoint's own codes, repacked, never a dense copy. Symmetric
+8-bit GPTQ (z = 128) is the int8 kernel's form: codes q - 128, d = scale. GPTQ's
 act-order (desc_act) groups gather inputs from anywhere: the codes are lined up by group
 and carry the input order the layer then reads its input in (GroupCodes.input_perm).
 Without the int4 kernels (float32, no C compiler) the weights are dequantized instead.
@@ -34,12 +36,18 @@ _PARTS = ("qweight", "qzeros", "scales", "g_idx")
 
 @dataclass(frozen=True)
 class W4A16Config:
-    """A checkpoint's `quantization_config` for GPTQ or AWQ (4 bits)."""
+    """A checkpoint's `quantization_config` for GPTQ (4 or 8 bits) or AWQ (4 bits)."""
 
     method: str  # "gptq" or "awq"
     group_size: int  # -1: one group over all inputs
     desc_act: bool = False
     zeros_offset: int = 1  # GPTQ's classic format stores z - 1
+    bits: int = 4  # GPTQ also 8
+
+    @property
+    def kernel_method(self) -> str:
+        """The engine's weight method for these codes."""
+        return "int8" if self.bits == 8 else "int4"
 
     @classmethod
     def parse(cls, config: dict[str, Any]) -> W4A16Config:
@@ -52,9 +60,15 @@ class W4A16Config:
         if method not in ("gptq", "awq"):
             raise ValueError(f"quantization_config quant_method {method!r} is not gptq or awq.")
         bits = int(config.get("bits", config.get("w_bit", 4)))
-        if bits != 4:
+        if bits not in ((4, 8) if method == "gptq" else (4,)):
+            built = "4- and 8-bit gptq" if method == "gptq" else "4-bit awq"
             raise ValueError(
-                f"quantization_config bits={bits} ({method}): only 4-bit {method} is built."
+                f"quantization_config bits={bits} ({method}): only {built} is built."
+            )
+        if bits == 8 and not config.get("sym", True):
+            raise ValueError(
+                "quantization_config bits=8 with sym=false (gptq): asymmetric 8-bit codes are "
+                "not built (the int8 kernel has no per-group zero point)."
             )
         group_size = int(config.get("group_size", config.get("q_group_size", 128)))
         if group_size != -1 and (group_size <= 0 or group_size % INT4_GROUP_SIZE):
@@ -75,21 +89,26 @@ class W4A16Config:
         if fmt not in ("gptq", "gptq_v2"):
             raise ValueError(f"quantization_config checkpoint_format={fmt!r} (gptq) is not built.")
         return cls("gptq", group_size, bool(config.get("desc_act", False)),
-                   zeros_offset=1 if fmt == "gptq" else 0)
+                   zeros_offset=1 if fmt == "gptq" else 0, bits=bits)
 
 
-def unpack_rows(packed: torch.Tensor) -> torch.Tensor:
-    """int32 [r, c] holding eight nibbles per word along the rows → [8 r, c] in 0..15."""
-    shifts = torch.arange(0, 32, 4, dtype=torch.int32)
-    nibbles = (packed.unsqueeze(1) >> shifts.view(1, 8, 1)) & 0xF  # [r, 8, c]
-    return nibbles.reshape(-1, packed.shape[1]).to(torch.uint8)
+def unpack_rows(packed: torch.Tensor, bits: int = 4) -> torch.Tensor:
+    """int32 [r, c] holding 32 / bits values per word along the rows → [32 / bits * r, c]
+    (unsigned codes)."""
+    per_word = 32 // bits
+    shifts = torch.arange(0, 32, bits, dtype=torch.int32)
+    values = (packed.unsqueeze(1) >> shifts.view(1, per_word, 1)) & ((1 << bits) - 1)
+    return values.reshape(-1, packed.shape[1]).to(torch.uint8)
 
 
-def unpack_columns(packed: torch.Tensor, order: tuple[int, ...] | None = None) -> torch.Tensor:
-    """int32 [r, c] holding eight nibbles per word along the columns → [r, 8 c]; with
-    `order`, nibble i of word j is column 8 j + order[i] (AWQ)."""
-    shifts = torch.arange(0, 32, 4, dtype=torch.int32)
-    nibbles = (packed.unsqueeze(2) >> shifts.view(1, 1, 8)) & 0xF  # [r, c, 8]
+def unpack_columns(
+    packed: torch.Tensor, order: tuple[int, ...] | None = None, bits: int = 4
+) -> torch.Tensor:
+    """int32 [r, c] holding 32 / bits values per word along the columns → [r, 32 / bits * c];
+    with `order`, value i of word j is column 8 j + order[i] (AWQ's 4-bit order)."""
+    per_word = 32 // bits
+    shifts = torch.arange(0, 32, bits, dtype=torch.int32)
+    nibbles = (packed.unsqueeze(2) >> shifts.view(1, 1, per_word)) & ((1 << bits) - 1)
     if order is not None:
         placed = torch.empty_like(nibbles)
         placed[:, :, list(order)] = nibbles
@@ -107,8 +126,8 @@ def layer_codes(
             the inputs' order (not built).
     """
     if config.method == "gptq":
-        q = unpack_rows(parts["qweight"]).T  # [out, in]
-        zeros = unpack_columns(parts["qzeros"])  # [groups, out]
+        q = unpack_rows(parts["qweight"], config.bits).T  # [out, in]
+        zeros = unpack_columns(parts["qzeros"], bits=config.bits)  # [groups, out]
     else:
         q = unpack_columns(parts["qweight"], AWQ_ORDER).T
         zeros = unpack_columns(parts["qzeros"], AWQ_ORDER)
@@ -130,6 +149,11 @@ def layer_codes(
     pieces = in_size // INT4_GROUP_SIZE
     parent = torch.arange(pieces) * INT4_GROUP_SIZE // group_size  # piece → its group
     d = scales[parent].T.contiguous()  # [out, pieces]
+    if config.bits == 8:  # symmetric: w = scale * (q - 128), int8 codes q - 128
+        if not bool((z == 128).all()):
+            raise ValueError(f"{name}: 8-bit zero points other than 128 are not built.")
+        signed = (q.to(torch.int16) - 128).to(torch.int8).contiguous()
+        return GroupCodes(signed.view(out_size, pieces, INT4_GROUP_SIZE), d, None, input_perm)
     m = (-scales * z)[parent].T.contiguous()
     codes = q.contiguous().view(out_size, pieces, INT4_GROUP_SIZE)
     return GroupCodes(codes, d, m, input_perm)
