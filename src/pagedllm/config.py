@@ -16,7 +16,7 @@ from pagedllm.pooling.config import PoolerConfig
 from pagedllm.spec_decode.config import SpeculativeConfig
 
 SUPPORTED_DTYPES = ("auto", "float32", "bfloat16", "float16")
-QUANTIZATION_METHODS = ("int8", "int4")
+QUANTIZATION_METHODS = ("int8", "int4", "fp8")
 # What `quantization` accepts: None (the checkpoint decides), "none" (dense weights) or a method.
 # Checkpoint formats named by their config.json `quantization_config` (vLLM's names); their
 # codes run as "int4" / "int8" (model_loader/checkpoint_quantization.py).
@@ -42,7 +42,7 @@ class ModelConfig:
         seed: seed of the engine's default random generator.
         architecture: HF `architectures[0]`, e.g. "LlamaForCausalLM".
         hf_config: the transformers `PretrainedConfig` (not compared, not printed).
-        quantization: weight-only quantization ("int8", "int4") or None for dense weights.
+        quantization: weight quantization ("int8", "int4", "fp8") or None for dense weights.
         keep_dense_weights: with quantization, also keep the dense weights for large steps.
         checkpoint_quantization: a GPTQ / AWQ / compressed-tensors checkpoint's
             `quantization_config` (its layers are stored quantized:

@@ -47,7 +47,7 @@ def _cpu_bf16_is_fast(quantization: str | None) -> bool:
     from pagedllm.kernels import cpu_plan
 
     plan = cpu_plan()
-    fast = plan.native_bf16 or (quantization == "int4" and plan.byte_dot_kernels)
+    fast = plan.native_bf16 or (quantization in ("int4", "fp8") and plan.byte_dot_kernels)
     if not fast:
         logger.info(
             "bfloat16 would be emulated here, so dtype auto means float32 (%s).", plan.reason

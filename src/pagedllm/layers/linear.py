@@ -24,8 +24,10 @@ from pagedllm.layers.quantization import (
     W4A8Weight,
     W8A8Weight,
     can_quantize_w4a8,
+    fp8_grid,
     quantize,
     quantize_w4a8,
+    quantize_w8a8,
     w4a8_from_codes,
     w8a8_from_codes,
 )
@@ -198,6 +200,15 @@ class Linear(nn.Module):
         see GroupCodes) becomes W4A8 / W8A8 from those codes exactly. Call before
         `pack_for_cpu`.
         """
+        if method == "fp8":
+            # vLLM's dynamic FP8: the weight rounded to float8 e4m3 (one scale per tensor).
+            # No CPU kernel reads FP8: where W8A8 runs it takes the rounded weight as int8
+            # groups (one byte a weight, as FP8); elsewhere the rounded weight stays dense.
+            self._take_file_codes(usable=False)
+            with torch.no_grad():
+                self.weight.data.copy_(fp8_grid(self.weight.data))
+            if not can_quantize_w4a8(self.weight.data):
+                return
         codes = self._take_file_codes(usable=can_quantize_w4a8(self.weight.data))
         byte_dot: W4A8Weight | W8A8Weight | SplitWeight | None = None
         if codes is not None:
@@ -205,6 +216,8 @@ class Linear(nn.Module):
             self.input_perm = codes.input_perm
         elif method == "int4" and can_quantize_w4a8(self.weight.data):
             byte_dot = quantize_w4a8(self.weight.data)
+        elif method == "fp8":
+            byte_dot = quantize_w8a8(self.weight.data)
         else:
             self.quantized = quantize(self.weight.data, method)
             if self.quantized is None or keep_dense:

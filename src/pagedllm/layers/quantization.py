@@ -444,6 +444,16 @@ def quantize_w8a8(weight: torch.Tensor) -> W8A8Weight:
     return W8A8Weight(stored, scales, rows)
 
 
+def int8_group_codes(weight: torch.Tensor) -> GroupCodes:
+    """`weight` [out, in] (in % 32 == 0) as int8 GroupCodes: symmetric groups of 32,
+    d = max |w| / 127 (quantize_w8a8's grid, as codes a layer can take)."""
+    rows, cols = weight.shape
+    groups = weight.float().reshape(rows, cols // INT4_GROUP_SIZE, INT4_GROUP_SIZE)
+    step = (groups.abs().amax(dim=-1) / 127).clamp(min=torch.finfo(torch.float32).tiny)
+    codes = (groups / step[..., None]).round().clamp(-127, 127).to(torch.int8)
+    return GroupCodes(codes, step, None)
+
+
 def quantize_int4(weight: torch.Tensor, group_size: int = INT4_GROUP_SIZE) -> Int4Weight:
     """Asymmetric int4 per `group_size` input values of each output row (min/max codes)."""
     if not can_quantize_int4(weight, group_size):
@@ -470,10 +480,24 @@ def dequantize(weight: QuantizedWeight, in_features: int, dtype: torch.dtype) ->
     return weight.matmul(eye).t().contiguous()
 
 
+FP8_MAX = 448.0  # the largest float8 e4m3 value
+
+
+def fp8_grid(weight: torch.Tensor) -> torch.Tensor:
+    """`weight` rounded to float8 e4m3 with one scale per tensor (vLLM's dynamic "fp8"
+    weights: scale = max |w| / 448), in `weight`'s dtype."""
+    scale = (weight.abs().amax().float() / FP8_MAX).clamp(min=torch.finfo(torch.float32).tiny)
+    codes = (weight.float() / scale).to(torch.float8_e4m3fn)
+    return (codes.float() * scale).to(weight.dtype)
+
+
 def quantize(weight: torch.Tensor, method: str) -> QuantizedWeight | None:
-    """`weight` [out, in] in `method` ("int8" or "int4"); None when the shape does not fit."""
+    """`weight` [out, in] in `method` ("int8", "int4", or "fp8": FP8-rounded then int8,
+    no CPU kernel reading FP8); None when the shape does not fit."""
     if method == "int8":
         return quantize_int8(weight)
+    if method == "fp8":
+        return quantize_int8(fp8_grid(weight))
     if method == "int4":
         return quantize_int4(weight) if can_quantize_int4(weight) else None
     raise ValueError(f"quantization must be one of {QUANTIZATION_METHODS}, got {method!r}.")
