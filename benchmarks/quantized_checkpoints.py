@@ -12,6 +12,8 @@ Hessian correction) and packed by AutoGPTQ's own QuantLinear.pack (installed by 
   (the issue asks the GPTQ model within 10% of the GGUF).
 
     python benchmarks/quantized_checkpoints.py --output-json benchmarks/results/gptq.json
+    python benchmarks/quantized_checkpoints.py --write-compressed w8a8,w4a16,fp8
+        (compressed-tensors checkpoints of the default model, for benchmarks/accuracy.py)
 """
 
 from __future__ import annotations
@@ -93,6 +95,73 @@ def write_gptq_checkpoint(args: Any) -> Path:
     return folder
 
 
+def write_compressed_checkpoint(args: Any, kind: str) -> Path:
+    """The default model compressed by compressed-tensors itself (made once): `w8a8`
+    (int8 per channel, dynamic per-token activations), `w4a16` (4-bit groups of
+    --group-size) or `fp8` (FP8 per channel), min-max scales (no calibration data)."""
+    import torch
+    from compressed_tensors.compressors import ModelCompressor
+    from compressed_tensors.quantization import (
+        QuantizationArgs,
+        QuantizationConfig,
+        QuantizationScheme,
+        apply_quantization_config,
+    )
+    from compressed_tensors.quantization.utils import calculate_qparams
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from pagedllm.engine.arg_utils import EngineArgs
+
+    folder = Path(args.work_dir) / f"ct_{kind}"
+    if (folder / "model.safetensors").is_file():
+        return folder
+    schemes = {
+        "w8a8": (dict(num_bits=8, type="int", strategy="channel"),
+                 dict(num_bits=8, type="int", strategy="token", dynamic=True), "int-quantized"),
+        "w4a16": (dict(num_bits=4, type="int", strategy="group", group_size=args.group_size),
+                  None, "pack-quantized"),
+        "fp8": (dict(num_bits=8, type="float", strategy="channel"),
+                dict(num_bits=8, type="float", strategy="token", dynamic=True),
+                "float-quantized"),
+    }
+    weights, activations, fmt = schemes[kind]
+    scheme = QuantizationScheme(
+        targets=["Linear"], weights=QuantizationArgs(symmetric=True, **weights),
+        input_activations=None if activations is None else QuantizationArgs(**activations))
+    model_config = EngineArgs(model=args.model).create_engine_config().model_config
+    source = dict(pretrained_model_name_or_path=model_config.model_dir,
+                  gguf_file=model_config.gguf_file)
+    model = AutoModelForCausalLM.from_pretrained(**source, dtype=torch.float32)
+    model.config.quantization_config = None  # the GGUF loader's; ours comes below
+    apply_quantization_config(
+        model, QuantizationConfig(config_groups={"group_0": scheme}, ignore=["lm_head"]))
+    for module in model.modules():
+        if getattr(module, "quantization_scheme", None) is None:
+            continue
+        weight, qargs = module.weight.data, module.quantization_scheme.weights
+        if qargs.strategy == "group":
+            grouped = weight.view(weight.shape[0], -1, qargs.group_size)
+            low, high = grouped.amin(-1), grouped.amax(-1)
+        else:
+            low, high = weight.amin(1, keepdim=True), weight.amax(1, keepdim=True)
+        scale, _ = calculate_qparams(low, high, qargs)
+        module.weight_scale.data = scale.to(module.weight_scale.dtype).reshape(
+            module.weight_scale.shape)
+    compressor = ModelCompressor.from_pretrained_model(model, quantization_format=fmt)
+    compressor.compress_model(model)
+    folder.mkdir(parents=True, exist_ok=True)
+    from safetensors.torch import save_file
+
+    state = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    save_file(state, str(folder / "model.safetensors"))
+    config = model.config.to_dict()
+    config["torch_dtype"] = config["dtype"] = "bfloat16"
+    (folder / "config.json").write_text(json.dumps(config, indent=1))
+    compressor.update_config(folder)
+    AutoTokenizer.from_pretrained(**source).save_pretrained(folder)
+    return folder
+
+
 def agreement(args: Any, folder: Path) -> dict[str, Any]:
     """Teacher-forced next-token agreement, GPTQ codes in bf16 vs dequantized float32."""
     from pagedllm import LLM, SamplingParams
@@ -146,10 +215,17 @@ def main() -> None:
     parser.add_argument("--num-iters", type=int, default=2)
     parser.add_argument("--output-json", default=None)
     parser.add_argument("--work-dir", default=str(Path.home() / ".cache" / "pagedllm-bench"))
+    parser.add_argument("--write-compressed", default=None, metavar="KINDS",
+                        help="only write compressed-tensors checkpoints of the default model "
+                        "(comma list of w8a8, w4a16, fp8) and print their folders")
     args = parser.parse_args()
 
     from pagedllm.engine.arg_utils import EngineArgs
 
+    if args.write_compressed:
+        for kind in args.write_compressed.split(","):
+            print(write_compressed_checkpoint(args, kind))
+        return
     folder = write_gptq_checkpoint(args)
     result: dict[str, Any] = {"machine": machine_info(), "args": vars(args),
                               "checkpoint": str(folder)}
