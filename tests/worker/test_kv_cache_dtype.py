@@ -25,6 +25,9 @@ def _cache_dtype(model_dir, **kwargs) -> str:
 
 def test_default_is_int8_only_for_quantized_reduced_precision_on_cpu(tiny_llama_dir):
     assert _cache_dtype(tiny_llama_dir, dtype="bfloat16", quantization="int4") == "int8"
+    # 8-bit weights keep the model's dtype: an int8 cache would cost them agreement.
+    assert _cache_dtype(tiny_llama_dir, dtype="bfloat16", quantization="int8") == "auto"
+    assert _cache_dtype(tiny_llama_dir, dtype="bfloat16", quantization="fp8") == "auto"
     assert _cache_dtype(tiny_llama_dir, dtype="bfloat16", quantization="none") == "auto"
     # float32 keeps the token-exact path, quantized weights or not.
     assert _cache_dtype(tiny_llama_dir, dtype="float32", quantization="int8") == "auto"

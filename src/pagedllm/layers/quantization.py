@@ -444,16 +444,6 @@ def quantize_w8a8(weight: torch.Tensor) -> W8A8Weight:
     return W8A8Weight(stored, scales, rows)
 
 
-def int8_group_codes(weight: torch.Tensor) -> GroupCodes:
-    """`weight` [out, in] (in % 32 == 0) as int8 GroupCodes: symmetric groups of 32,
-    d = max |w| / 127 (quantize_w8a8's grid, as codes a layer can take)."""
-    rows, cols = weight.shape
-    groups = weight.float().reshape(rows, cols // INT4_GROUP_SIZE, INT4_GROUP_SIZE)
-    step = (groups.abs().amax(dim=-1) / 127).clamp(min=torch.finfo(torch.float32).tiny)
-    codes = (groups / step[..., None]).round().clamp(-127, 127).to(torch.int8)
-    return GroupCodes(codes, step, None)
-
-
 def quantize_int4(weight: torch.Tensor, group_size: int = INT4_GROUP_SIZE) -> Int4Weight:
     """Asymmetric int4 per `group_size` input values of each output row (min/max codes)."""
     if not can_quantize_int4(weight, group_size):

@@ -38,7 +38,7 @@ def parse(config: dict[str, Any]) -> W4A16Config | CompressedTensorsConfig:
 
 def kernel_method(config: dict[str, Any]) -> str | None:
     """The engine's weight method for the checkpoint's codes ("int4", "int8"; None: the
-    layers are dequantized)."""
+    layers are dequantized, as FP8's)."""
     return parse(config).kernel_method
 
 
