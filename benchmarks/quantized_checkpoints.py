@@ -115,6 +115,8 @@ def write_compressed_checkpoint(args: Any, kind: str) -> Path:
     folder = Path(args.work_dir) / f"ct_{kind}"
     if (folder / "model.safetensors").is_file():
         return folder
+    if kind == "dense":  # the unquantized float32 weights, for quantization="fp8"
+        return write_dense_checkpoint(args, folder)
     schemes = {
         "w8a8": (dict(num_bits=8, type="int", strategy="channel"),
                  dict(num_bits=8, type="int", strategy="token", dynamic=True), "int-quantized"),
@@ -158,6 +160,29 @@ def write_compressed_checkpoint(args: Any, kind: str) -> Path:
     config["torch_dtype"] = config["dtype"] = "bfloat16"
     (folder / "config.json").write_text(json.dumps(config, indent=1))
     compressor.update_config(folder)
+    AutoTokenizer.from_pretrained(**source).save_pretrained(folder)
+    return folder
+
+
+def write_dense_checkpoint(args: Any, folder: Path) -> Path:
+    """The default model's weights (dequantized from its GGUF) as a float32 safetensors
+    folder."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from pagedllm.engine.arg_utils import EngineArgs
+
+    model_config = EngineArgs(model=args.model).create_engine_config().model_config
+    source = dict(pretrained_model_name_or_path=model_config.model_dir,
+                  gguf_file=model_config.gguf_file)
+    model = AutoModelForCausalLM.from_pretrained(**source, dtype=torch.float32)
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    save_file(state, str(folder / "model.safetensors"))
+    config = model.config.to_dict()
+    config.pop("quantization_config", None)  # the GGUF loader's
+    (folder / "config.json").write_text(json.dumps(config, indent=1))
     AutoTokenizer.from_pretrained(**source).save_pretrained(folder)
     return folder
 
@@ -217,7 +242,8 @@ def main() -> None:
     parser.add_argument("--work-dir", default=str(Path.home() / ".cache" / "pagedllm-bench"))
     parser.add_argument("--write-compressed", default=None, metavar="KINDS",
                         help="only write compressed-tensors checkpoints of the default model "
-                        "(comma list of w8a8, w4a16, fp8) and print their folders")
+                        "(comma list of w8a8, w4a16, fp8; dense: unquantized) and print "
+                        "their folders")
     args = parser.parse_args()
 
     from pagedllm.engine.arg_utils import EngineArgs
