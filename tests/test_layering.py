@@ -47,6 +47,11 @@ FORBIDDEN = {
     # layers (duck-typed slots) and the frontend (request, config checks).
     "lora": ["pagedllm.core", "pagedllm.engine", "pagedllm.worker", "pagedllm.entrypoints",
              "pagedllm.models", "pagedllm.spec_decode", "pagedllm.structured_output"],
+    # Distributed: process groups, collectives and shard arithmetic, called by layers and
+    # workers; it calls none of them.
+    "distributed": ["pagedllm.core", "pagedllm.engine", "pagedllm.worker",
+                    "pagedllm.entrypoints", "pagedllm.models", "pagedllm.layers",
+                    "pagedllm.attention"],
     # The C kernels are a leaf: layers, attention and models call them, never the reverse.
     "kernels": ["pagedllm.core", "pagedllm.engine", "pagedllm.worker", "pagedllm.entrypoints",
                 "pagedllm.models", "pagedllm.layers", "pagedllm.attention",
