@@ -201,6 +201,34 @@ class StructuredOutputsConfig:
             )
 
 
+DISTRIBUTED_EXECUTOR_BACKENDS = ("mp", "ray", "uni")
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """How an engine spreads over processes (vLLM's names).
+
+    Attributes:
+        tensor_parallel_size: ranks each layer's matrices are split over.
+        pipeline_parallel_size: stages the layers are split into.
+        data_parallel_size: engine cores behind one frontend.
+        distributed_executor_backend: "mp" (worker processes), "ray" (Ray actors) or "uni"
+            (this process); None picks "uni" for one rank.
+        enable_expert_parallel: spread MoE experts over the ranks instead of splitting each.
+    """
+
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    data_parallel_size: int = 1
+    distributed_executor_backend: str | None = None
+    enable_expert_parallel: bool = False
+
+    @property
+    def world_size(self) -> int:
+        """Worker ranks of one engine core (tensor x pipeline)."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """All sub-configs of one engine."""
@@ -216,3 +244,4 @@ class EngineConfig:
     speculative_config: SpeculativeConfig | None = None
     # Multi-LoRA (None: LoRA off).
     lora_config: LoRAConfig | None = None
+    parallel_config: ParallelConfig = field(default_factory=ParallelConfig)

@@ -11,12 +11,14 @@ from typing import TYPE_CHECKING, Any
 
 from pagedllm.config import (
     CHECKPOINT_QUANTIZATIONS,
+    DISTRIBUTED_EXECUTOR_BACKENDS,
     QUANTIZATION_CHOICES,
     SUPPORTED_DTYPES,
     CacheConfig,
     DeviceConfig,
     EngineConfig,
     ModelConfig,
+    ParallelConfig,
     SchedulerConfig,
     StructuredOutputsConfig,
 )
@@ -83,6 +85,11 @@ class EngineArgs:
     convert: str = "auto"
     pooler_config: dict | str | PoolerConfig | None = None
     speculative_config: dict | str | SpeculativeConfig | None = None
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    data_parallel_size: int = 1
+    distributed_executor_backend: str | None = None
+    enable_expert_parallel: bool = False
     enable_lora: bool = False
     max_loras: int = 1
     max_lora_rank: int = 16
@@ -125,7 +132,47 @@ class EngineArgs:
             structured_outputs_config=self._structured_outputs_config(),
             speculative_config=self._speculative_config(model_config),
             lora_config=self._lora_config(model_config),
+            parallel_config=self._parallel_config(),
         )
+
+    def _parallel_config(self) -> ParallelConfig:
+        """The parallel layout, checked (vLLM's names).
+
+        Raises:
+            ValueError: a size below 1, an unknown backend, "uni" with several ranks, or
+                more than one rank (the per-rank executor is not built yet).
+        """
+        sizes = {
+            "tensor_parallel_size": self.tensor_parallel_size,
+            "pipeline_parallel_size": self.pipeline_parallel_size,
+            "data_parallel_size": self.data_parallel_size,
+        }
+        for name, size in sizes.items():
+            if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+                raise ValueError(f"{name} must be a positive integer, got {size!r}.")
+        backend = self.distributed_executor_backend
+        if backend is not None and backend not in DISTRIBUTED_EXECUTOR_BACKENDS:
+            raise ValueError(
+                f"distributed_executor_backend must be one of {DISTRIBUTED_EXECUTOR_BACKENDS} "
+                f"or None, got {backend!r}."
+            )
+        config = ParallelConfig(
+            self.tensor_parallel_size, self.pipeline_parallel_size, self.data_parallel_size,
+            backend, self.enable_expert_parallel,
+        )
+        if backend == "uni" and config.world_size > 1:
+            raise ValueError(
+                f"distributed_executor_backend='uni' runs one rank; tensor x pipeline "
+                f"parallel sizes ask for {config.world_size}."
+            )
+        several = [f"{name}={size}" for name, size in sizes.items() if size > 1]
+        if several:
+            raise ValueError(
+                f"{', '.join(several)}: running more than one rank is not built yet "
+                "(pagedllm.distributed has the process groups and shard arithmetic; the "
+                "executor that starts a worker per rank is not there yet)."
+            )
+        return config
 
     def _lora_config(self, model_config: ModelConfig) -> LoRAConfig | None:
         """The multi-LoRA limits when enable_lora is on."""

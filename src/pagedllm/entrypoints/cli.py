@@ -16,7 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from pagedllm import __version__
-from pagedllm.config import KV_CACHE_DTYPES, QUANTIZATION_CHOICES, SUPPORTED_DTYPES
+from pagedllm.config import (
+    DISTRIBUTED_EXECUTOR_BACKENDS,
+    KV_CACHE_DTYPES,
+    QUANTIZATION_CHOICES,
+    SUPPORTED_DTYPES,
+)
 from pagedllm.engine.arg_utils import EngineArgs
 from pagedllm.entrypoints.openai.server_args import ServerArgs
 from pagedllm.tool_calling import tool_parser_names
@@ -64,6 +69,12 @@ ENGINE_ARG_HELP = {
     "speculative_config": "JSON with vLLM's keys, e.g. '{\"method\": \"ngram\", "
                           "\"num_speculative_tokens\": 5, \"prompt_lookup_max\": 4}': "
                           "speculative decoding (ngram; the same greedy text, sooner).",
+    "tensor_parallel_size": "Ranks each layer's matrices are split over (only 1 runs today).",
+    "pipeline_parallel_size": "Pipeline stages the layers are split into (only 1 runs today).",
+    "data_parallel_size": "Engine cores behind one server (only 1 runs today).",
+    "distributed_executor_backend": "How ranks run: mp (processes), ray (Ray actors) or uni "
+                                    "(this process; the default for one rank).",
+    "enable_expert_parallel": "Spread MoE experts over the ranks instead of splitting each.",
     "enable_lora": "Serve LoRA adapters beside the base model (--lora-modules names them; "
                    "offline: LoRARequest).",
     "max_loras": "Most LoRA adapters in one engine step.",
@@ -73,6 +84,7 @@ ENGINE_ARG_HELP = {
 ENGINE_ARG_CHOICES: dict[str, Sequence[str]] = {
     "dtype": SUPPORTED_DTYPES,
     "quantization": QUANTIZATION_CHOICES,
+    "distributed_executor_backend": DISTRIBUTED_EXECUTOR_BACKENDS,
     "kv_cache_dtype": KV_CACHE_DTYPES,
     "device": ("auto", "cpu", "cuda"),
     "preemption_mode": ("recompute", "swap"),
@@ -81,6 +93,9 @@ ENGINE_ARG_CHOICES: dict[str, Sequence[str]] = {
     "convert": ("auto", "none", "embed", "classify"),
 }
 _TYPES = {"int": int, "float": float, "str": str}
+# vLLM's short flags.
+_SHORT_FLAGS = {"tensor_parallel_size": "-tp", "pipeline_parallel_size": "-pp",
+                "data_parallel_size": "-dp"}
 
 
 def _parse_annotation(annotation: str) -> tuple[type | None, bool]:
@@ -110,12 +125,14 @@ def add_dataclass_arguments(
         text = text or f"{cls.__name__}.{field.name}."
         if "default" not in text:
             text += " (default: %(default)s)"
-        flag = "--" + field.name.replace("_", "-")
+        flags = ["--" + field.name.replace("_", "-")]
+        if field.name in _SHORT_FLAGS:
+            flags.append(_SHORT_FLAGS[field.name])
         if element_type is None:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default,
+            parser.add_argument(*flags, action=argparse.BooleanOptionalAction, default=default,
                                 help=text)
         else:
-            parser.add_argument(flag, type=element_type, default=default, help=text,
+            parser.add_argument(*flags, type=element_type, default=default, help=text,
                                 nargs="+" if is_list else None,
                                 choices=(choices or {}).get(field.name))
 

@@ -28,7 +28,6 @@ from pagedllm.tokenizer.tokenizer import apply_chat_template
 
 # vLLM arguments accepted for compatibility that change nothing on a single CPU/GPU engine.
 _IGNORED_ARGS = {"trust_remote_code", "enforce_eager", "disable_log_stats"}
-_SINGLE_DEVICE_ARGS = ("tensor_parallel_size", "pipeline_parallel_size")
 
 Message = dict[str, Any]
 
@@ -257,9 +256,6 @@ class LLM(PoolingMethods):
 
 
 def _check_extra_args(kwargs: dict[str, Any]) -> dict[str, Any]:
-    for name in _SINGLE_DEVICE_ARGS:
-        if kwargs.pop(name, 1) != 1:
-            raise ValueError(f"{name} > 1 is not supported yet: pagedllm runs on one device.")
     extra = {k: v for k, v in kwargs.items() if k not in _IGNORED_ARGS}
     known = {f.name for f in dataclasses.fields(EngineArgs)}
     unknown = sorted(set(extra) - known)
