@@ -1,0 +1,119 @@
+"""Tensor-parallel linear layers (Megatron's split, vLLM's names).
+
+- `ColumnParallelLinear` / `MergedColumnParallelLinear`: each rank holds its share of the
+  output rows (of every sub-output for a fused gate_up) and computes its share of the
+  output; no communication.
+- `RowParallelLinear`: each rank holds the input columns matching the previous layer's
+  output share; the partial products are summed over the group by one all-reduce. A bias
+  is kept on the group's first rank only (zeros elsewhere), so the sum adds it once.
+
+The loaders take the checkpoint's full tensors (or GroupCodes) and keep the rank's slice.
+With a group of one they are the plain layers. Not used by the models yet: the worker and
+executor that run one process per rank come next (README "Not built yet").
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from pagedllm.distributed.parallel_state import GroupCoordinator, get_tp_group
+from pagedllm.distributed.sharding import divide
+from pagedllm.layers.linear import Linear, MergedColumnLinear
+from pagedllm.layers.quantization import INT4_GROUP_SIZE, GroupCodes
+
+Weight = torch.Tensor | GroupCodes
+
+
+def slice_rows(loaded: Weight, start: int, size: int) -> Weight:
+    """Rows [start, start + size) of a tensor or of GroupCodes."""
+    if isinstance(loaded, GroupCodes):
+        return loaded.map_rows(lambda t: t.narrow(0, start, size))
+    return loaded.narrow(0, start, size)
+
+
+def slice_columns(loaded: Weight, start: int, size: int) -> Weight:
+    """Columns [start, start + size) of a matrix; GroupCodes stay codes when the slice is
+    whole groups of 32 inputs in the layer's own order, else they are dequantized."""
+    if not isinstance(loaded, GroupCodes):
+        return loaded.narrow(1, start, size)
+    whole = start % INT4_GROUP_SIZE == 0 and size % INT4_GROUP_SIZE == 0
+    if not whole or loaded.input_perm is not None or loaded.has_half_scales:
+        return loaded.dense(torch.float32).narrow(1, start, size)
+    first, count = start // INT4_GROUP_SIZE, size // INT4_GROUP_SIZE
+    mins = None if loaded.mins is None else loaded.mins.narrow(1, first, count)
+    return GroupCodes(loaded.codes.narrow(1, first, count),
+                      loaded.scales.narrow(1, first, count), mins)
+
+
+class MergedColumnParallelLinear(MergedColumnLinear):
+    """Fused sub-outputs (gate, up), each split over the group's ranks."""
+
+    def __init__(
+        self, input_size: int, output_sizes: list[int], bias: bool = False,
+        tp_group: GroupCoordinator | None = None,
+    ) -> None:
+        group = tp_group or get_tp_group()
+        self.tp_size, self.tp_rank = group.world_size, group.rank_in_group
+        shares = [divide(size, self.tp_size, "a fused output") for size in output_sizes]
+        super().__init__(input_size, shares, bias)
+        self.full_output_sizes = list(output_sizes)
+
+    def weight_loader(  # type: ignore[override]
+        self, param: nn.Parameter, loaded_weight: Weight, shard_id: int | None = None
+    ) -> None:
+        """Keep this rank's rows of sub-output `shard_id` (None: a fused checkpoint tensor
+        holding every sub-output)."""
+        if shard_id is None:
+            offset = 0
+            for index, full in enumerate(self.full_output_sizes):
+                self.weight_loader(param, slice_rows(loaded_weight, offset, full), index)
+                offset += full
+            return
+        share = self.output_sizes[shard_id]
+        super().weight_loader(param, slice_rows(loaded_weight, self.tp_rank * share, share),
+                              shard_id)
+
+
+class ColumnParallelLinear(MergedColumnParallelLinear):
+    """One output split over the group's ranks."""
+
+    def __init__(
+        self, input_size: int, output_size: int, bias: bool = False,
+        tp_group: GroupCoordinator | None = None,
+    ) -> None:
+        super().__init__(input_size, [output_size], bias, tp_group)
+
+    def weight_loader(  # type: ignore[override]
+        self, param: nn.Parameter, loaded_weight: Weight, shard_id: int | None = None
+    ) -> None:
+        """Keep this rank's rows."""
+        super().weight_loader(param, loaded_weight, 0 if shard_id is None else shard_id)
+
+
+class RowParallelLinear(Linear):
+    """The input split over the group's ranks; the output summed over them."""
+
+    def __init__(
+        self, input_size: int, output_size: int, bias: bool = False,
+        tp_group: GroupCoordinator | None = None,
+    ) -> None:
+        group = tp_group or get_tp_group()
+        self.tp_group = group
+        self.tp_size, self.tp_rank = group.world_size, group.rank_in_group
+        super().__init__(divide(input_size, self.tp_size, "input size"), output_size, bias)
+
+    def weight_loader(self, param: nn.Parameter, loaded_weight: Weight) -> None:
+        """The weight's columns of this rank; the bias on the first rank only."""
+        if param is self.weight:
+            share = self.input_size
+            loaded_weight = slice_columns(loaded_weight, self.tp_rank * share, share)
+        elif self.tp_rank != 0 and isinstance(loaded_weight, torch.Tensor):
+            loaded_weight = torch.zeros_like(loaded_weight)  # the sum adds the bias once
+        super().weight_loader(param, loaded_weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [T, input share] → the group's summed [T, output_size]."""
+        if self.lora is not None and self.tp_size > 1:
+            raise ValueError("LoRA adapters on tensor-parallel layers are not built.")
+        return self.tp_group.all_reduce(super().forward(x))

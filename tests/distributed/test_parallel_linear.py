@@ -1,0 +1,88 @@
+"""Tensor-parallel linear layers over two gloo ranks: a gated MLP built from a merged
+column-parallel gate_up and a row-parallel down (with biases), loaded from the full
+checkpoint tensors, equals the unsplit MLP; the loaders' row and column slices of file
+codes equal the slices of their dense weights."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.multiprocessing as mp
+
+from pagedllm.distributed import parallel_state
+from pagedllm.layers.activation import gated_activation
+from pagedllm.layers.parallel_linear import (
+    ColumnParallelLinear,
+    MergedColumnParallelLinear,
+    RowParallelLinear,
+    slice_columns,
+    slice_rows,
+)
+from pagedllm.layers.quantization import GroupCodes
+
+HIDDEN, INTERMEDIATE, TOKENS = 64, 128, 3
+
+
+def _weights() -> dict[str, torch.Tensor]:
+    torch.manual_seed(0)
+    return {"gate": torch.randn(INTERMEDIATE, HIDDEN), "up": torch.randn(INTERMEDIATE, HIDDEN),
+            "gate_bias": torch.randn(INTERMEDIATE), "up_bias": torch.randn(INTERMEDIATE),
+            "down": torch.randn(HIDDEN, INTERMEDIATE), "down_bias": torch.randn(HIDDEN),
+            "x": torch.randn(TOKENS, HIDDEN)}
+
+
+def _reference(w: dict[str, torch.Tensor]) -> torch.Tensor:
+    gate = w["x"] @ w["gate"].T + w["gate_bias"]
+    up = w["x"] @ w["up"].T + w["up_bias"]
+    return (torch.nn.functional.silu(gate) * up) @ w["down"].T + w["down_bias"]
+
+
+def _rank_main(rank: int, world_size: int, init_file: str) -> None:
+    parallel_state.init_distributed_environment(world_size, rank, f"file://{init_file}",
+                                                "gloo")
+    parallel_state.initialize_model_parallel(world_size)
+    try:
+        w = _weights()
+        gate_up = MergedColumnParallelLinear(HIDDEN, [INTERMEDIATE] * 2, bias=True)
+        down = RowParallelLinear(INTERMEDIATE, HIDDEN, bias=True)
+        for shard, name in enumerate(("gate", "up")):
+            gate_up.weight_loader(gate_up.weight, w[name], shard)
+            gate_up.weight_loader(gate_up.bias, w[f"{name}_bias"], shard)
+        down.weight_loader(down.weight, w["down"])
+        down.weight_loader(down.bias, w["down_bias"])
+        assert gate_up.weight.shape == (INTERMEDIATE, HIDDEN)  # half of gate and of up
+        assert down.weight.shape == (HIDDEN, INTERMEDIATE // 2)
+        out = down(gated_activation("silu")(gate_up(w["x"])))
+        want = _reference(w)
+        # Equal up to float32 summation order (each rank sums half of the inputs).
+        torch.testing.assert_close(out, want, rtol=0, atol=1e-5 * want.abs().max().item())
+        # A fused checkpoint tensor (gate | up) splits the same way.
+        fused = MergedColumnParallelLinear(HIDDEN, [INTERMEDIATE] * 2)
+        fused.weight_loader(fused.weight, torch.cat([w["gate"], w["up"]]))
+        assert torch.equal(fused.weight, gate_up.weight)
+        single = ColumnParallelLinear(HIDDEN, INTERMEDIATE)
+        single.weight_loader(single.weight, w["gate"])
+        half = INTERMEDIATE // world_size
+        assert torch.equal(single.weight, w["gate"][rank * half:(rank + 1) * half])
+    finally:
+        parallel_state.destroy_model_parallel()
+
+
+def test_two_ranks_mlp_equals_one(tmp_path: Path):
+    mp.spawn(_rank_main, args=(2, str(tmp_path / "init")), nprocs=2, join=True)
+
+
+def test_code_slices_equal_dense_slices():
+    generator = torch.Generator().manual_seed(0)
+    codes = GroupCodes(torch.randint(0, 16, (8, 4, 32), generator=generator, dtype=torch.uint8),
+                       torch.rand(8, 4, generator=generator),
+                       torch.rand(8, 4, generator=generator))
+    dense = codes.dense(torch.float32)
+    rows = slice_rows(codes, 2, 4)
+    assert isinstance(rows, GroupCodes) and torch.equal(rows.dense(torch.float32), dense[2:6])
+    columns = slice_columns(codes, 64, 64)  # whole groups: still codes
+    assert isinstance(columns, GroupCodes)
+    assert torch.equal(columns.dense(torch.float32), dense[:, 64:128])
+    ragged = slice_columns(codes, 16, 48)  # not whole groups: dequantized
+    assert isinstance(ragged, torch.Tensor) and torch.equal(ragged, dense[:, 16:64])
