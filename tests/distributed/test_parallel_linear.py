@@ -1,7 +1,8 @@
-"""Tensor-parallel linear layers over two gloo ranks: a gated MLP built from a merged
+"""Tensor-parallel layers over two gloo ranks: a gated MLP built from a merged
 column-parallel gate_up and a row-parallel down (with biases), loaded from the full
-checkpoint tensors, equals the unsplit MLP; the loaders' row and column slices of file
-codes equal the slices of their dense weights."""
+checkpoint tensors, equals the unsplit MLP; q/k/v split by heads with the KV head
+replicated; the vocabulary-parallel embedding equals the full table's lookup. The loaders'
+row and column slices of file codes equal the slices of their dense weights."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ from pagedllm.layers.activation import gated_activation
 from pagedllm.layers.parallel_linear import (
     ColumnParallelLinear,
     MergedColumnParallelLinear,
+    QKVParallelLinear,
     RowParallelLinear,
+    VocabParallelEmbedding,
     slice_columns,
     slice_rows,
 )
@@ -65,11 +68,40 @@ def _rank_main(rank: int, world_size: int, init_file: str) -> None:
         single.weight_loader(single.weight, w["gate"])
         half = INTERMEDIATE // world_size
         assert torch.equal(single.weight, w["gate"][rank * half:(rank + 1) * half])
+        _check_qkv(rank, world_size)
+        _check_embedding(world_size)
     finally:
         parallel_state.destroy_model_parallel()
 
 
-def test_two_ranks_mlp_equals_one(tmp_path: Path):
+def _check_qkv(rank: int, world_size: int) -> None:
+    """4 query heads, 1 KV head, 2 ranks: each has 2 query heads and the replicated KV head,
+    from q/k/v tensors or from a fused one."""
+    head, heads = 8, 4
+    q, k, v = torch.randn(heads * head, HIDDEN), torch.randn(head, HIDDEN), torch.randn(
+        head, HIDDEN)
+    layer = QKVParallelLinear(HIDDEN, head, heads, 1)
+    for name, tensor in (("q", q), ("k", k), ("v", v)):
+        layer.weight_loader(layer.weight, tensor, name)
+    per_rank = heads // world_size * head
+    want = torch.cat([q[rank * per_rank:(rank + 1) * per_rank], k, v])
+    assert torch.equal(layer.weight, want)
+    fused = QKVParallelLinear(HIDDEN, head, heads, 1)
+    fused.weight_loader(fused.weight, torch.cat([q, k, v]))
+    assert torch.equal(fused.weight, want)
+
+
+def _check_embedding(world_size: int) -> None:
+    """The vocabulary split over the ranks (10 rows, 5 each); vectors summed back."""
+    table = torch.randn(10, HIDDEN, generator=torch.Generator().manual_seed(5))
+    embedding = VocabParallelEmbedding(10, HIDDEN)
+    embedding.weight_loader(embedding.weight, table)
+    assert embedding.weight.shape == (10 // world_size, HIDDEN)
+    ids = torch.tensor([0, 9, 4, 5, 7])
+    assert torch.equal(embedding(ids), table[ids])
+
+
+def test_two_ranks_mlp_qkv_and_embedding_equal_one(tmp_path: Path):
     mp.spawn(_rank_main, args=(2, str(tmp_path / "init")), nprocs=2, join=True)
 
 

@@ -1,4 +1,4 @@
-"""Tensor-parallel linear layers (Megatron's split, vLLM's names).
+"""Tensor-parallel linear layers and embedding (Megatron's split, vLLM's names).
 
 - `ColumnParallelLinear` / `MergedColumnParallelLinear`: each rank holds its share of the
   output rows (of every sub-output for a fused gate_up) and computes its share of the
@@ -6,6 +6,8 @@
 - `RowParallelLinear`: each rank holds the input columns matching the previous layer's
   output share; the partial products are summed over the group by one all-reduce. A bias
   is kept on the group's first rank only (zeros elsewhere), so the sum adds it once.
+- `QKVParallelLinear`: the fused q/k/v split by heads (KV heads replicated when fewer than
+  the ranks); `VocabParallelEmbedding`: the table split by vocabulary rows.
 
 The loaders take the checkpoint's full tensors (or GroupCodes) and keep the rank's slice.
 With a group of one they are the plain layers. Not used by the models yet: the worker and
@@ -18,8 +20,9 @@ import torch
 from torch import nn
 
 from pagedllm.distributed.parallel_state import GroupCoordinator, get_tp_group
-from pagedllm.distributed.sharding import divide
-from pagedllm.layers.linear import Linear, MergedColumnLinear
+from pagedllm.distributed.sharding import divide, head_shard, vocab_shard
+from pagedllm.layers.embedding import VocabEmbedding
+from pagedllm.layers.linear import Linear, MergedColumnLinear, QKVLinear, default_weight_loader
 from pagedllm.layers.quantization import INT4_GROUP_SIZE, GroupCodes
 
 Weight = torch.Tensor | GroupCodes
@@ -117,3 +120,64 @@ class RowParallelLinear(Linear):
         if self.lora is not None and self.tp_size > 1:
             raise ValueError("LoRA adapters on tensor-parallel layers are not built.")
         return self.tp_group.all_reduce(super().forward(x))
+
+
+class QKVParallelLinear(QKVLinear):
+    """q, k and v fused, split by attention heads: this rank's query heads and the KV
+    heads they read (split when there are at least as many as ranks, else replicated)."""
+
+    def __init__(
+        self, hidden_size: int, head_size: int, num_heads: int, num_kv_heads: int,
+        bias: bool = False, tp_group: GroupCoordinator | None = None,
+    ) -> None:
+        group = tp_group or get_tp_group()
+        self.shard = head_shard(num_heads, num_kv_heads, group.world_size, group.rank_in_group)
+        self.head_size = head_size
+        self.full_q_size = num_heads * head_size
+        self.full_kv_size = num_kv_heads * head_size
+        super().__init__(hidden_size, head_size, len(self.shard.q_heads),
+                         len(self.shard.kv_heads), bias)
+
+    def weight_loader(  # type: ignore[override]
+        self, param: nn.Parameter, loaded_weight: Weight, shard_id: str | None = None
+    ) -> None:
+        """Keep this rank's heads of the "q", "k" or "v" tensor (None: a fused one)."""
+        if shard_id is None:
+            starts = {"q": 0, "k": self.full_q_size, "v": self.full_q_size + self.full_kv_size}
+            sizes = {"q": self.full_q_size, "k": self.full_kv_size, "v": self.full_kv_size}
+            for name in ("q", "k", "v"):
+                self.weight_loader(param, slice_rows(loaded_weight, starts[name], sizes[name]),
+                                   name)
+            return
+        heads = self.shard.q_heads if shard_id == "q" else self.shard.kv_heads
+        rows = slice_rows(loaded_weight, heads.start * self.head_size,
+                          len(heads) * self.head_size)
+        super().weight_loader(param, rows, shard_id)
+
+
+class VocabParallelEmbedding(VocabEmbedding):
+    """The embedding table split by vocabulary rows; each rank looks up the ids it holds
+    (zeros for the others) and one all-reduce assembles the vectors."""
+
+    def __init__(
+        self, num_embeddings: int, embedding_dim: int, tp_group: GroupCoordinator | None = None
+    ) -> None:
+        group = tp_group or get_tp_group()
+        self.tp_group = group
+        self.rows = vocab_shard(num_embeddings, group.world_size, group.rank_in_group)
+        super().__init__(len(self.rows), embedding_dim)
+        self.full_num_embeddings = num_embeddings
+        self.weight.weight_loader = self.weight_loader  # type: ignore[attr-defined]
+
+    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
+        """Keep this rank's vocabulary rows."""
+        default_weight_loader(param, loaded_weight.narrow(0, self.rows.start, len(self.rows)))
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """[T] int64 → [T, embedding_dim], summed over the group."""
+        if self.tp_group.world_size == 1:
+            return super().forward(input_ids)
+        mine = (input_ids >= self.rows.start) & (input_ids < self.rows.stop)
+        local = torch.where(mine, input_ids - self.rows.start, torch.zeros_like(input_ids))
+        vectors = super().forward(local) * mine.unsqueeze(-1).to(self.weight.dtype)
+        return self.tp_group.all_reduce(vectors)
