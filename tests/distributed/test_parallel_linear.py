@@ -16,6 +16,7 @@ from pagedllm.layers.activation import gated_activation
 from pagedllm.layers.parallel_linear import (
     ColumnParallelLinear,
     MergedColumnParallelLinear,
+    ParallelLMHead,
     QKVParallelLinear,
     RowParallelLinear,
     VocabParallelEmbedding,
@@ -99,6 +100,15 @@ def _check_embedding(world_size: int) -> None:
     assert embedding.weight.shape == (10 // world_size, HIDDEN)
     ids = torch.tensor([0, 9, 4, 5, 7])
     assert torch.equal(embedding(ids), table[ids])
+    # The LM head over 9 rows (shares of 5 and 4: padded for the gather, cut after),
+    # untied and tied to the embedding.
+    hidden = torch.randn(3, HIDDEN, generator=torch.Generator().manual_seed(6))
+    head = ParallelLMHead(9, HIDDEN)
+    head.weight_loader(head.weight, table[:9])
+    torch.testing.assert_close(head(hidden), hidden @ table[:9].T)
+    assert torch.equal(head.greedy_tokens(hidden), (hidden @ table[:9].T).argmax(-1))
+    tied = ParallelLMHead(10, HIDDEN, tie_to=embedding)
+    torch.testing.assert_close(tied(hidden), hidden @ table.T)
 
 
 def test_two_ranks_mlp_qkv_and_embedding_equal_one(tmp_path: Path):

@@ -7,7 +7,8 @@
   output share; the partial products are summed over the group by one all-reduce. A bias
   is kept on the group's first rank only (zeros elsewhere), so the sum adds it once.
 - `QKVParallelLinear`: the fused q/k/v split by heads (KV heads replicated when fewer than
-  the ranks); `VocabParallelEmbedding`: the table split by vocabulary rows.
+  the ranks); `VocabParallelEmbedding`: the table split by vocabulary rows;
+  `ParallelLMHead`: the vocabulary projection split the same way, logits all-gathered.
 
 The loaders take the checkpoint's full tensors (or GroupCodes) and keep the rank's slice.
 With a group of one they are the plain layers. Not used by the models yet: the worker and
@@ -21,7 +22,7 @@ from torch import nn
 
 from pagedllm.distributed.parallel_state import GroupCoordinator, get_tp_group
 from pagedllm.distributed.sharding import divide, head_shard, vocab_shard
-from pagedllm.layers.embedding import VocabEmbedding
+from pagedllm.layers.embedding import LMHead, VocabEmbedding
 from pagedllm.layers.linear import Linear, MergedColumnLinear, QKVLinear, default_weight_loader
 from pagedllm.layers.quantization import INT4_GROUP_SIZE, GroupCodes
 
@@ -181,3 +182,45 @@ class VocabParallelEmbedding(VocabEmbedding):
         local = torch.where(mine, input_ids - self.rows.start, torch.zeros_like(input_ids))
         vectors = super().forward(local) * mine.unsqueeze(-1).to(self.weight.dtype)
         return self.tp_group.all_reduce(vectors)
+
+
+class ParallelLMHead(LMHead):
+    """The LM head split by vocabulary rows (untied or tied to a VocabParallelEmbedding):
+    each rank computes its share of the logits (refining its own top candidates, see
+    LMHead.forward; the global top ones are among the shares'), and one all-gather joins
+    them in vocabulary order."""
+
+    def __init__(
+        self, num_embeddings: int, embedding_dim: int,
+        tie_to: VocabParallelEmbedding | None = None,
+        tp_group: GroupCoordinator | None = None,
+    ) -> None:
+        group = tp_group or get_tp_group()
+        self.tp_group = group
+        self.rows = vocab_shard(num_embeddings, group.world_size, group.rank_in_group)
+        # Shares padded to one size so the all-gather is regular; the padding is cut after.
+        self.share = -(-num_embeddings // group.world_size)
+        super().__init__(len(self.rows), embedding_dim, tie_to)
+        self.full_num_embeddings = num_embeddings
+        if tie_to is None:
+            self.weight.weight_loader = self.weight_loader  # type: ignore[attr-defined]
+
+    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
+        """Keep this rank's vocabulary rows."""
+        default_weight_loader(param, loaded_weight.narrow(0, self.rows.start, len(self.rows)))
+
+    def forward(self, hidden_states: torch.Tensor, ranking_only: bool = False) -> torch.Tensor:
+        """[N, embedding_dim] → [N, vocabulary] float32 logits, gathered over the group."""
+        logits = super().forward(hidden_states, ranking_only)
+        if self.tp_group.world_size == 1:
+            return logits
+        missing = self.share - logits.shape[1]
+        if missing:
+            logits = torch.nn.functional.pad(logits, (0, missing), value=float("-inf"))
+        return self.tp_group.all_gather(logits, dim=-1)[:, : self.full_num_embeddings]
+
+    def greedy_tokens(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """The argmax of the gathered logits (the single-rank shortcut does not apply)."""
+        if self.tp_group.world_size == 1:
+            return super().greedy_tokens(hidden_states)
+        return self.forward(hidden_states, ranking_only=True).argmax(dim=-1)
