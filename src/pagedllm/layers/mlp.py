@@ -7,7 +7,8 @@ import torch
 from torch import nn
 
 from pagedllm.layers.activation import apply_activation, gated_activation
-from pagedllm.layers.linear import Linear, MergedColumnLinear
+from pagedllm.layers.linear import Linear
+from pagedllm.layers.parallel_linear import MergedColumnParallelLinear, RowParallelLinear
 
 
 class GatedMLP(nn.Module):
@@ -17,8 +18,9 @@ class GatedMLP(nn.Module):
         self, hidden_size: int, intermediate_size: int, bias: bool = False, activation: str = "silu"
     ) -> None:
         super().__init__()
-        self.gate_up_proj = MergedColumnLinear(hidden_size, [intermediate_size] * 2, bias)
-        self.down_proj = Linear(intermediate_size, hidden_size, bias)
+        # Split over the tensor-parallel group (the plain layers when it is one rank).
+        self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2, bias)
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias)
         self.act_fn = gated_activation(activation)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

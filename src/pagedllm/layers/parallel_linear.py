@@ -11,8 +11,8 @@
   `ParallelLMHead`: the vocabulary projection split the same way, logits all-gathered.
 
 The loaders take the checkpoint's full tensors (or GroupCodes) and keep the rank's slice.
-With a group of one they are the plain layers. Not used by the models yet: the worker and
-executor that run one process per rank come next (README "Not built yet").
+With a group of one they are the plain layers (the models always build these). The worker
+and executor that run one process per rank come next (README "Not built yet").
 """
 
 from __future__ import annotations
@@ -68,6 +68,9 @@ class MergedColumnParallelLinear(MergedColumnLinear):
     ) -> None:
         """Keep this rank's rows of sub-output `shard_id` (None: a fused checkpoint tensor
         holding every sub-output)."""
+        if self.tp_size == 1:
+            MergedColumnLinear.weight_loader(self, param, loaded_weight, shard_id)
+            return
         if shard_id is None:
             offset = 0
             for index, full in enumerate(self.full_output_sizes):
@@ -109,6 +112,9 @@ class RowParallelLinear(Linear):
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: Weight) -> None:
         """The weight's columns of this rank; the bias on the first rank only."""
+        if self.tp_size == 1:
+            super().weight_loader(param, loaded_weight)
+            return
         if param is self.weight:
             share = self.input_size
             loaded_weight = slice_columns(loaded_weight, self.tp_rank * share, share)
@@ -132,6 +138,7 @@ class QKVParallelLinear(QKVLinear):
         bias: bool = False, tp_group: GroupCoordinator | None = None,
     ) -> None:
         group = tp_group or get_tp_group()
+        self.tp_group_size = group.world_size
         self.shard = head_shard(num_heads, num_kv_heads, group.world_size, group.rank_in_group)
         self.head_size = head_size
         self.full_q_size = num_heads * head_size
@@ -143,6 +150,9 @@ class QKVParallelLinear(QKVLinear):
         self, param: nn.Parameter, loaded_weight: Weight, shard_id: str | None = None
     ) -> None:
         """Keep this rank's heads of the "q", "k" or "v" tensor (None: a fused one)."""
+        if self.tp_group_size == 1:
+            QKVLinear.weight_loader(self, param, loaded_weight, shard_id)
+            return
         if shard_id is None:
             starts = {"q": 0, "k": self.full_q_size, "v": self.full_q_size + self.full_kv_size}
             sizes = {"q": self.full_q_size, "k": self.full_kv_size, "v": self.full_kv_size}
@@ -170,9 +180,9 @@ class VocabParallelEmbedding(VocabEmbedding):
         self.full_num_embeddings = num_embeddings
         self.weight.weight_loader = self.weight_loader  # type: ignore[attr-defined]
 
-    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
+    def weight_loader(self, param: nn.Parameter, loaded_weight: Weight) -> None:
         """Keep this rank's vocabulary rows."""
-        default_weight_loader(param, loaded_weight.narrow(0, self.rows.start, len(self.rows)))
+        default_weight_loader(param, _vocab_rows(loaded_weight, self.rows, self.tp_group))
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """[T] int64 → [T, embedding_dim], summed over the group."""
@@ -205,9 +215,9 @@ class ParallelLMHead(LMHead):
         if tie_to is None:
             self.weight.weight_loader = self.weight_loader  # type: ignore[attr-defined]
 
-    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
+    def weight_loader(self, param: nn.Parameter, loaded_weight: Weight) -> None:
         """Keep this rank's vocabulary rows."""
-        default_weight_loader(param, loaded_weight.narrow(0, self.rows.start, len(self.rows)))
+        default_weight_loader(param, _vocab_rows(loaded_weight, self.rows, self.tp_group))
 
     def forward(self, hidden_states: torch.Tensor, ranking_only: bool = False) -> torch.Tensor:
         """[N, embedding_dim] → [N, vocabulary] float32 logits, gathered over the group."""
@@ -224,3 +234,8 @@ class ParallelLMHead(LMHead):
         if self.tp_group.world_size == 1:
             return super().greedy_tokens(hidden_states)
         return self.forward(hidden_states, ranking_only=True).argmax(dim=-1)
+
+
+def _vocab_rows(loaded: Weight, rows: range, group: GroupCoordinator) -> Weight:
+    """A vocabulary matrix's rows for this rank (the whole of it, codes and all, alone)."""
+    return loaded if group.world_size == 1 else slice_rows(loaded, rows.start, len(rows))

@@ -22,11 +22,17 @@ import torch
 from torch import nn
 
 from pagedllm.layers.attention import Attention
-from pagedllm.layers.embedding import LMHead, VocabEmbedding
+from pagedllm.layers.embedding import VocabEmbedding
 from pagedllm.layers.layernorm import make_norm
-from pagedllm.layers.linear import Linear, QKVLinear, default_weight_loader
+from pagedllm.layers.linear import default_weight_loader
 from pagedllm.layers.mlp import GatedMLP, PlainMLP
 from pagedllm.layers.moe import FusedMoE
+from pagedllm.layers.parallel_linear import (
+    ParallelLMHead,
+    QKVParallelLinear,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+)
 from pagedllm.layers.quantization import GroupCodes
 from pagedllm.layers.rotary import RotaryEmbedding
 from pagedllm.models.cpu_decode_stack import CpuDecodeStack
@@ -45,10 +51,14 @@ class DecoderAttention(nn.Module):
         self, spec: DecoderSpec, rotary_emb: RotaryEmbedding | None, layer_idx: int
     ) -> None:
         super().__init__()
-        self.qkv_proj = QKVLinear(
+        # Split by heads over the tensor-parallel group (the plain layers for one rank).
+        self.qkv_proj = QKVParallelLinear(
             spec.hidden_size, spec.head_dim, spec.num_heads, spec.num_kv_heads, spec.qkv_bias
         )
-        self.o_proj = Linear(spec.num_heads * spec.head_dim, spec.hidden_size, spec.o_bias)
+        self.o_proj = RowParallelLinear(
+            spec.num_heads * spec.head_dim, spec.hidden_size, spec.o_bias
+        )
+        heads = self.qkv_proj.shard
         self.q_norm: nn.Module | None = None
         self.k_norm: nn.Module | None = None
         if spec.qk_norm:
@@ -56,7 +66,7 @@ class DecoderAttention(nn.Module):
             self.k_norm = make_norm(spec.norm, spec.head_dim, spec.norm_eps)
         self.rotary_emb = rotary_emb
         self.attn = Attention(
-            spec.num_heads, spec.head_dim, spec.scale, spec.num_kv_heads, layer_idx,
+            len(heads.q_heads), spec.head_dim, spec.scale, len(heads.kv_heads), layer_idx,
             spec.layer_windows[layer_idx],
         )  # fmt: skip
 
@@ -159,7 +169,7 @@ class DecoderModel(nn.Module):
     def __init__(self, spec: DecoderSpec) -> None:
         super().__init__()
         self.spec = spec
-        self.embed_tokens = VocabEmbedding(spec.vocab_size, spec.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(spec.vocab_size, spec.hidden_size)
         # As Gemma: the scale is rounded to the model dtype (a buffer follows .to()).
         scale = None
         if spec.embedding_scale is not None:
@@ -254,7 +264,7 @@ class DecoderForCausalLM(nn.Module):
         self.spec = spec
         self.model = DecoderModel(spec)
         tie_to = self.model.embed_tokens if spec.tie_word_embeddings else None
-        self.lm_head = LMHead(spec.vocab_size, spec.hidden_size, tie_to=tie_to)
+        self.lm_head = ParallelLMHead(spec.vocab_size, spec.hidden_size, tie_to=tie_to)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """[T] int64 ids and positions → [T, hidden] hidden states."""

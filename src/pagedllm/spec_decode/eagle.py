@@ -32,7 +32,8 @@ from torch import nn
 from pagedllm.layers.embedding import VocabEmbedding
 from pagedllm.layers.forward_context import set_forward_context
 from pagedllm.layers.layernorm import make_norm
-from pagedllm.layers.linear import Linear, QKVLinear
+from pagedllm.layers.linear import Linear
+from pagedllm.layers.parallel_linear import QKVParallelLinear
 from pagedllm.models.common import (
     DecoderAttention,
     DecoderForCausalLM,
@@ -66,7 +67,7 @@ class Eagle3Layer(nn.Module):
         super().__init__()
         base = DecoderLayer(spec, rotary_emb, 0)
         self.self_attn: DecoderAttention = base.self_attn
-        self.self_attn.qkv_proj = QKVLinear(
+        self.self_attn.qkv_proj = QKVParallelLinear(
             2 * spec.hidden_size, spec.head_dim, spec.num_heads, spec.num_kv_heads, spec.qkv_bias
         )
         self.mlp = base.mlp
