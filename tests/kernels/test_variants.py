@@ -152,3 +152,33 @@ def test_fused_ops_match_scalar(libraries, variant):
     reference = _run(libraries, "scalar", ops)
     for got, want in zip(_run(libraries, variant, ops), reference, strict=True):
         torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=1e-6)
+
+
+def _lora_delta(num_tokens: int) -> torch.Tensor:
+    """A fused qkv layer's output plus its tokens' deltas from three adapters (csrc/lora.c),
+    with the kernel library current at the call."""
+    from pagedllm.lora.layers import LoRABatch, LoRALinearSlots
+    from pagedllm.lora.peft_adapter import LoRAModuleWeights
+
+    gen = torch.Generator().manual_seed(num_tokens)
+    sizes = [96, 32, 32]
+    batch = LoRABatch(max_loras=3)
+    slots = LoRALinearSlots(64, sizes, 3, 8, batch, torch.bfloat16, torch.device("cpu"))
+    assert slots.kernel is not None
+    for slot, rank in enumerate((8, 3, 5)):
+        slots.set_slot(slot, [LoRAModuleWeights(torch.randn(rank, 64, generator=gen),
+                                                 torch.randn(size, rank, generator=gen), 0.5)
+                              for size in sizes])
+    batch.set_token_slots(torch.randint(-1, 3, (num_tokens,), generator=gen))
+    x = torch.randn(num_tokens, 64, generator=gen).bfloat16()
+    out = torch.randn(num_tokens, sum(sizes), generator=gen).bfloat16()
+    return slots.apply(x, out)
+
+
+@pytest.mark.parametrize("variant", HOST_VARIANTS)
+def test_lora_deltas_match_scalar(libraries, variant):
+    for num_tokens in (1, 5, 17, 40):
+        want = _run(libraries, "scalar", lambda: _lora_delta(num_tokens))  # noqa: B023
+        got = _run(libraries, variant, lambda: _lora_delta(num_tokens))  # noqa: B023
+        # float32 sums in the compiler's vector order: at most one bfloat16 rounding apart.
+        torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=1e-2)

@@ -32,60 +32,62 @@ from pagedllm.lora.peft_adapter import LoRAModuleWeights
 
 @dataclass
 class LoRABatch:
-    """The step's grouping of tokens by slot.
+    """The step's grouping of tokens by slot, made once per step from one sort.
 
     Attributes:
         max_loras: slots.
-        groups: per slot in use, the batch tokens that run it.
-        slots: [G] the slots in use (None: all slots, in order).
-        padded_index: [G * Tmax] each group's tokens, padded to the largest group with
-            token 0 (for steps of several adapters).
-        padded_valid: [G, Tmax, 1] 1 for a real token, 0 for padding.
         num_tokens: the step's tokens (with or without an adapter).
         order / order_slots: [n] int32, the tokens that have an adapter grouped by slot,
-            and their slots (for the C kernel, csrc/lora.c).
+            and their slots (the C kernel's input, csrc/lora.c).
+        groups: per slot in use, the batch tokens that run it (slices of `order`).
     """
 
     max_loras: int = 1
-    groups: list[tuple[int, torch.Tensor]] = field(default_factory=list)
-    slots: torch.Tensor | None = None
-    padded_index: torch.Tensor | None = None
-    padded_valid: torch.Tensor | None = None
     num_tokens: int = 0
     order: torch.Tensor | None = None
     order_slots: torch.Tensor | None = None
+    groups: list[tuple[int, torch.Tensor]] = field(default_factory=list)
+    _padded: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None
 
     @property
     def active(self) -> bool:
         """True when some token of the step runs an adapter."""
         return bool(self.groups)
 
+    def clear(self) -> None:
+        """A step without adapters."""
+        self.num_tokens, self.order, self.order_slots = 0, None, None
+        self.groups, self._padded = [], None
+
     def set_token_slots(self, token_slots: torch.Tensor) -> None:
         """From [T] slot per token (-1: no adapter)."""
         self.num_tokens = int(token_slots.shape[0])
         with_adapter = (token_slots >= 0).nonzero().squeeze(1)
-        by_slot = torch.argsort(token_slots[with_adapter], stable=True)
-        self.order = with_adapter[by_slot].to(torch.int32)
-        self.order_slots = token_slots[self.order.long()].to(torch.int32)
-        self.groups = [
-            (int(slot), (token_slots == slot).nonzero().squeeze(1))
-            for slot in torch.unique(token_slots).tolist()
-            if slot >= 0
-        ]
-        self.padded_index = self.padded_valid = self.slots = None
-        if len(self.groups) < 2:
-            return
-        device = token_slots.device
-        width = max(index.shape[0] for _, index in self.groups)
-        padded = torch.zeros(len(self.groups), width, dtype=torch.int64, device=device)
-        valid = torch.zeros(len(self.groups), width, 1, device=device)
-        for row, (_, index) in enumerate(self.groups):
-            padded[row, : index.shape[0]] = index
-            valid[row, : index.shape[0]] = 1.0
-        self.padded_index, self.padded_valid = padded.view(-1), valid
-        used = [slot for slot, _ in self.groups]
-        if used != list(range(self.max_loras)):
-            self.slots = torch.tensor(used, dtype=torch.int64, device=device)
+        order = with_adapter[torch.argsort(token_slots[with_adapter], stable=True)]
+        slots = token_slots[order]
+        used, counts = torch.unique_consecutive(slots, return_counts=True)
+        self.groups = list(zip(used.tolist(), order.split(counts.tolist()), strict=True))
+        self.order, self.order_slots = order.to(torch.int32), slots.to(torch.int32)
+        self._padded = None
+
+    def padded(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """For the batched matmuls, built on first use in a step: [G * Tmax] each group's
+        tokens padded to the largest group with token 0, [G, Tmax, 1] 1 for a real token,
+        and [G] the slots in use (None: all slots, in order)."""
+        if self._padded is None:
+            device = self.groups[0][1].device
+            width = max(index.shape[0] for _, index in self.groups)
+            index = torch.zeros(len(self.groups), width, dtype=torch.int64, device=device)
+            valid = torch.zeros(len(self.groups), width, 1, device=device)
+            for row, (_, tokens) in enumerate(self.groups):
+                index[row, : tokens.shape[0]] = tokens
+                valid[row, : tokens.shape[0]] = 1.0
+            used = [slot for slot, _ in self.groups]
+            slots = None
+            if used != list(range(self.max_loras)):
+                slots = torch.tensor(used, dtype=torch.int64, device=device)
+            self._padded = (index.view(-1), valid, slots)
+        return self._padded
 
 
 class LoRALinearSlots:
@@ -189,19 +191,19 @@ class LoRALinearSlots:
             cpu_kernel.add_deltas(self.kernel, batch, x, out, self.lora_a, self.lora_b_sub,
                                   self.sub_offsets, self.max_rank)
             return out
-        if batch.padded_index is None:
+        if len(batch.groups) == 1:
             return self._apply_one(x, out)
-        assert batch.padded_valid is not None
-        num_groups, width = batch.padded_valid.shape[:2]
+        padded_index, padded_valid, slots = batch.padded()
+        num_groups, width = padded_valid.shape[:2]
         # Each adapter's tokens side by side, padded: [G, Tmax, in].
-        xs = x.index_select(0, batch.padded_index).view(num_groups, width, -1)
+        xs = x.index_select(0, padded_index).view(num_groups, width, -1)
         lora_a, lora_b = self.lora_a_t, self.lora_b_t  # [slots, in, w], [slots, w, out]
-        if batch.slots is not None:  # some slots idle this step
-            lora_a, lora_b = lora_a[batch.slots], lora_b[batch.slots]
+        if slots is not None:  # some slots idle this step
+            lora_a, lora_b = lora_a[slots], lora_b[slots]
         # Padding rows are zeroed in the (narrow) shrink, so they add nothing.
-        shrink = torch.bmm(xs, lora_a) * batch.padded_valid.to(xs.dtype)  # [G, Tmax, w]
+        shrink = torch.bmm(xs, lora_a) * padded_valid.to(xs.dtype)  # [G, Tmax, w]
         delta = torch.bmm(shrink, lora_b)  # [G, Tmax, out]
-        out.index_add_(0, batch.padded_index, delta.view(-1, delta.shape[-1]))
+        out.index_add_(0, padded_index, delta.view(-1, delta.shape[-1]))
         return out
 
     def _apply_one(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:

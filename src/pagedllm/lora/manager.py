@@ -132,16 +132,15 @@ class LoRAModelManager:
         (its adapter or None, its token count)."""
         used = {r.lora_int_id: r for r, _ in rows if r is not None}
         if not used:
-            self.batch.groups = []
+            self.batch.clear()
             return
         assert len(used) <= self.config.max_loras, "the scheduler bounds a step's adapters"
         slot_ids = {lora_id: self._slot(request, used) for lora_id, request in used.items()}
-        token_slots = torch.cat([
-            torch.full((count,), slot_ids[r.lora_int_id] if r is not None else -1,
-                       dtype=torch.int64)
-            for r, count in rows
-        ])  # fmt: skip
-        self.batch.set_token_slots(token_slots.to(device))
+        row_slots = torch.tensor(
+            [slot_ids[r.lora_int_id] if r is not None else -1 for r, _ in rows]
+        )
+        counts = torch.tensor([count for _, count in rows])
+        self.batch.set_token_slots(torch.repeat_interleave(row_slots, counts).to(device))
 
     def _slot(self, request: LoRARequest, used: dict[int, LoRARequest]) -> int:
         """The adapter's slot, loading it into the least recently used free one."""
