@@ -52,6 +52,11 @@ FORBIDDEN = {
     "distributed": ["pagedllm.core", "pagedllm.engine", "pagedllm.worker",
                     "pagedllm.entrypoints", "pagedllm.models", "pagedllm.layers",
                     "pagedllm.attention"],
+    # Executors: between the engine core and the workers (one in-process, or one per rank
+    # over ZMQ channels and torch.distributed); they never reach the scheduler or frontends.
+    "executor": ["pagedllm.core.scheduler", "pagedllm.core.kv_cache_manager",
+                 "pagedllm.core.block_pool", "pagedllm.engine", "pagedllm.entrypoints",
+                 "pagedllm.tokenizer"],
     # The C kernels are a leaf: layers, attention and models call them, never the reverse.
     "kernels": ["pagedllm.core", "pagedllm.engine", "pagedllm.worker", "pagedllm.entrypoints",
                 "pagedllm.models", "pagedllm.layers", "pagedllm.attention",

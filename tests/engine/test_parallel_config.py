@@ -1,6 +1,7 @@
 """The parallel layout under vLLM's names: tensor / pipeline / data parallel sizes, the
 executor backend and expert parallelism, from EngineArgs, LLM and the CLI (-tp/-pp/-dp).
-One rank runs; more are refused by name until the per-rank executor exists."""
+Layouts the model cannot take, and features not built for several ranks, are refused by
+name before any worker starts."""
 
 from __future__ import annotations
 
@@ -22,9 +23,13 @@ def test_one_rank_is_the_default(tiny_llama_dir):
 
 
 @pytest.mark.parametrize("kwargs, words", [
-    (dict(tensor_parallel_size=2), "tensor_parallel_size=2: running more than one rank"),
-    (dict(pipeline_parallel_size=2, data_parallel_size=2),
-     "pipeline_parallel_size=2, data_parallel_size=2"),
+    (dict(tensor_parallel_size=3), "tensor_parallel_size=3 does not divide the model's 4"),
+    (dict(tensor_parallel_size=8), "tensor_parallel_size=8 does not divide"),
+    (dict(pipeline_parallel_size=3), "pipeline_parallel_size=3 exceeds the model's 2 layers"),
+    (dict(tensor_parallel_size=2, enable_lora=True), "enable_lora with tensor_parallel_size=2"),
+    (dict(pipeline_parallel_size=2, speculative_config={"method": "ngram",
+                                                        "num_speculative_tokens": 2}),
+     "speculative_config with .*pipeline_parallel_size=2"),
     (dict(tensor_parallel_size=0), "tensor_parallel_size must be a positive integer"),
     (dict(distributed_executor_backend="slurm"), "distributed_executor_backend must be"),
     (dict(distributed_executor_backend="uni", tensor_parallel_size=2), "'uni' runs one rank"),
@@ -35,8 +40,11 @@ def test_bad_or_unbuilt_layouts_are_named(tiny_llama_dir, kwargs, words):
 
 
 def test_llm_takes_the_names(tiny_llama_dir):
-    with pytest.raises(ValueError, match="tensor_parallel_size=2"):
-        LLM(str(tiny_llama_dir), tensor_parallel_size=2)
+    with pytest.raises(ValueError, match="tensor_parallel_size=3"):
+        LLM(str(tiny_llama_dir), tensor_parallel_size=3)
+    config = EngineArgs(model=str(tiny_llama_dir), tensor_parallel_size=2,
+                        pipeline_parallel_size=2).create_engine_config().parallel_config
+    assert config.world_size == 4
 
 
 def test_cli_short_flags():

@@ -61,12 +61,17 @@ class CachedRequestData:
         num_blocks_kept: per request, None, or the length every block table is cut to
             before the new blocks are appended (after a speculative step the scheduler
             freed the blocks that held only rejected draft tokens).
+        new_token_ids: per request, the output tokens among those it computes this step
+            (positions from max(num_computed_tokens, prompt length) on), when the workers
+            do not keep what they sample (several ranks: only one samples); empty lists
+            otherwise (a single worker appends its own samples).
     """
 
     request_ids: list[str] = field(default_factory=list)
     new_block_ids: list[tuple[list[int], ...]] = field(default_factory=list)
     num_computed_tokens: list[int] = field(default_factory=list)
     num_blocks_kept: list[int | None] = field(default_factory=list)
+    new_token_ids: list[list[int]] = field(default_factory=list)
 
     @property
     def num_requests(self) -> int:

@@ -66,6 +66,12 @@ class Scheduler:
         num_lookahead_slots: KV slots reserved past the tokens of a request that samples in
             a step, for a drafter's own KV (speculative decoding with a draft model or
             EAGLE); freed again after the step.
+        send_token_ids: tell the workers the output tokens each step computes (several
+            ranks: only one samples, so the others cannot keep their own).
+        num_concurrent_batches: steps in flight at once (pipeline parallelism: one per
+            stage, vLLM's virtual engines). A request in flight has nothing to compute until
+            its step comes back, and each step takes at most 1/n of the running requests,
+            so n steps fill the n stages.
     """
 
     def __init__(
@@ -77,8 +83,15 @@ class Scheduler:
         kv_cache_groups: tuple[KVCacheGroupSpec, ...] | None = None,
         max_loras: int | None = None,
         num_lookahead_slots: int = 0,
+        send_token_ids: bool = False,
+        num_concurrent_batches: int = 1,
     ) -> None:
         self.scheduler_config = scheduler_config
+        self.send_token_ids = send_token_ids
+        self.num_concurrent_batches = num_concurrent_batches
+        # Steps in flight (several at once): id(SchedulerOutput) -> request id -> its
+        # preemption count when scheduled; a request preempted since then drops the output.
+        self._in_flight: dict[int, dict[str, int]] = {}
         self.max_loras = max_loras
         self.num_lookahead_slots = num_lookahead_slots
         self.cache_config = cache_config
@@ -290,7 +303,11 @@ class Scheduler:
     def _schedule_running(self, plan: StepPlan) -> None:
         """Give each running request its next tokens, preempting from the tail if needed."""
         index = 0
-        while index < len(self.running) and plan.token_budget > 0:
+        share = -(-len(self.running) // self.num_concurrent_batches)  # ceil
+        while (
+            index < len(self.running) and plan.token_budget > 0
+            and len(plan.cached_requests) < share
+        ):
             request = self.running[index]
             num_new_tokens = self._num_tokens_to_schedule(request, plan.token_budget)
             if num_new_tokens == 0 or not self._lora_fits(request, plan):
@@ -506,9 +523,15 @@ class Scheduler:
     def _make_output(self, plan: StepPlan) -> SchedulerOutput:
         """Package the plan for the worker, then advance `num_computed_tokens`."""
         output = plan.make_output(
-            self._get_block_ids, self.finished_request_ids, self.trimmed_tables
+            self._get_block_ids, self.finished_request_ids, self.trimmed_tables,
+            self.send_token_ids,
         )
         self.finished_request_ids = set()
+        if self.num_concurrent_batches > 1:
+            self._in_flight[id(output)] = {
+                request.request_id: request.num_preemptions
+                for request in plan.cached_requests + plan.new_requests
+            }
         for request in plan.cached_requests + plan.new_requests:
             start = request.num_computed_tokens
             request.num_computed_tokens += plan.num_scheduled_tokens[request.request_id]
@@ -537,6 +560,7 @@ class Scheduler:
         """
         results: list[tuple[Request, list[int]]] = []
         finished: list[Request] = []
+        preemptions = self._in_flight.pop(id(scheduler_output), None)
         for request_id, token_ids in zip(
             model_runner_output.request_ids, model_runner_output.sampled_token_ids, strict=True
         ):
@@ -547,6 +571,8 @@ class Scheduler:
                 or request_id not in scheduler_output.num_scheduled_tokens
             ):
                 continue  # aborted (and perhaps re-added) since schedule()
+            if preemptions is not None and preemptions.get(request_id) != request.num_preemptions:
+                continue  # preempted while the step was in flight (and scheduled again)
             if not token_ids:
                 continue  # prompt still being prefilled in chunks
             drafts = scheduler_output.scheduled_spec_decode_tokens.get(request_id)

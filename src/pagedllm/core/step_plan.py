@@ -54,11 +54,18 @@ class StepPlan:
         self.new_block_ids[request.request_id] = block_ids
         (self.new_requests if is_new else self.cached_requests).append(request)
 
+    def _new_token_ids(self, request: Request) -> list[int]:
+        """The output tokens among those `request` computes this step."""
+        start = request.num_computed_tokens
+        end = start + self.num_scheduled_tokens[request.request_id]
+        return request.all_token_ids[max(start, request.num_prompt_tokens) : end]
+
     def make_output(
         self,
         get_block_ids: Callable[[str], BlockIds],
         finished_request_ids: set[str],
         trimmed_tables: dict[str, int] | None = None,
+        send_token_ids: bool = False,
     ) -> SchedulerOutput:
         """The worker's view of the plan: new requests in full, the others as diffs.
 
@@ -68,6 +75,8 @@ class StepPlan:
             trimmed_tables: request id → its table length since blocks of rejected drafts
                 were freed, for requests the worker has not been told yet (consumed here
                 for every request sent).
+            send_token_ids: fill `CachedRequestData.new_token_ids` (several ranks: the
+                workers do not keep what the one sampling rank sampled).
         """
         trimmed = trimmed_tables if trimmed_tables is not None else {}
         new_reqs = [
@@ -91,6 +100,8 @@ class StepPlan:
             new_block_ids=[self.new_block_ids[request.request_id] for request in cached],
             num_computed_tokens=[request.num_computed_tokens for request in cached],
             num_blocks_kept=[trimmed.pop(request.request_id, None) for request in cached],
+            new_token_ids=[self._new_token_ids(request) for request in cached]
+            if send_token_ids else [],
         )
         for request in self.new_requests:  # sent in full: nothing left to cut
             trimmed.pop(request.request_id, None)

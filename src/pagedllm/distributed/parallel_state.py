@@ -1,11 +1,12 @@
-"""Process groups for tensor parallelism, built once, and the collectives layers call.
+"""Process groups for tensor and pipeline parallelism, built once, and their collectives.
 
 `init_distributed_environment` joins torch.distributed (gloo on CPU, NCCL on CUDA) as one
-rank of a world; `initialize_model_parallel` then splits the world into tensor-parallel
-groups of `tensor_parallel_size` consecutive ranks (vLLM's layout: ranks [0, 1] form a
-group of two, [2, 3] the next). A layer asks `get_tp_group()` for its group; before any
-initialisation that is a group of one whose collectives return their input, so single-
-process code runs unchanged.
+rank of a world; `initialize_model_parallel` then splits the world as vLLM does: rank
+`pp_rank * tp + tp_rank`, so tensor-parallel groups are `tp` consecutive ranks ([0, 1],
+[2, 3] for -tp 2 -pp 2) and pipeline groups take one rank of each stage ([0, 2], [1, 3]).
+A layer asks `get_tp_group()` for its group, the runner `get_pp_group()` for its stage;
+before any initialisation both are groups of one whose collectives return their input, so
+single-process code runs unchanged.
 """
 
 from __future__ import annotations
@@ -40,10 +41,16 @@ class GroupCoordinator:
         """True on the group's rank 0 (the one that samples)."""
         return self.rank_in_group == 0
 
-    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
-        """The sum of `tensor` over the group (in place; returned for chaining)."""
+    @property
+    def is_last_rank(self) -> bool:
+        """True on the group's last rank (a pipeline's last stage)."""
+        return self.rank_in_group == self.world_size - 1
+
+    def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        """The sum (or "min") of `tensor` over the group (in place; returned for chaining)."""
         if self.world_size > 1:
-            dist.all_reduce(tensor, group=self.group)
+            reduce_op = dist.ReduceOp.MIN if op == "min" else dist.ReduceOp.SUM
+            dist.all_reduce(tensor, op=reduce_op, group=self.group)
         return tensor
 
     def all_gather(self, tensor: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -61,8 +68,24 @@ class GroupCoordinator:
         return tensor
 
 
+    def send_next(self, tensors: list[torch.Tensor]) -> None:
+        """Send `tensors` to the next rank of the group (a pipeline's next stage)."""
+        destination = self.ranks[self.rank_in_group + 1]
+        for tensor in tensors:
+            dist.send(tensor.contiguous(), dst=destination, group=self.group)
+
+    def recv_previous(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Fill `tensors` (shapes known to both sides) from the previous rank's send."""
+        source = self.ranks[self.rank_in_group - 1]
+        for tensor in tensors:
+            dist.recv(tensor, src=source, group=self.group)
+        return tensors
+
+
 _SINGLE = GroupCoordinator(ranks=[0], rank_in_group=0)
 _tp_group: GroupCoordinator | None = None
+_pp_group: GroupCoordinator | None = None
+_world_group: GroupCoordinator | None = None
 
 
 def init_distributed_environment(
@@ -77,28 +100,37 @@ def init_distributed_environment(
     )
 
 
-def initialize_model_parallel(tensor_parallel_size: int) -> GroupCoordinator:
-    """Build the tensor-parallel groups once; return this rank's.
-
-    Raises:
-        ValueError: when the world is not a whole number of groups.
-    """
-    global _tp_group
-    world_size, rank = dist.get_world_size(), dist.get_rank()
-    if world_size % tensor_parallel_size:
-        raise ValueError(
-            f"tensor_parallel_size={tensor_parallel_size} does not divide the world of "
-            f"{world_size} ranks."
-        )
+def _build_groups(all_ranks: list[list[int]], rank: int) -> GroupCoordinator:
+    """Create every group (each rank creates all of them, in one order); return `rank`'s."""
     mine = None
-    for first in range(0, world_size, tensor_parallel_size):
-        ranks = list(range(first, first + tensor_parallel_size))
-        group = dist.new_group(ranks)  # every rank creates every group, in one order
+    for ranks in all_ranks:
+        group = dist.new_group(ranks) if len(ranks) > 1 else None
         if rank in ranks:
             mine = GroupCoordinator(ranks, ranks.index(rank), group)
     assert mine is not None
-    _tp_group = mine
     return mine
+
+
+def initialize_model_parallel(
+    tensor_parallel_size: int, pipeline_parallel_size: int = 1
+) -> GroupCoordinator:
+    """Build the tensor- and pipeline-parallel groups once; return this rank's TP group.
+
+    Raises:
+        ValueError: when the world is not tensor x pipeline ranks.
+    """
+    global _tp_group, _pp_group, _world_group
+    world_size, rank = dist.get_world_size(), dist.get_rank()
+    tp, pp = tensor_parallel_size, pipeline_parallel_size
+    if world_size != tp * pp:
+        raise ValueError(
+            f"tensor_parallel_size={tp} x pipeline_parallel_size={pp} does not make the "
+            f"world of {world_size} ranks."
+        )
+    _world_group = GroupCoordinator(list(range(world_size)), rank, dist.group.WORLD)
+    _tp_group = _build_groups([list(range(s * tp, (s + 1) * tp)) for s in range(pp)], rank)
+    _pp_group = _build_groups([list(range(t, world_size, tp)) for t in range(tp)], rank)
+    return _tp_group
 
 
 def get_tp_group() -> GroupCoordinator:
@@ -106,9 +138,20 @@ def get_tp_group() -> GroupCoordinator:
     return _tp_group if _tp_group is not None else _SINGLE
 
 
+def get_pp_group() -> GroupCoordinator:
+    """This rank's pipeline group: one rank per stage, in stage order (a group of one when
+    none was built)."""
+    return _pp_group if _pp_group is not None else _SINGLE
+
+
+def get_world_group() -> GroupCoordinator:
+    """Every rank of the engine (a group of one when none was built)."""
+    return _world_group if _world_group is not None else _SINGLE
+
+
 def destroy_model_parallel() -> None:
     """Forget the groups and leave torch.distributed (a worker shutting down)."""
-    global _tp_group
-    _tp_group = None
+    global _tp_group, _pp_group, _world_group
+    _tp_group = _pp_group = _world_group = None
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -132,15 +132,16 @@ class EngineArgs:
             structured_outputs_config=self._structured_outputs_config(),
             speculative_config=self._speculative_config(model_config),
             lora_config=self._lora_config(model_config),
-            parallel_config=self._parallel_config(),
+            parallel_config=self._parallel_config(model_config),
         )
 
-    def _parallel_config(self) -> ParallelConfig:
+    def _parallel_config(self, model_config: ModelConfig) -> ParallelConfig:
         """The parallel layout, checked (vLLM's names).
 
         Raises:
-            ValueError: a size below 1, an unknown backend, "uni" with several ranks, or
-                more than one rank (the per-rank executor is not built yet).
+            ValueError: a size below 1, an unknown backend, "uni" with several ranks, a model
+                that does not split so (heads, layers), or a feature not built for several
+                ranks (speculative decoding, LoRA).
         """
         sizes = {
             "tensor_parallel_size": self.tensor_parallel_size,
@@ -165,14 +166,37 @@ class EngineArgs:
                 f"distributed_executor_backend='uni' runs one rank; tensor x pipeline "
                 f"parallel sizes ask for {config.world_size}."
             )
-        several = [f"{name}={size}" for name, size in sizes.items() if size > 1]
-        if several:
-            raise ValueError(
-                f"{', '.join(several)}: running more than one rank is not built yet "
-                "(pagedllm.distributed has the process groups and shard arithmetic; the "
-                "executor that starts a worker per rank is not there yet)."
-            )
+        if config.world_size > 1:
+            self._check_splits(model_config, config)
         return config
+
+    def _check_splits(self, model_config: ModelConfig, config: ParallelConfig) -> None:
+        """Raise ValueError, naming the field, when the model cannot be split as asked or a
+        feature is asked that several ranks do not run."""
+        several = (f"tensor_parallel_size={config.tensor_parallel_size}, "
+                   f"pipeline_parallel_size={config.pipeline_parallel_size}")
+        if self.speculative_config is not None:
+            raise ValueError(f"speculative_config with {several}: speculative decoding runs "
+                             "on one rank only (not built for several).")
+        if self.enable_lora:
+            raise ValueError(f"enable_lora with {several}: LoRA runs on one rank only (not "
+                             "built for split layers).")
+        hf = model_config.hf_config
+        tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
+        heads = getattr(hf, "num_attention_heads", None)
+        kv_heads = getattr(hf, "num_key_value_heads", None) or heads
+        if heads is not None and heads % tp:
+            raise ValueError(f"tensor_parallel_size={tp} does not divide the model's "
+                             f"{heads} attention heads.")
+        if kv_heads is not None and kv_heads % tp and tp % kv_heads:
+            raise ValueError(f"tensor_parallel_size={tp} and the model's {kv_heads} KV heads: "
+                             "one must divide the other.")
+        layers = getattr(hf, "num_hidden_layers", None)
+        if pp > 1 and (model_config.runner == "pooling" or layers is None):
+            raise ValueError(f"pipeline_parallel_size={pp}: pipeline stages are built for "
+                             "decoder models that generate.")
+        if layers is not None and pp > layers:
+            raise ValueError(f"pipeline_parallel_size={pp} exceeds the model's {layers} layers.")
 
     def _lora_config(self, model_config: ModelConfig) -> LoRAConfig | None:
         """The multi-LoRA limits when enable_lora is on."""

@@ -2,12 +2,19 @@
 
 `step()` is schedule → execute → update. It owns the Scheduler and the Executor and never
 sees text. Wrapped in-process by `InprocClient` (offline `LLM`); a process wrapper reuses it.
+
+With pipeline stages (`executor.max_concurrent_batches` > 1, vLLM's virtual engines) a step
+launches a batch while there is room and something to run, and otherwise finishes the
+oldest batch in flight, so every stage has work.
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Iterable
+from concurrent.futures import Future
+from typing import Any
 
 from pagedllm.config import EngineConfig
 from pagedllm.core.sched_output import SchedulerOutput
@@ -17,7 +24,8 @@ from pagedllm.lora.request import LoRARequest
 from pagedllm.request import Request
 from pagedllm.structured_output import StructuredOutputManager
 from pagedllm.tokenizer.tokenizer import get_tokenizer
-from pagedllm.worker.executor import UniProcExecutor
+from pagedllm.worker.outputs import ModelRunnerOutput
+from pagedllm.executor import make_executor
 
 
 class EngineCore:
@@ -25,7 +33,16 @@ class EngineCore:
 
     def __init__(self, engine_config: EngineConfig) -> None:
         self.config = engine_config
-        self.executor = UniProcExecutor(engine_config)
+        self.executor = make_executor(engine_config)
+        try:
+            self._init_scheduler(engine_config)
+        except BaseException:
+            self.executor.shutdown()
+            raise
+        # Batches in flight (pipeline parallel), oldest first.
+        self._batch_queue: deque[tuple[SchedulerOutput, Future[Any]]] = deque()
+
+    def _init_scheduler(self, engine_config: EngineConfig) -> None:
         spec = self.executor.kv_cache_spec
         self.model_execute_seconds = 0.0  # busy time of the model runner, cumulative
         self.scheduler = Scheduler(
@@ -42,6 +59,8 @@ class EngineCore:
                 if engine_config.speculative_config is not None
                 else 0
             ),
+            send_token_ids=engine_config.parallel_config.world_size > 1,
+            num_concurrent_batches=self.executor.max_concurrent_batches,
         )
         self._check_kv_capacity()
         self._loras_to_remove: set[int] = set()  # asked to go, waiting for their requests
@@ -95,8 +114,8 @@ class EngineCore:
             self._drop_unused_loras()
 
     def has_unfinished_requests(self) -> bool:
-        """True while any request waits or runs."""
-        return self.scheduler.has_unfinished_requests()
+        """True while any request waits or runs (or a batch is in flight)."""
+        return bool(self._batch_queue) or self.scheduler.has_unfinished_requests()
 
     def add_lora(self, lora_name: str, lora_int_id: int, lora_path: str) -> bool:
         """Load a LoRA adapter now, so requests naming it start at once (vLLM's add_lora).
@@ -137,6 +156,8 @@ class EngineCore:
 
     def step(self) -> EngineCoreOutputs:
         """Schedule, run the model, and report new tokens and finished requests."""
+        if self.executor.max_concurrent_batches > 1:
+            return self._step_with_batch_queue()
         scheduler = self.scheduler
         # A step with only finished requests still tells the worker to drop their state.
         if not (scheduler.has_unfinished_requests() or scheduler.has_finished_requests()):
@@ -146,6 +167,35 @@ class EngineCore:
         start = time.perf_counter()
         model_output = self.executor.execute_model(scheduler_output)
         self.model_execute_seconds += time.perf_counter() - start
+        return self._finish_step(scheduler_output, model_output)
+
+    def _step_with_batch_queue(self) -> EngineCoreOutputs:
+        """Launch a batch while there is room and something to compute; otherwise (or when
+        the queue is full) wait for the oldest batch and report it."""
+        scheduler, queue = self.scheduler, self._batch_queue
+        if len(queue) < self.executor.max_concurrent_batches and (
+            scheduler.has_unfinished_requests() or scheduler.has_finished_requests()
+        ):
+            scheduler_output = scheduler.schedule()
+            if not scheduler_output.is_empty or scheduler_output.finished_request_ids:
+                self._add_grammar_bitmask(scheduler_output)
+                queue.append(
+                    (scheduler_output, self.executor.execute_model_async(scheduler_output))
+                )
+                if not scheduler_output.is_empty:
+                    return EngineCoreOutputs(scheduler_stats=self.scheduler.make_stats())
+        if not queue:
+            return EngineCoreOutputs()
+        scheduler_output, future = queue.popleft()
+        start = time.perf_counter()
+        model_output = future.result()
+        self.model_execute_seconds += time.perf_counter() - start
+        return self._finish_step(scheduler_output, model_output)
+
+    def _finish_step(
+        self, scheduler_output: SchedulerOutput, model_output: ModelRunnerOutput
+    ) -> EngineCoreOutputs:
+        """Apply a step's model output; the new tokens and finished requests."""
         updates = self.scheduler.update_from_output(scheduler_output, model_output)
         if self._loras_to_remove:
             self._drop_unused_loras()

@@ -271,18 +271,25 @@ class _MPClient(EngineCoreClient):
         while not self._closing:
             if socket.poll(_POLL_MS):
                 outputs = decoder.decode(socket.recv())
+                if outputs.engine_error is not None:
+                    self._die(EngineDeadError(f"The engine core failed: {outputs.engine_error}"))
+                    return
                 if outputs.utility_result is not None:
                     self._resolve(outputs)
                 else:
                     self._deliver(outputs)
             elif not self._core.alive:
                 code = self._core.proc.exitcode
-                logger.error("The engine core process died (exit code %s).", code)
-                self._error = EngineDeadError(f"The engine core process died (exit code {code}).")
-                for future in self._calls.values():
-                    future.set_exception(self._error)
-                self._deliver(self._error)
+                self._die(EngineDeadError(f"The engine core process died (exit code {code})."))
                 return
+
+    def _die(self, error: EngineDeadError) -> None:
+        """Fail every waiter, now and later, with `error`."""
+        logger.error("%s", error)
+        self._error = error
+        for future in self._calls.values():
+            future.set_exception(error)
+        self._deliver(error)
 
     def _resolve(self, outputs: EngineCoreOutputs) -> None:
         result = outputs.utility_result

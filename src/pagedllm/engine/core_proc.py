@@ -20,6 +20,7 @@ import os
 import queue
 import signal
 import threading
+import time
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -45,6 +46,7 @@ logger = init_logger(__name__)
 
 
 _SHUTDOWN = object()
+_CRASH_REPORT_S = 1.0
 
 
 class EngineCoreProc:
@@ -67,8 +69,8 @@ class EngineCoreProc:
                 self._send(self.engine_core.step())
 
     def _has_work(self) -> bool:
-        scheduler = self.engine_core.scheduler
-        return scheduler.has_unfinished_requests() or scheduler.has_finished_requests()
+        core = self.engine_core
+        return core.has_unfinished_requests() or core.scheduler.has_finished_requests()
 
     def _process_inputs(self, block: bool) -> bool:
         """Apply every queued message (waiting for one if `block`); False on shutdown."""
@@ -109,6 +111,15 @@ class EngineCoreProc:
             return  # an idle turn that changed nothing
         self._last_stats = stats
         self.output_queue.put(outputs)
+
+    def report_crash(self, reason: str) -> None:
+        """Send why the core dies as its last message (waiting up to a second for it to
+        go: the process leaves right after)."""
+        self.output_queue.put(EngineCoreOutputs(engine_error=reason))
+        deadline = time.monotonic() + _CRASH_REPORT_S
+        while not self.output_queue.empty() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.05)  # the output thread's send of the last message
 
     def _run_input_thread(self, addr: str) -> None:
         socket = self._ctx.socket(zmq.PULL)
@@ -153,6 +164,7 @@ def run_engine_core(
         logger.exception("The engine core failed to start.")
         conn.send_bytes(encoder.encode(EngineCoreReady(error=f"{type(error).__name__}: {error}")))
         raise SystemExit(1) from None
+    proc: EngineCoreProc | None = None
     try:
         proc = EngineCoreProc(engine_core, input_addr, output_addr)
         conn.send_bytes(encoder.encode(EngineCoreReady(
@@ -163,8 +175,10 @@ def run_engine_core(
         proc.run_busy_loop()
     except SystemExit:
         pass
-    except BaseException:
+    except BaseException as error:
         logger.exception("The engine core crashed.")
+        if proc is not None:
+            proc.report_crash(f"{type(error).__name__}: {error}")
         os._exit(1)
     finally:
         engine_core.shutdown()

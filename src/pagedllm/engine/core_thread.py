@@ -150,8 +150,8 @@ class ThreadedCoreClient(AsyncEngineCoreClient):
                 payload[1].set_exception(EngineDeadError("The engine core is not running."))
 
     def _has_work(self) -> bool:
-        scheduler = self.engine_core.scheduler
-        return scheduler.has_unfinished_requests() or scheduler.has_finished_requests()
+        core = self.engine_core
+        return core.has_unfinished_requests() or core.scheduler.has_finished_requests()
 
     def _process_inputs(self, block: bool) -> bool:
         """Apply every queued message (waiting for one if `block`); False on shutdown."""

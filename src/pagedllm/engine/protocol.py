@@ -97,6 +97,8 @@ class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, gc=
     # The scheduler's state after the step (None when the core did not step).
     scheduler_stats: SchedulerStats | None = None
     utility_result: UtilityResult | None = None
+    # Why the core is about to die (its last message): e.g. which worker rank failed.
+    engine_error: str | None = None
 
 
 class EngineCoreReady(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):

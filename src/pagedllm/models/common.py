@@ -21,6 +21,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from pagedllm.distributed.parallel_state import get_pp_group, get_tp_group
+from pagedllm.distributed.pipeline import IntermediateTensors, stage_layers
 from pagedllm.layers.attention import Attention
 from pagedllm.layers.embedding import VocabEmbedding
 from pagedllm.layers.layernorm import make_norm
@@ -163,12 +165,25 @@ def rotary_embeddings(spec: DecoderSpec) -> list[RotaryEmbedding | None]:
     return result
 
 
+class MissingLayer(nn.Module):
+    """The place of a decoder layer another pipeline stage holds (no parameters)."""
+
+
 class DecoderModel(nn.Module):
-    """Embeddings, the decoder layers and the final norm (HF's `model.` prefix)."""
+    """Embeddings, the decoder layers and the final norm (HF's `model.` prefix).
+
+    Under pipeline parallelism a stage builds only its own layers (`stage_layers`; the others
+    are `MissingLayer`s, their checkpoint tensors skipped): the first stage embeds, a later one
+    starts from the previous stage's `IntermediateTensors`, and every stage but the last
+    returns its residual stream instead of normed hidden states.
+    """
 
     def __init__(self, spec: DecoderSpec) -> None:
         super().__init__()
         self.spec = spec
+        pp = get_pp_group()
+        self.is_first_stage, self.is_last_stage = pp.is_first_rank, pp.is_last_rank
+        self.stage_layers = stage_layers(spec.num_layers, pp.world_size, pp.rank_in_group)
         self.embed_tokens = VocabParallelEmbedding(spec.vocab_size, spec.hidden_size)
         # As Gemma: the scale is rounded to the model dtype (a buffer follows .to()).
         scale = None
@@ -183,7 +198,10 @@ class DecoderModel(nn.Module):
                 spec.max_position + spec.position_offset, spec.hidden_size
             )
         ropes = rotary_embeddings(spec)
-        self.layers = nn.ModuleList(DecoderLayer(spec, ropes[i], i) for i in range(spec.num_layers))
+        self.layers = nn.ModuleList(
+            DecoderLayer(spec, ropes[i], i) if i in self.stage_layers else MissingLayer()
+            for i in range(spec.num_layers)
+        )
         self.norm = make_norm(spec.norm, spec.hidden_size, spec.norm_eps, spec.norm_bias)
         self.cpu_decode_stack: CpuDecodeStack | None = None
         # An EAGLE-3 head reads the residual stream before these layers (len(layers): after
@@ -193,8 +211,10 @@ class DecoderModel(nn.Module):
 
     def build_cpu_decode_stack(self) -> None:
         """After loading (and quantizing): run decode-only steps as one C call when this
-        model qualifies (see cpu_decode_stack.py)."""
-        self.cpu_decode_stack = CpuDecodeStack.build(self)
+        model qualifies (see cpu_decode_stack.py): one rank only, the C stack has no
+        collectives and runs every layer."""
+        if get_tp_group().world_size == 1 and get_pp_group().world_size == 1:
+            self.cpu_decode_stack = CpuDecodeStack.build(self)
 
     def embed(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """[T] ids and positions → [T, hidden] input embeddings (scaled, plus positions)."""
@@ -207,18 +227,29 @@ class DecoderModel(nn.Module):
             )
         return hidden_states
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """[T] ids and positions → [T, hidden] final hidden states."""
-        hidden_states = self.embed(input_ids, positions)  # [T, hidden]
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor,
+        intermediate_tensors: IntermediateTensors | None = None,
+    ) -> torch.Tensor | IntermediateTensors:
+        """[T] ids and positions → [T, hidden] final hidden states (on a pipeline stage
+        before the last: its residual stream, from the previous stage's on a later one)."""
         residual: torch.Tensor | None = None
+        if intermediate_tensors is None:
+            hidden_states = self.embed(input_ids, positions)  # [T, hidden]
+        else:
+            hidden_states = intermediate_tensors.hidden_states
+            residual = intermediate_tensors.residual
         stack = self.cpu_decode_stack
         if self.aux_hidden_state_layers:
             return self._forward_with_aux(positions, hidden_states)
         if stack is not None and stack.serves(hidden_states, positions):
             hidden_states, residual = stack(hidden_states, positions)
         else:
-            for layer in self.layers:
-                hidden_states, residual = layer(positions, hidden_states, residual)
+            for index in self.stage_layers:
+                hidden_states, residual = self.layers[index](positions, hidden_states, residual)
+        if not self.is_last_stage:
+            assert residual is not None
+            return IntermediateTensors(hidden_states, residual)
         hidden_states, _ = self.norm(hidden_states, residual)
         return hidden_states
 
@@ -266,9 +297,13 @@ class DecoderForCausalLM(nn.Module):
         tie_to = self.model.embed_tokens if spec.tie_word_embeddings else None
         self.lm_head = ParallelLMHead(spec.vocab_size, spec.hidden_size, tie_to=tie_to)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """[T] int64 ids and positions → [T, hidden] hidden states."""
-        return self.model(input_ids, positions)
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor,
+        intermediate_tensors: IntermediateTensors | None = None,
+    ) -> torch.Tensor | IntermediateTensors:
+        """[T] int64 ids and positions → [T, hidden] hidden states (a pipeline stage before
+        the last: its IntermediateTensors)."""
+        return self.model(input_ids, positions, intermediate_tensors)
 
     def compute_logits(
         self, hidden_states: torch.Tensor, ranking_only: bool = False
@@ -295,6 +330,8 @@ class DecoderForCausalLM(nn.Module):
         # Rotary tables are rebuilt from the config; a tied head is the embedding itself.
         if "rotary_emb.inv_freq" in hf_name:
             return True
+        if hf_name.startswith("model.layers."):  # another pipeline stage's layer?
+            return int(hf_name.split(".", 3)[2]) not in self.model.stage_layers
         return self.spec.tie_word_embeddings and hf_name.startswith("lm_head.")
 
     def load_weights(self, weights: Iterable[tuple[str, Weight]]) -> set[str]:

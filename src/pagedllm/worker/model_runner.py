@@ -27,6 +27,8 @@ import torch
 from pagedllm.attention.backend import AttentionBackend, CommonAttentionMetadata
 from pagedllm.core.kv_cache_groups import KVCacheGroupSpec
 from pagedllm.core.sched_output import NewRequestData, SchedulerOutput
+from pagedllm.distributed.parallel_state import get_pp_group, get_tp_group
+from pagedllm.distributed.pipeline import IntermediateTensors
 from pagedllm.layers.forward_context import ForwardContext, set_forward_context
 from pagedllm.layers.logprobs import compute_token_logprobs
 from pagedllm.layers.sampler import Sampler, SamplingMetadata
@@ -93,8 +95,13 @@ class ModelRunner:
         speculative_config: SpeculativeConfig | None = None,
         proposer: Proposer | None = None,
         lora_manager: LoRAModelManager | None = None,
+        activation_dtype: torch.dtype = torch.float32,
     ) -> None:
         self.model = model
+        self.activation_dtype = activation_dtype
+        self.tp_group, self.pp_group = get_tp_group(), get_pp_group()
+        self.is_driver = self.tp_group.is_first_rank and self.pp_group.is_last_rank
+        self.tokens_from_scheduler = self.tp_group.world_size * self.pp_group.world_size > 1
         # An encoder takes the packed sequences' lengths instead of a KV cache.
         self.is_encoder = bool(getattr(model, "is_encoder", False))
         self.pooler = ModelPooler(model, pooler_config or PoolerConfig())
@@ -130,6 +137,8 @@ class ModelRunner:
             return ModelRunnerOutput(request_ids=[], sampled_token_ids=[])
         inputs = self._prepare_inputs(scheduler_output)
         hidden_states = self._forward(inputs)
+        if hidden_states is None:  # a pipeline stage before the last: passed on
+            return ModelRunnerOutput(request_ids=[], sampled_token_ids=[])
         pooler_output = self._pool(inputs, hidden_states)
         # Before sampling: _make_output appends the sampled tokens to the states.
         prompt_logprobs = self._compute_prompt_logprobs(inputs, hidden_states)
@@ -172,6 +181,14 @@ class ModelRunner:
                     del table[num_kept:]  # blocks of rejected drafts, freed
                 table.extend(new_ids)
             state.num_computed_tokens = num_computed
+        for request_id, num_computed, token_ids in zip(
+            cached.request_ids, cached.num_computed_tokens,
+            cached.new_token_ids or [[]] * cached.num_requests, strict=True,
+        ):
+            if token_ids:  # sampled in earlier steps (perhaps on another rank)
+                state = self.requests[request_id]
+                del state.token_ids[max(num_computed, state.num_prompt_tokens):]
+                state.token_ids.extend(token_ids)
 
     def _prepare_inputs(self, scheduler_output: SchedulerOutput) -> StepInputs:
         request_ids = list(scheduler_output.num_scheduled_tokens)
@@ -231,7 +248,9 @@ class ModelRunner:
             draft_token_ids=[drafts_of.get(request_ids[i], []) for i in sample_rows],
         )
 
-    def _forward(self, inputs: StepInputs) -> torch.Tensor:
+    def _forward(self, inputs: StepInputs) -> torch.Tensor | None:
+        """The last hidden states; None on a pipeline stage before the last (its residual
+        stream went to the next stage)."""
         if self.is_encoder:
             return self._forward_encoder(inputs)
         if self.lora_manager is not None:  # group the step's tokens by adapter
@@ -256,10 +275,31 @@ class ModelRunner:
         context = ForwardContext(
             self.backend, group_metadata[0], self.kv_caches, layer_metadata
         )
+        input_ids, positions = (
+            self._to_device(inputs.input_ids), self._to_device(inputs.positions)
+        )
+        if self.pp_group.world_size == 1:
+            with set_forward_context(context):
+                return self.model(input_ids, positions)  # [num_tokens, hidden_size]
+        return self._forward_stage(context, input_ids, positions)
+
+    def _forward_stage(
+        self, context: ForwardContext, input_ids: torch.Tensor, positions: torch.Tensor
+    ) -> torch.Tensor | None:
+        """One pipeline stage: from the previous stage's residual stream (but the first),
+        to the next stage (but the last, which returns the hidden states)."""
+        intermediate = None
+        if not self.pp_group.is_first_rank:
+            intermediate = IntermediateTensors.recv(
+                self.pp_group, input_ids.shape[0], self._causal_lm.spec.hidden_size,
+                self.activation_dtype, self.device,
+            )
         with set_forward_context(context):
-            return self.model(
-                self._to_device(inputs.input_ids), self._to_device(inputs.positions)
-            )  # [num_tokens, hidden_size]
+            output = self.model(input_ids, positions, intermediate)
+        if isinstance(output, IntermediateTensors):
+            output.send(self.pp_group, self.activation_dtype)
+            return None
+        return output
 
     def _forward_encoder(self, inputs: StepInputs) -> torch.Tensor:
         """Bidirectional attention over the packed sequences; nothing is cached."""
@@ -365,6 +405,8 @@ class ModelRunner:
             row_of = {state.request_id: row for row, state in enumerate(states)}
             rows = [row_of[request_id] for request_id in constrained]
             apply_grammar_bitmask(logits, scheduler_output.grammar_bitmask, rows)
+        if not self.is_driver:  # the driver samples (the logits above were collective)
+            return [[] for _ in states], {}
         emitted = [[t] for t in self.sampler(logits, metadata).tolist()]  # one token a row
         logprobs = self._emitted_logprobs(states, logits, list(range(len(states))), emitted)
         return emitted, logprobs
@@ -562,7 +604,8 @@ class ModelRunner:
         sampled_token_ids: list[list[int]] = [[] for _ in inputs.request_ids]
         for row, token_ids in zip(inputs.sample_rows, sampled, strict=True):
             sampled_token_ids[row] = token_ids
-            self.requests[inputs.request_ids[row]].token_ids.extend(token_ids)
+            if not self.tokens_from_scheduler:
+                self.requests[inputs.request_ids[row]].token_ids.extend(token_ids)
         return ModelRunnerOutput(
             request_ids=inputs.request_ids, sampled_token_ids=sampled_token_ids
         )

@@ -23,6 +23,7 @@ from pagedllm.attention.registry import get_attention_backend
 from pagedllm.config import EngineConfig
 from pagedllm.core.kv_cache_groups import KVCacheGroupSpec, make_kv_cache_groups, num_kv_slots
 from pagedllm.core.sched_output import SchedulerOutput
+from pagedllm.distributed.parallel_state import get_pp_group, get_world_group
 from pagedllm.layers.attention import Attention
 from pagedllm.logger import init_logger
 from pagedllm.model_loader.loader import get_model
@@ -80,6 +81,7 @@ class Worker:
             speculative_config=engine_config.speculative_config,
             proposer=self._make_proposer(),
             lora_manager=self._make_lora_manager(),
+            activation_dtype=self.dtype,
         )
 
     def _make_lora_manager(self) -> LoRAModelManager | None:
@@ -168,6 +170,8 @@ class Worker:
         """Copy block source_ids[i] of every slot's source into block target_ids[i]."""
         dim = self._block_dim()
         for source, target in zip(sources, targets, strict=True):
+            if source.numel() == 0 or target.numel() == 0:
+                continue  # a slot only other pipeline stages use
             source_index = torch.tensor(source_ids, dtype=torch.int64, device=source.device)
             target_index = torch.tensor(target_ids, dtype=torch.int64, device=target.device)
             blocks = source.index_select(dim, source_index).to(target.device)
@@ -181,24 +185,43 @@ class Worker:
         (dim,) = [i for i, (a, b) in enumerate(zip(shape_1, shape_2, strict=True)) if a != b]
         return dim
 
-    def _layer_geometry(self) -> tuple[int, int]:
-        """(KV heads, head size) of every attention layer."""
-        hf = self.config.model_config.hf_config
-        num_kv_heads = getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads
-        head_size = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
-        return num_kv_heads, head_size
-
-    def _kv_cache_groups(self) -> tuple[KVCacheGroupSpec, ...]:
-        """The model's attention layers, grouped by how far back they attend."""
-        layers = sorted(
+    def _attention_layers(self) -> list[Attention]:
+        """This rank's attention layers, by layer index."""
+        return sorted(
             (m for m in self.model.modules() if isinstance(m, Attention)),
             key=lambda attn: attn.layer_idx,
         )
-        assert [attn.layer_idx for attn in layers] == list(range(len(layers))), (
-            "attention layers must be numbered 0..n-1"
-        )
-        windows = [attn.sliding_window for attn in layers]
+
+    def _layer_geometry(self) -> tuple[int, int]:
+        """(KV heads, head size) of every attention layer (this rank's share of the heads
+        under tensor parallelism)."""
+        first = self._attention_layers()[0]
+        return first.num_kv_heads, first.head_size
+
+    def _kv_cache_groups(self) -> tuple[KVCacheGroupSpec, ...]:
+        """The model's attention layers, grouped by how far back they attend (every layer of
+        the model, also those other pipeline stages hold: the scheduler's block tables are
+        the same on every stage)."""
+        layers = self._attention_layers()
+        spec = getattr(self.model, "spec", None)
+        if get_pp_group().world_size > 1 and spec is not None:
+            windows = list(spec.layer_windows)
+        else:
+            assert [attn.layer_idx for attn in layers] == list(range(len(layers))), (
+                "attention layers must be numbered 0..n-1"
+            )
+            windows = [attn.sliding_window for attn in layers]
         return make_kv_cache_groups(windows, self.config.model_config.max_model_len)
+
+    def _local_slots(self, groups: tuple[KVCacheGroupSpec, ...]) -> set[int]:
+        """The KV slots this rank's layers use (all of them but on a pipeline stage)."""
+        local = {attn.layer_idx for attn in self._attention_layers()}
+        return {
+            slot
+            for group in groups
+            for slot, layer_index in enumerate(group.layer_indices)
+            if layer_index in local
+        }
 
     def _determine_kv_cache_spec(self) -> KVCacheSpec:
         cache = self.config.cache_config
@@ -211,12 +234,14 @@ class Worker:
             1, cache.block_size, num_kv_heads, head_size, cache.cache_dtype
         )
         element_size = torch.empty((), dtype=self._kv_dtype()).element_size()
-        # K and V, every slot, every token of the block.
-        bytes_per_block = num_kv_slots(groups) * math.prod(one_block) * element_size
+        # K and V, every slot this rank uses, every token of the block.
+        bytes_per_block = len(self._local_slots(groups)) * math.prod(one_block) * element_size
         if cache.num_gpu_blocks_override is not None:
             num_blocks = cache.num_gpu_blocks_override
         else:
             num_blocks = self._memory_budget_bytes() // bytes_per_block
+        # Block ids mean the same on every rank: all take the smallest count.
+        num_blocks = int(get_world_group().all_reduce(torch.tensor([num_blocks]), "min")[0])
         if num_blocks < 2:
             raise ValueError(
                 f"The KV cache budget holds {num_blocks} block(s) of {bytes_per_block} bytes; "
@@ -237,6 +262,9 @@ class Worker:
         num_cpu_blocks = 0
         if self.config.scheduler_config.preemption_mode == "swap":
             num_cpu_blocks = int(cache.swap_space * 2**30) // bytes_per_block
+            num_cpu_blocks = int(
+                get_world_group().all_reduce(torch.tensor([num_cpu_blocks]), "min")[0]
+            )
         return KVCacheSpec(
             num_blocks, cache.block_size, bytes_per_block, num_cpu_blocks, groups
         )
@@ -277,8 +305,12 @@ class Worker:
         if not self.kv_cache_spec.groups:
             return []
         shape = self._kv_cache_shape(self.kv_cache_spec.num_blocks)
+        local_slots = self._local_slots(self.kv_cache_spec.groups)
         caches = []
-        for _ in range(num_kv_slots(self.kv_cache_spec.groups)):
+        for slot in range(num_kv_slots(self.kv_cache_spec.groups)):
+            if slot not in local_slots:  # only other pipeline stages' layers use it
+                caches.append(torch.empty(0, dtype=self._kv_dtype(), device=self.device))
+                continue
             # Not zeroed: on CPU the pages of a large empty tensor only become resident when
             # a block is first written, so memory grows with use instead of the full budget.
             cache = torch.empty(shape, dtype=self._kv_dtype(), device=self.device)
@@ -301,7 +333,11 @@ class Worker:
             num_cpu_blocks,
             num_cpu_blocks * self.kv_cache_spec.bytes_per_block / 2**20,
         )
+        local_slots = self._local_slots(self.kv_cache_spec.groups)
         return [
-            torch.empty(shape, dtype=self._kv_dtype(), device="cpu", pin_memory=pin)
-            for _ in range(num_kv_slots(self.kv_cache_spec.groups))
+            torch.empty(
+                shape if slot in local_slots else (0,), dtype=self._kv_dtype(), device="cpu",
+                pin_memory=pin,
+            )
+            for slot in range(num_kv_slots(self.kv_cache_spec.groups))
         ]
