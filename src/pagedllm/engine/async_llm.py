@@ -59,8 +59,7 @@ class AsyncLLM:
     ) -> None:
         self.engine_config = engine_config
         self._shut_down = False
-        client = AsyncMPClient if multiprocessing else ThreadedCoreClient
-        self.engine_core: AsyncEngineCoreClient = client(engine_config)
+        self.engine_core: AsyncEngineCoreClient = _make_client(engine_config, multiprocessing)
         try:
             self.engine = LLMEngine(engine_config, engine_core=self.engine_core)
         except BaseException:
@@ -337,6 +336,25 @@ class AsyncLLM:
         sample = self._timing.finish_request(request_id, reason, now or time.monotonic())
         if sample is not None and self.prometheus is not None:
             self.prometheus.record_finished(sample)
+
+
+def _make_client(engine_config: EngineConfig, multiprocessing: bool) -> AsyncEngineCoreClient:
+    """The core in a process (several, load-balanced, for data parallelism) or a thread.
+
+    Raises:
+        ValueError: data parallelism without multiprocessing.
+    """
+    data_parallel_size = engine_config.parallel_config.data_parallel_size
+    if data_parallel_size > 1:
+        if not multiprocessing:
+            raise ValueError(
+                f"data_parallel_size={data_parallel_size} runs each engine core in its own "
+                "process: it needs multiprocessing (the server's default)."
+            )
+        from pagedllm.engine.dp_client import DPAsyncMPClient
+
+        return DPAsyncMPClient(engine_config)
+    return AsyncMPClient(engine_config) if multiprocessing else ThreadedCoreClient(engine_config)
 
 
 # vLLM's older name for the same class.

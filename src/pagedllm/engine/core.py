@@ -20,12 +20,12 @@ from pagedllm.config import EngineConfig
 from pagedllm.core.sched_output import SchedulerOutput
 from pagedllm.core.scheduler import Scheduler
 from pagedllm.engine.protocol import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
+from pagedllm.executor import make_executor
 from pagedllm.lora.request import LoRARequest
 from pagedllm.request import Request
 from pagedllm.structured_output import StructuredOutputManager
 from pagedllm.tokenizer.tokenizer import get_tokenizer
 from pagedllm.worker.outputs import ModelRunnerOutput
-from pagedllm.executor import make_executor
 
 
 class EngineCore:

@@ -40,7 +40,20 @@ class LLMEngine:
         self, engine_config: EngineConfig, engine_core: EngineCoreClient | None = None
     ) -> None:
         """Build the frontend; `engine_core` defaults to an in-process core (AsyncLLM passes
-        a threaded one and awaits its outputs instead of calling `step()`)."""
+        a threaded one and awaits its outputs instead of calling `step()`).
+
+        Raises:
+            ValueError: data_parallel_size > 1 for a synchronous engine (its cores run
+                behind AsyncLLM, e.g. `pagedllm serve -dp N`).
+        """
+        data_parallel_size = engine_config.parallel_config.data_parallel_size
+        synchronous = engine_core is None or isinstance(engine_core, (InprocClient, SyncMPClient))
+        if data_parallel_size > 1 and synchronous:
+            raise ValueError(
+                f"data_parallel_size={data_parallel_size}: data-parallel engine cores run "
+                "behind AsyncLLM (`pagedllm serve -dp N`); offline, start one LLM per "
+                "data-parallel rank."
+            )
         model_config = engine_config.model_config
         self.engine_config = engine_config
         self.tokenizer = get_tokenizer(model_config.model_dir, model_config.gguf_file)

@@ -9,18 +9,14 @@ worker outlives the engine. CPU threads are shared out: each rank gets cores / r
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing
-import os
 import shutil
-import socket
 import tempfile
-from collections.abc import Iterator
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
-from pagedllm import envs
 from pagedllm.executor.distributed import DistributedExecutor, WorkerFailedError
+from pagedllm.utils.processes import child_thread_env, free_port, threads_per_process
 
 if TYPE_CHECKING:
     from multiprocessing.process import BaseProcess
@@ -29,29 +25,6 @@ if TYPE_CHECKING:
 
 _STARTUP_POLL_S = 0.5
 _STOP_TIMEOUT_S = 5.0
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nobody listens on now (for torch.distributed's rendezvous)."""
-    with socket.socket() as probe:
-        probe.bind((host, 0))
-        return int(probe.getsockname()[1])
-
-
-@contextlib.contextmanager
-def _thread_env(num_threads: int) -> Iterator[None]:
-    """Spawned children inherit the environment as it is at start(): their OpenMP runtimes
-    (torch's and the C kernels') read the thread count at load."""
-    saved = {name: os.environ.get(name) for name in ("OMP_NUM_THREADS", "PAGEDLLM_NUM_THREADS")}
-    os.environ["OMP_NUM_THREADS"] = os.environ["PAGEDLLM_NUM_THREADS"] = str(num_threads)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 class MultiprocExecutor(DistributedExecutor):
@@ -72,10 +45,10 @@ class MultiprocExecutor(DistributedExecutor):
         if current.daemon:
             current.daemon = False
         init_method = f"tcp://127.0.0.1:{free_port()}"
-        threads = envs.num_threads() or max(1, (os.cpu_count() or 1) // self.world_size)
+        threads = threads_per_process(self.world_size)
         self._procs: list[BaseProcess] = []
         self._conns: list[Connection] = []
-        with _thread_env(threads):
+        with child_thread_env(threads):
             for rank in range(self.world_size):
                 parent_conn, child_conn = spawn.Pipe()
                 proc = spawn.Process(

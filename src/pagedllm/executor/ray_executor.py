@@ -14,8 +14,8 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from pagedllm.executor.distributed import DistributedExecutor, WorkerFailedError
-from pagedllm.executor.multiproc import free_port
 from pagedllm.logger import init_logger
+from pagedllm.utils.processes import free_port
 
 if TYPE_CHECKING:
     from pagedllm.config import EngineConfig
@@ -119,6 +119,7 @@ class RayDistributedExecutor(DistributedExecutor):
             specs: list[KVCacheSpec] = ray.get(setups)
         except Exception as error:
             raise WorkerFailedError(f"A Ray worker failed to start: {error}") from None
+        self.worker_pids: list[int] = ray.get([actor.pid.remote() for actor in self._actors])
         self._runs = [actor.run.remote() for actor in self._actors]
         return specs
 

@@ -61,3 +61,24 @@ class SchedulerStats:
         if self.prefix_cache_queries == 0:
             return 0.0
         return self.prefix_cache_hits / self.prefix_cache_queries
+
+
+def merge_scheduler_stats(parts: list[SchedulerStats]) -> SchedulerStats:
+    """Several engine cores' stats as one engine's (data parallel): counts and cumulative
+    counters summed, KV cache usage averaged (the cores' caches are the same size)."""
+    merged = SchedulerStats()
+    for stats in parts:
+        for name in ("num_running_reqs", "num_waiting_reqs", "num_swapped_reqs",
+                     "prefix_cache_queries", "prefix_cache_hits", "num_preemptions",
+                     "num_computed_prompt_tokens", "model_execute_seconds", "spec_num_drafts",
+                     "spec_num_draft_tokens", "spec_num_accepted_tokens"):
+            setattr(merged, name, getattr(merged, name) + getattr(stats, name))
+        per_pos = merged.spec_accepted_per_pos
+        for position, count in enumerate(stats.spec_accepted_per_pos):
+            if position < len(per_pos):
+                per_pos[position] += count
+            else:
+                per_pos.append(count)
+    if parts:
+        merged.kv_cache_usage = sum(s.kv_cache_usage for s in parts) / len(parts)
+    return merged

@@ -102,6 +102,9 @@ class ModelRunner:
         self.tp_group, self.pp_group = get_tp_group(), get_pp_group()
         self.is_driver = self.tp_group.is_first_rank and self.pp_group.is_last_rank
         self.tokens_from_scheduler = self.tp_group.world_size * self.pp_group.world_size > 1
+        # What a pipeline stage receives per token (decoders built from a DecoderSpec).
+        spec = getattr(model, "spec", None)
+        self._hidden_size = int(spec.hidden_size) if spec is not None else 0
         # An encoder takes the packed sequences' lengths instead of a KV cache.
         self.is_encoder = bool(getattr(model, "is_encoder", False))
         self.pooler = ModelPooler(model, pooler_config or PoolerConfig())
@@ -291,7 +294,7 @@ class ModelRunner:
         intermediate = None
         if not self.pp_group.is_first_rank:
             intermediate = IntermediateTensors.recv(
-                self.pp_group, input_ids.shape[0], self._causal_lm.spec.hidden_size,
+                self.pp_group, input_ids.shape[0], self._hidden_size,
                 self.activation_dtype, self.device,
             )
         with set_forward_context(context):
