@@ -1,7 +1,9 @@
 """A whole decoder split over two tensor-parallel gloo ranks: tiny Llama (GQA: 4 query heads,
-2 KV heads: one each) and Qwen2 (q/k/v biases, tied embeddings) built from the parallel
-layers, loaded from the ordinary checkpoint, give transformers' logits on every rank
-(prefill, then decode through each rank's own paged KV cache)."""
+2 KV heads: one each), Qwen2 (q/k/v biases, tied embeddings) and the MoE models (Mixtral;
+Qwen2-MoE with its shared expert and a dense layer), each expert split or, with expert
+parallelism, whole experts per rank, built from the parallel layers and loaded from the
+ordinary checkpoint, give transformers' logits on every rank (prefill, then decode through
+each rank's own paged KV cache), and the greedy tokens of the gathered best-of-share."""
 
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ import torch.multiprocessing as mp
 from pagedllm.distributed import parallel_state
 
 
-def _rank_main(rank: int, world_size: int, init_file: str, model_dir: str) -> None:
+def _rank_main(rank: int, world_size: int, init_file: str, model_dir: str,
+               expert_parallel: bool = False) -> None:
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -24,7 +27,7 @@ def _rank_main(rank: int, world_size: int, init_file: str, model_dir: str) -> No
 
     parallel_state.init_distributed_environment(world_size, rank, f"file://{init_file}",
                                                 "gloo")
-    parallel_state.initialize_model_parallel(world_size)
+    parallel_state.initialize_model_parallel(world_size, 1, expert_parallel)
     try:
         path = Path(model_dir)
         config = AutoConfig.from_pretrained(path)
@@ -43,6 +46,13 @@ def _rank_main(rank: int, world_size: int, init_file: str, model_dir: str) -> No
         decoded = [runner.step([("a", [t])])[0] for t in tokens[9:]]
         got = torch.cat([prefill, *decoded])
         torch.testing.assert_close(got, want, atol=ATOL, rtol=1e-4)
+        hidden = torch.randn(5, config.hidden_size, generator=torch.Generator().manual_seed(2))
+        with torch.no_grad():
+            assert torch.equal(ours.compute_greedy_tokens(hidden),
+                               ours.compute_logits(hidden).argmax(-1))
+        experts = [m for m in ours.modules() if hasattr(m, "local_experts")]
+        if experts and expert_parallel:  # whole experts: half of them here
+            assert len(experts[0].local_experts) == experts[0].num_experts // world_size
     finally:
         parallel_state.destroy_model_parallel()
 
@@ -52,3 +62,13 @@ def test_two_ranks_equal_transformers(model_fixture, request, tmp_path: Path):
     model_dir = request.getfixturevalue(model_fixture)
     mp.spawn(_rank_main, args=(2, str(tmp_path / "init"), str(model_dir)), nprocs=2,
              join=True)
+
+
+@pytest.mark.parametrize("arch", ["mixtral", "qwen2_moe"])
+@pytest.mark.parametrize("expert_parallel", [False, True], ids=["split-experts", "ep"])
+def test_moe_over_two_ranks_equals_transformers(arch, expert_parallel, tmp_path: Path):
+    from tests.models.test_model_parity import _config, save_random
+
+    model_dir = save_random(tmp_path / arch, _config(arch))
+    mp.spawn(_rank_main, args=(2, str(tmp_path / "init"), str(model_dir), expert_parallel),
+             nprocs=2, join=True)

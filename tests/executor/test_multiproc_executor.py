@@ -71,3 +71,22 @@ def test_pipeline_preempts_while_batches_are_in_flight(tiny_llama_dir, one_rank)
     finally:
         llm.llm_engine.shutdown()
     assert [list(o.outputs[0].token_ids) for o in outputs][:-1] == one_rank["llama"][:-1]
+
+
+@pytest.mark.parametrize("expert_parallel", [False, True], ids=["split-experts", "ep"])
+def test_moe_model_over_two_ranks(expert_parallel, tiny_tokenizer_dir, tmp_path):
+    """Qwen2-MoE (routed and shared experts, one dense layer) at TP=2, each expert split or
+    whole experts per rank (enable_expert_parallel): one rank's tokens."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from tests.models.test_model_parity import arch_config, save_random
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_tokenizer_dir)
+    model_dir = save_random(tmp_path, arch_config("qwen2_moe", vocab_size=len(tokenizer)))
+    for name in tiny_tokenizer_dir.iterdir():
+        shutil.copy(name, tmp_path / name.name)
+    want = _generate(model_dir)
+    got = _generate(model_dir, tensor_parallel_size=2, enable_expert_parallel=expert_parallel)
+    assert got == want

@@ -86,6 +86,7 @@ _SINGLE = GroupCoordinator(ranks=[0], rank_in_group=0)
 _tp_group: GroupCoordinator | None = None
 _pp_group: GroupCoordinator | None = None
 _world_group: GroupCoordinator | None = None
+_expert_parallel = False
 
 
 def init_distributed_environment(
@@ -112,14 +113,18 @@ def _build_groups(all_ranks: list[list[int]], rank: int) -> GroupCoordinator:
 
 
 def initialize_model_parallel(
-    tensor_parallel_size: int, pipeline_parallel_size: int = 1
+    tensor_parallel_size: int, pipeline_parallel_size: int = 1,
+    enable_expert_parallel: bool = False,
 ) -> GroupCoordinator:
     """Build the tensor- and pipeline-parallel groups once; return this rank's TP group.
+    With `enable_expert_parallel` MoE layers give each rank of the TP group whole experts
+    instead of a slice of every expert.
 
     Raises:
         ValueError: when the world is not tensor x pipeline ranks.
     """
-    global _tp_group, _pp_group, _world_group
+    global _tp_group, _pp_group, _world_group, _expert_parallel
+    _expert_parallel = enable_expert_parallel
     world_size, rank = dist.get_world_size(), dist.get_rank()
     tp, pp = tensor_parallel_size, pipeline_parallel_size
     if world_size != tp * pp:
@@ -149,9 +154,21 @@ def get_world_group() -> GroupCoordinator:
     return _world_group if _world_group is not None else _SINGLE
 
 
+def expert_parallel_enabled() -> bool:
+    """True when MoE experts are spread whole over the TP group (enable_expert_parallel)."""
+    return _expert_parallel
+
+
+def single_rank_group() -> GroupCoordinator:
+    """A group of one: layers built with it are not split (an expert-parallel rank's
+    experts)."""
+    return _SINGLE
+
+
 def destroy_model_parallel() -> None:
     """Forget the groups and leave torch.distributed (a worker shutting down)."""
-    global _tp_group, _pp_group, _world_group
+    global _tp_group, _pp_group, _world_group, _expert_parallel
     _tp_group = _pp_group = _world_group = None
+    _expert_parallel = False
     if dist.is_initialized():
         dist.destroy_process_group()

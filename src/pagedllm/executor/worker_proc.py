@@ -53,7 +53,8 @@ class WorkerProc:
             parallel.world_size, rank, init_method, "nccl" if on_cuda else "gloo"
         )
         parallel_state.initialize_model_parallel(
-            parallel.tensor_parallel_size, parallel.pipeline_parallel_size
+            parallel.tensor_parallel_size, parallel.pipeline_parallel_size,
+            parallel.enable_expert_parallel,
         )
         self.worker = Worker(engine_config)
         # The first tensor-parallel rank of the last stage samples and answers each step.

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from pagedllm.distributed.parallel_state import GroupCoordinator
 from pagedllm.layers.activation import apply_activation, gated_activation
 from pagedllm.layers.linear import Linear
 from pagedllm.layers.parallel_linear import MergedColumnParallelLinear, RowParallelLinear
@@ -15,12 +16,20 @@ class GatedMLP(nn.Module):
     """down(act(gate(x)) * up(x)), with gate and up fused into one matmul."""
 
     def __init__(
-        self, hidden_size: int, intermediate_size: int, bias: bool = False, activation: str = "silu"
+        self, hidden_size: int, intermediate_size: int, bias: bool = False,
+        activation: str = "silu", tp_group: GroupCoordinator | None = None,
+        reduce_results: bool = True,
     ) -> None:
         super().__init__()
-        # Split over the tensor-parallel group (the plain layers when it is one rank).
-        self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2, bias)
-        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias)
+        # Split over the tensor-parallel group (the plain layers when it is one rank); without
+        # `reduce_results` the output is this rank's partial sum (MoE experts reduce once).
+        self.gate_up_proj = MergedColumnParallelLinear(
+            hidden_size, [intermediate_size] * 2, bias, tp_group=tp_group
+        )
+        self.down_proj = RowParallelLinear(
+            intermediate_size, hidden_size, bias, tp_group=tp_group,
+            reduce_results=reduce_results,
+        )
         self.act_fn = gated_activation(activation)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -6,6 +6,12 @@ matmul chain per expert that has tokens, never a loop over tokens. The experts a
 fused `Linear` layers, so weight-only quantization (the W4A8 CPU kernels) applies to them as
 to any other matrix. The router stays dense: routing is a discrete choice, and a quantized
 router would send tokens to other experts.
+
+Under tensor parallelism every rank routes alike (the router is replicated) and either holds
+a slice of every expert (their gate/up split by columns, down by rows) or, with
+`enable_expert_parallel`, a contiguous share of whole experts; either way each rank sums
+what it holds into a partial output and one all-reduce per layer joins them (the shared
+expert is split like a dense MLP and joins the same sum).
 """
 
 from __future__ import annotations
@@ -13,7 +19,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from pagedllm.distributed.parallel_state import (
+    expert_parallel_enabled,
+    get_tp_group,
+    single_rank_group,
+)
+from pagedllm.distributed.sharding import vocab_shard
 from pagedllm.layers.linear import Linear
+from pagedllm.layers.missing import MissingLayer
 from pagedllm.layers.mlp import GatedMLP
 
 
@@ -49,17 +62,33 @@ class FusedMoE(nn.Module):
         self.top_k = top_k
         self.renormalize = renormalize
         self.gate = RouterLinear(hidden_size, num_experts)
+        self.tp_group = get_tp_group()
+        expert_group = self.tp_group
+        self.local_experts = range(num_experts)
+        if expert_parallel_enabled() and self.tp_group.world_size > 1:
+            # Whole experts, a contiguous share per rank (the shard arithmetic of a vocabulary).
+            self.local_experts = vocab_shard(
+                num_experts, self.tp_group.world_size, self.tp_group.rank_in_group
+            )
+            expert_group = single_rank_group()
         self.experts = nn.ModuleList(
-            GatedMLP(hidden_size, intermediate_size, activation=activation)
-            for _ in range(num_experts)
+            GatedMLP(hidden_size, intermediate_size, activation=activation,
+                     tp_group=expert_group, reduce_results=False)
+            if expert in self.local_experts else MissingLayer()
+            for expert in range(num_experts)
         )
         self.shared_expert: GatedMLP | None = None
         self.shared_expert_gate: RouterLinear | None = None
         if shared_intermediate_size:
             self.shared_expert = GatedMLP(
-                hidden_size, shared_intermediate_size, activation=activation
+                hidden_size, shared_intermediate_size, activation=activation,
+                reduce_results=False,
             )
             self.shared_expert_gate = RouterLinear(hidden_size, 1)
+
+    def holds_expert(self, expert: int) -> bool:
+        """True when this rank holds (a slice of) `expert`."""
+        return expert in self.local_experts
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights [T, top_k] in x's dtype, expert ids [T, top_k]) of each token."""
@@ -75,7 +104,7 @@ class FusedMoE(nn.Module):
         out = self._routed(x)
         if self.shared_expert is not None and self.shared_expert_gate is not None:
             out += self.shared_expert(x) * torch.sigmoid(self.shared_expert_gate(x))
-        return out
+        return self.tp_group.all_reduce(out)  # the ranks' partial sums (one rank: as is)
 
     def _routed(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.route(x)
@@ -84,11 +113,13 @@ class FusedMoE(nn.Module):
         counts = torch.bincount(flat_ids, minlength=self.num_experts).tolist()
         token_of = order // self.top_k  # [T * top_k] token of each grouped choice
         grouped = x.index_select(0, token_of)  # [T * top_k, hidden]
-        out = torch.empty_like(grouped)
+        holds_all = len(self.local_experts) == self.num_experts
+        out = torch.empty_like(grouped) if holds_all else torch.zeros_like(grouped)
         start = 0
-        for expert, count in zip(self.experts, counts, strict=True):
-            if count:  # one chain of matmuls over all the tokens this expert serves
-                out[start : start + count] = expert(grouped[start : start + count])
-                start += count
+        for index, count in enumerate(counts):
+            if count and index in self.local_experts:
+                # One chain of matmuls over all the tokens this expert serves.
+                out[start : start + count] = self.experts[index](grouped[start : start + count])
+            start += count  # another rank's expert: its rows stay zero here
         out.mul_(weights.view(-1).index_select(0, order).unsqueeze(1))
         return torch.zeros_like(x).index_add_(0, token_of, out)

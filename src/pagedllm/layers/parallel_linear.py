@@ -103,11 +103,13 @@ class RowParallelLinear(Linear):
 
     def __init__(
         self, input_size: int, output_size: int, bias: bool = False,
-        tp_group: GroupCoordinator | None = None,
+        tp_group: GroupCoordinator | None = None, reduce_results: bool = True,
     ) -> None:
         group = tp_group or get_tp_group()
         self.tp_group = group
         self.tp_size, self.tp_rank = group.world_size, group.rank_in_group
+        # False: return this rank's partial sum (the caller reduces several layers' at once).
+        self.reduce_results = reduce_results
         super().__init__(divide(input_size, self.tp_size, "input size"), output_size, bias)
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: Weight) -> None:
@@ -126,7 +128,8 @@ class RowParallelLinear(Linear):
         """x [T, input share] → the group's summed [T, output_size]."""
         if self.lora is not None and self.tp_size > 1:
             raise ValueError("LoRA adapters on tensor-parallel layers are not built.")
-        return self.tp_group.all_reduce(super().forward(x))
+        partial = super().forward(x)
+        return self.tp_group.all_reduce(partial) if self.reduce_results else partial
 
 
 class QKVParallelLinear(QKVLinear):
@@ -230,10 +233,16 @@ class ParallelLMHead(LMHead):
         return self.tp_group.all_gather(logits, dim=-1)[:, : self.full_num_embeddings]
 
     def greedy_tokens(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """The argmax of the gathered logits (the single-rank shortcut does not apply)."""
+        """Each row's argmax over the whole vocabulary: every rank's best (value, token) of
+        its share, gathered ([N, 2] a rank, not the [N, vocab / ranks] logits), and the
+        best of those (ties to the lower rank, so to the lower token id, as argmax)."""
         if self.tp_group.world_size == 1:
             return super().greedy_tokens(hidden_states)
-        return self.forward(hidden_states, ranking_only=True).argmax(dim=-1)
+        best, index = LMHead.forward(self, hidden_states, ranking_only=True).float().max(-1)
+        mine = torch.stack([best.double(), (index + self.rows.start).double()], dim=-1)
+        ranks = self.tp_group.all_gather(mine, dim=-1).view(len(best), -1, 2)  # [N, ranks, 2]
+        winner = ranks[..., 0].argmax(dim=-1, keepdim=True)  # the first maximum
+        return ranks[..., 1].gather(1, winner).squeeze(1).long()
 
 
 def _vocab_rows(loaded: Weight, rows: range, group: GroupCoordinator) -> Weight:

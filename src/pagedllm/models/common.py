@@ -16,7 +16,7 @@ model.norm, lm_head.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -27,6 +27,7 @@ from pagedllm.layers.attention import Attention
 from pagedllm.layers.embedding import VocabEmbedding
 from pagedllm.layers.layernorm import make_norm
 from pagedllm.layers.linear import default_weight_loader
+from pagedllm.layers.missing import MissingLayer
 from pagedllm.layers.mlp import GatedMLP, PlainMLP
 from pagedllm.layers.moe import FusedMoE
 from pagedllm.layers.parallel_linear import (
@@ -163,10 +164,6 @@ def rotary_embeddings(spec: DecoderSpec) -> list[RotaryEmbedding | None]:
             )
         result.append(shared[rope.key()])
     return result
-
-
-class MissingLayer(nn.Module):
-    """The place of a decoder layer another pipeline stage holds (no parameters)."""
 
 
 class DecoderModel(nn.Module):
@@ -330,8 +327,14 @@ class DecoderForCausalLM(nn.Module):
         # Rotary tables are rebuilt from the config; a tied head is the embedding itself.
         if "rotary_emb.inv_freq" in hf_name:
             return True
-        if hf_name.startswith("model.layers."):  # another pipeline stage's layer?
-            return int(hf_name.split(".", 3)[2]) not in self.model.stage_layers
+        if hf_name.startswith("model.layers."):
+            parts = hf_name.split(".", 6)
+            layer_index = int(parts[2])
+            if layer_index not in self.model.stage_layers:
+                return True  # another pipeline stage's layer
+            if parts[3:5] == ["mlp", "experts"]:  # another expert-parallel rank's expert?
+                mlp = cast(FusedMoE, self.model.layers[layer_index].mlp)
+                return not mlp.holds_expert(int(parts[5]))
         return self.spec.tie_word_embeddings and hf_name.startswith("lm_head.")
 
     def load_weights(self, weights: Iterable[tuple[str, Weight]]) -> set[str]:
