@@ -93,3 +93,9 @@ def allow_runtime_lora_updating() -> bool:
     /v1/unload_lora_adapter on the server (default off, as in vLLM)."""
     value = os.environ.get("PAGEDLLM_ALLOW_RUNTIME_LORA_UPDATING", "")
     return value.strip().lower() in ("1", "true")
+
+
+def shm_all_reduce() -> bool:
+    """PAGEDLLM_SHM_ALL_REDUCE: "0" sends tensor-parallel all-reduces of CPU ranks on one node
+    through gloo instead of shared memory (default: shared memory)."""
+    return os.environ.get("PAGEDLLM_SHM_ALL_REDUCE", "1") != "0"

@@ -11,10 +11,14 @@ single-process code runs unchanged.
 
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from pagedllm import envs
+from pagedllm.distributed import shm_all_reduce
 
 
 @dataclass
@@ -30,6 +34,8 @@ class GroupCoordinator:
     ranks: list[int]
     rank_in_group: int
     group: dist.ProcessGroup | None = None
+    # Sums through shared memory when every rank is a CPU process on this node.
+    shm: shm_all_reduce.ShmAllReduce | None = None
 
     @property
     def world_size(self) -> int:
@@ -48,9 +54,13 @@ class GroupCoordinator:
 
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
         """The sum (or "min") of `tensor` over the group (in place; returned for chaining)."""
-        if self.world_size > 1:
-            reduce_op = dist.ReduceOp.MIN if op == "min" else dist.ReduceOp.SUM
-            dist.all_reduce(tensor, op=reduce_op, group=self.group)
+        if self.world_size == 1:
+            return tensor
+        if (self.shm is not None and op == "sum" and tensor.is_contiguous()
+                and self.shm.fits(tensor)):
+            return self.shm.all_reduce(tensor)
+        reduce_op = dist.ReduceOp.MIN if op == "min" else dist.ReduceOp.SUM
+        dist.all_reduce(tensor, op=reduce_op, group=self.group)
         return tensor
 
     def all_gather(self, tensor: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -135,7 +145,20 @@ def initialize_model_parallel(
     _world_group = GroupCoordinator(list(range(world_size)), rank, dist.group.WORLD)
     _tp_group = _build_groups([list(range(s * tp, (s + 1) * tp)) for s in range(pp)], rank)
     _pp_group = _build_groups([list(range(t, world_size, tp)) for t in range(tp)], rank)
+    _tp_group.shm = _shared_memory_all_reduce(_tp_group)
     return _tp_group
+
+
+def _shared_memory_all_reduce(group: GroupCoordinator) -> shm_all_reduce.ShmAllReduce | None:
+    """The shared-memory all-reduce for `group`, when its ranks are CPU (gloo) processes of
+    one x86 node and PAGEDLLM_SHM_ALL_REDUCE is not 0 (the same answer on every rank)."""
+    if group.world_size == 1 or dist.get_backend(group.group) != "gloo":
+        return None
+    hosts: list[str | None] = [None] * group.world_size
+    dist.all_gather_object(hosts, socket.gethostname(), group=group.group)
+    if len(set(hosts)) > 1 or not shm_all_reduce.supported() or not envs.shm_all_reduce():
+        return None
+    return shm_all_reduce.ShmAllReduce(group.group, group.ranks, group.rank_in_group)
 
 
 def get_tp_group() -> GroupCoordinator:
@@ -168,6 +191,8 @@ def single_rank_group() -> GroupCoordinator:
 def destroy_model_parallel() -> None:
     """Forget the groups and leave torch.distributed (a worker shutting down)."""
     global _tp_group, _pp_group, _world_group, _expert_parallel
+    if _tp_group is not None and _tp_group.shm is not None:
+        _tp_group.shm.close()
     _tp_group = _pp_group = _world_group = None
     _expert_parallel = False
     if dist.is_initialized():
