@@ -6,8 +6,8 @@ in vLLM; Gemma 3 270M has 4 heads and 1 KV head, replicated on both ranks.)
 
 A Llama-style decoder split over two ranks makes, per forward pass, two all-reduces a layer
 (after o_proj and down_proj: the row-parallel layers), one for the vocabulary-parallel
-embedding, and one gather at the LM head (greedy steps: each rank's best value and token,
-[tokens, 2]; sampled steps: the [tokens, vocab/2] logits). The engine passes give the whole
+embedding, and one all-gather at the LM head (greedy steps: each rank's best value and
+token, [tokens, 2]; sampled steps: the [tokens, vocab/2] logits). The engine passes give the whole
 step (decode: one request, and a batch) with the all-reduces through shared memory (the
 default for CPU ranks of one node) and through gloo; the collectives are also timed alone,
 on tensors of those shapes between two processes, and multiplied by their count.
@@ -45,6 +45,7 @@ def _time_collectives(rank: int, init_file: str, shapes: dict[str, Any], iters: 
         "all_reduce": dist.all_reduce,
         "shm_all_reduce": shm.all_reduce,
         "all_gather": lambda t: dist.all_gather([torch.empty_like(t) for _ in range(2)], t),
+        "shm_all_gather": lambda t: shm.all_gather(t, -1),
     }
     timings = {}
     for name, (kind, shape, dtype) in shapes.items():
@@ -73,6 +74,7 @@ def time_collectives(hidden: int, vocab: int, dtype: Any, tokens: int, iters: in
         "shm_all_reduce": ("shm_all_reduce", (tokens, hidden), dtype),
         "all_gather_logits": ("all_gather", (tokens, -(-vocab // 2)), torch.float32),
         "all_gather_best": ("all_gather", (tokens, 2), torch.float64),
+        "shm_all_gather_best": ("shm_all_gather", (tokens, 2), torch.float64),
     }
     with tempfile.TemporaryDirectory() as folder, mp.Manager() as manager:
         results = manager.dict()
@@ -152,7 +154,7 @@ def main() -> None:
         timing = time_collectives(hidden, vocab, dtype, tokens, args.collective_iters)
         steps = {name: tokens / run[key] for name, run in
                  (("tp1", one), ("tp2_shm", two), ("tp2_gloo", gloo))}
-        shm_ms = 1e3 * (count * timing["shm_all_reduce"] + timing["all_gather_best"])
+        shm_ms = 1e3 * (count * timing["shm_all_reduce"] + timing["shm_all_gather_best"])
         gloo_ms = 1e3 * (count * timing["gloo_all_reduce"] + timing["all_gather_best"])
         result[f"decode_{tokens}"] = {
             **{f"{name}_step_ms": 1e3 * step for name, step in steps.items()},

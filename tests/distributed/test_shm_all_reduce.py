@@ -1,6 +1,6 @@
 """The shared-memory all-reduce of CPU ranks on one node: over two and three gloo processes,
 many calls in a row (the two slots alternate) of several shapes and dtypes give every rank
-the same sum, equal to gloo's; a tensor larger than a slot goes through gloo; the file is
+the same sum, equal to gloo's, and all-gathers equal gloo's; a tensor larger than a slot goes through gloo; the file is
 gone once mapped; PAGEDLLM_SHM_ALL_REDUCE=0 turns it off."""
 
 from __future__ import annotations
@@ -43,6 +43,10 @@ def _rank_main(rank: int, world_size: int, init_file: str, enabled: bool) -> Non
             assert all(torch.equal(part, got) for part in parts)  # the same bits everywhere
             torch.testing.assert_close(got, expected, rtol=2e-2 if dtype != torch.float32
                                        else 1e-6, atol=1e-2)
+            gathered = group.all_gather(mine, dim=step % 2)  # through the same slots
+            theirs = [torch.empty_like(mine) for _ in range(world_size)]
+            dist.all_gather(theirs, mine)
+            assert torch.equal(gathered, torch.cat(theirs, dim=step % 2))
         big = torch.ones(shm_all_reduce.SLOT_BYTES // 4 + 1)  # a slot too small: gloo
         assert not group.shm.fits(big)
         assert torch.equal(group.all_reduce(big), torch.full_like(big, world_size))

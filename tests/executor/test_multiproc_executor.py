@@ -44,12 +44,24 @@ def one_rank(tiny_llama_dir, tiny_qwen2_dir) -> dict[str, list[list[int]]]:
 @pytest.mark.parametrize("arch, layout", [
     ("llama", dict(tensor_parallel_size=2)),
     ("qwen2", dict(tensor_parallel_size=2)),
-    ("llama", dict(pipeline_parallel_size=2)),
     ("qwen2", dict(pipeline_parallel_size=2, distributed_executor_backend="mp")),
 ])
 def test_ranks_give_one_ranks_tokens(arch, layout, one_rank, request):
     model_dir = request.getfixturevalue(f"tiny_{arch}_dir")
     assert _generate(model_dir, **layout) == one_rank[arch]
+
+
+def test_pipeline_keeps_a_batch_per_stage_in_flight(tiny_llama_dir, one_rank):
+    llm = LLM(str(tiny_llama_dir), pipeline_parallel_size=2, **ENGINE)
+    try:
+        outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], _params(),
+                               use_tqdm=False)
+        core = llm.llm_engine.engine_core.engine_core
+        assert core.executor.max_concurrent_batches == 2
+        assert core.num_overlapped_batches > 0  # the second stage had work meanwhile
+    finally:
+        llm.llm_engine.shutdown()
+    assert [list(o.outputs[0].token_ids) for o in outputs] == one_rank["llama"]
 
 
 def test_tensor_and_pipeline_together(tiny_llama_dir, one_rank):

@@ -67,6 +67,8 @@ class GroupCoordinator:
         """Every rank's `tensor` concatenated along `dim`, in rank order."""
         if self.world_size == 1:
             return tensor
+        if self.shm is not None and tensor.is_contiguous() and self.shm.fits(tensor):
+            return self.shm.all_gather(tensor, dim)
         parts = [torch.empty_like(tensor) for _ in range(self.world_size)]
         dist.all_gather(parts, tensor.contiguous(), group=self.group)
         return torch.cat(parts, dim=dim)

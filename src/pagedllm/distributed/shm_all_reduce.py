@@ -68,25 +68,34 @@ class ShmAllReduce:
     def _flag_index(self, rank: int, parity: int) -> int:
         return (2 * rank + parity) * 8  # 64 bytes apart: no false sharing between ranks
 
-    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
-        """The sum of `tensor` over the ranks, into `tensor` (returned)."""
+    def _exchange(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        """Publish `tensor`; every rank's, once all published (views of the shared slots,
+        valid until this rank's next call but one)."""
         self._seq += 1
         parity = self._seq % 2
         self._slot(self.rank, parity, tensor).copy_(tensor)
         # x86 keeps stores in order (TSO): a rank that sees this flag sees the data above.
         # (Weaker orders, Arm's, would need a fence Python does not give: see `supported`.)
         self._flags[self._flag_index(self.rank, parity)] = self._seq
-        indices = [self._flag_index(r, parity) for r in range(self.world_size)]
+        flags = self._flags[self._flag_index(0, parity) :: self._flag_index(1, 0)]
         spins = 0
-        while min(self._flags[i] for i in indices) < self._seq:
+        while flags.min() < self._seq:
             spins += 1
             if spins % _SPINS_BEFORE_YIELD == 0:
                 time.sleep(0)  # let the other ranks (perhaps on this core) run
-        total = self._slot(0, parity, tensor).clone()
-        for rank in range(1, self.world_size):
-            total += self._slot(rank, parity, tensor)
-        tensor.copy_(total)
-        return tensor
+        return [self._slot(rank, parity, tensor) for rank in range(self.world_size)]
+
+    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The sum of `tensor` over the ranks, into `tensor` (returned)."""
+        parts = self._exchange(tensor)
+        total = parts[0].clone()
+        for part in parts[1:]:
+            total += part
+        return tensor.copy_(total)
+
+    def all_gather(self, tensor: torch.Tensor, dim: int) -> torch.Tensor:
+        """Every rank's `tensor` concatenated along `dim`, in rank order."""
+        return torch.cat(self._exchange(tensor), dim=dim)
 
     def close(self) -> None:
         """Unmap the file."""

@@ -41,6 +41,8 @@ class EngineCore:
             raise
         # Batches in flight (pipeline parallel), oldest first.
         self._batch_queue: deque[tuple[SchedulerOutput, Future[Any]]] = deque()
+        # Batches launched while another was in flight (the stages overlapped).
+        self.num_overlapped_batches = 0
 
     def _init_scheduler(self, engine_config: EngineConfig) -> None:
         spec = self.executor.kv_cache_spec
@@ -179,6 +181,7 @@ class EngineCore:
             scheduler_output = scheduler.schedule()
             if not scheduler_output.is_empty or scheduler_output.finished_request_ids:
                 self._add_grammar_bitmask(scheduler_output)
+                self.num_overlapped_batches += bool(queue)
                 queue.append(
                     (scheduler_output, self.executor.execute_model_async(scheduler_output))
                 )
