@@ -1,8 +1,9 @@
 """distributed_executor_backend="ray": the workers are Ray actors in a placement group on an
 existing cluster (started here with `ray start --head`, as a user would on the head node),
 running the same worker code as "mp": token-identical to one rank for TP=2 (tiny Llama) and
-PP=2 (tiny Qwen2); a killed actor fails the engine naming its rank; the placement group is
-given back at shutdown."""
+PP=2 (tiny Qwen2), and for two data-parallel engine cores each placing its worker as an
+actor; a killed actor fails the engine naming its rank; the placement group is given back
+at shutdown."""
 
 from __future__ import annotations
 
@@ -92,5 +93,37 @@ def test_killed_ray_worker_names_its_rank(tiny_llama_dir, ray_cluster):
         error = _step_until_failure(engine)
         assert isinstance(error, WorkerFailedError), error
         assert "worker rank 0" in str(error)
+    finally:
+        engine.shutdown()
+
+
+def test_data_parallel_cores_with_ray_workers(tiny_llama_dir, ray_cluster):
+    """-dp 2 with the "ray" backend: each engine core places its worker as a Ray actor."""
+    import asyncio
+
+    from pagedllm.engine.arg_utils import EngineArgs
+    from pagedllm.engine.async_llm import AsyncLLM
+
+    want = _generate(tiny_llama_dir)
+    engine = AsyncLLM.from_engine_args(
+        EngineArgs(model=str(tiny_llama_dir), data_parallel_size=2,
+                   distributed_executor_backend="ray", **ENGINE),
+        multiprocessing=True,
+    )
+    params = _params()
+
+    async def one(index: int) -> list[int]:
+        last = None
+        async for output in engine.generate({"prompt_token_ids": PROMPTS[index]},
+                                            params[index], f"r{index}"):
+            last = output
+        return list(last.outputs[0].token_ids)
+
+    async def run() -> list[list[int]]:
+        return await asyncio.gather(*(one(i) for i in range(len(PROMPTS))))
+
+    try:
+        assert asyncio.run(run()) == want
+        assert engine.engine_core.num_requests_sent == [3, 3]
     finally:
         engine.shutdown()
