@@ -63,6 +63,27 @@ class CompletionOutput:
 
 
 @dataclass
+class RequestMetrics:
+    """When things happened to a request (vLLM's names; wall-clock seconds, time.time()).
+
+    Attributes:
+        arrival_time: the request reached the engine.
+        first_scheduled_time: the scheduler first gave it a step (None before).
+        first_token_time: its first output token reached the frontend (None before).
+        last_token_time: its latest output token reached the frontend.
+        time_in_queue: first_scheduled_time - arrival_time (None before it ran).
+        finished_time: it finished (None while it runs).
+    """
+
+    arrival_time: float
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    time_in_queue: float | None = None
+    finished_time: float | None = None
+
+
+@dataclass
 class RequestOutput:
     """The state of one request, as returned by `LLM.generate` or streamed by the engine.
 
@@ -74,6 +95,9 @@ class RequestOutput:
         finished: True once every sequence ended.
         prompt_logprobs: per prompt token, its logprobs dict (None for the first token);
             None unless `prompt_logprobs` was set.
+        num_cached_tokens: prompt tokens found in the prefix cache when it was first
+            scheduled (None before that).
+        metrics: its timings (a snapshot taken with this output).
     """
 
     request_id: str
@@ -82,6 +106,8 @@ class RequestOutput:
     outputs: list[CompletionOutput] = field(default_factory=list)
     finished: bool = False
     prompt_logprobs: PromptLogprobs | None = None
+    num_cached_tokens: int | None = None
+    metrics: RequestMetrics | None = None
 
     def __repr__(self) -> str:
         return (

@@ -75,6 +75,7 @@ class Request:
         num_preemptions: how often it was preempted.
         priority: scheduling priority under the "priority" policy (lower runs first).
         num_cached_tokens: prefix-cache hits (in tokens) at its first admission.
+        first_scheduled_time: wall-clock time (time.time()) of its first admission.
         block_hashes: chained hashes of its full blocks, in order (see core/block_hash.py).
         structured_output: its grammar when `sampling_params.structured_outputs` is set.
         pooling_params: set for a pooling request (an embedding, class scores...): it is
@@ -99,6 +100,7 @@ class Request:
     num_preemptions: int = 0
     priority: int = 0
     num_cached_tokens: int | None = None
+    first_scheduled_time: float | None = None
     block_hashes: list[bytes] = field(default_factory=list)
     # Its grammar (structured_output.RequestGrammar) when it has a constraint: compiled in
     # the background, then its matcher, advanced by the scheduler with every token.

@@ -1,7 +1,7 @@
 """The shared-memory all-reduce of CPU ranks on one node: over two and three gloo processes,
 many calls in a row (the two slots alternate) of several shapes and dtypes give every rank
-the same sum, equal to gloo's, and all-gathers equal gloo's; a tensor larger than a slot goes through gloo; the file is
-gone once mapped; PAGEDLLM_SHM_ALL_REDUCE=0 turns it off."""
+the same sum, equal to gloo's, and all-gathers equal gloo's; a tensor larger than a slot
+goes through gloo; the file is gone once mapped; PAGEDLLM_SHM_ALL_REDUCE=0 turns it off."""
 
 from __future__ import annotations
 

@@ -17,6 +17,7 @@ Blocks are reached only through `KVCacheManager` / `SwapManager`; no torch, work
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
@@ -284,6 +285,7 @@ class Scheduler:
                 block_ids = allocated
             self.waiting_pooling.popleft()
             request.status = RequestStatus.RUNNING
+            request.num_cached_tokens, request.first_scheduled_time = 0, time.time()
             self.pooling_in_step.append(request)
             plan.add(request, num_tokens, block_ids, is_new=True)
 
@@ -503,6 +505,7 @@ class Scheduler:
             request.num_computed_tokens = num_cached
             if request.num_cached_tokens is None:
                 request.num_cached_tokens = num_cached
+                request.first_scheduled_time = time.time()
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             plan.add(request, num_new_tokens, new_block_ids, is_new=True)

@@ -216,6 +216,7 @@ class EngineCore:
                     new_logprobs=model_output.logprobs.get(request.request_id),
                     new_prompt_logprobs=model_output.prompt_logprobs.get(request.request_id),
                     pooling_output=model_output.pooler_output.get(request.request_id),
+                    **_first_output_facts(request, new_token_ids),
                 )
                 for request, new_token_ids in updates
             ],
@@ -251,3 +252,14 @@ class EngineCore:
         """Release the executor and the grammar compile threads."""
         self.structured_output.shutdown()
         self.executor.shutdown()
+
+
+def _first_output_facts(request: Request, new_token_ids: list[int]) -> dict[str, Any]:
+    """What the frontend learns once, with a request's first output (its first tokens, or a
+    pooling request's only output)."""
+    if request.num_output_tokens > len(new_token_ids):
+        return {}
+    return {
+        "num_cached_tokens": request.num_cached_tokens,
+        "first_scheduled_time": request.first_scheduled_time,
+    }

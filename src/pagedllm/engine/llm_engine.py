@@ -131,7 +131,8 @@ class LLMEngine:
         num_seqs = core_params.num_sequences
         core_ids = [request_id] if num_seqs == 1 else [f"{i}_{request_id}" for i in range(num_seqs)]
         self.output_processor.add_request(
-            request_id, processed.prompt, processed.prompt_token_ids, core_params, core_ids
+            request_id, processed.prompt, processed.prompt_token_ids, core_params, core_ids,
+            request.arrival_time,
         )
         for index, core_id in enumerate(core_ids):
             self.engine_core.add_request(self._child_request(request, core_id, index, num_seqs))

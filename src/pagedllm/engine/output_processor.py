@@ -13,10 +13,16 @@ once, with the first output.
 
 A pooling request ends in one core output carrying its pooled values: it becomes a finished
 PoolingRequestOutput at once.
+
+Each RequestOutput also carries the request's prefix-cache hits (`num_cached_tokens`, from
+the core with its first output) and a snapshot of its `RequestMetrics` (arrival from the
+input processor, first scheduling from the core, token times as outputs arrive here).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +34,7 @@ from pagedllm.outputs import (
     PoolingOutput,
     PoolingRequestOutput,
     PromptLogprobs,
+    RequestMetrics,
     RequestOutput,
 )
 from pagedllm.sampling_params import RequestOutputKind, SamplingParams
@@ -121,6 +128,23 @@ class UserRequestState:
     num_returned: int = 1
     prompt_logprobs: PromptLogprobs | None = None
     is_prompt_logprobs_sent: bool = False
+    metrics: RequestMetrics | None = None
+    num_cached_tokens: int | None = None
+
+    def observe(self, output: EngineCoreOutput, now: float) -> None:
+        """Note what a core output tells about the request's timings and cache hits."""
+        metrics = self.metrics
+        if self.num_cached_tokens is None:
+            self.num_cached_tokens = output.num_cached_tokens
+        if metrics is None:
+            return
+        if metrics.first_scheduled_time is None and output.first_scheduled_time is not None:
+            metrics.first_scheduled_time = output.first_scheduled_time
+            metrics.time_in_queue = output.first_scheduled_time - metrics.arrival_time
+        if output.new_token_ids:
+            if metrics.first_token_time is None:
+                metrics.first_token_time = now
+            metrics.last_token_time = now
 
     @property
     def finished(self) -> bool:
@@ -153,6 +177,8 @@ class UserRequestState:
         if self.output_kind == RequestOutputKind.DELTA and self.is_prompt_logprobs_sent:
             prompt_logprobs = None
         self.is_prompt_logprobs_sent = self.is_prompt_logprobs_sent or prompt_logprobs is not None
+        if finished and self.metrics is not None and self.metrics.finished_time is None:
+            self.metrics.finished_time = time.time()
         return RequestOutput(
             request_id=self.request_id,
             prompt=self.prompt,
@@ -160,6 +186,8 @@ class UserRequestState:
             outputs=outputs,
             finished=finished,
             prompt_logprobs=prompt_logprobs,
+            num_cached_tokens=self.num_cached_tokens,
+            metrics=None if self.metrics is None else dataclasses.replace(self.metrics),
         )
 
     def _best_outputs(self) -> list[CompletionOutput]:
@@ -201,10 +229,12 @@ class OutputProcessor:
         prompt_token_ids: list[int],
         params: SamplingParams,
         core_request_ids: list[str],
+        arrival_time: float | None = None,
     ) -> None:
         """Register a user request whose sequences run as `core_request_ids`.
 
         `params` are the user's: `n` sequences are returned out of len(core_request_ids).
+        `arrival_time` (time.time()) starts its RequestMetrics (none without it).
         """
         if self.is_live(request_id):
             raise ValueError(f"Request id {request_id!r} is already running.")
@@ -224,7 +254,8 @@ class OutputProcessor:
             for index, core_id in enumerate(core_request_ids)
         ]
         state = UserRequestState(
-            request_id, prompt, prompt_token_ids, params.output_kind, sequences, num_returned
+            request_id, prompt, prompt_token_ids, params.output_kind, sequences, num_returned,
+            metrics=None if arrival_time is None else RequestMetrics(arrival_time),
         )
         self.requests[request_id] = state
         for seq in sequences:
@@ -241,6 +272,7 @@ class OutputProcessor:
         changed: dict[str, list[SequenceState]] = {}
         to_abort: list[str] = []
         results: list[RequestOutput | PoolingRequestOutput] = []
+        now = time.time()
         for output in outputs:
             if output.pooling_output is not None:
                 pooled = self._pooling_output(output)
@@ -253,6 +285,7 @@ class OutputProcessor:
             seq = next(s for s in state.sequences if s.core_request_id == output.request_id)
             if seq.finished:
                 continue
+            state.observe(output, now)
             if output.new_prompt_logprobs is not None:
                 state.set_prompt_logprobs(
                     self.logprobs_builder.to_dicts(output.new_prompt_logprobs)

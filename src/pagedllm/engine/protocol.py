@@ -64,6 +64,9 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=F
     new_logprobs: LogprobsLists | None = None
     new_prompt_logprobs: LogprobsLists | None = None
     pooling_output: PooledData | None = None
+    # With a request's first output only: its prefix-cache hits and first admission time.
+    num_cached_tokens: int | None = None
+    first_scheduled_time: float | None = None
 
     @property
     def finished(self) -> bool:

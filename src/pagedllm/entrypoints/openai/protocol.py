@@ -242,12 +242,29 @@ class DetokenizeRequest(OpenAIBaseModel):
 # ------------------------------------------------------------------------------ responses
 
 
+class PromptTokenUsageInfo(BaseModel):
+    """Details of a response's prompt tokens (OpenAI's `prompt_tokens_details`)."""
+
+    cached_tokens: int | None = None
+
+
 class UsageInfo(BaseModel):
     """Token counts of a response."""
 
     prompt_tokens: int = 0
     total_tokens: int = 0
     completion_tokens: int | None = 0
+    prompt_tokens_details: PromptTokenUsageInfo | None = None
+
+
+def generation_usage(num_prompt: int, num_generated: int, num_cached: int | None) -> UsageInfo:
+    """The usage of a completion or chat response: prompt, generated and total tokens, and
+    the prompt tokens found in the prefix cache (None until a request was scheduled)."""
+    return UsageInfo(
+        prompt_tokens=num_prompt, completion_tokens=num_generated,
+        total_tokens=num_prompt + num_generated,
+        prompt_tokens_details=PromptTokenUsageInfo(cached_tokens=num_cached),
+    )
 
 
 class CompletionLogProbs(BaseModel):

@@ -31,7 +31,7 @@ from pagedllm.entrypoints.openai.protocol import (
     DeltaFunctionCall,
     DeltaMessage,
     DeltaToolCall,
-    UsageInfo,
+    generation_usage,
     random_uuid,
 )
 from pagedllm.entrypoints.openai.sampling import build_sampling_params
@@ -168,7 +168,8 @@ class OpenAIServingChat(OpenAIServing):
         response = ChatCompletionResponse(
             id=response_id, created=created, model=self.response_model(request.model),
             choices=choices,
-            usage=_usage(len(prompt.token_ids), num_generated),
+            usage=generation_usage(len(prompt.token_ids), num_generated,
+                                   final.num_cached_tokens),
             system_fingerprint=self.system_fingerprint,
         )
         if request.prompt_logprobs is not None and final.prompt_logprobs is not None:
@@ -189,6 +190,7 @@ class OpenAIServingChat(OpenAIServing):
     ) -> AsyncGenerator[str, None]:
         role, echo = self._role_and_echo(request)
         num_prompt, num_generated = len(prompt.token_ids), 0
+        num_cached: int | None = None
         streamers = {index: tool_use.streamer() for index in range(request.n)}
         try:
             for index in range(request.n):
@@ -201,19 +203,22 @@ class OpenAIServingChat(OpenAIServing):
                     yield sse(self._chunk(self.response_model(request.model), response_id, created,
                                           ChatStreamChoice(index=index, delta=delta)))
             async for output in stream:
+                if output.num_cached_tokens is not None:
+                    num_cached = output.num_cached_tokens
                 for seq in output.outputs:
                     num_generated += len(seq.token_ids)
                     for choice in self._stream_choices(request, seq, streamers[seq.index]):
                         chunk = self._chunk(self.response_model(request.model), response_id,
                                             created, choice)
                         if request.continuous_usage:
-                            chunk.usage = _usage(num_prompt, num_generated)
+                            chunk.usage = generation_usage(num_prompt, num_generated,
+                                                           num_cached)
                         yield sse(chunk)
             if request.include_usage:
                 yield sse(ChatCompletionChunk(
                     id=response_id, created=created, model=self.response_model(request.model),
                     choices=[],
-                    usage=_usage(num_prompt, num_generated),
+                    usage=generation_usage(num_prompt, num_generated, num_cached),
                     system_fingerprint=self.system_fingerprint,
                 ))
         except Exception as error:  # noqa: BLE001 - reported in the stream after the 200
@@ -273,7 +278,3 @@ async def _last(stream: AsyncIterator[RequestOutput]) -> RequestOutput:
     assert final is not None, "a request stream ends with a finished output"
     return final
 
-
-def _usage(num_prompt: int, num_generated: int) -> UsageInfo:
-    return UsageInfo(prompt_tokens=num_prompt, completion_tokens=num_generated,
-                     total_tokens=num_prompt + num_generated)

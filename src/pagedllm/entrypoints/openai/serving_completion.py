@@ -20,7 +20,7 @@ from pagedllm.entrypoints.openai.protocol import (
     CompletionChoice,
     CompletionRequest,
     CompletionResponse,
-    UsageInfo,
+    generation_usage,
     random_uuid,
 )
 from pagedllm.entrypoints.openai.sampling import build_sampling_params
@@ -139,10 +139,11 @@ class OpenAIServingCompletion(OpenAIServing):
                                             request.echo, echo_only))
                 num_generated += 0 if echo_only else len(seq.token_ids)
         num_prompt = sum(len(p.token_ids) for p in prompts)
+        num_cached = sum(output.num_cached_tokens or 0 for output in finals)
         return CompletionResponse(
             id=response_id, created=created, model=self.response_model(request.model),
             choices=choices,
-            usage=_usage(num_prompt, num_generated),
+            usage=generation_usage(num_prompt, num_generated, num_cached),
             system_fingerprint=self.system_fingerprint,
         )
 
@@ -154,8 +155,11 @@ class OpenAIServingCompletion(OpenAIServing):
         echoed: set[int] = set()
         num_generated = 0
         num_prompt = sum(len(p.token_ids) for p in prompts)
+        cached: dict[int, int] = {}  # prompt index -> its prefix-cache hits
         try:
             async for i, output in merge_async_iterators(*streams):
+                if output.num_cached_tokens is not None:
+                    cached[i] = output.num_cached_tokens
                 for seq in output.outputs:
                     index = i * request.n + seq.index
                     echo = request.echo and index not in echoed
@@ -171,13 +175,14 @@ class OpenAIServingCompletion(OpenAIServing):
                         choices=[choice], system_fingerprint=self.system_fingerprint,
                     )
                     if request.continuous_usage:
-                        chunk.usage = _usage(num_prompt, num_generated)
+                        chunk.usage = generation_usage(num_prompt, num_generated,
+                                                       sum(cached.values()))
                     yield sse(chunk)
             if request.include_usage:
                 yield sse(CompletionResponse(
                     id=response_id, created=created, model=self.response_model(request.model),
                     choices=[],
-                    usage=_usage(num_prompt, num_generated),
+                    usage=generation_usage(num_prompt, num_generated, sum(cached.values())),
                     system_fingerprint=self.system_fingerprint,
                 ))
         except Exception as error:  # noqa: BLE001 - reported in the stream after the 200
@@ -191,7 +196,3 @@ async def _gather(streams: list[AsyncIterator[RequestOutput]]) -> list[RequestOu
         finals[i] = output
     return finals
 
-
-def _usage(num_prompt: int, num_generated: int) -> UsageInfo:
-    return UsageInfo(prompt_tokens=num_prompt, completion_tokens=num_generated,
-                     total_tokens=num_prompt + num_generated)
