@@ -692,6 +692,7 @@ class Scheduler:
             num_waiting_reqs=self.num_waiting + len(self.waiting_pooling),
             num_swapped_reqs=self.num_swapped,
             kv_cache_usage=manager.usage,
+            cpu_kv_cache_usage=self.swap_manager.usage,
             prefix_cache_queries=manager.prefix_cache_queries,
             prefix_cache_hits=manager.prefix_cache_hits,
             num_preemptions=self.num_preemptions,

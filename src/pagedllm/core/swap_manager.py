@@ -33,6 +33,13 @@ class SwapManager:
         # request_id → its host blocks per KV cache group, in token order.
         self.req_to_host_blocks: dict[str, list[list[KVCacheBlock]]] = {}
 
+    @property
+    def usage(self) -> float:
+        """Share of the host pool's usable blocks holding swapped-out KV, in [0, 1]."""
+        if self.block_pool is None:
+            return 0.0
+        return self.block_pool.get_usage()
+
     def get_num_free_blocks(self) -> int:
         """Host blocks free now."""
         return self.block_pool.get_num_free_blocks() if self.block_pool else 0

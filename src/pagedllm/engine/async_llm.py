@@ -307,10 +307,18 @@ class AsyncLLM:
         now = time.monotonic()
         processor = self.engine.output_processor
         owners = getattr(processor, "sequence_owner", {})
-        new_tokens = [
-            (owners[o.request_id].request_id if o.request_id in owners else o.request_id,
-             len(o.new_token_ids))
+        user_ids = [
+            owners[o.request_id].request_id if o.request_id in owners else o.request_id
             for o in outputs.outputs
+        ]
+        wall_offset = time.time() - now  # the core stamps wall-clock times
+        for user_id, core_output in zip(user_ids, outputs.outputs, strict=True):
+            if core_output.first_scheduled_time is not None:
+                scheduled = core_output.first_scheduled_time - wall_offset
+                self._timing.observe_scheduled(user_id, scheduled)
+        new_tokens = [
+            (user_id, o.request_id, len(o.new_token_ids))
+            for user_id, o in zip(user_ids, outputs.outputs, strict=True)
         ]
         iteration = self._timing.observe_tokens(new_tokens, now)
         request_outputs, to_abort = processor.process_outputs(outputs.outputs)

@@ -22,6 +22,10 @@ class RequestTiming:
     first_token_time: float | None = None
     last_token_time: float | None = None
     num_generation_tokens: int = 0
+    # When the engine core first scheduled it (same clock; from the core's first output).
+    first_scheduled_time: float | None = None
+    # Tokens of each of its sequences (core request id -> count).
+    sequence_tokens: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -45,6 +49,14 @@ class FinishedRequestSample:
     time_per_output_token: float | None
     n: int
     max_tokens: int | None
+    # vLLM's intervals: queue = arrival -> first scheduled, prefill = first scheduled -> first
+    # token, decode = first -> last token, inference = first scheduled -> last token (None
+    # when the request never got that far).
+    queue_time: float | None = None
+    prefill_time: float | None = None
+    decode_time: float | None = None
+    inference_time: float | None = None
+    max_num_generation_tokens: int = 0
 
 
 class RequestTimingTracker:
@@ -64,19 +76,28 @@ class RequestTimingTracker:
         """Start timing a request that was just accepted."""
         self._timings[request_id] = RequestTiming(arrival_time, num_prompt_tokens, n, max_tokens)
 
-    def observe_tokens(self, new_tokens: Iterable[tuple[str, int]], now: float) -> IterationSample:
-        """Record one batch: (request_id, number of new tokens) pairs, at time `now`.
+    def observe_scheduled(self, request_id: str, first_scheduled_time: float) -> None:
+        """Note when the core first scheduled the request (in this tracker's clock)."""
+        timing = self._timings.get(request_id)
+        if timing is not None and timing.first_scheduled_time is None:
+            timing.first_scheduled_time = first_scheduled_time
 
-        A request with several sequences (n > 1) counts one latency sample per batch.
+    def observe_tokens(
+        self, new_tokens: Iterable[tuple[str, str, int]], now: float
+    ) -> IterationSample:
+        """Record one batch: (request_id, sequence id, number of new tokens) triples, at time
+        `now`. A request with several sequences (n > 1) counts one latency sample per batch.
         """
         sample = IterationSample()
         seen: set[str] = set()
-        for request_id, num_tokens in new_tokens:
+        for request_id, sequence_id, num_tokens in new_tokens:
             timing = self._timings.get(request_id)
             if timing is None:
                 continue
             sample.num_generation_tokens += num_tokens
             timing.num_generation_tokens += num_tokens
+            counts = timing.sequence_tokens
+            counts[sequence_id] = counts.get(sequence_id, 0) + num_tokens
             if num_tokens == 0 or request_id in seen:
                 continue
             seen.add(request_id)
@@ -101,6 +122,7 @@ class RequestTimingTracker:
         first, last = timing.first_token_time, timing.last_token_time
         if first is not None and last is not None and per_sequence > 1:
             tpot = (last - first) / (per_sequence - 1)
+        scheduled = timing.first_scheduled_time
         return FinishedRequestSample(
             finish_reason=finish_reason,
             e2e_latency=now - timing.arrival_time,
@@ -109,7 +131,17 @@ class RequestTimingTracker:
             time_per_output_token=tpot,
             n=timing.n,
             max_tokens=timing.max_tokens,
+            queue_time=_interval(timing.arrival_time, scheduled),
+            prefill_time=_interval(scheduled, first),
+            decode_time=_interval(first, last),
+            inference_time=_interval(scheduled, last),
+            max_num_generation_tokens=max(timing.sequence_tokens.values(), default=0),
         )
 
     def __contains__(self, request_id: str) -> bool:
         return request_id in self._timings
+
+
+def _interval(start: float | None, end: float | None) -> float | None:
+    """end - start (never negative: the core's clock is converted), None if either is."""
+    return None if start is None or end is None else max(0.0, end - start)

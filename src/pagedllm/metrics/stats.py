@@ -21,6 +21,7 @@ class SchedulerStats:
         num_waiting_reqs: requests waiting for admission (new or preempted by recompute).
         num_swapped_reqs: requests preempted to the host swap space.
         kv_cache_usage: share of usable KV blocks in use, in [0, 1].
+        cpu_kv_cache_usage: share of the host swap pool in use, in [0, 1] (swap preemption).
         prefix_cache_queries: cumulative prompt tokens looked up in the prefix cache.
         prefix_cache_hits: cumulative tokens of those found cached.
         num_preemptions: cumulative preemptions (swap and recompute).
@@ -38,6 +39,7 @@ class SchedulerStats:
     num_waiting_reqs: int = 0
     num_swapped_reqs: int = 0
     kv_cache_usage: float = 0.0
+    cpu_kv_cache_usage: float = 0.0
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     num_preemptions: int = 0
@@ -81,4 +83,5 @@ def merge_scheduler_stats(parts: list[SchedulerStats]) -> SchedulerStats:
                 per_pos.append(count)
     if parts:
         merged.kv_cache_usage = sum(s.kv_cache_usage for s in parts) / len(parts)
+        merged.cpu_kv_cache_usage = sum(s.cpu_kv_cache_usage for s in parts) / len(parts)
     return merged
