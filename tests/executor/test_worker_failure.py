@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 
 import psutil
 import pytest
@@ -42,9 +43,21 @@ def _step_until_failure(engine: LLMEngine) -> BaseException | None:
     return caught[0] if caught else None
 
 
-def _gone(pids: list[int]) -> bool:
-    return not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"
-                   for pid in pids)
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _gone(pids: list[int], within_s: float = 10.0) -> bool:
+    """True once none of `pids` runs (they leave when their pipe closes: give them a moment)."""
+    deadline = time.monotonic() + within_s
+    while any(_alive(pid) for pid in pids):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def test_killed_worker_fails_the_engine_naming_the_rank(tiny_llama_dir):
