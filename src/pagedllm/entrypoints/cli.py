@@ -23,6 +23,8 @@ from pagedllm.config import (
     SUPPORTED_DTYPES,
 )
 from pagedllm.engine.arg_utils import EngineArgs
+from pagedllm.entrypoints.cli_clients import COMMANDS as CLIENT_COMMANDS
+from pagedllm.entrypoints.cli_clients import add_client_parsers, run_client
 from pagedllm.entrypoints.openai.server_args import ServerArgs
 from pagedllm.tool_calling import tool_parser_names
 
@@ -162,7 +164,9 @@ def make_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
                                      "with a paged KV cache and continuous batching.")
     parser.add_argument("--version", action="version", version=f"pagedllm {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    return parser, make_serve_parser(subparsers)
+    serve_parser = make_serve_parser(subparsers)
+    add_client_parsers(subparsers)
+    return parser, serve_parser
 
 
 def load_yaml_defaults(path: str, parser: argparse.ArgumentParser) -> dict[str, Any]:
@@ -213,6 +217,8 @@ def parse_serve_args(argv: Sequence[str]) -> tuple[ServerArgs, EngineArgs]:
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of the `pagedllm` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in CLIENT_COMMANDS:  # chat / complete: clients of a running server
+        raise SystemExit(run_client(make_parser()[0].parse_args(argv)))
     server_args, engine_args = parse_serve_args(argv)
     from pagedllm.engine.exceptions import EngineStartupError
     from pagedllm.entrypoints.openai.api_server import run_server

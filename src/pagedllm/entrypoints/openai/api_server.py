@@ -31,6 +31,7 @@ from pagedllm import __version__, envs
 from pagedllm.engine.arg_utils import EngineArgs
 from pagedllm.engine.async_llm import AsyncLLM
 from pagedllm.engine.exceptions import EngineDeadError
+from pagedllm.entrypoints.openai.drain import DrainingServer, DrainMiddleware
 from pagedllm.entrypoints.openai.errors import error_response, install_error_handlers
 from pagedllm.entrypoints.openai.protocol import (
     ChatCompletionRequest,
@@ -264,6 +265,7 @@ def build_app(engine: AsyncLLM, server_args: ServerArgs, model: str | None = Non
     api_key = server_args.resolved_api_key()
     if api_key:
         app.add_middleware(APIKeyMiddleware, api_key=api_key)
+    app.add_middleware(DrainMiddleware, state=state)  # outermost: 503 while draining
     return app
 
 
@@ -306,7 +308,7 @@ def _bind_socket(host: str, port: int) -> socket.socket:
 
 
 def run_server(server_args: ServerArgs, engine_args: EngineArgs) -> None:
-    """Load the engine and serve until interrupted (SIGINT/SIGTERM shut down cleanly)."""
+    """Load the engine and serve until interrupted (SIGTERM drains first: drain.py)."""
     sock = _bind_socket(server_args.host, server_args.port)
     names = served_model_names(server_args, engine_args.model)
     engine = AsyncLLM.from_engine_args(
@@ -319,7 +321,8 @@ def run_server(server_args: ServerArgs, engine_args: EngineArgs) -> None:
             app, log_level=server_args.uvicorn_log_level,
             timeout_keep_alive=server_args.timeout_keep_alive, timeout_graceful_shutdown=5,
         )
-        server = uvicorn.Server(config)
+        server = DrainingServer(config, app.state, engine.get_num_unfinished_requests,
+                                server_args.shutdown_timeout)
         app.state.uvicorn_server = server
         logger.info("Serving %s on http://%s:%d (OpenAI-compatible API under /v1).",
                     names[0], server_args.host, server_args.port)

@@ -43,6 +43,9 @@ class ServerArgs:
         "Turn off the periodic stats log line and the Prometheus request metrics."))
     timeout_keep_alive: int = field(default=5, metadata=_help(
         "Seconds an idle HTTP keep-alive connection stays open."))
+    shutdown_timeout: float = field(default=30.0, metadata=_help(
+        "On SIGTERM, the most seconds to let running requests finish (new ones get 503) "
+        "before stopping; a second SIGTERM or SIGINT stops at once."))
     multiprocessing: bool = field(default=True, metadata=_help(
         "Run the engine core (scheduler + model) in its own process, so HTTP and text "
         "processing overlap with model execution; --no-multiprocessing keeps it in a thread "
