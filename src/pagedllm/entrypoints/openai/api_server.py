@@ -32,7 +32,11 @@ from pagedllm.engine.arg_utils import EngineArgs
 from pagedllm.engine.async_llm import AsyncLLM
 from pagedllm.engine.exceptions import EngineDeadError
 from pagedllm.entrypoints.openai.drain import DrainingServer, DrainMiddleware
-from pagedllm.entrypoints.openai.errors import error_response, install_error_handlers
+from pagedllm.entrypoints.openai.errors import (
+    error_body,
+    error_response,
+    install_error_handlers,
+)
 from pagedllm.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -203,7 +207,8 @@ async def detokenize(request: DetokenizeRequest, raw_request: Request) -> JSONRe
 
 
 class APIKeyMiddleware:
-    """401 for /v1/* without `Authorization: Bearer <key>` (plain ASGI: streams untouched)."""
+    """401 (OpenAI error JSON) for /v1/* without `Authorization: Bearer <key>` (plain ASGI:
+    streams untouched)."""
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app = app
@@ -215,8 +220,9 @@ class APIKeyMiddleware:
                 and (path == "/v1" or path.startswith("/v1/"))):
             given = dict(scope["headers"]).get(b"authorization", b"")
             if not hmac.compare_digest(given, self.expected):
-                await JSONResponse({"error": "Unauthorized"}, status_code=401)(
-                    scope, receive, send)
+                body = error_body("Unauthorized: pass a valid API key as `Authorization: "
+                                  "Bearer KEY`.", HTTPStatus.UNAUTHORIZED)
+                await JSONResponse(body, status_code=401)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
