@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
-import signal
 import threading
 import time
 from multiprocessing.connection import Connection
@@ -41,6 +40,7 @@ from pagedllm.engine.serial import CoreOutputsEncoder, CoreRequestDecoder
 from pagedllm.engine.utility import run_utility
 from pagedllm.logger import init_logger
 from pagedllm.request import FinishReason
+from pagedllm.utils.processes import install_child_signal_handlers
 
 logger = init_logger(__name__)
 
@@ -140,10 +140,6 @@ class EngineCoreProc:
             socket.send(encoder.encode(self.output_queue.get()), copy=False)
 
 
-def _raise_system_exit(signum: int, frame: Any) -> None:
-    raise SystemExit(128 + signum)
-
-
 def _watch_parent(conn: Connection, input_queue: queue.SimpleQueue[Any]) -> None:
     # The parent never writes after the handshake: EOF means it closed the pipe or died.
     with contextlib.suppress(EOFError, OSError):
@@ -155,8 +151,7 @@ def run_engine_core(
     engine_config: EngineConfig, input_addr: str, output_addr: str, conn: Connection
 ) -> None:
     """Child-process entry: build the core, hand-shake, serve until told to stop."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, _raise_system_exit)
+    install_child_signal_handlers()
     encoder = msgspec.msgpack.Encoder()
     try:
         engine_core = EngineCore(engine_config)

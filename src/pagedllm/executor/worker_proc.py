@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import threading
 import traceback
 from multiprocessing.connection import Connection
@@ -32,6 +31,7 @@ from pagedllm.executor.channels import (
     WorkerChannels,
 )
 from pagedllm.logger import init_logger
+from pagedllm.utils.processes import install_child_signal_handlers
 from pagedllm.worker.worker import Worker
 
 logger = init_logger(__name__)
@@ -100,18 +100,13 @@ def _exit_when_parent_goes(conn: Connection) -> None:
     os._exit(1)
 
 
-def _raise_system_exit(signum: int, frame: Any) -> None:
-    raise SystemExit(128 + signum)
-
-
 def run_worker_process(
     engine_config: EngineConfig, rank: int, init_method: str, broadcast_addr: str,
     response_addr: str, conn: Connection,
 ) -> None:
     """Process entry ("mp"): build the rank, report ready (its KV cache spec) or the error,
     serve until shutdown. The process leaves when its executor's pipe closes."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the engine decides the shutdown order
-    signal.signal(signal.SIGTERM, _raise_system_exit)
+    install_child_signal_handlers()
     try:
         proc = WorkerProc(engine_config, rank, init_method, broadcast_addr, response_addr)
     except Exception as error:  # noqa: BLE001 - the executor raises it, naming the rank

@@ -1,12 +1,14 @@
-"""Helpers for starting the engine's child processes: a free TCP port for a rendezvous, and
-the thread count a spawned child should use."""
+"""Helpers for the engine's child processes: a free TCP port for a rendezvous, the thread
+count a spawned child should use, and the signal handling every child installs."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 from collections.abc import Iterator
+from typing import Any
 
 _THREAD_VARIABLES = ("OMP_NUM_THREADS", "PAGEDLLM_NUM_THREADS")
 
@@ -42,3 +44,15 @@ def child_thread_env(num_threads: int) -> Iterator[None]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+def _raise_system_exit(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
+def install_child_signal_handlers() -> None:
+    """A spawned child (engine core, worker rank): SIGINT ignored (a Ctrl-C reaches the whole
+    process group; the parent decides the order of shutdown), SIGTERM leaves via SystemExit
+    so `finally` blocks run."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _raise_system_exit)

@@ -184,11 +184,12 @@ class ModelRunner:
                     del table[num_kept:]  # blocks of rejected drafts, freed
                 table.extend(new_ids)
             state.num_computed_tokens = num_computed
+        if not cached.new_token_ids:
+            return  # one rank: it appended its own samples
         for request_id, num_computed, token_ids in zip(
-            cached.request_ids, cached.num_computed_tokens,
-            cached.new_token_ids or [[]] * cached.num_requests, strict=True,
+            cached.request_ids, cached.num_computed_tokens, cached.new_token_ids, strict=True
         ):
-            if token_ids:  # sampled in earlier steps (perhaps on another rank)
+            if token_ids:  # sampled in earlier steps, on the rank that samples
                 state = self.requests[request_id]
                 del state.token_ids[max(num_computed, state.num_prompt_tokens):]
                 state.token_ids.extend(token_ids)
