@@ -99,3 +99,11 @@ def shm_all_reduce() -> bool:
     """PAGEDLLM_SHM_ALL_REDUCE: "0" sends tensor-parallel all-reduces of CPU ranks on one node
     through gloo instead of shared memory (default: shared memory)."""
     return os.environ.get("PAGEDLLM_SHM_ALL_REDUCE", "1") != "0"
+
+
+def inject_nonfinite_token_id() -> int | None:
+    """PAGEDLLM_INJECT_NONFINITE_TOKEN_ID: a fault for tests. Prompt positions holding this
+    token id get NaN embeddings, so the requests that contain it produce non-finite logits
+    (worker/fault_injection.py). Unset (the default): nothing is injected."""
+    value = os.environ.get("PAGEDLLM_INJECT_NONFINITE_TOKEN_ID", "").strip()
+    return int(value) if value else None

@@ -45,7 +45,8 @@ class CompletionOutput:
         cumulative_logprob: sum of the sampled tokens' logprobs, or None when not computed
             (computed when `logprobs` is set, or for ranking when `best_of` > `n`).
         logprobs: per generated token, its logprobs dict; None unless `logprobs` was set.
-        finish_reason: "stop", "length" or "abort"; None while running.
+        finish_reason: "stop", "length", "abort" or "error" (the engine failed the request,
+            e.g. non-finite logits); None while running.
         stop_reason: the stop string or stop token id that ended it; None for EOS or length.
     """
 

@@ -198,6 +198,12 @@ class BlockPool:
         block.block_hash = None
         self.num_evictions += 1
 
+    def uncache(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """Drop `blocks` from the prefix cache (they stay held; uncached ones are skipped)."""
+        for block in blocks:
+            if block is not self.null_block:
+                self._evict(block)
+
     def get_cached_block(self, block_hash: BlockHash) -> KVCacheBlock | None:
         """The block cached under `block_hash` (used or free), or None."""
         return self.cached_block_hash_to_block.get(block_hash)

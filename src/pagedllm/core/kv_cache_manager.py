@@ -248,6 +248,14 @@ class KVCacheManager:
         for manager in self.managers:
             manager.free(request.request_id)
 
+    def forget_cached_blocks(self, request: Request) -> None:
+        """Drop from the prefix cache the blocks `request` alone holds (its KV is not to be
+        trusted, e.g. after a non-finite forward). Blocks it shares were computed by, and
+        are in use by, other requests too: they stay."""
+        for manager in self.managers:
+            self.block_pool.uncache(b for b in manager.get_blocks(request.request_id)
+                                    if b.ref_cnt == 1)
+
     def reset_prefix_cache(self) -> bool:
         """Forget every cached block; refused (False) while any request holds blocks."""
         return self.block_pool.reset_prefix_cache()

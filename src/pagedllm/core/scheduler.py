@@ -564,6 +564,7 @@ class Scheduler:
         results: list[tuple[Request, list[int]]] = []
         finished: list[Request] = []
         preemptions = self._in_flight.pop(id(scheduler_output), None)
+        failed_ids = set(model_runner_output.failed_request_ids)
         for request_id, token_ids in zip(
             model_runner_output.request_ids, model_runner_output.sampled_token_ids, strict=True
         ):
@@ -576,6 +577,11 @@ class Scheduler:
                 continue  # aborted (and perhaps re-added) since schedule()
             if preemptions is not None and preemptions.get(request_id) != request.num_preemptions:
                 continue  # preempted while the step was in flight (and scheduled again)
+            if failed_ids and request_id in failed_ids:
+                self._fail(request)
+                results.append((request, []))
+                finished.append(request)
+                continue
             if not token_ids:
                 continue  # prompt still being prefilled in chunks
             drafts = scheduler_output.scheduled_spec_decode_tokens.get(request_id)
@@ -601,6 +607,13 @@ class Scheduler:
             self._remove_from_running(finished)
         results.extend(self._finish_pooling(scheduler_output, model_runner_output))
         return results
+
+    def _fail(self, request: Request) -> None:
+        """End a request whose forward went non-finite. The blocks only it holds leave the
+        prefix cache: whatever they hold must not be served to a later request."""
+        request.status = RequestStatus.FINISHED_ERROR
+        if self.has_kv_cache:
+            self.kv_cache_manager.forget_cached_blocks(request)
 
     def _roll_back_rejected(self, request: Request, num_drafts: int, num_accepted: int) -> None:
         """Un-compute the positions of rejected drafts and free the blocks that held only

@@ -39,7 +39,7 @@ VLLM_LEGACY_NAMES = {
     "cpu_cache_usage_perc": "cpu_kv_cache_usage_perc",
     "time_per_output_token_seconds": "inter_token_latency_seconds",
 }
-FINISH_REASONS = ("stop", "length", "abort")
+FINISH_REASONS = ("stop", "length", "abort", "error")
 
 TTFT_BUCKETS = [
     0.001,

@@ -32,6 +32,7 @@ from pagedllm.distributed.pipeline import IntermediateTensors
 from pagedllm.layers.forward_context import ForwardContext, set_forward_context
 from pagedllm.layers.logprobs import compute_token_logprobs
 from pagedllm.layers.sampler import Sampler, SamplingMetadata
+from pagedllm.logger import init_logger
 from pagedllm.pooling.config import PoolerConfig
 from pagedllm.pooling.data import PooledData
 from pagedllm.pooling.model_pooler import ModelPooler, PoolingSpan
@@ -56,11 +57,14 @@ from pagedllm.worker.logprobs import (
     resolve_num_top,
     split_logprobs,
 )
+from pagedllm.worker.nonfinite import nonfinite_rows, owners_of_rows
 from pagedllm.worker.outputs import LogprobsLists, ModelRunnerOutput
 
 if TYPE_CHECKING:
     from pagedllm.lora.manager import LoRAModelManager
     from pagedllm.models.interfaces import CausalLM
+
+logger = init_logger(__name__)
 
 # Prompt positions scored per logits computation: bounds the [M, vocab] float32 temporaries.
 _PROMPT_LOGPROBS_CHUNK = 256
@@ -145,12 +149,14 @@ class ModelRunner:
         pooler_output = self._pool(inputs, hidden_states)
         # Before sampling: _make_output appends the sampled tokens to the states.
         prompt_logprobs = self._compute_prompt_logprobs(inputs, hidden_states)
-        sampled, logprobs = self._sample(inputs, hidden_states, scheduler_output)
+        sampled, logprobs, failed = self._sample(inputs, hidden_states, scheduler_output)
         output = self._make_output(inputs, sampled)
         output.spec_token_ids = self._propose(inputs, hidden_states, sampled)
         output.logprobs = logprobs
         output.prompt_logprobs = prompt_logprobs
         output.pooler_output = pooler_output
+        if failed:
+            self._fail_rows(inputs, output, failed)
         return output
 
     def _update_states(self, scheduler_output: SchedulerOutput) -> None:
@@ -374,10 +380,11 @@ class ModelRunner:
 
     def _sample(
         self, inputs: StepInputs, hidden_states: torch.Tensor, scheduler_output: SchedulerOutput
-    ) -> tuple[list[list[int]], dict[str, LogprobsLists]]:
-        """The tokens each sample row emits this step, and their logprobs where asked."""
+    ) -> tuple[list[list[int]], dict[str, LogprobsLists], list[int]]:
+        """The tokens each sample row emits this step, their logprobs where asked, and the
+        sample rows (indices into `inputs.sample_rows`) whose forward was not finite."""
         if not inputs.sample_rows:
-            return [], {}
+            return [], {}, []
         if inputs.has_drafts:
             return self._verify(inputs, hidden_states, scheduler_output)
         constrained = scheduler_output.structured_output_request_ids
@@ -398,26 +405,29 @@ class ModelRunner:
             and not constrained
             and all(s.sampling_params.logprobs is None for s in states)
         )
-        logits_indices = self._to_device(inputs.logits_indices)
+        sample_hidden = hidden_states[self._to_device(inputs.logits_indices)]
+        failed = nonfinite_rows(sample_hidden)
         if ranking_only and metadata.min_tokens_mask is None:
             # Nothing but each row's argmax is used: the LM head picks it directly.
-            tokens = self._causal_lm.compute_greedy_tokens(hidden_states[logits_indices])
-            return [[t] for t in tokens.tolist()], {}
-        logits = self._causal_lm.compute_logits(hidden_states[logits_indices], ranking_only)
+            tokens = self._causal_lm.compute_greedy_tokens(sample_hidden)
+            return [[t] for t in tokens.tolist()], {}, failed
+        logits = self._causal_lm.compute_logits(sample_hidden, ranking_only)
         logits = logits.float()  # [n, vocab]
+        if failed:  # their tokens are dropped; finite values keep the sampler's math sound
+            logits[failed] = 0.0
         if constrained:
             row_of = {state.request_id: row for row, state in enumerate(states)}
             rows = [row_of[request_id] for request_id in constrained]
             apply_grammar_bitmask(logits, scheduler_output.grammar_bitmask, rows)
         if not self.is_driver:  # the driver samples (the logits above were collective)
-            return [[] for _ in states], {}
+            return [[] for _ in states], {}, []
         emitted = [[t] for t in self.sampler(logits, metadata).tolist()]  # one token a row
         logprobs = self._emitted_logprobs(states, logits, list(range(len(states))), emitted)
-        return emitted, logprobs
+        return emitted, logprobs, failed
 
     def _verify(
         self, inputs: StepInputs, hidden_states: torch.Tensor, scheduler_output: SchedulerOutput
-    ) -> tuple[list[list[int]], dict[str, LogprobsLists]]:
+    ) -> tuple[list[list[int]], dict[str, LogprobsLists], list[int]]:
         """Verify the drafts of the step: each row emits its accepted drafts plus one."""
         states = [self.requests[inputs.request_ids[row]] for row in inputs.sample_rows]
         drafts = inputs.draft_token_ids
@@ -433,7 +443,9 @@ class ModelRunner:
         )
         constrained = scheduler_output.structured_output_request_ids
         asks_logprobs = any(s.sampling_params.logprobs is not None for s in states)
-        logits_indices = self._to_device(inputs.logits_indices)
+        verify_hidden = hidden_states[self._to_device(inputs.logits_indices)]
+        bad_rows = nonfinite_rows(verify_hidden)
+        failed = owners_of_rows(bad_rows, layout.row_starts) if bad_rows else []
         if (
             metadata.all_greedy
             and metadata.logits_processors is None
@@ -441,9 +453,11 @@ class ModelRunner:
             and not constrained
             and not asks_logprobs
         ):
-            tokens = self._causal_lm.compute_greedy_tokens(hidden_states[logits_indices])
-            return accept_greedy(layout, tokens.tolist()), {}
-        logits = self._causal_lm.compute_logits(hidden_states[logits_indices]).float()
+            tokens = self._causal_lm.compute_greedy_tokens(verify_hidden)
+            return accept_greedy(layout, tokens.tolist()), {}, failed
+        logits = self._causal_lm.compute_logits(verify_hidden).float()
+        if bad_rows:
+            logits[bad_rows] = 0.0
         if constrained:  # a bitmask row for each position a constrained request verifies
             index = {s.request_id: i for i, s in enumerate(states)}
             rows = [
@@ -455,7 +469,7 @@ class ModelRunner:
         draft_probs = self._pending_draft_probs(states, drafts, logits.shape[-1])
         emitted = self.rejection_sampler(logits, metadata, layout, draft_probs)
         row_starts = layout.row_starts.tolist()
-        return emitted, self._emitted_logprobs(states, logits, row_starts, emitted)
+        return emitted, self._emitted_logprobs(states, logits, row_starts, emitted), failed
 
     def _pending_draft_probs(
         self, states: list[CachedRequestState], drafts: list[list[int]], vocab_size: int
@@ -613,6 +627,19 @@ class ModelRunner:
         return ModelRunnerOutput(
             request_ids=inputs.request_ids, sampled_token_ids=sampled_token_ids
         )
+
+    def _fail_rows(self, inputs: StepInputs, output: ModelRunnerOutput, failed: list[int]) -> None:
+        """Take back what the non-finite sample rows `failed` emitted and name their
+        requests: the scheduler ends them with an error, the rest of the batch goes on."""
+        for index in failed:
+            row = inputs.sample_rows[index]
+            request_id = inputs.request_ids[row]
+            output.sampled_token_ids[row] = []
+            output.logprobs.pop(request_id, None)
+            output.spec_token_ids.pop(request_id, None)
+            output.prompt_logprobs.pop(request_id, None)
+            output.failed_request_ids.append(request_id)
+        logger.warning("Non-finite logits: failing request(s) %s.", output.failed_request_ids)
 
     def _to_device(self, array: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(array).to(self.device, non_blocking=True)

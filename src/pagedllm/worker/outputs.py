@@ -61,6 +61,8 @@ class ModelRunnerOutput:
         pooler_output: request id → the pooled result of each pooling request run this step.
         spec_token_ids: request id → draft tokens proposed for its next step (speculative
             decoding; requests without drafts are absent).
+        failed_request_ids: requests whose hidden states or logits at their sample rows
+            were not finite: they get no token and the scheduler ends them with an error.
     """
 
     request_ids: list[str]
@@ -69,3 +71,4 @@ class ModelRunnerOutput:
     prompt_logprobs: dict[str, LogprobsLists] = field(default_factory=dict)
     pooler_output: dict[str, PooledData] = field(default_factory=dict)
     spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
+    failed_request_ids: list[str] = field(default_factory=list)

@@ -29,6 +29,7 @@ from pagedllm.logger import init_logger
 from pagedllm.model_loader.loader import get_model
 from pagedllm.spec_decode.proposers import DrafterContext, Proposer, make_proposer
 from pagedllm.utils.device import cuda_free_memory_bytes, to_torch_dtype
+from pagedllm.worker.fault_injection import install_fault_injection
 from pagedllm.worker.model_runner import ModelRunner
 from pagedllm.worker.outputs import ModelRunnerOutput
 
@@ -64,6 +65,7 @@ class Worker:
             torch.set_num_threads(threads)
         self.dtype = to_torch_dtype(engine_config.model_config.dtype)
         self.model = get_model(engine_config.model_config, str(self.device))
+        install_fault_injection(self.model)  # only when a test asks for it
         self.backend = get_attention_backend(self.device.type, self.dtype)
         self.is_encoder = bool(getattr(self.model, "is_encoder", False))
         self.kv_cache_spec = self._determine_kv_cache_spec()

@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pagedllm.engine.exceptions import EngineDeadError
-from pagedllm.entrypoints.openai.protocol import ErrorInfo, ErrorResponse
+from pagedllm.entrypoints.openai.protocol import UNBUILT_VLLM_FIELDS, ErrorInfo, ErrorResponse
 from pagedllm.logger import init_logger
 
 logger = init_logger(__name__)
@@ -36,7 +36,7 @@ _PARAM_HINTS = (
     "n", "temperature", "top_p", "top_k", "min_p", "max_tokens", "min_tokens", "stop",
     "stop_token_ids", "seed", "presence_penalty", "frequency_penalty", "repetition_penalty",
     "logprobs", "prompt_logprobs", "logit_bias", "allowed_token_ids", "bad_words", "best_of",
-    "priority", "messages", "prompt", "top_logprobs", "tokens",
+    "priority", "messages", "prompt", "top_logprobs", "tokens", *UNBUILT_VLLM_FIELDS,
 )
 
 _TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list", "none"}

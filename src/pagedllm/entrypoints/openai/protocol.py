@@ -25,13 +25,31 @@ def random_uuid() -> str:
     return uuid.uuid4().hex
 
 
+# vLLM request fields this server does not build, each with the value that changes nothing.
+# Any other value would change the answer (or, for cache_salt, whose prefix cache a request
+# may read), so it is refused with a 400 instead of being ignored like an unknown field.
+UNBUILT_VLLM_FIELDS: dict[str, Any] = {
+    "prompt_embeds": None, "return_tokens_as_token_ids": False, "return_token_ids": False,
+    "return_token_offsets": False, "return_prompt_text": False, "return_mm_kwargs": False,
+    "cache_salt": None, "kv_transfer_params": None, "ec_transfer_params": None,
+    "vllm_xargs": None, "repetition_detection": None, "thinking_token_budget": None,
+    "stream_interval": 1, "logprob_token_ids": None, "logits_processors": None,
+    "documents": None, "mm_processor_kwargs": None, "media_io_kwargs": None,
+    "truncation_side": "left", "routed_experts_prompt_start": None,
+}
+
+
 class OpenAIBaseModel(BaseModel):
-    """Base of every request model: extra fields are accepted, logged and ignored."""
+    """Base of every request model: unknown extra fields are accepted, logged and ignored;
+    a vLLM field this server does not build is refused unless it has its neutral value."""
 
     model_config = ConfigDict(extra="allow")
 
     @model_validator(mode="after")
     def _log_extra_fields(self) -> OpenAIBaseModel:
+        for name, value in (self.model_extra or {}).items():
+            if name in UNBUILT_VLLM_FIELDS and value != UNBUILT_VLLM_FIELDS[name]:
+                raise ValueError(f"{name} is not supported yet by this server.")
         if self.model_extra:
             logger.warning(
                 "The following fields were present in the request but ignored: %s",

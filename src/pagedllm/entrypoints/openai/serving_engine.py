@@ -12,6 +12,7 @@ import hashlib
 import json
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any, TypeVar, cast
 
 from fastapi import Request
@@ -156,11 +157,31 @@ class OpenAIServing:
                     engine_id, prompt, params, request.priority, add_special_tokens,
                     lora_request,
                 )
-                streams.append(cast("AsyncIterator[RequestOutput]", stream))
+                streams.append(_raise_on_failure(cast("AsyncGenerator[RequestOutput]", stream)))
         except BaseException:
             await self.engine.abort(engine_ids[: len(streams)])
             raise
         return streams
+
+
+async def _raise_on_failure(
+    stream: AsyncGenerator[RequestOutput, None],
+) -> AsyncGenerator[RequestOutput, None]:
+    """Pass the outputs of one engine request on; raise a 500 APIError if the engine failed
+    it (finish_reason "error"), as vLLM answers such a request, instead of a truncated
+    success. A stream reports it as an error event after its 200."""
+    try:
+        async for output in stream:
+            if any(c.finish_reason == "error" for c in output.outputs):
+                raise APIError(
+                    f"Request {output.request_id} failed in the engine: the model produced "
+                    "non-finite values (NaN or infinity) for it. Other requests are "
+                    "unaffected.",
+                    HTTPStatus.INTERNAL_SERVER_ERROR,
+                )
+            yield output
+    finally:
+        await stream.aclose()
 
 
 class CleanupStreamingResponse(StreamingResponse):

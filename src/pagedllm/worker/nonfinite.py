@@ -1,0 +1,29 @@
+"""Finding the requests whose forward went non-finite, so that they alone fail.
+
+A NaN or infinity in one request's hidden states stays in that request: attention reads only
+its own context (padding reads the zeroed null block) and every other layer works row by row.
+The runner checks the hidden states of the rows it samples from, [rows, hidden] values (the
+vocabulary-wide logits would cost a pass over far more), and the scheduler ends the requests
+found with finish_reason "error".
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+def nonfinite_rows(values: torch.Tensor) -> list[int]:
+    """Indices of the rows of [rows, d] `values` holding a NaN or an infinity (one host
+    sync when every row is finite, which is what a healthy step pays)."""
+    finite = torch.isfinite(values).all(dim=-1)
+    if bool(finite.all()):
+        return []
+    return (~finite).nonzero().flatten().tolist()
+
+
+def owners_of_rows(rows: list[int], row_starts: np.ndarray) -> list[int]:
+    """The request index of each batch row, given each request's first row (sorted); each
+    request listed once, in order."""
+    owners = np.searchsorted(row_starts, np.asarray(rows, dtype=np.int64), side="right") - 1
+    return sorted({int(owner) for owner in owners})
