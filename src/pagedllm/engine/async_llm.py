@@ -203,6 +203,12 @@ class AsyncLLM:
         """Drop a LoRA adapter once its running requests finish (False: not loaded)."""
         return bool(await asyncio.wrap_future(self.engine.start_remove_lora(lora_int_id)))
 
+    async def dashboard_snapshot(self) -> dict[str, Any]:
+        """The engine core's counts, KV block map and request progress (the first core's,
+        with several data-parallel cores)."""
+        return dict(await asyncio.wrap_future(
+            self.engine_core.call_utility("dashboard_snapshot")))
+
     async def list_loras(self) -> set[int]:
         """Ids of the LoRA adapters loaded in the engine core."""
         return set(await asyncio.wrap_future(self.engine_core.call_utility("list_loras")))

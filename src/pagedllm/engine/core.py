@@ -19,6 +19,7 @@ from typing import Any
 from pagedllm.config import EngineConfig
 from pagedllm.core.sched_output import SchedulerOutput
 from pagedllm.core.scheduler import Scheduler
+from pagedllm.core.snapshot import scheduler_snapshot
 from pagedllm.engine.protocol import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
 from pagedllm.executor import make_executor
 from pagedllm.lora.request import LoRARequest
@@ -118,6 +119,10 @@ class EngineCore:
     def has_unfinished_requests(self) -> bool:
         """True while any request waits or runs (or a batch is in flight)."""
         return bool(self._batch_queue) or self.scheduler.has_unfinished_requests()
+
+    def dashboard_snapshot(self) -> dict[str, Any]:
+        """The scheduler's counts, KV block map and request progress (core/snapshot.py)."""
+        return scheduler_snapshot(self.scheduler)
 
     def add_lora(self, lora_name: str, lora_int_id: int, lora_path: str) -> bool:
         """Load a LoRA adapter now, so requests naming it start at once (vLLM's add_lora).

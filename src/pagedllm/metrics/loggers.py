@@ -399,6 +399,18 @@ class PrometheusStatLogger:
                 getattr(self, name).labels(**labels).observe(value)
         self.max_generation.labels(**labels).observe(sample.max_num_generation_tokens)
 
+    def dashboard_view(self) -> dict[str, Any]:
+        """What the live dashboard plots: token totals (it takes rates between polls),
+        finished requests by reason, and the TTFT and inter-token latency histograms."""
+        return {
+            "prompt_tokens_total": _total(self.prompt_tokens),
+            "generation_tokens_total": _total(self.generation_tokens),
+            "finished": {reason: _total(self.success, finished_reason=reason)
+                         for reason in FINISH_REASONS},
+            "ttft": _histogram(self.ttft),
+            "itl": _histogram(self.itl),
+        }
+
     def render(self) -> bytes:
         """The registry in Prometheus text format: the `pagedllm:` metrics, then the same
         under vLLM's names."""
@@ -432,6 +444,36 @@ class VllmNames:
             short = family.name[len(PREFIX):]
             for name in (short, *legacy_of.get(short, [])):
                 yield _renamed(family, PREFIX + short, VLLM_PREFIX + name)
+
+
+def _total(counter: Any, **labels: str) -> float:
+    """A counter's value summed over the label sets matching `labels`."""
+    return sum(
+        sample.value
+        for family in counter.collect()
+        for sample in family.samples
+        if sample.name.endswith("_total")
+        and all(sample.labels.get(k) == v for k, v in labels.items())
+    )
+
+
+def _histogram(histogram: Any) -> dict[str, Any]:
+    """A histogram as upper bounds, per-bucket (not cumulative) counts, count and sum."""
+    bounds: list[float] = []
+    cumulative: list[float] = []
+    count = total = 0.0
+    for family in histogram.collect():
+        for sample in family.samples:
+            if sample.name.endswith("_bucket"):
+                bounds.append(float(sample.labels["le"]))
+                cumulative.append(sample.value)
+            elif sample.name.endswith("_count"):
+                count = sample.value
+            elif sample.name.endswith("_sum"):
+                total = sample.value
+    counts = [c - (cumulative[i - 1] if i else 0.0) for i, c in enumerate(cumulative)]
+    return {"bounds": [b if b != float("inf") else None for b in bounds], "counts": counts,
+            "count": count, "sum": total}
 
 
 def _renamed(family: Metric, old: str, new: str) -> Metric:

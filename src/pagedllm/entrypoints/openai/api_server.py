@@ -31,6 +31,7 @@ from pagedllm import __version__, envs
 from pagedllm.engine.arg_utils import EngineArgs
 from pagedllm.engine.async_llm import AsyncLLM
 from pagedllm.engine.exceptions import EngineDeadError
+from pagedllm.entrypoints.openai.dashboard import dashboard_router
 from pagedllm.entrypoints.openai.drain import DrainingServer, DrainMiddleware
 from pagedllm.entrypoints.openai.errors import (
     error_body,
@@ -266,6 +267,7 @@ def build_app(engine: AsyncLLM, server_args: ServerArgs, model: str | None = Non
     state.pooling = OpenAIServingPooling(engine, config)
     install_error_handlers(app)
     app.include_router(router)
+    app.include_router(dashboard_router)
     if envs.allow_runtime_lora_updating():
         app.include_router(lora_router)
     api_key = server_args.resolved_api_key()

@@ -2,11 +2,11 @@
 stops.
 
 The first SIGTERM marks the app as draining: from then on every request but /health,
-/metrics, /ping and /version is answered 503 (OpenAI error JSON) while the listening socket
-stays open, so a load balancer sees the refusal instead of a connection error. A thread
-waits until the engine has no unfinished request, or `--shutdown-timeout` seconds, then
-asks uvicorn to stop (streams still running then are cut when the engine shuts down). A
-second SIGTERM, or SIGINT, stops at once as before.
+/metrics, /ping, /version and the dashboard is answered 503 (OpenAI error JSON) while the
+listening socket stays open, so a load balancer sees the refusal instead of a connection
+error. A thread waits until the engine has no unfinished request, or `--shutdown-timeout`
+seconds, then asks uvicorn to stop (streams still running then are cut when the engine shuts
+down). A second SIGTERM, or SIGINT, stops at once as before.
 """
 
 from __future__ import annotations
@@ -27,7 +27,9 @@ from pagedllm.logger import init_logger
 
 logger = init_logger(__name__)
 
-_OPEN_PATHS = ("/health", "/metrics", "/ping", "/version")
+_OPEN_PATHS = (
+    "/health", "/metrics", "/ping", "/version", "/dashboard", "/dashboard/state",
+)
 _POLL_S = 0.1
 _CUT_AFTER_S = 1  # after the timeout: a second to flush what was sent, then cut
 

@@ -1,0 +1,63 @@
+"""A plain-data picture of the scheduler for the live dashboard: each KV block's state and
+each request's progress. Built between steps (a utility call), read by the API server."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from pagedllm.core.block_pool import NULL_BLOCK_ID, BlockPool
+from pagedllm.request import Request
+
+if TYPE_CHECKING:
+    from pagedllm.core.scheduler import Scheduler
+
+# One character per usable KV block: held by a request, free but still findable by its
+# hash (a prefix-cache entry), or free and empty.
+BLOCK_USED, BLOCK_CACHED, BLOCK_FREE = "u", "c", "f"
+# Requests listed one by one (running first); the counts cover all of them.
+MAX_LISTED_REQUESTS = 64
+
+
+def block_states(pool: BlockPool) -> str:
+    """The state of every usable block, in block-id order."""
+    return "".join(
+        BLOCK_USED if block.ref_cnt > 0
+        else BLOCK_CACHED if block.block_hash is not None
+        else BLOCK_FREE
+        for block in pool.blocks[NULL_BLOCK_ID + 1 :]
+    )
+
+
+def request_progress(request: Request, state: str, now: float) -> dict[str, Any]:
+    """What the dashboard shows of one request."""
+    return {
+        "id": request.request_id,
+        "state": state,
+        "prompt_tokens": request.num_prompt_tokens,
+        "computed_tokens": min(request.num_computed_tokens, request.num_tokens),
+        "output_tokens": request.num_output_tokens,
+        "max_tokens": request.max_tokens if not request.is_pooling else 0,
+        "age_s": round(max(0.0, now - request.arrival_time), 3),
+    }
+
+
+def scheduler_snapshot(scheduler: Scheduler) -> dict[str, Any]:
+    """Counts, the block map and the listed requests' progress."""
+    now = time.time()
+    listed: list[dict[str, Any]] = []
+    for state, requests in (("running", scheduler.running), ("swapped", scheduler.swapped),
+                            ("waiting", scheduler.waiting)):
+        for request in requests:
+            if len(listed) == MAX_LISTED_REQUESTS:
+                break
+            listed.append(request_progress(request, state, now))
+    manager = scheduler.kv_cache_manager if scheduler.has_kv_cache else None
+    return {
+        "num_running": len(scheduler.running),
+        "num_waiting": len(scheduler.waiting),
+        "num_swapped": len(scheduler.swapped),
+        "block_size": manager.block_size if manager is not None else 0,
+        "blocks": block_states(manager.block_pool) if manager is not None else "",
+        "requests": listed,
+    }
