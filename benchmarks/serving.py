@@ -16,14 +16,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import random
-import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,138 +35,25 @@ from common import (  # noqa: E402
     write_json,
 )
 
+from pagedllm.bench import serve_client  # noqa: E402
+from pagedllm.bench.serve_client import RequestResult, print_summary, summarize_run  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 READY_TIMEOUT_S = 600.0
-
-
-@dataclass
-class RequestResult:
-    """What one request measured (times in seconds)."""
-
-    success: bool = False
-    ttft: float = 0.0
-    latency: float = 0.0
-    itl: list[float] = field(default_factory=list)
-    output_text: str = ""
-    output_tokens: int = 0
-    prompt_tokens: int = 0
-    error: str = ""
-
-
-# ------------------------------------------------------------------------------- client
-
-
-async def send_request(client: httpx.AsyncClient, url: str, payload: dict[str, Any],
-                       headers: dict[str, str]) -> RequestResult:
-    """Stream one completion; TTFT and ITL are taken at each chunk carrying text."""
-    result = RequestResult()
-    start = last = time.perf_counter()
-    try:
-        async with client.stream("POST", url, json=payload, headers=headers) as response:
-            if response.status_code != 200:
-                result.error = f"HTTP {response.status_code}: {(await response.aread())[:200]!r}"
-                return result
-            async for line in response.aiter_lines():
-                if not line.startswith("data:") or line.strip() == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[5:])
-                if chunk.get("usage"):
-                    result.prompt_tokens = chunk["usage"].get("prompt_tokens", 0)
-                text = "".join(c.get("text") or "" for c in chunk.get("choices", []))
-                if not text:
-                    continue
-                now = time.perf_counter()
-                if not result.output_text:
-                    result.ttft = now - start
-                else:
-                    result.itl.append(now - last)
-                last = now
-                result.output_text += text
-        result.latency = time.perf_counter() - start
-        result.success = bool(result.output_text)
-        result.error = "" if result.success else "empty output"
-    except (httpx.HTTPError, json.JSONDecodeError) as error:
-        result.error = repr(error)
-    return result
 
 
 async def run_workload(base_url: str, model: str, prompts: list[str], args: argparse.Namespace,
                        extra_body: dict[str, Any]) -> tuple[list[RequestResult], float]:
     """Send every prompt at the request rate / concurrency; returns results and duration."""
-    url = base_url.rstrip("/") + "/v1/completions"
-    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    limit = asyncio.Semaphore(args.max_concurrency or len(prompts))
-    rng = random.Random(args.seed)
-    timeout = httpx.Timeout(args.request_timeout)
-    limits = httpx.Limits(max_connections=len(prompts) + 4)
-    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
-
-        async def one(prompt: str) -> RequestResult:
-            payload = {"model": model, "prompt": prompt, "max_tokens": args.output_len,
-                       "temperature": 0.0, "stream": True, **extra_body}
-            async with limit:
-                return await send_request(client, url, payload, headers)
-
-        start = time.perf_counter()
-        tasks = []
-        for prompt in prompts:
-            tasks.append(asyncio.create_task(one(prompt)))
-            if args.request_rate != float("inf"):
-                await asyncio.sleep(rng.expovariate(args.request_rate))
-        results = await asyncio.gather(*tasks)
-        return list(results), time.perf_counter() - start
+    payloads = [{"model": model, "prompt": prompt, "max_tokens": args.output_len,
+                 "temperature": 0.0, "stream": True, **extra_body} for prompt in prompts]
+    return await serve_client.run_workload(
+        base_url.rstrip("/") + "/v1/completions", payloads, request_rate=args.request_rate,
+        max_concurrency=args.max_concurrency, api_key=args.api_key, seed=args.seed,
+        request_timeout=args.request_timeout)
 
 
 # ------------------------------------------------------------------------------ metrics
-
-
-def _stats(values: list[float], scale: float = 1000.0) -> dict[str, float]:
-    if not values:
-        return {"mean": 0.0, "median": 0.0, "p99": 0.0}
-    ordered = sorted(v * scale for v in values)
-    p99 = ordered[min(len(ordered) - 1, int(round(0.99 * (len(ordered) - 1))))]
-    return {"mean": statistics.fmean(ordered), "median": statistics.median(ordered), "p99": p99}
-
-
-def summarize_run(results: list[RequestResult], duration: float, tokenizer: Any) -> dict:
-    """Aggregate metrics; output tokens are counted by re-tokenizing each output text."""
-    done = [r for r in results if r.success]
-    for r in done:
-        r.output_tokens = len(tokenizer.encode(r.output_text, add_special_tokens=False))
-    total_out = sum(r.output_tokens for r in done)
-    tpots = [(r.latency - r.ttft) / (r.output_tokens - 1) for r in done if r.output_tokens > 1]
-    return {
-        "completed": len(done),
-        "failed": len(results) - len(done),
-        "errors": sorted({r.error for r in results if not r.success})[:5],
-        "duration_s": duration,
-        "total_output_tokens": total_out,
-        "request_throughput": len(done) / duration,
-        "output_throughput": total_out / duration,
-        "ttft_ms": _stats([r.ttft for r in done]),
-        "tpot_ms": _stats(tpots),
-        "itl_ms": _stats([x for r in done for x in r.itl]),
-        "e2el_ms": _stats([r.latency for r in done]),
-    }
-
-
-def print_summary(name: str, summary: dict) -> None:
-    """vLLM-style block of one run."""
-    print(f"{'=' * 18} Serving Benchmark Result: {name} {'=' * 18}")
-    print(f"{'Successful requests:':<40}{summary['completed']:<10}")
-    print(f"{'Failed requests:':<40}{summary['failed']:<10}")
-    print(f"{'Benchmark duration (s):':<40}{summary['duration_s']:<10.2f}")
-    print(f"{'Total generated tokens:':<40}{summary['total_output_tokens']:<10}")
-    print(f"{'Request throughput (req/s):':<40}{summary['request_throughput']:<10.2f}")
-    print(f"{'Output token throughput (tok/s):':<40}{summary['output_throughput']:<10.2f}")
-    for key, label in (("ttft_ms", "Time to First Token"), ("tpot_ms", "Time per Output Token"),
-                       ("itl_ms", "Inter-token Latency"), ("e2el_ms", "End-to-end Latency")):
-        stats = summary[key]
-        print(f"{'-' * 14}{label}{'-' * 14}")
-        for stat in ("mean", "median", "p99"):
-            print(f"{f'{stat.capitalize()} {key[:-3].upper()} (ms):':<40}{stats[stat]:<10.2f}")
-    for error in summary["errors"]:
-        print(f"error: {error}")
 
 
 def print_comparison(summaries: dict[str, dict]) -> None:

@@ -57,6 +57,11 @@ FORBIDDEN = {
     "executor": ["pagedllm.core.scheduler", "pagedllm.core.kv_cache_manager",
                  "pagedllm.core.block_pool", "pagedllm.engine", "pagedllm.entrypoints",
                  "pagedllm.tokenizer"],
+    # Benchmarks: a frontend like the CLI; they drive the engine through LLM or a server's
+    # HTTP API, never its insides.
+    "bench": ["pagedllm.core", "pagedllm.worker", "pagedllm.executor", "pagedllm.models",
+              "pagedllm.layers", "pagedllm.attention", "pagedllm.kernels",
+              "pagedllm.entrypoints.openai"],
     # The C kernels are a leaf: layers, attention and models call them, never the reverse.
     "kernels": ["pagedllm.core", "pagedllm.engine", "pagedllm.worker", "pagedllm.entrypoints",
                 "pagedllm.models", "pagedllm.layers", "pagedllm.attention",

@@ -1,4 +1,6 @@
-"""The `pagedllm` console script. `pagedllm serve [MODEL] [--flags]` runs the OpenAI server.
+"""The `pagedllm` console script. `pagedllm serve [MODEL] [--flags]` runs the OpenAI server;
+`pagedllm chat|complete` are its clients, `pagedllm bench throughput|latency|serve` its
+benchmarks (pagedllm/bench/).
 
 Flags are derived from the fields of `ServerArgs` and `EngineArgs` (one `--kebab-name` per
 field, typed from its annotation, booleans as `--x/--no-x`), so a new engine argument is a
@@ -16,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pagedllm import __version__
+from pagedllm.bench.cli import add_bench_parser, run_bench
 from pagedllm.config import (
     DISTRIBUTED_EXECUTOR_BACKENDS,
     KV_CACHE_DTYPES,
@@ -114,7 +117,8 @@ def _parse_annotation(annotation: str) -> tuple[type | None, bool]:
 
 
 def add_dataclass_arguments(
-    parser: argparse.ArgumentParser, cls: type, help_texts: dict[str, str] | None = None,
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: type,
+    help_texts: dict[str, str] | None = None,
     choices: dict[str, Sequence[str]] | None = None,
 ) -> None:
     """One `--flag` per dataclass field: typed from the annotation, help from metadata."""
@@ -166,7 +170,13 @@ def make_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     serve_parser = make_serve_parser(subparsers)
     add_client_parsers(subparsers)
+    add_bench_parser(subparsers, _add_engine_group)
     return parser, serve_parser
+
+
+def _add_engine_group(parser: argparse.ArgumentParser) -> None:
+    engine = parser.add_argument_group("engine")
+    add_dataclass_arguments(engine, EngineArgs, ENGINE_ARG_HELP, ENGINE_ARG_CHOICES)
 
 
 def load_yaml_defaults(path: str, parser: argparse.ArgumentParser) -> dict[str, Any]:
@@ -219,6 +229,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in CLIENT_COMMANDS:  # chat / complete: clients of a running server
         raise SystemExit(run_client(make_parser()[0].parse_args(argv)))
+    if argv and argv[0] == "bench":
+        raise SystemExit(run_bench(make_parser()[0].parse_args(argv)))
     server_args, engine_args = parse_serve_args(argv)
     from pagedllm.engine.exceptions import EngineStartupError
     from pagedllm.entrypoints.openai.api_server import run_server
