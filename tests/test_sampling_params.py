@@ -89,3 +89,16 @@ def test_logprobs_penalty_fields_normalised():
     assert params.skip_reading_prefix_cache and not SamplingParams().skip_reading_prefix_cache
     assert SamplingParams(repetition_penalty=1.1).has_penalties
     assert not SamplingParams().has_penalties
+
+
+def test_n_and_best_of_are_bounded_like_vllm(monkeypatch):
+    """A huge `n` (found by fuzzing the server: n=302733 ran for minutes) is refused; the
+    bound is PAGEDLLM_MAX_N_SEQUENCES (vLLM's VLLM_MAX_N_SEQUENCES, default 16384)."""
+    with pytest.raises(ValueError, match="n must be at most 16384, got 302733"):
+        SamplingParams(n=302733, temperature=1.0)
+    monkeypatch.setenv("PAGEDLLM_MAX_N_SEQUENCES", "8")
+    SamplingParams(n=8, temperature=1.0)
+    with pytest.raises(ValueError, match="n must be at most 8"):
+        SamplingParams(n=9, temperature=1.0)
+    with pytest.raises(ValueError, match="best_of must be at most 8"):
+        SamplingParams(n=2, best_of=9, temperature=1.0)

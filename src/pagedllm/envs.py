@@ -107,3 +107,9 @@ def inject_nonfinite_token_id() -> int | None:
     (worker/fault_injection.py). Unset (the default): nothing is injected."""
     value = os.environ.get("PAGEDLLM_INJECT_NONFINITE_TOKEN_ID", "").strip()
     return int(value) if value else None
+
+
+def max_n_sequences() -> int:
+    """PAGEDLLM_MAX_N_SEQUENCES: the largest `n` (and `best_of`) a request may ask for
+    (default 16384, vLLM's VLLM_MAX_N_SEQUENCES)."""
+    return int(os.environ.get("PAGEDLLM_MAX_N_SEQUENCES", "16384"))

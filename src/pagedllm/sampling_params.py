@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass, field
 from enum import IntEnum
 
+from pagedllm import envs
+
 # Below this temperature sampling is greedy, as in vLLM.
 _SAMPLING_EPS = 1e-5
 _MAX_TEMPERATURE_CLAMP = 0.01
@@ -257,6 +259,12 @@ class SamplingParams:
             self._verify_type("seed", int)
         if self.n < 1:
             raise ValueError(f"n must be at least 1, got {self.n}.")
+        max_n = envs.max_n_sequences()
+        if self.n > max_n:
+            raise ValueError(
+                f"n must be at most {max_n}, got {self.n}. To increase this limit, set the "
+                "PAGEDLLM_MAX_N_SEQUENCES environment variable."
+            )
         if not math.isfinite(self.temperature) or self.temperature < 0.0:
             raise ValueError(f"temperature must be non-negative, got {self.temperature}.")
         if not 0.0 < self.top_p <= 1.0:
@@ -355,6 +363,12 @@ def _verify_best_of(params: SamplingParams) -> None:
         raise ValueError(
             f"best_of must be greater than or equal to n, got n={params.n} and "
             f"best_of={best_of}."
+        )
+    max_n = envs.max_n_sequences()
+    if best_of > max_n:
+        raise ValueError(
+            f"best_of must be at most {max_n}, got {best_of}. To increase this limit, set the "
+            "PAGEDLLM_MAX_N_SEQUENCES environment variable."
         )
     if params.is_greedy and best_of > 1:
         raise ValueError(f"best_of must be 1 when using greedy sampling, got {best_of}.")

@@ -32,12 +32,14 @@ AUTH = {"Authorization": f"Bearer {API_KEY}"}
 @pytest.fixture(scope="module")
 def fuzz_server(tiny_llama_dir, tmp_path_factory) -> Iterator[RunningServer]:
     """One server that generates and embeds (so the pooling handlers are reached too); a
-    short context (128) bounds what any generated request can cost."""
+    short context (128) and n <= 32 bound what any generated request can cost."""
     server = start_server(
         [str(tiny_llama_dir), "--runner", "generate", "--convert", "embed",
          "--served-model-name", MODEL_NAME, "--api-key", API_KEY,
          "--max-model-len", "128", "--max-num-seqs", "16", "--num-gpu-blocks-override", "512"],
-        tmp_path_factory.mktemp("fuzz") / "server.log")
+        tmp_path_factory.mktemp("fuzz") / "server.log",
+        # n up to vLLM's 16384 is valid, and costs minutes on this machine: bound it.
+        env={"PAGEDLLM_MAX_N_SEQUENCES": "32"})
     yield server
     stop_server(server)
 
