@@ -113,3 +113,11 @@ def max_n_sequences() -> int:
     """PAGEDLLM_MAX_N_SEQUENCES: the largest `n` (and `best_of`) a request may ask for
     (default 16384, vLLM's VLLM_MAX_N_SEQUENCES)."""
     return int(os.environ.get("PAGEDLLM_MAX_N_SEQUENCES", "16384"))
+
+
+def cpu_kv_cache_prefault() -> bool:
+    """PAGEDLLM_CPU_KVCACHE_PREFAULT=1 writes the whole CPU KV cache at start, so its memory
+    is resident from the first moment: a container's memory limit is met at start-up, not
+    hours into serving, and resident memory stays flat under load. Default off: the pages of
+    the cache become resident as blocks are first used (small runs stay small)."""
+    return os.environ.get("PAGEDLLM_CPU_KVCACHE_PREFAULT", "").strip().lower() in ("1", "true")

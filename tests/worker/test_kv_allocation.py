@@ -30,3 +30,30 @@ def test_reset_prefix_cache_forgets_cached_blocks(tiny_llama_dir):
     assert pool.get_num_cached_blocks() > 0
     assert llm.reset_prefix_cache()
     assert pool.get_num_cached_blocks() == 0
+
+
+def _resident_mib() -> float:
+    import psutil
+
+    return psutil.Process().memory_info().rss / (1 << 20)
+
+
+def test_prefault_makes_the_whole_cache_resident_at_start(tiny_llama_dir, monkeypatch):
+    """PAGEDLLM_CPU_KVCACHE_PREFAULT=1: the cache's memory is taken at start (a memory limit
+    is met then, not under load); by default only what is used becomes resident."""
+    budget = 256 << 20
+
+    def grown_by(prefault: bool) -> float:
+        monkeypatch.setenv("PAGEDLLM_CPU_KVCACHE_PREFAULT", "1" if prefault else "0")
+        before = _resident_mib()
+        llm = LLM(str(tiny_llama_dir), dtype="float32", max_model_len=128,
+                  kv_cache_memory_bytes=budget)
+        grown = _resident_mib() - before
+        if prefault:  # zeros, like the null block
+            caches = _core(llm).executor.worker.model_runner.kv_caches
+            assert all(torch.count_nonzero(cache) == 0 for cache in caches)
+        return grown
+
+    lazy = grown_by(False)
+    eager = grown_by(True)
+    assert eager > lazy + 0.8 * (budget >> 20)

@@ -314,10 +314,13 @@ class Worker:
                 caches.append(torch.empty(0, dtype=self._kv_dtype(), device=self.device))
                 continue
             # Not zeroed: on CPU the pages of a large empty tensor only become resident when
-            # a block is first written, so memory grows with use instead of the full budget.
+            # a block is first written, so memory grows with use instead of the full budget
+            # (unless PAGEDLLM_CPU_KVCACHE_PREFAULT asks for all of it at start).
             cache = torch.empty(shape, dtype=self._kv_dtype(), device=self.device)
-            # Padded reads go to the null block 0: it must hold finite values.
-            cache.select(self._block_dim(), 0).zero_()
+            if self.device.type == "cpu" and envs.cpu_kv_cache_prefault():
+                cache.zero_()
+            else:  # padded reads go to the null block 0: it must hold finite values
+                cache.select(self._block_dim(), 0).zero_()
             caches.append(cache)
         return caches
 

@@ -13,11 +13,11 @@ from benchmarks.soak import SoakConfig, run_soak, start_server, stop_server
 
 def test_soak_for_a_minute(tiny_llama_dir, tmp_path):
     process, base_url = start_server(
-        str(tiny_llama_dir), ["--max-model-len", "512", "--num-gpu-blocks-override", "4096"],
+        str(tiny_llama_dir), ["--max-model-len", "1024", "--num-gpu-blocks-override", "4096"],
         tmp_path / "server.log")
     try:
-        config = SoakConfig(clients=256, duration_s=60, warmup_s=30, max_output_tokens=64,
-                            stall_timeout_s=60, seed=1)
+        config = SoakConfig(clients=256, duration_s=60, warmup_s=30, max_prompt_words=100,
+                            max_output_tokens=64, stall_timeout_s=60, seed=1)
         report = asyncio.run(run_soak(base_url, config, process.pid))
     finally:
         exit_code = stop_server(process)
