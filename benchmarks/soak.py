@@ -39,7 +39,14 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import default_model_path, machine_info, new_parser, write_json  # noqa: E402
+from common import (  # noqa: E402
+    default_model_path,
+    machine_info,
+    new_parser,
+    stop_process,
+    wait_until_ready,
+    write_json,
+)
 
 from pagedllm.bench.prompts import WORDS  # noqa: E402
 
@@ -369,28 +376,14 @@ def start_server(model: str, extra: list[str], log_path: Path) -> tuple[subproce
              "--uvicorn-log-level", "warning", *extra],
             stdout=log, stderr=subprocess.STDOUT, env=env)
     base_url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"the server exited ({process.returncode}); see {log_path}")
-        try:
-            if httpx.get(base_url + "/health", timeout=2).status_code == 200:
-                return process, base_url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    process.kill()
-    raise RuntimeError(f"the server did not start in {READY_TIMEOUT_S}s; see {log_path}")
+    wait_until_ready(process, base_url + "/health", f"the server (log: {log_path})",
+                     READY_TIMEOUT_S)
+    return process, base_url
 
 
 def stop_server(process: subprocess.Popen) -> int:
     """SIGTERM (the server drains), then SIGKILL after 60 s; returns the exit code."""
-    process.terminate()
-    try:
-        return process.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        return process.wait()
+    return stop_process(process, 60.0)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -11,6 +11,7 @@ no library can be had, naming what that costs. Tests load other variants with
 from __future__ import annotations
 
 import ctypes
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -65,14 +66,29 @@ def load_variant(name: str, compiler: str | None = None) -> KernelLibrary:
 
 
 def open_library(path: Path, variant: Variant) -> KernelLibrary:
-    """Load a built library of `variant` and set its functions' return types."""
+    """Load a built library of `variant` and set its functions' return types.
+
+    The library is built with -ffast-math, and gcc links start-up code with it that turns on
+    flush-to-zero / denormals-are-zero in the loading thread: the caller's float math would
+    change under it. The thread's previous mode is put back after the load.
+    """
+    flushed_before = _flushes_denormals()
     lib = ctypes.CDLL(str(path))
+    if not flushed_before and _flushes_denormals():
+        import torch
+
+        torch.set_flush_denormal(False)
     for function in _INT_FUNCTIONS:
         getattr(lib, function).restype = ctypes.c_int
     for function in _VOID_FUNCTIONS:
         getattr(lib, function).restype = None
     lib.pagedllm_isa.restype = ctypes.c_char_p
     return KernelLibrary(lib, variant, path)
+
+
+def _flushes_denormals() -> bool:
+    """Whether this thread flushes subnormal floats to zero (FTZ/DAZ on)."""
+    return sys.float_info.min / 2 == 0.0
 
 
 _loaded = False
