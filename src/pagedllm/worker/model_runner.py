@@ -57,7 +57,7 @@ from pagedllm.worker.logprobs import (
     resolve_num_top,
     split_logprobs,
 )
-from pagedllm.worker.nonfinite import nonfinite_rows, owners_of_rows
+from pagedllm.worker.nonfinite import finite_rows, nonfinite_rows, owners_of_rows
 from pagedllm.worker.outputs import LogprobsLists, ModelRunnerOutput
 
 if TYPE_CHECKING:
@@ -406,11 +406,13 @@ class ModelRunner:
             and all(s.sampling_params.logprobs is None for s in states)
         )
         sample_hidden = hidden_states[self._to_device(inputs.logits_indices)]
-        failed = nonfinite_rows(sample_hidden)
+        finite = finite_rows(sample_hidden)
         if ranking_only and metadata.min_tokens_mask is None:
-            # Nothing but each row's argmax is used: the LM head picks it directly.
-            tokens = self._causal_lm.compute_greedy_tokens(sample_hidden)
-            return [[t] for t in tokens.tolist()], {}, failed
+            # Nothing but each row's argmax is used: the LM head picks it directly. The
+            # finiteness check is read after the tokens' copy: no extra sync on a device.
+            tokens = self._causal_lm.compute_greedy_tokens(sample_hidden).tolist()
+            return [[t] for t in tokens], {}, nonfinite_rows(finite)
+        failed = nonfinite_rows(finite)
         logits = self._causal_lm.compute_logits(sample_hidden, ranking_only)
         logits = logits.float()  # [n, vocab]
         if failed:  # their tokens are dropped; finite values keep the sampler's math sound
@@ -444,8 +446,7 @@ class ModelRunner:
         constrained = scheduler_output.structured_output_request_ids
         asks_logprobs = any(s.sampling_params.logprobs is not None for s in states)
         verify_hidden = hidden_states[self._to_device(inputs.logits_indices)]
-        bad_rows = nonfinite_rows(verify_hidden)
-        failed = owners_of_rows(bad_rows, layout.row_starts) if bad_rows else []
+        finite = finite_rows(verify_hidden)
         if (
             metadata.all_greedy
             and metadata.logits_processors is None
@@ -453,8 +454,12 @@ class ModelRunner:
             and not constrained
             and not asks_logprobs
         ):
-            tokens = self._causal_lm.compute_greedy_tokens(verify_hidden)
-            return accept_greedy(layout, tokens.tolist()), {}, failed
+            tokens = self._causal_lm.compute_greedy_tokens(verify_hidden).tolist()
+            bad_rows = nonfinite_rows(finite)
+            failed = owners_of_rows(bad_rows, layout.row_starts) if bad_rows else []
+            return accept_greedy(layout, tokens), {}, failed
+        bad_rows = nonfinite_rows(finite)
+        failed = owners_of_rows(bad_rows, layout.row_starts) if bad_rows else []
         logits = self._causal_lm.compute_logits(verify_hidden).float()
         if bad_rows:
             logits[bad_rows] = 0.0

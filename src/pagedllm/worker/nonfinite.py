@@ -13,10 +13,15 @@ import numpy as np
 import torch
 
 
-def nonfinite_rows(values: torch.Tensor) -> list[int]:
-    """Indices of the rows of [rows, d] `values` holding a NaN or an infinity (one host
-    sync when every row is finite, which is what a healthy step pays)."""
-    finite = torch.isfinite(values).all(dim=-1)
+def finite_rows(values: torch.Tensor) -> torch.Tensor:
+    """[rows] bool: which rows of [rows, d] `values` hold no NaN or infinity (no host sync:
+    a caller about to copy its tokens to the host reads this after them)."""
+    return torch.isfinite(values).all(dim=-1)
+
+
+def nonfinite_rows(finite: torch.Tensor) -> list[int]:
+    """The indices of the False rows of `finite` (one host sync; the common all-finite case
+    reads a single value)."""
     if bool(finite.all()):
         return []
     return (~finite).nonzero().flatten().tolist()
