@@ -31,6 +31,7 @@ from pagedllm.layers.quantization import (
     w4a8_from_codes,
     w8a8_from_codes,
 )
+from pagedllm.utils.math import round_up
 
 
 def uses_quantized(
@@ -76,20 +77,19 @@ def packed_rows(num_rows: int) -> int:
     """
     if num_rows <= 16:
         return num_rows
-    step = max(16, 1 << (num_rows.bit_length() - 4))
-    return -(-num_rows // step) * step
+    return round_up(num_rows, max(16, 1 << (num_rows.bit_length() - 4)))
 
 
 def packed_linear(
     x: torch.Tensor, packed_weight: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
-    """x @ W^T + b with a weight from `pack_weight_for_cpu`; x [rows, in] runs padded to
-    `packed_rows(rows)` rows, each row's result the same as in an unpadded batch of that
+    """x @ W^T + b with a weight from `pack_weight_for_cpu`; x [rows, ..., in] runs padded
+    to `packed_rows(rows)` rows, each row's result the same as in an unpadded batch of that
     many rows."""
     rows = x.shape[0]
-    padded = packed_rows(rows) if x.dim() == 2 else rows
+    padded = packed_rows(rows)
     if padded != rows:
-        x = torch.cat((x, x.new_zeros(padded - rows, x.shape[1])))
+        x = torch.cat((x, x.new_zeros(padded - rows, *x.shape[1:])))
     out = torch.ops.mkldnn._linear_pointwise(x, packed_weight, bias, "none", [], "")
     return out if padded == rows else out[:rows]
 
