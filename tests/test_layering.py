@@ -66,6 +66,11 @@ FORBIDDEN = {
     "kernels": ["pagedllm.core", "pagedllm.engine", "pagedllm.worker", "pagedllm.entrypoints",
                 "pagedllm.models", "pagedllm.layers", "pagedllm.attention",
                 "pagedllm.model_loader", "pagedllm.tokenizer"],
+    # The Triton kernels (GPU; CPU in Triton's interpreter) are a leaf as well.
+    "triton_kernels": ["pagedllm.core", "pagedllm.engine", "pagedllm.worker",
+                       "pagedllm.entrypoints", "pagedllm.models", "pagedllm.layers",
+                       "pagedllm.attention", "pagedllm.model_loader", "pagedllm.tokenizer",
+                       "pagedllm.kernels"],
 }
 
 

@@ -58,6 +58,12 @@ def attention_kernel_enabled() -> bool:
     return os.environ.get("PAGEDLLM_ATTENTION_KERNEL", "c") != "torch"
 
 
+def attention_backend() -> str | None:
+    """PAGEDLLM_ATTENTION_BACKEND: the attention backend by name ("torch", "cpu", "triton"),
+    instead of the device's default (unset: the default)."""
+    return os.environ.get("PAGEDLLM_ATTENTION_BACKEND") or None
+
+
 def decode_stack_enabled() -> bool:
     """PAGEDLLM_DECODE_STACK=python runs decode steps through the Python layers instead of
     the one-call C decoder stack (default "c")."""

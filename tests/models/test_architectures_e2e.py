@@ -32,6 +32,14 @@ def prompts() -> list[list[int]]:
 
 @pytest.mark.parametrize("arch", NEW_ARCHITECTURES)
 def test_engine_matches_transformers(arch, prompts, tiny_tokenizer_dir, tmp_path: Path):
+    check_engine_matches_transformers(arch, prompts, tiny_tokenizer_dir, tmp_path)
+
+
+def check_engine_matches_transformers(
+    arch: str, prompts: list[list[int]], tiny_tokenizer_dir: Path, tmp_path: Path
+) -> LLM:
+    """A random tiny `arch` model through the engine (batched, chunked, prefix-cached,
+    preempted) gives transformers' greedy tokens and frees every block; returns the LLM."""
     tokenizer = AutoTokenizer.from_pretrained(tiny_tokenizer_dir)
     ids = dict(
         vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id,
@@ -61,6 +69,7 @@ def test_engine_matches_transformers(arch, prompts, tiny_tokenizer_dir, tmp_path
     assert scheduler.make_stats().prefix_cache_hits > 0
     manager = scheduler.kv_cache_manager
     assert manager.get_num_free_blocks() == manager.num_usable_blocks
+    return llm
 
 
 @pytest.mark.parametrize("arch", ["gemma3", "mistral_window"])

@@ -10,13 +10,16 @@ import importlib
 
 import torch
 
+from pagedllm import envs
 from pagedllm.attention import cpu_kernel
 from pagedllm.attention.backend import AttentionBackend
+from pagedllm.triton_kernels import triton_available
 
 # name → (module, class); imported only when selected.
 _BACKENDS: dict[str, tuple[str, str]] = {
     "torch": ("pagedllm.attention.torch_paged", "TorchPagedBackend"),
     "cpu": ("pagedllm.attention.cpu_paged", "CpuPagedBackend"),
+    "triton": ("pagedllm.attention.triton_paged", "TritonPagedBackend"),
 }
 # The model dtypes the C kernels serve.
 _CPU_KERNEL_DTYPES = (torch.float32, torch.bfloat16)
@@ -41,13 +44,22 @@ def create_attention_backend(name: str) -> AttentionBackend:
 def backend_name_for_device(device: str, dtype: torch.dtype = torch.float32) -> str:
     """Default backend for a device string ("cpu", "cuda", "cuda:0", ...) and model dtype.
 
+    PAGEDLLM_ATTENTION_BACKEND names one outright (vLLM's VLLM_ATTENTION_BACKEND). Else on
     CPU: the C kernels ("cpu") when they are built for this machine, not switched off
-    (PAGEDLLM_ATTENTION_KERNEL=torch) and serve the dtype; else the torch backend. CUDA
-    would pick a flash backend once one is registered; until then it uses torch too.
+    (PAGEDLLM_ATTENTION_KERNEL=torch) and serve the dtype; else the torch backend. CUDA:
+    the Triton kernel when triton is installed, else the torch backend.
     """
+    chosen = envs.attention_backend()
+    if chosen is not None:
+        if chosen not in _BACKENDS:
+            raise ValueError(
+                f"PAGEDLLM_ATTENTION_BACKEND={chosen!r} is not a backend; available: "
+                f"{', '.join(available_backends())}."
+            )
+        return chosen
     device_type = device.split(":", 1)[0]
-    if device_type == "cuda" and "flash" in _BACKENDS:
-        return "flash"
+    if device_type == "cuda" and triton_available():
+        return "triton"
     if device_type == "cpu" and dtype in _CPU_KERNEL_DTYPES and cpu_kernel.is_available(dtype):
         return "cpu"
     return "torch"

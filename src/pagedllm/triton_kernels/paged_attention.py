@@ -1,0 +1,167 @@
+"""Paged attention in Triton: one kernel for prefills (with cached prefixes) and decodes.
+
+The KV cache is the engine's layout, [2, num_blocks, block_size, num_kv_heads, head_size]
+(K then V); a request's key at position p lives in block `block_table[p // block_size]`,
+row `p % block_size`. Each program attends one tile of one request's query tokens for the
+query heads that share one kv head (GQA): their rows are stacked into one [BLOCK_M, D]
+tile, so each K/V tile read from the cache serves all of them, and a decode (one query
+token) still fills the tensor cores' 16 rows when the group is large. Keys are visited in
+tiles of BLOCK_N positions with an online softmax (FlashAttention-2's recurrence), up to
+the tile's causal bound (the cached context plus the tile's own tokens), from the sliding
+window's start for a windowed layer.
+
+The grid depends only on the number of requests, the longest query and the kv heads:
+a decode batch of a fixed size always launches the same grid, so it can be replayed from a
+CUDA graph with new sequence lengths and block tables in the same buffers.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from pagedllm.triton_kernels.runtime import jit_kernel, upcast_dot
+
+# Query rows per program for prefills (query tokens x the heads of one kv head) and keys
+# per inner step.
+_PREFILL_ROWS = 64
+_KEY_TILE = 32
+_MIN_DOT = 16  # tl.dot needs every dimension >= 16
+
+
+def _paged_attention(
+    out_ptr, q_ptr, key_cache_ptr, value_cache_ptr, block_tables_ptr, seq_lens_ptr,
+    query_start_loc_ptr, scale, window,
+    stride_q_token, stride_q_head, stride_o_token, stride_o_head,
+    stride_cache_block, stride_cache_row, stride_cache_head, stride_table,
+    QUERIES_PER_KV: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
+    HEAD_SIZE: tl.constexpr, HEAD_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr, USE_WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    UPCAST_DOT: tl.constexpr,
+):
+    req = tl.program_id(0)
+    q_tile = tl.program_id(1)
+    kv_head = tl.program_id(2)
+    q_start = tl.load(query_start_loc_ptr + req)
+    q_len = tl.load(query_start_loc_ptr + req + 1) - q_start
+    if q_tile * BLOCK_Q >= q_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + req)
+    context_len = seq_len - q_len
+
+    rows = tl.arange(0, BLOCK_M)
+    token = q_tile * BLOCK_Q + rows // QUERIES_PER_KV  # within the request
+    head = kv_head * QUERIES_PER_KV + rows % QUERIES_PER_KV
+    row_valid = (rows < BLOCK_Q * QUERIES_PER_KV) & (token < q_len)
+    q_pos = context_len + token
+    dims = tl.arange(0, HEAD_PAD)
+    dim_valid = dims < HEAD_SIZE
+    q_offsets = (q_start + token)[:, None] * stride_q_token + head[:, None] * stride_q_head
+    q = tl.load(
+        q_ptr + q_offsets + dims[None, :],
+        mask=row_valid[:, None] & dim_valid[None, :], other=0.0,
+    )
+    if UPCAST_DOT:
+        q = q.to(tl.float32)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_PAD], dtype=tl.float32)
+    # Keys past the tile's last query are masked for every row: stop there.
+    key_end = tl.minimum(seq_len, context_len + (q_tile + 1) * BLOCK_Q)
+    key_start = 0
+    if USE_WINDOW:
+        first_visible = context_len + q_tile * BLOCK_Q - window + 1
+        key_start = tl.maximum(first_visible, 0) // BLOCK_N * BLOCK_N
+    table_row = block_tables_ptr + req * stride_table
+    for n0 in range(key_start, key_end, BLOCK_N):
+        pos = n0 + tl.arange(0, BLOCK_N)
+        pos_valid = pos < key_end
+        block = tl.load(table_row + pos // BLOCK_SIZE, mask=pos_valid, other=0)
+        kv_offsets = (
+            block * stride_cache_block + (pos % BLOCK_SIZE) * stride_cache_row
+            + kv_head * stride_cache_head
+        )
+        load_mask = pos_valid[None, :] & dim_valid[:, None]
+        k = tl.load(key_cache_ptr + kv_offsets[None, :] + dims[:, None], mask=load_mask,
+                    other=0.0)  # [HEAD_PAD, BLOCK_N]
+        if UPCAST_DOT:
+            k = k.to(tl.float32)
+        scores = tl.dot(q, k, input_precision=DOT_PRECISION) * scale
+        allowed = (pos[None, :] <= q_pos[:, None]) & pos_valid[None, :]
+        if USE_WINDOW:
+            allowed = allowed & (pos[None, :] > q_pos[:, None] - window)
+        scores = tl.where(allowed, scores, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, 1))
+        # A row with no visible key yet keeps m = -inf: shift by 0 so exp gives 0, not nan.
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp(scores - shift[:, None])
+        alpha = tl.exp(m_i - shift)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(value_cache_ptr + kv_offsets[:, None] + dims[None, :],
+                    mask=pos_valid[:, None] & dim_valid[None, :], other=0.0)  # [BLOCK_N, D]
+        p = p.to(v.dtype)
+        if UPCAST_DOT:
+            p, v = p.to(tl.float32), v.to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=DOT_PRECISION)
+        m_i = m_new
+    acc = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    o_offsets = (q_start + token)[:, None] * stride_o_token + head[:, None] * stride_o_head
+    tl.store(out_ptr + o_offsets + dims[None, :], acc.to(out_ptr.dtype.element_ty),
+             mask=row_valid[:, None] & dim_valid[None, :])
+
+
+def paged_attention(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    max_query_len: int,
+    scale: float,
+    window: int | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Attend each query token to its request's cached keys (causal, optionally windowed).
+
+    Args:
+        query: [num_tokens, num_heads, head_size], requests' tokens contiguous.
+        kv_cache: [2, num_blocks, block_size, num_kv_heads, head_size], this step's K/V
+            already written.
+        block_tables: [num_reqs, max_blocks] block ids; seq_lens: [num_reqs] context plus
+            this step's tokens; query_start_loc: [num_reqs + 1].
+        max_query_len: the longest query (sets the grid; 1 for a decode batch).
+        window: a sliding-window layer's size: keys at positions > query - window only.
+        out: where to write (same shape as query); a new tensor when None.
+
+    Returns:
+        [num_tokens, num_heads, head_size] in the query's dtype.
+    """
+    num_heads, head_size = query.shape[1], query.shape[2]
+    block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
+    queries_per_kv = num_heads // num_kv_heads
+    if out is None:
+        out = torch.empty_like(query)
+    if max_query_len <= 1:  # decode: one token, the group's heads as rows
+        block_q = 1
+        block_m = max(_MIN_DOT, triton.next_power_of_2(queries_per_kv))
+    else:
+        block_m = max(_PREFILL_ROWS, triton.next_power_of_2(queries_per_kv))
+        block_q = block_m // queries_per_kv
+    num_reqs = block_tables.shape[0]
+    grid = (num_reqs, triton.cdiv(max(max_query_len, 1), block_q), num_kv_heads)
+    key_cache, value_cache = kv_cache[0], kv_cache[1]
+    jit_kernel(_paged_attention)[grid](
+        out, query, key_cache, value_cache, block_tables, seq_lens, query_start_loc,
+        scale, window or 0,
+        query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2), block_tables.stride(0),
+        QUERIES_PER_KV=queries_per_kv, BLOCK_Q=block_q, BLOCK_M=block_m,
+        HEAD_SIZE=head_size, HEAD_PAD=max(_MIN_DOT, triton.next_power_of_2(head_size)),
+        BLOCK_SIZE=block_size, BLOCK_N=_KEY_TILE, USE_WINDOW=window is not None,
+        # float32 models keep float32 products (tensor cores would round inputs to tf32).
+        DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+        UPCAST_DOT=upcast_dot(query.dtype),
+    )
+    return out

@@ -1,0 +1,100 @@
+"""The Triton attention backend, run by Triton's interpreter on CPU (TRITON_INTERPRET=1):
+the kernel's logic against dense attention (every batch shape of the torch backend's tests,
+GQA, sliding windows, long and odd head sizes), the cache writes, and the registry's
+choice. The same tests run compiled on a GPU (tests/cuda/)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pagedllm.attention.registry import backend_name_for_device, create_attention_backend
+from pagedllm.attention.triton_paged import TritonPagedBackend, TritonPagedMetadata
+from pagedllm.triton_kernels import triton_available
+
+from .test_torch_paged import BATCHES, _Case, make_common_metadata
+
+pytestmark = pytest.mark.skipif(not triton_available(), reason="triton is not installed")
+
+
+@pytest.fixture(autouse=True)
+def interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+def _run(case: _Case, block_size: int, scale: float, window: int | None = None):
+    backend = TritonPagedBackend()
+    metadata = backend.build_metadata(make_common_metadata(case.requests, block_size), block_size)
+    assert isinstance(metadata, TritonPagedMetadata)
+    return backend.forward(
+        case.query, case.key, case.value, case.cache, metadata, scale, window
+    )
+
+
+@pytest.mark.parametrize("block_size", [1, 16])
+@pytest.mark.parametrize("batch", list(BATCHES))
+@pytest.mark.parametrize("heads", [(4, 2), (6, 2), (3, 3)])
+def test_matches_dense_attention(block_size: int, batch: str, heads: tuple[int, int]) -> None:
+    case = _Case(BATCHES[batch], block_size, *heads)
+    before = case.cache.clone()
+    out = _run(case, block_size, 0.3)
+    torch.testing.assert_close(out, case.expected(0.3), atol=2e-5, rtol=1e-5)
+    # The cache now holds every request's full K/V, and nothing else changed.
+    for kv, (_, _, block_ids) in zip(case.full_kv, case.requests, strict=True):
+        for pos in range(kv.shape[1]):
+            before[:, block_ids[pos // block_size], pos % block_size] = kv[:, pos]
+    assert torch.equal(case.cache, before)
+
+
+@pytest.mark.parametrize("window", [1, 5, 40])
+@pytest.mark.parametrize("batch", ["mixed", "decodes", "chunked", "single_prefill"])
+def test_sliding_window_matches_dense_attention(batch: str, window: int) -> None:
+    case = _Case(BATCHES[batch], 4, 6, 2)
+    out = _run(case, 4, 0.3, window)
+    torch.testing.assert_close(out, case.expected(0.3, window), atol=2e-5, rtol=1e-5)
+
+
+def test_long_contexts_many_query_tiles_and_odd_head_size() -> None:
+    """Prompts longer than one query tile (64 rows / 3 heads per kv head = 21 tokens), keys
+    over many tiles, and head_size 40 (padded to 64 in the kernel)."""
+    shapes = [(0, 70), (90, 30), (150, 1), (0, 1)]
+    case = _Case(shapes, 16, 9, 3, head_size=40)
+    out = _run(case, 16, 0.125)
+    torch.testing.assert_close(out, case.expected(0.125), atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_matches_float32_attention(dtype: torch.dtype) -> None:
+    case = _Case(BATCHES["mixed"], 4, 6, 2, head_size=64)
+    expected = case.expected(0.125)
+    case.cache, case.query = case.cache.to(dtype), case.query.to(dtype)
+    case.key, case.value = case.key.to(dtype), case.value.to(dtype)
+    out = _run(case, 4, 0.125)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.float(), expected, atol=3e-2, rtol=3e-2)
+
+
+def test_int8_cache_is_refused() -> None:
+    with pytest.raises(ValueError, match="kv_cache_dtype"):
+        TritonPagedBackend.get_kv_cache_shape(8, 16, 2, 64, "int8")
+
+
+def test_cpu_without_the_interpreter_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TRITON_INTERPRET")
+    case = _Case(BATCHES["decodes"], 4, 4, 2)
+    with pytest.raises(ValueError, match="TRITON_INTERPRET"):
+        _run(case, 4, 0.3)
+
+
+def test_registry_picks_triton_on_cuda_and_obeys_the_override(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert backend_name_for_device("cuda") == "triton"
+    assert backend_name_for_device("cuda:1", torch.bfloat16) == "triton"
+    assert backend_name_for_device("cpu") != "triton"
+    monkeypatch.setenv("PAGEDLLM_ATTENTION_BACKEND", "triton")
+    assert backend_name_for_device("cpu") == "triton"
+    assert isinstance(create_attention_backend("triton"), TritonPagedBackend)
+    monkeypatch.setenv("PAGEDLLM_ATTENTION_BACKEND", "flash")
+    with pytest.raises(ValueError, match="PAGEDLLM_ATTENTION_BACKEND"):
+        backend_name_for_device("cuda")
