@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pagedllm.attention import cpu_kernel, torch_paged
+from pagedllm.attention import cpu_kernel, registry, torch_paged
 from pagedllm.attention.backend import AttentionBackend, CommonAttentionMetadata
 from pagedllm.attention.cpu_paged import CpuPagedBackend, CpuPagedMetadata
 from pagedllm.attention.registry import backend_name_for_device, get_attention_backend
@@ -248,6 +248,8 @@ def test_registry_picks_the_kernels_on_cpu_where_they_serve(monkeypatch) -> None
         assert isinstance(backend, CpuPagedBackend if kernels_here else TorchPagedBackend)
         assert backend.get_kv_cache_shape(10, 16, 3, 64) == (2, 10, 16, 3, 64)
     assert backend_name_for_device("cpu", torch.float16) == "torch"
+    # CUDA takes the Triton kernel (tests/attention/test_triton_paged.py), torch without it.
+    monkeypatch.setattr(registry, "triton_available", lambda: False)
     assert backend_name_for_device("cuda:0", torch.float32) == "torch"
     monkeypatch.setenv("PAGEDLLM_ATTENTION_KERNEL", "torch")
     assert backend_name_for_device("cpu", torch.bfloat16) == "torch"
