@@ -13,6 +13,12 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The Triton kernels' tests run them in Triton's CPU interpreter. Triton makes its own
+# library functions interpreted or compiled once, when it is first imported, so the choice
+# is made here for the whole session, before anything imports it: interpreted, unless
+# PAGEDLLM_TEST_CUDA=1 (the GPU machine's run of tests/cuda, compiled).
+if os.environ.get("PAGEDLLM_TEST_CUDA") != "1":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + "
@@ -28,6 +34,19 @@ _CORPUS = [
     "Emoji and symbols: 🙂 🚀 ∑ π ≈ 3.14159, and numbers 0123456789.",
     "def main():\n    print('hello world')\n    return 42\n",
 ] * 20
+
+
+@pytest.fixture
+def triton_interpreter() -> None:
+    """Skip unless Triton kernels run in its CPU interpreter in this session (triton is
+    installed and the session did not choose compiled kernels, see above)."""
+    from pagedllm.triton_kernels import triton_available
+    from pagedllm.triton_kernels.runtime import interpreting
+
+    if not triton_available():
+        pytest.skip("triton is not installed")
+    if not interpreting():
+        pytest.skip("this session runs Triton kernels compiled (PAGEDLLM_TEST_CUDA=1)")
 
 
 def _train_tokenizer(out_dir: Path, vocab_size: int = 384) -> None:

@@ -64,6 +64,16 @@ def attention_backend() -> str | None:
     return os.environ.get("PAGEDLLM_ATTENTION_BACKEND") or None
 
 
+def quantized_matmul() -> str | None:
+    """PAGEDLLM_QUANTIZED_MATMUL=triton: quantized layers take the Triton group format
+    (layers/triton_quantization.py) on any device Triton runs on (with TRITON_INTERPRET=1
+    on CPU: tests); "native" keeps the device's own formats. Unset: Triton on CUDA."""
+    value = os.environ.get("PAGEDLLM_QUANTIZED_MATMUL") or None
+    if value not in (None, "triton", "native"):
+        raise ValueError(f"PAGEDLLM_QUANTIZED_MATMUL must be 'triton' or 'native', got {value!r}.")
+    return value
+
+
 def decode_stack_enabled() -> bool:
     """PAGEDLLM_DECODE_STACK=python runs decode steps through the Python layers instead of
     the one-call C decoder stack (default "c")."""

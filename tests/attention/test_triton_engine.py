@@ -10,13 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from pagedllm.triton_kernels import triton_available
-
 from ..models.test_architectures_e2e import check_engine_matches_transformers, prompts
 
 __all__ = ["prompts"]  # the module-scoped fixture, used by name below
 
-pytestmark = pytest.mark.skipif(not triton_available(), reason="triton is not installed")
+pytestmark = pytest.mark.usefixtures("triton_interpreter")
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "gemma3", "mistral_window"])
@@ -24,7 +22,6 @@ def test_engine_on_triton_matches_transformers(
     arch: str, prompts: list[list[int]], tiny_tokenizer_dir: Path, tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setenv("PAGEDLLM_ATTENTION_BACKEND", "triton")
     llm = check_engine_matches_transformers(arch, prompts, tiny_tokenizer_dir, tmp_path)
     worker = llm.llm_engine.engine_core.engine_core.executor.worker

@@ -10,16 +10,10 @@ import torch
 
 from pagedllm.attention.registry import backend_name_for_device, create_attention_backend
 from pagedllm.attention.triton_paged import TritonPagedBackend, TritonPagedMetadata
-from pagedllm.triton_kernels import triton_available
 
 from .test_torch_paged import BATCHES, _Case, make_common_metadata
 
-pytestmark = pytest.mark.skipif(not triton_available(), reason="triton is not installed")
-
-
-@pytest.fixture(autouse=True)
-def interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+pytestmark = pytest.mark.usefixtures("triton_interpreter")
 
 
 def _run(case: _Case, block_size: int, scale: float, window: int | None = None):

@@ -396,3 +396,48 @@ def _check_bfloat16_matrices(quantized: Path, dense: Path, act_order: bool,
     out = llm.generate([{"prompt_token_ids": [5, 6, 7]}],
                        SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)
     assert len(out[0].outputs[0].token_ids) == 4
+
+
+def _greedy_on_triton_codes(quantized, dense, expected_bits: int, monkeypatch) -> None:
+    """float32 greedy tokens of the checkpoint run on its codes by the GPU's Triton group
+    kernel (in Triton's interpreter here) equal transformers' on the dequantized weights."""
+    from transformers import AutoModelForCausalLM
+
+    from pagedllm import LLM, SamplingParams
+    from pagedllm.layers.triton_quantization import TritonGroupWeight
+    from tests.conftest import hf_greedy_tokens
+
+    monkeypatch.setenv("PAGEDLLM_QUANTIZED_MATMUL", "triton")
+
+    prompts = [[5, 9, 30, 2, 77], [100, 3, 3, 41, 8, 19, 60]]
+    reference = AutoModelForCausalLM.from_pretrained(dense, dtype=torch.float32).eval()
+    want = hf_greedy_tokens(reference, prompts, 12)
+    llm = LLM(str(quantized), dtype="float32", max_model_len=128)
+    model = llm.llm_engine.engine_core.engine_core.executor.worker.model
+    for linear in (model.model.layers[0].self_attn.qkv_proj, model.model.layers[1].mlp.down_proj):
+        assert isinstance(linear.quantized, TritonGroupWeight)
+        assert linear.quantized.bits == expected_bits and not linear.keeps_dense
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                           SamplingParams(temperature=0.0, max_tokens=12), use_tqdm=False)
+    assert [list(o.outputs[0].token_ids) for o in outputs] == want
+
+
+@pytest.mark.usefixtures("triton_interpreter")
+def test_gptq_on_triton_runs_its_codes_token_exact(gptq_checkpoint, monkeypatch) -> None:
+    monkeypatch.setenv("PAGEDLLM_ATTENTION_BACKEND", "triton")  # the whole GPU path
+    _greedy_on_triton_codes(*gptq_checkpoint, 4, monkeypatch)
+
+
+@pytest.mark.usefixtures("triton_interpreter")
+def test_act_order_on_triton_runs_its_codes_token_exact(act_order_checkpoint, monkeypatch):
+    _greedy_on_triton_codes(*act_order_checkpoint, 4, monkeypatch)
+
+
+@pytest.mark.usefixtures("triton_interpreter")
+def test_gptq_8bit_on_triton_runs_its_codes_token_exact(gptq8_checkpoint, monkeypatch):
+    _greedy_on_triton_codes(*gptq8_checkpoint, 8, monkeypatch)
+
+
+@pytest.mark.usefixtures("triton_interpreter")
+def test_awq_on_triton_runs_its_codes_token_exact(awq_checkpoint, monkeypatch) -> None:
+    _greedy_on_triton_codes(*awq_checkpoint, 4, monkeypatch)

@@ -57,6 +57,14 @@ def _cpu_bf16_is_fast(quantization: str | None) -> bool:
     return fast
 
 
+def _runs_checkpoint_codes(dtype: str, device: str) -> bool:
+    """Whether a GPTQ / AWQ / compressed-tensors checkpoint's codes run as they are: on the
+    CPU's byte kernels (bfloat16) or the GPU's Triton group kernel (any dtype)."""
+    from pagedllm.layers.triton_quantization import uses_triton_weights
+
+    return (dtype == "bfloat16" and device == "cpu") or uses_triton_weights(device)
+
+
 @dataclass
 class EngineArgs:
     """Engine arguments with vLLM's names (see `LLM` for their meaning)."""
@@ -328,17 +336,26 @@ class EngineArgs:
 
         A 4-bit GGUF runs its decoder matrices as int4 (an 8-bit one as int8) on CPU, where
         small decode steps are bound by weight reads; dense weights are kept as well for
-        large steps unless keep_dense_weights is False.
+        large steps unless keep_dense_weights is False. On CUDA they run on the Triton
+        group kernel (W4A16 / W8A16, the file's codes as they are).
         """
         if self.quantization == "none":
             return None
         if self.quantization is not None:
             return self.quantization
-        if gguf_file is None or device != "cpu":
+        if gguf_file is None:
             return None
         import os
 
+        from pagedllm.layers.triton_quantization import uses_triton_weights
         from pagedllm.model_loader.gguf import gguf_weight_quantization
+
+        if device != "cpu" and not uses_triton_weights(device):
+            logger.warning(
+                "%s has no kernel for quantized weights without triton: the GGUF's weights "
+                "are dequantized to the model's dtype.", device,
+            )
+            return None
 
         return gguf_weight_quantization(os.path.join(model_dir, gguf_file))
 
@@ -434,7 +451,7 @@ class EngineArgs:
         dtype = resolve_dtype(
             self.dtype, hf_config, device, quantized_checkpoint, cpu_bf16_is_fast
         )
-        if checkpoint_quantization is not None and (dtype != "bfloat16" or device != "cpu"):
+        if checkpoint_quantization is not None and not _runs_checkpoint_codes(dtype, device):
             # The byte kernels take bfloat16 on CPU; elsewhere the layers are dequantized.
             quantization = None
         if choice.runner == "pooling" and self.dtype == "auto" and cpu_bf16_is_fast:

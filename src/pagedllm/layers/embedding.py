@@ -30,6 +30,12 @@ from pagedllm.layers.quantization import (
     quantize_w8a8,
     w8a8_from_codes,
 )
+from pagedllm.layers.triton_quantization import (
+    TritonGroupWeight,
+    quantize_for_triton,
+    triton_weight_from_codes,
+    uses_triton_weights,
+)
 
 # Logits per row recomputed in float32 after a reduced-precision vocabulary matmul.
 REFINED_CANDIDATES = 8
@@ -61,7 +67,7 @@ class LMHead(nn.Module):
         self.embedding_dim = embedding_dim
         self.is_tied = tie_to is not None
         self.packed_weight: torch.Tensor | None = None
-        self.quantized: QuantizedWeight | None = None
+        self.quantized: QuantizedWeight | TritonGroupWeight | None = None
         self.ranking_shortlist: W4A8Weight | None = None
         self.keeps_dense = True
         if tie_to is not None:
@@ -96,7 +102,12 @@ class LMHead(nn.Module):
         codes = getattr(self.weight, "file_codes", None)
         if codes is not None:
             del self.weight.file_codes  # type: ignore[attr-defined]
-        if can_quantize_w4a8(self.weight.data):
+        if uses_triton_weights(self.weight.device):  # the GPU's group format, every step
+            if codes is not None and not codes.is_int4:
+                self.quantized = triton_weight_from_codes(codes, self.weight.device)
+            else:
+                self.quantized = quantize_for_triton(self.weight.data, "int8")
+        elif can_quantize_w4a8(self.weight.data):
             if codes is not None and not codes.is_int4:
                 self.quantized = w8a8_from_codes(codes)
             else:

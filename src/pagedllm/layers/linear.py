@@ -31,11 +31,17 @@ from pagedllm.layers.quantization import (
     w4a8_from_codes,
     w8a8_from_codes,
 )
+from pagedllm.layers.triton_quantization import (
+    TritonGroupWeight,
+    quantize_for_triton,
+    triton_weight_from_codes,
+    uses_triton_weights,
+)
 from pagedllm.utils.math import round_up
 
 
 def uses_quantized(
-    quantized: QuantizedWeight | None, keeps_dense: bool, num_tokens: int
+    quantized: QuantizedWeight | TritonGroupWeight | None, keeps_dense: bool, num_tokens: int
 ) -> bool:
     """Whether a step of `num_tokens` rows runs on the quantized copy of a weight: always
     without a dense copy, else for steps of at most the weight's `max_tokens` (None: all)."""
@@ -148,7 +154,7 @@ class Linear(nn.Module):
         else:
             self.register_parameter("bias", None)
         self.packed_weight: torch.Tensor | None = None
-        self.quantized: QuantizedWeight | None = None
+        self.quantized: QuantizedWeight | TritonGroupWeight | None = None
         self.keeps_dense = True
         # File codes of the weight's rows, by first row, until quantize() repacks them.
         self.pending_codes: list[tuple[int, GroupCodes]] = []
@@ -220,8 +226,12 @@ class Linear(nn.Module):
         dense bf16 wins for large steps (matrix units, see dense_crossover.py) does
         `keep_dense` keep it for those steps. A weight loaded as file codes (Q4_0/Q4_1/Q8_0,
         see GroupCodes) becomes W4A8 / W8A8 from those codes exactly. Call before
-        `pack_for_cpu`.
+        `pack_for_cpu`. On a GPU the weight takes the Triton group format instead
+        (triton_quantization.py), for every step.
         """
+        if uses_triton_weights(self.weight.device):
+            self._quantize_for_triton(method)
+            return
         if method == "fp8":
             # vLLM's dynamic FP8: the weight rounded to float8 e4m3 (one scale per tensor).
             # No CPU kernel reads FP8: where W8A8 runs it takes the rounded weight as int8
@@ -256,6 +266,20 @@ class Linear(nn.Module):
             self.quantized = byte_dot
         self.keeps_dense = False
         self.weight.data = torch.empty(0, dtype=self.weight.dtype)
+
+    def _quantize_for_triton(self, method: str) -> None:
+        """The weight as a TritonGroupWeight (its file codes exactly, else quantized with
+        `method`), serving every step; the dense weight is released."""
+        codes = self._take_file_codes(usable=method != "fp8")
+        if codes is not None:
+            self.quantized = triton_weight_from_codes(codes, self.weight.device)
+            self.input_perm = None if codes.input_perm is None else codes.input_perm.to(
+                self.weight.device
+            )
+        else:
+            self.quantized = quantize_for_triton(self.weight.data, method)
+        self.keeps_dense = False
+        self.weight.data = torch.empty(0, dtype=self.weight.dtype, device=self.weight.device)
 
     def pack_for_cpu(self) -> None:
         """Move the weight into oneDNN's packed layout (after loading, for speed).

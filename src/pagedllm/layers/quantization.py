@@ -265,7 +265,7 @@ def can_quantize_w4a8(weight: torch.Tensor) -> bool:
     )
 
 
-def _int4_codes(
+def int4_group_codes(
     weight: torch.Tensor, group_size: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(codes [out, groups, group_size] in 0..15, scales d, minimums m), w = d * q + m."""
@@ -421,7 +421,7 @@ def quantize_w4a8(weight: torch.Tensor) -> W4A8Weight:
     # By row chunks: a vocabulary matrix in float32 temporaries would be several 100 MB.
     for start in range(0, rows, _QUANTIZE_CHUNK_ROWS):
         chunk = weight[start : start + _QUANTIZE_CHUNK_ROWS]
-        codes, scales, mins = _int4_codes(chunk, INT4_GROUP_SIZE)
+        codes, scales, mins = int4_group_codes(chunk, INT4_GROUP_SIZE)
         _pack_int4(packed, scales_and_mins, start, codes, scales, mins)
     return W4A8Weight(packed, scales_and_mins, rows)
 
@@ -452,7 +452,7 @@ def quantize_int4(weight: torch.Tensor, group_size: int = INT4_GROUP_SIZE) -> In
             f"{group_size}; got weight shape {tuple(weight.shape)}."
         )
     rows, cols = weight.shape
-    codes, scales, low = _int4_codes(weight, group_size)
+    codes, scales, low = int4_group_codes(weight, group_size)
     zeros = low + _INT4_MID * scales
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
         codes.view(rows, cols).to(torch.int32), 1

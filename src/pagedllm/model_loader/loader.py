@@ -16,6 +16,7 @@ import torch
 from pagedllm.config import ModelConfig
 from pagedllm.layers import cpu_ops
 from pagedllm.layers.quantization import GroupCodes
+from pagedllm.layers.triton_quantization import uses_triton_weights
 from pagedllm.logger import init_logger
 from pagedllm.model_loader.checkpoint_quantization import iterate_weights
 from pagedllm.model_loader.gguf import iterate_gguf_weights
@@ -72,10 +73,14 @@ def iterate_checkpoint_weights(
 def _keeps_file_codes(model_config: ModelConfig, dtype: torch.dtype, device: str) -> bool:
     """Whether the layers take GGUF codes as they are: int4 or int8 weights of a bfloat16
     CPU model run on the byte dot-product kernels (W4A8 / W8A8), which hold the file's codes
-    exactly (a Q8_0 file's codes too, rather than re-quantizing them per channel)."""
+    exactly (a Q8_0 file's codes too, rather than re-quantizing them per channel), or of a
+    model on the Triton group kernel (GPU)."""
+    if model_config.quantization not in ("int4", "int8"):
+        return False
+    if uses_triton_weights(device):  # the GPU's group format holds every code type
+        return True
     return (
-        model_config.quantization in ("int4", "int8")
-        and dtype == torch.bfloat16
+        dtype == torch.bfloat16
         and torch.device(device).type == "cpu"
         and cpu_ops.w4a8_available()
     )

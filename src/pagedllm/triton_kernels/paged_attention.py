@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pagedllm.triton_kernels.runtime import jit_kernel, upcast_dot
+from pagedllm.triton_kernels.runtime import jit_kernel, round_bf16_in_software, upcast_dot
 
 # Query rows per program for prefills (query tokens x the heads of one kv head) and keys
 # per inner step.
@@ -38,7 +38,7 @@ def _paged_attention(
     QUERIES_PER_KV: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
     HEAD_SIZE: tl.constexpr, HEAD_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr, USE_WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    UPCAST_DOT: tl.constexpr,
+    UPCAST_DOT: tl.constexpr, ROUND_BF16: tl.constexpr,
 ):
     req = tl.program_id(0)
     q_tile = tl.program_id(1)
@@ -101,12 +101,20 @@ def _paged_attention(
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(value_cache_ptr + kv_offsets[:, None] + dims[None, :],
                     mask=pos_valid[:, None] & dim_valid[None, :], other=0.0)  # [BLOCK_N, D]
+        if ROUND_BF16:  # the interpreter's cast truncates: round to nearest even first
+            p_bits = p.to(tl.uint32, bitcast=True)
+            p_bits += 0x7FFF + ((p_bits >> 16) & 1)
+            p = p_bits.to(tl.float32, bitcast=True)
         p = p.to(v.dtype)
         if UPCAST_DOT:
             p, v = p.to(tl.float32), v.to(tl.float32)
         acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=DOT_PRECISION)
         m_i = m_new
     acc = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    if ROUND_BF16:
+        acc_bits = acc.to(tl.uint32, bitcast=True)
+        acc_bits += 0x7FFF + ((acc_bits >> 16) & 1)
+        acc = acc_bits.to(tl.float32, bitcast=True)
     o_offsets = (q_start + token)[:, None] * stride_o_token + head[:, None] * stride_o_head
     tl.store(out_ptr + o_offsets + dims[None, :], acc.to(out_ptr.dtype.element_ty),
              mask=row_valid[:, None] & dim_valid[None, :])
@@ -162,6 +170,6 @@ def paged_attention(
         BLOCK_SIZE=block_size, BLOCK_N=_KEY_TILE, USE_WINDOW=window is not None,
         # float32 models keep float32 products (tensor cores would round inputs to tf32).
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
-        UPCAST_DOT=upcast_dot(query.dtype),
+        UPCAST_DOT=upcast_dot(query.dtype), ROUND_BF16=round_bf16_in_software(query.dtype),
     )
     return out

@@ -39,6 +39,13 @@ def upcast_dot(dtype: torch.dtype) -> bool:
     return interpreting() and dtype in (torch.bfloat16, torch.float16)
 
 
+def round_bf16_in_software(dtype: torch.dtype) -> bool:
+    """Whether kernels should round float32 to bfloat16 themselves before casting: only in
+    the interpreter, whose cast truncates (the GPU's rounds to nearest even). Adding half a
+    unit (ties to even) to the float32 bits makes the truncation round to nearest."""
+    return interpreting() and dtype == torch.bfloat16
+
+
 def runs_on(device: torch.device | str) -> bool:
     """Whether Triton kernels can run on tensors of `device`: compiled on CUDA, or in the
     interpreter on CPU when TRITON_INTERPRET is set."""
