@@ -44,6 +44,7 @@ class ModelConfig:
         hf_config: the transformers `PretrainedConfig` (not compared, not printed).
         quantization: weight quantization ("int8", "int4", "fp8") or None for dense weights.
         keep_dense_weights: with quantization, also keep the dense weights for large steps.
+        enforce_eager: run every step eagerly (no CUDA graphs, vLLM's flag).
         checkpoint_quantization: a GPTQ / AWQ / compressed-tensors checkpoint's
             `quantization_config` (its layers are stored quantized:
             model_loader/checkpoint_quantization.py), else None.
@@ -71,6 +72,7 @@ class ModelConfig:
     convert: str | None = None
     supported_tasks: tuple[str, ...] = ("generate",)
     pooler_config: PoolerConfig | None = None
+    enforce_eager: bool = False
 
 
 @dataclass(frozen=True)

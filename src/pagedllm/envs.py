@@ -74,6 +74,12 @@ def quantized_matmul() -> str | None:
     return value
 
 
+def emulate_cuda_graphs() -> bool:
+    """PAGEDLLM_EMULATE_CUDA_GRAPHS=1 builds the decode-graph runner on a device without
+    CUDA graphs, replaying by running the forward again on its buffers (tests on CPU)."""
+    return os.environ.get("PAGEDLLM_EMULATE_CUDA_GRAPHS", "0") == "1"
+
+
 def decode_stack_enabled() -> bool:
     """PAGEDLLM_DECODE_STACK=python runs decode steps through the Python layers instead of
     the one-call C decoder stack (default "c")."""

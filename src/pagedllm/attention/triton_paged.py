@@ -48,6 +48,7 @@ class TritonPagedBackend(AttentionBackend):
     """
 
     name = "triton"
+    cuda_graph_safe = True
 
     @staticmethod
     def get_kv_cache_shape(

@@ -73,6 +73,7 @@ class EngineArgs:
     dtype: str = "auto"
     quantization: str | None = None
     keep_dense_weights: bool = True
+    enforce_eager: bool = False
     seed: int = 0
     max_model_len: int | None = None
     block_size: int = 16
@@ -474,4 +475,5 @@ class EngineArgs:
             convert=choice.convert,
             supported_tasks=choice.supported_tasks,
             pooler_config=pooler_config,
+            enforce_eager=self.enforce_eager,
         )

@@ -39,10 +39,11 @@ ENGINE_ARG_HELP = {
                     "int8 (per channel), fp8 (weights rounded to float8 e4m3 per tensor, run "
                     "as int8 groups on CPU), none; gptq, awq or compressed-tensors name a "
                     "quantized checkpoint's format (its config.json says it anyway). Default: "
-                    "the checkpoint's (int4 for a 4-bit GGUF on CPU, else none).",
+                    "the checkpoint's (int4 for a 4-bit GGUF, else none).",
     "keep_dense_weights": "With --quantization, also keep the --dtype weights and use them for "
                           "steps of more than 8 tokens (faster prefill and large batches, more "
                           "memory).",
+    "enforce_eager": "Run every step eagerly: no CUDA graphs for decode steps (CUDA only).",
     "seed": "Seed of requests that bring none.",
     "max_model_len": "Longest prompt + output in tokens (default: the model's context length).",
     "block_size": "Tokens per KV-cache block.",

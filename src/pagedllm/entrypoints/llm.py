@@ -27,7 +27,7 @@ from pagedllm.sampling_params import BeamSearchParams, RequestOutputKind, Sampli
 from pagedllm.tokenizer.tokenizer import apply_chat_template
 
 # vLLM arguments accepted for compatibility that change nothing on a single CPU/GPU engine.
-_IGNORED_ARGS = {"trust_remote_code", "enforce_eager", "disable_log_stats"}
+_IGNORED_ARGS = {"trust_remote_code", "disable_log_stats"}
 
 Message = dict[str, Any]
 

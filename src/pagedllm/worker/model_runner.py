@@ -50,6 +50,7 @@ from pagedllm.worker.block_table import (
     make_block_table_array,
     null_skipped_blocks,
 )
+from pagedllm.worker.cuda_graphs import DecodeGraphs
 from pagedllm.worker.input_batch import CachedRequestState, StepInputs
 from pagedllm.worker.logprobs import (
     concat_token_logprobs,
@@ -135,6 +136,8 @@ class ModelRunner:
         self.requests: dict[str, CachedRequestState] = {}
         # Prompt logprobs of requests swapped out mid-prompt, until they are swapped back in.
         self._parked_prompt_logprobs: dict[str, LogprobsLists] = {}
+        # Captured decode forwards (CUDA graphs), set by the worker where they serve.
+        self.decode_graphs: DecodeGraphs | None = None
 
     @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
@@ -272,6 +275,13 @@ class ModelRunner:
                 self.device,
             )
         rows = self._attention_rows(inputs)
+        graphs = self.decode_graphs
+        if graphs is not None and not inputs.has_drafts and graphs.serves(
+            rows.query_lens, rows.block_tables[0].shape[1]
+        ):
+            return graphs.run(
+                inputs.input_ids, inputs.positions, inputs.slot_mapping, rows.block_tables[0]
+            )
         common = self._build_common_metadata(inputs, rows)
         group_metadata = [self.backend.build_metadata(common, self.block_size)]
         for table, slots in zip(rows.block_tables[1:], inputs.slot_mappings[1:], strict=True):

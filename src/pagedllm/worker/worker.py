@@ -13,6 +13,7 @@ groups and no blocks.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -29,6 +30,7 @@ from pagedllm.logger import init_logger
 from pagedllm.model_loader.loader import get_model
 from pagedllm.spec_decode.proposers import DrafterContext, Proposer, make_proposer
 from pagedllm.utils.device import cuda_free_memory_bytes, to_torch_dtype
+from pagedllm.worker.cuda_graphs import DecodeGraphs, default_capture_sizes
 from pagedllm.worker.fault_injection import install_fault_injection
 from pagedllm.worker.model_runner import ModelRunner
 from pagedllm.worker.outputs import ModelRunnerOutput
@@ -85,6 +87,54 @@ class Worker:
             lora_manager=self._make_lora_manager(),
             activation_dtype=self.dtype,
         )
+        self.model_runner.decode_graphs = self._capture_decode_graphs()
+
+    def _decode_graphs_off_reason(self) -> str | None:
+        """Why decode steps cannot replay CUDA graphs here, or None when they can."""
+        config = self.config
+        checks = [
+            (config.model_config.enforce_eager, "enforce_eager=True"),
+            (self.device.type != "cuda" and not envs.emulate_cuda_graphs(), "not on CUDA"),
+            (not self.backend.cuda_graph_safe, f"the {self.backend.name} attention backend"),
+            (self.is_encoder or config.model_config.runner != "generate", "not a generator"),
+            (len(self.kv_cache_spec.groups) != 1, "several KV cache groups"),
+            (config.lora_config is not None, "LoRA"),
+            (config.speculative_config is not None, "speculative decoding"),
+            (get_world_group().world_size > 1, "several ranks"),
+        ]
+        return next((reason for off, reason in checks if off), None)
+
+    def _capture_decode_graphs(self) -> DecodeGraphs | None:
+        """Decode forwards captured per batch size (worker/cuda_graphs.py), where they
+        serve; a capture that fails (an op of the model that cannot be captured) leaves
+        every step eager, with a warning."""
+        reason = self._decode_graphs_off_reason()
+        if reason is not None:
+            if self.device.type == "cuda":
+                logger.info("CUDA graphs off: %s; decode steps run eagerly.", reason)
+            return None
+        block_size = self.kv_cache_spec.block_size
+        graphs = DecodeGraphs(
+            self.model,
+            self.backend,
+            self.model_runner.kv_caches,
+            block_size,
+            max_blocks_per_seq=-(-self.config.model_config.max_model_len // block_size),
+            capture_sizes=default_capture_sizes(self.config.scheduler_config.max_num_seqs),
+            device=self.device,
+            replay_by_rerunning=self.device.type != "cuda",
+        )
+        start = time.perf_counter()
+        try:
+            graphs.capture_all()
+        except Exception as error:  # noqa: BLE001 - any failure means: run eagerly
+            logger.warning("CUDA graphs off: capturing a decode step failed (%s).", error)
+            return None
+        logger.info(
+            "Captured decode steps of %d batch sizes (1 to %d) in %.1f s.",
+            len(graphs.capture_sizes), graphs.max_batch_size, time.perf_counter() - start,
+        )
+        return graphs
 
     def _make_lora_manager(self) -> LoRAModelManager | None:
         """Adapter slots on every LoRA-able layer, when LoRA is on."""
