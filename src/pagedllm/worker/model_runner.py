@@ -422,11 +422,11 @@ class ModelRunner:
             # finiteness check is read after the tokens' copy: no extra sync on a device.
             tokens = self._causal_lm.compute_greedy_tokens(sample_hidden).tolist()
             return [[t] for t in tokens], {}, nonfinite_rows(finite)
-        failed = nonfinite_rows(finite)
         logits = self._causal_lm.compute_logits(sample_hidden, ranking_only)
-        logits = logits.float()  # [n, vocab]
-        if failed:  # their tokens are dropped; finite values keep the sampler's math sound
-            logits[failed] = 0.0
+        # Rows whose forward went non-finite get zero logits, on the device (no host sync
+        # before sampling): finite values keep the sampler's math sound; their tokens are
+        # dropped (`failed`, read after the tokens' copy).
+        logits = logits.float().masked_fill_(~finite.unsqueeze(1), 0.0)  # [n, vocab]
         if constrained:
             row_of = {state.request_id: row for row, state in enumerate(states)}
             rows = [row_of[request_id] for request_id in constrained]
@@ -434,6 +434,7 @@ class ModelRunner:
         if not self.is_driver:  # the driver samples (the logits above were collective)
             return [[] for _ in states], {}, []
         emitted = [[t] for t in self.sampler(logits, metadata).tolist()]  # one token a row
+        failed = nonfinite_rows(finite)
         logprobs = self._emitted_logprobs(states, logits, list(range(len(states))), emitted)
         return emitted, logprobs, failed
 
