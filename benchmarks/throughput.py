@@ -15,6 +15,7 @@ and prints pagedllm's ratio to each configuration, to each peer's best and to th
     python benchmarks/throughput.py --compare hf,llamacpp --hf-dtype bfloat16,float32 \
         --hf-batch-size 16,32,64 --num-iters 3 --output-json benchmarks/results/throughput.json
     python benchmarks/throughput.py --skip-engine --compare llamacpp --llamacpp-batch-size 16,64
+    python benchmarks/throughput.py --device cuda --compare hf --hf-batch-size 64,256
 """
 
 from __future__ import annotations
@@ -130,6 +131,7 @@ class EngineRunner:
         }
         kwargs = {k: v for k, v in limits.items() if v is not None}
         kwargs["keep_dense_weights"] = args.keep_dense_weights
+        kwargs["device"] = args.device
         self.config = {"model": location.path, "dtype": args.dtype, "seed": args.seed, **kwargs}
         self.peer = ENGINE
         self.label = f"pagedllm (dtype={args.dtype}" + (
@@ -213,6 +215,8 @@ class HFRunner:
         for row, ids in enumerate(batch):
             input_ids[row, width - len(ids) :] = torch.tensor(ids)
             attention_mask[row, width - len(ids) :] = 1
+        input_ids = input_ids.to(self.model.device)
+        attention_mask = attention_mask.to(self.model.device)
         # min_new_tokens == max_new_tokens masks EOS at every step (the MinNewTokens logits
         # processor), which is how transformers spells vLLM's ignore_eos. Greedy, as on the
         # engine side: the cheapest decoding for both, so the comparison is of the engines.
@@ -248,6 +252,7 @@ def hf_runners(location: ModelLocation, args: argparse.Namespace) -> Iterator[HF
     """One runner per (dtype, batch size); each dtype's model is loaded once, then freed."""
     for dtype in args.hf_dtype:
         model, setup_s = load_hf_model(location, dtype)
+        model.to(args.device if args.device != "auto" else "cpu")
         for batch_size in args.hf_batch_size:
             yield HFRunner(model, dtype, batch_size, args.hf_sort, setup_s)
         del model
@@ -520,6 +525,12 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
     add("--input-len-max", type=int, default=300, help="longest prompt, tokens")
     add("--output-len", type=int, default=128, help="tokens per request (EOS ignored)")
     add("--seed", type=int, default=0, help="seed of the prompts and the engine")
+    add(
+        "--device",
+        default="cpu",
+        choices=("cpu", "cuda"),
+        help="where the engine and transformers run (the same device for both)",
+    )
     add(
         "--num-iters",
         type=int,
