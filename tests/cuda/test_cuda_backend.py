@@ -86,8 +86,9 @@ def test_a_replay_never_waits_on_the_host(tiny_llama_dir: Path) -> None:
     table = np.array([[1, 2], [3, 4], [5, 6]])
     torch.cuda.set_sync_debug_mode("error")
     try:
-        hidden = graphs.run(np.array([3, 4, 5]), np.array([17, 20, 30]),
-                            np.array([33, 52, 94]), table)
+        with torch.inference_mode():  # as the model runner calls it
+            hidden = graphs.run(np.array([3, 4, 5]), np.array([17, 20, 30]),
+                                np.array([33, 52, 94]), table)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert hidden.shape[0] == 3 and bool(torch.isfinite(hidden).all())

@@ -126,7 +126,8 @@ class Worker:
         )
         start = time.perf_counter()
         try:
-            graphs.capture_all()
+            with torch.inference_mode():  # as the steps run (execute_model)
+                graphs.capture_all()
         except Exception as error:  # noqa: BLE001 - any failure means: run eagerly
             logger.warning("CUDA graphs off: capturing a decode step failed (%s).", error)
             return None
