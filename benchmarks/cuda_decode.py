@@ -96,6 +96,7 @@ def main(argv: list[str] | None = None) -> None:
 
     location = locate_model(args.model)
     llm = LLM(model=location.path, device="cuda", enforce_eager=args.enforce_eager,
+              dtype=args.dtype, quantization=args.quantization,
               max_model_len=args.prompt_len + args.output_len + 16, seed=0)
     engine = llm.llm_engine
     worker = engine.engine_core.engine_core.executor.worker
@@ -145,6 +146,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--output-len", type=int, default=256, help="decoded tokens per pass")
     p.add_argument("--num-iters", type=int, default=3, help="timed passes")
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    p.add_argument("--dtype", default="auto", help="the engine's dtype")
+    p.add_argument("--quantization", default=None,
+                   help="int4 / int8 / none (default: the checkpoint's; a GGUF's own codes)")
     p.add_argument("--bandwidth-gib", type=float, default=1.0, help="copy size to measure")
     p.add_argument("--output-json", default=None, metavar="PATH", help="write results here")
     return p.parse_args(argv)
