@@ -9,8 +9,9 @@ is token 0 at position 0 with a context of one token, slot 0 of the null block (
 tables are zero there), so it writes and reads only that slot. All padding rows compute the
 same values, every value stays finite, and no request reads the null block unmasked.
 
-Only what changes is copied per step: the token ids, positions, slots, sequence lengths and
-block tables of the n live rows (one host-to-device copy each, of n entries); the rows past
+Only what changes is copied per step: the token ids, positions, slots and sequence lengths
+of the n live rows (one host-to-device copy from pinned memory) and their block table rows
+(a second); the rows past
 n are reset to padding only when the previous step had live rows there. The query start
 offsets are 0, 1, 2, ... for every batch: they never change. Everything the graph
 reads lives in these buffers, so the attention backend must take all its step metadata
@@ -111,16 +112,24 @@ class DecodeGraphs:
         self.replay_by_rerunning = replay_by_rerunning
         max_batch = self.capture_sizes[-1]
 
-        def zeros(*shape: int) -> torch.Tensor:
-            return torch.zeros(*shape, dtype=torch.int64, device=device)
-
+        # Token ids, positions, slots and sequence lengths in one tensor: one copy a step.
+        self._rows = torch.zeros(4, max_batch, dtype=torch.int64, device=device)
         self.buffers = _DecodeBuffers(
-            input_ids=zeros(max_batch),
-            positions=zeros(max_batch),
-            slot_mapping=zeros(max_batch),
-            seq_lens=torch.ones(max_batch, dtype=torch.int64, device=device),
+            input_ids=self._rows[0],
+            positions=self._rows[1],
+            slot_mapping=self._rows[2],
+            seq_lens=self._rows[3],
             query_start_loc=torch.arange(max_batch + 1, dtype=torch.int64, device=device),
-            block_tables=zeros(max_batch, max_blocks_per_seq),
+            block_tables=torch.zeros(
+                max_batch, max_blocks_per_seq, dtype=torch.int64, device=device
+            ),
+        )
+        # Host staging (pinned on CUDA, so the copies are asynchronous). Rewriting it at the
+        # next step is safe: a step ends by reading its sampled tokens, after the replay.
+        pinned = device.type == "cuda"
+        self._rows_staging = torch.zeros(4, max_batch, dtype=torch.int64, pin_memory=pinned)
+        self._table_staging = torch.zeros(
+            max_batch, max_blocks_per_seq, dtype=torch.int64, pin_memory=pinned
         )
         self._live_rows = 0  # rows of the buffers holding the previous step's requests
         self._graphs: dict[int, _Graph] = {}
@@ -178,17 +187,14 @@ class DecodeGraphs:
     ) -> None:
         """Copy the live rows in; reset the rows the previous step used beyond them."""
         n, width = len(input_ids), block_table.shape[1]
-        buffers = self.buffers
-        for buffer, values in (
-            (buffers.input_ids, input_ids),
-            (buffers.positions, positions),
-            (buffers.slot_mapping, slot_mapping),
-            (buffers.seq_lens, positions + 1),
-        ):
-            buffer[:n].copy_(torch.from_numpy(values), non_blocking=True)
-        buffers.block_tables[:n, :width].copy_(torch.from_numpy(block_table), non_blocking=True)
-        if width < buffers.block_tables.shape[1]:
-            buffers.block_tables[:n, width:] = 0
+        rows = self._rows_staging.numpy()
+        rows[0, :n], rows[1, :n], rows[2, :n] = input_ids, positions, slot_mapping
+        rows[3, :n] = positions + 1
+        self._rows[:, :n].copy_(self._rows_staging[:, :n], non_blocking=True)
+        tables = self._table_staging.numpy()
+        tables[:n, :width] = block_table
+        tables[:n, width:] = 0
+        self.buffers.block_tables[:n].copy_(self._table_staging[:n], non_blocking=True)
         if self._live_rows > n:
             self._reset_padding(n, self._live_rows)
         self._live_rows = n
