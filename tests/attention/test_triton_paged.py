@@ -92,3 +92,27 @@ def test_registry_picks_triton_on_cuda_and_obeys_the_override(
     monkeypatch.setenv("PAGEDLLM_ATTENTION_BACKEND", "flash")
     with pytest.raises(ValueError, match="PAGEDLLM_ATTENTION_BACKEND"):
         backend_name_for_device("cuda")
+
+
+@pytest.mark.parametrize("num_splits", [1, 3, 16])
+@pytest.mark.parametrize("window", [None, 5])
+def test_split_decoding_matches_dense_attention(num_splits: int, window: int | None) -> None:
+    """Decodes with each request's keys shared by several programs (flash-decoding), some
+    shares empty (short contexts, windows), then combined."""
+    from pagedllm.triton_kernels.paged_attention import paged_attention
+
+    case = _Case(BATCHES["decodes"], 4, 6, 2)
+    backend = TritonPagedBackend()
+    metadata = backend.build_metadata(make_common_metadata(case.requests, 4), 4)
+    backend.forward(case.query, case.key, case.value, case.cache, metadata, 0.3, window)
+    out = paged_attention(case.query, case.cache, metadata.block_tables, metadata.seq_lens,
+                          metadata.query_start_loc, 1, 0.3, window, num_splits=num_splits)
+    torch.testing.assert_close(out, case.expected(0.3, window), atol=2e-5, rtol=1e-5)
+
+
+def test_decode_splits_follow_the_batch_shape() -> None:
+    from pagedllm.triton_kernels.paged_attention import decode_splits
+
+    assert decode_splits(1, 3) == 16  # one request on SmolLM2's 3 kv heads
+    assert decode_splits(8, 3) == 5
+    assert decode_splits(64, 3) == 1  # enough programs without splitting

@@ -10,6 +10,10 @@ tiles of BLOCK_N positions with an online softmax (FlashAttention-2's recurrence
 the tile's causal bound (the cached context plus the tile's own tokens), from the sliding
 window's start for a windowed layer.
 
+A decode batch too small to fill the GPU (one request on 3 kv heads is 3 programs) splits
+each request's keys over several programs (flash-decoding): each writes its share's
+unnormalised sums with their maximum and normaliser, and `split_reduce` combines them.
+
 The grid depends only on the number of requests, the longest query and the kv heads:
 a decode batch of a fixed size always launches the same grid, so it can be replayed from a
 CUDA graph with new sequence lengths and block tables in the same buffers.
@@ -28,21 +32,29 @@ from pagedllm.triton_kernels.runtime import jit_kernel, round_bf16_in_software, 
 _PREFILL_ROWS = 64
 _KEY_TILE = 32
 _MIN_DOT = 16  # tl.dot needs every dimension >= 16
+# Split decoding: programs a decode launch should have at least, and most shares per request.
+_DECODE_PROGRAMS = 128
+_MAX_SPLITS = 16
 
 
 def _paged_attention(
     out_ptr, q_ptr, key_cache_ptr, value_cache_ptr, block_tables_ptr, seq_lens_ptr,
-    query_start_loc_ptr, scale, window,
+    query_start_loc_ptr, partial_ptr, stats_ptr, scale, window,
     stride_q_token, stride_q_head, stride_o_token, stride_o_head,
     stride_cache_block, stride_cache_row, stride_cache_head, stride_table,
     QUERIES_PER_KV: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
     HEAD_SIZE: tl.constexpr, HEAD_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr, USE_WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    UPCAST_DOT: tl.constexpr, ROUND_BF16: tl.constexpr,
+    UPCAST_DOT: tl.constexpr, ROUND_BF16: tl.constexpr, NUM_SPLITS: tl.constexpr,
 ):
     req = tl.program_id(0)
-    q_tile = tl.program_id(1)
     kv_head = tl.program_id(2)
+    if NUM_SPLITS > 1:  # decode: axis 1 is the share of the keys
+        split = tl.program_id(1)
+        q_tile = 0
+    else:
+        split = 0
+        q_tile = tl.program_id(1)
     q_start = tl.load(query_start_loc_ptr + req)
     q_len = tl.load(query_start_loc_ptr + req + 1) - q_start
     if q_tile * BLOCK_Q >= q_len:
@@ -74,6 +86,10 @@ def _paged_attention(
     if USE_WINDOW:
         first_visible = context_len + q_tile * BLOCK_Q - window + 1
         key_start = tl.maximum(first_visible, 0) // BLOCK_N * BLOCK_N
+    if NUM_SPLITS > 1:  # this program's share: whole key tiles, as even as they come
+        tiles_per_split = tl.cdiv(tl.cdiv(key_end - key_start, BLOCK_N), NUM_SPLITS)
+        key_start = key_start + split * tiles_per_split * BLOCK_N
+        key_end = tl.minimum(key_end, key_start + tiles_per_split * BLOCK_N)
     table_row = block_tables_ptr + req * stride_table
     for n0 in range(key_start, key_end, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
@@ -110,6 +126,17 @@ def _paged_attention(
             p, v = p.to(tl.float32), v.to(tl.float32)
         acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=DOT_PRECISION)
         m_i = m_new
+    if NUM_SPLITS > 1:
+        # Unnormalised share: [token, head, split, dims] sums, [2, token, head, split] max
+        # and normaliser; split_reduce() combines the shares.
+        row_id = ((q_start + token) * (QUERIES_PER_KV * tl.num_programs(2)) + head) * NUM_SPLITS
+        row_id = row_id + split
+        tl.store(partial_ptr + row_id[:, None] * HEAD_PAD + dims[None, :], acc,
+                 mask=row_valid[:, None])
+        stats_rows = tl.num_programs(0) * QUERIES_PER_KV * tl.num_programs(2) * NUM_SPLITS
+        tl.store(stats_ptr + row_id, m_i, mask=row_valid)
+        tl.store(stats_ptr + stats_rows + row_id, l_i, mask=row_valid)
+        return
     acc = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     if ROUND_BF16:
         acc_bits = acc.to(tl.uint32, bitcast=True)
@@ -130,6 +157,7 @@ def paged_attention(
     scale: float,
     window: int | None = None,
     out: torch.Tensor | None = None,
+    num_splits: int | None = None,
 ) -> torch.Tensor:
     """Attend each query token to its request's cached keys (causal, optionally windowed).
 
@@ -142,6 +170,8 @@ def paged_attention(
         max_query_len: the longest query (sets the grid; 1 for a decode batch).
         window: a sliding-window layer's size: keys at positions > query - window only.
         out: where to write (same shape as query); a new tensor when None.
+        num_splits: decode batches only: programs sharing each request's keys (default:
+            `decode_splits`, from the batch's shape).
 
     Returns:
         [num_tokens, num_heads, head_size] in the query's dtype.
@@ -158,18 +188,53 @@ def paged_attention(
         block_m = max(_PREFILL_ROWS, triton.next_power_of_2(queries_per_kv))
         block_q = block_m // queries_per_kv
     num_reqs = block_tables.shape[0]
-    grid = (num_reqs, triton.cdiv(max(max_query_len, 1), block_q), num_kv_heads)
+    head_pad = max(_MIN_DOT, triton.next_power_of_2(head_size))
+    splits = 1
+    if max_query_len <= 1:
+        splits = num_splits or decode_splits(num_reqs, num_kv_heads)
+    if splits > 1:
+        if query.shape[0] != num_reqs:
+            raise ValueError("split decoding needs one query token per request.")
+        partial = torch.empty(num_reqs, num_heads, splits, head_pad, device=query.device)
+        stats = torch.empty(2, num_reqs, num_heads, splits, device=query.device)
+        grid = (num_reqs, splits, num_kv_heads)
+    else:
+        partial = stats = out  # not read
+        grid = (num_reqs, triton.cdiv(max(max_query_len, 1), block_q), num_kv_heads)
     key_cache, value_cache = kv_cache[0], kv_cache[1]
     jit_kernel(_paged_attention)[grid](
         out, query, key_cache, value_cache, block_tables, seq_lens, query_start_loc,
-        scale, window or 0,
+        partial, stats, scale, window or 0,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2), block_tables.stride(0),
         QUERIES_PER_KV=queries_per_kv, BLOCK_Q=block_q, BLOCK_M=block_m,
-        HEAD_SIZE=head_size, HEAD_PAD=max(_MIN_DOT, triton.next_power_of_2(head_size)),
+        HEAD_SIZE=head_size, HEAD_PAD=head_pad,
         BLOCK_SIZE=block_size, BLOCK_N=_KEY_TILE, USE_WINDOW=window is not None,
         # float32 models keep float32 products (tensor cores would round inputs to tf32).
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
         UPCAST_DOT=upcast_dot(query.dtype), ROUND_BF16=round_bf16_in_software(query.dtype),
+        NUM_SPLITS=splits,
     )
+    if splits > 1:
+        out.copy_(split_reduce(partial[..., :head_size], stats[0], stats[1]))
     return out
+
+
+def decode_splits(num_reqs: int, num_kv_heads: int) -> int:
+    """How many programs share a decode request's keys: enough for about _DECODE_PROGRAMS
+    programs in all (a batch of one request on 3 kv heads would otherwise run 3 programs
+    on a GPU of 132 SMs), at most _MAX_SPLITS. It depends only on the batch's shape, so a
+    captured decode graph keeps its split."""
+    return max(1, min(_MAX_SPLITS, _DECODE_PROGRAMS // (num_reqs * num_kv_heads)))
+
+
+def split_reduce(
+    partial: torch.Tensor, maxima: torch.Tensor, sums: torch.Tensor
+) -> torch.Tensor:
+    """Combine the shares of split decoding: partial [T, H, S, D] unnormalised sums of
+    exp(score - max_s) * v, maxima and sums [T, H, S] → [T, H, D] float32 (a share with no
+    key has max -inf and weighs 0)."""
+    top = maxima.amax(dim=-1, keepdim=True)  # [T, H, 1], finite: every query sees a key
+    weights = torch.exp(maxima - top)  # [T, H, S]
+    total = (sums * weights).sum(dim=-1)  # [T, H]
+    return (partial * weights.unsqueeze(-1)).sum(dim=-2) / total.unsqueeze(-1)
