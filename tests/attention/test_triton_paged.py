@@ -8,9 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from pagedllm.attention import kv_quant
 from pagedllm.attention.registry import backend_name_for_device, create_attention_backend
 from pagedllm.attention.triton_paged import TritonPagedBackend, TritonPagedMetadata
 
+from .test_kv_quant import _int8_case
 from .test_torch_paged import BATCHES, _Case, make_common_metadata
 
 pytestmark = pytest.mark.usefixtures("triton_interpreter")
@@ -68,9 +70,24 @@ def test_half_precision_matches_float32_attention(dtype: torch.dtype) -> None:
     torch.testing.assert_close(out.float(), expected, atol=3e-2, rtol=3e-2)
 
 
-def test_int8_cache_is_refused() -> None:
-    with pytest.raises(ValueError, match="kv_cache_dtype"):
-        TritonPagedBackend.get_kv_cache_shape(8, 16, 2, 64, "int8")
+@pytest.mark.parametrize("batch", ["mixed", "decodes", "chunked"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_int8_cache_matches_dense_attention_over_the_round_trip(
+    batch: str, dtype: torch.dtype
+) -> None:
+    """kv_cache_dtype="int8": the kernel reads codes and scales; the new tokens are written
+    as int8 rows (the same bytes as the torch writer's) and attended as read back."""
+    case = _int8_case(batch, 16, (6, 2), head_size=64)
+    assert TritonPagedBackend.get_kv_cache_shape(8, 16, 2, 64, "int8") == (2, 8, 16, 2, 80)
+    before, expected = case.cache.clone(), case.expected(0.125)
+    case.query, case.key, case.value = (t.to(dtype) for t in (case.query, case.key, case.value))
+    out = _run(case, 16, 0.125)
+    tolerance = 2e-5 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(out.float(), expected, atol=tolerance, rtol=tolerance)
+    torch_cache = before.clone()
+    kv_quant.store_rows(torch_cache, case.key, case.value,
+                        make_common_metadata(case.requests, 16).slot_mapping)
+    assert torch.equal(case.cache, torch_cache)
 
 
 def test_cpu_without_the_interpreter_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:

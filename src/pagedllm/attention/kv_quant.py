@@ -61,3 +61,14 @@ def dequantize_rows(rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 def round_trip(x: torch.Tensor) -> torch.Tensor:
     """`x` as the int8 cache will give it back (what attention reads for cached tokens)."""
     return dequantize_rows(quantize_rows(x), x.dtype)
+
+
+def store_rows(
+    kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor
+) -> torch.Tensor:
+    """Write the step's K/V [T, Hkv, D] as int8 rows into a cache of rows
+    [2, num_blocks, block_size, Hkv, D + D / 4] at `slot_mapping`; returns the rows
+    [2, T, Hkv, D + D / 4] (no host sync)."""
+    rows = quantize_rows(torch.stack([key, value]))  # [2, T, Hkv, row]
+    kv_cache.view(2, -1, *rows.shape[2:]).index_copy_(1, slot_mapping, rows)
+    return rows

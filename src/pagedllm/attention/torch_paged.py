@@ -398,9 +398,7 @@ class TorchPagedBackend(AttentionBackend):
         attended in their round-tripped form too: a result then does not depend on whether
         a token came from this step, an earlier chunk or the prefix cache.
         """
-        rows = kv_quant.quantize_rows(torch.stack([key, value]))  # [2, T, Hkv, row]
-        flat_cache = kv_cache.view(2, -1, *rows.shape[2:])  # [2, num_slots, Hkv, row]
-        flat_cache.index_copy_(1, metadata.slot_mapping, rows)
+        rows = kv_quant.store_rows(kv_cache, key, value, metadata.slot_mapping)
         new = kv_quant.dequantize_rows(rows, key.dtype)
         return new[0], new[1]
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from pagedllm.attention import kv_quant
 from pagedllm.attention.backend import AttentionBackend, CommonAttentionMetadata, write_kv
 from pagedllm.triton_kernels import runs_on
 
@@ -44,7 +45,8 @@ class TritonPagedBackend(AttentionBackend):
     """Paged attention in one Triton kernel per layer (CUDA; CPU under TRITON_INTERPRET).
 
     KV cache of one layer: [2, num_blocks, block_size, num_kv_heads, head_size], K then V,
-    as the torch backend. The int8 cache format is not read by the kernel yet.
+    as the torch backend, or the int8 format's rows (kv_cache_dtype="int8": the kernel
+    reads the codes and scales and attends in float32).
     """
 
     name = "triton"
@@ -58,17 +60,10 @@ class TritonPagedBackend(AttentionBackend):
         head_size: int,
         cache_dtype: str = "auto",
     ) -> tuple[int, ...]:
-        """[2 (K, V), num_blocks, block_size, num_kv_heads, head_size].
-
-        Raises:
-            ValueError: for kv_cache_dtype="int8", which this backend does not read.
-        """
-        if cache_dtype != "auto":
-            raise ValueError(
-                f"kv_cache_dtype={cache_dtype!r} is not supported by the Triton attention "
-                "backend; use kv_cache_dtype='auto'."
-            )
-        return (2, num_blocks, block_size, num_kv_heads, head_size)
+        """[2 (K, V), num_blocks, block_size, num_kv_heads, row]: a row is head_size
+        values, or for "int8" head_size codes and their float32 scales (kv_quant.py)."""
+        row = kv_quant.cache_row_size(head_size) if cache_dtype == "int8" else head_size
+        return (2, num_blocks, block_size, num_kv_heads, row)
 
     def build_metadata(
         self, common: CommonAttentionMetadata, block_size: int
@@ -100,7 +95,10 @@ class TritonPagedBackend(AttentionBackend):
         """Store the new K/V at `slot_mapping`, then attend each query to its context."""
         from pagedllm.triton_kernels.paged_attention import paged_attention
 
-        write_kv(kv_cache, key, value, metadata.slot_mapping)
+        if kv_cache.dtype == torch.int8:
+            kv_quant.store_rows(kv_cache, key, value, metadata.slot_mapping)
+        else:
+            write_kv(kv_cache, key, value, metadata.slot_mapping)
         return paged_attention(
             query if query.stride(-1) == 1 else query.contiguous(),
             kv_cache,

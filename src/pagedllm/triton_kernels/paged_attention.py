@@ -38,14 +38,17 @@ _MAX_SPLITS = 16
 
 
 def _paged_attention(
-    out_ptr, q_ptr, key_cache_ptr, value_cache_ptr, block_tables_ptr, seq_lens_ptr,
+    out_ptr, q_ptr, key_cache_ptr, value_cache_ptr, key_scale_ptr, value_scale_ptr,
+    block_tables_ptr, seq_lens_ptr,
     query_start_loc_ptr, partial_ptr, stats_ptr, scale, window,
     stride_q_token, stride_q_head, stride_o_token, stride_o_head,
     stride_cache_block, stride_cache_row, stride_cache_head, stride_table,
     QUERIES_PER_KV: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
     HEAD_SIZE: tl.constexpr, HEAD_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr, USE_WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    UPCAST_DOT: tl.constexpr, ROUND_BF16: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    UPCAST_DOT: tl.constexpr, FLOAT32_Q: tl.constexpr, ROUND_BF16: tl.constexpr,
+    ROUND_P: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, INT8_CACHE: tl.constexpr,
 ):
     req = tl.program_id(0)
     kv_head = tl.program_id(2)
@@ -74,7 +77,7 @@ def _paged_attention(
         q_ptr + q_offsets + dims[None, :],
         mask=row_valid[:, None] & dim_valid[None, :], other=0.0,
     )
-    if UPCAST_DOT:
+    if FLOAT32_Q:  # the interpreter's 16-bit dot; or keys read from an int8 cache
         q = q.to(tl.float32)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -102,7 +105,12 @@ def _paged_attention(
         load_mask = pos_valid[None, :] & dim_valid[:, None]
         k = tl.load(key_cache_ptr + kv_offsets[None, :] + dims[:, None], mask=load_mask,
                     other=0.0)  # [HEAD_PAD, BLOCK_N]
-        if UPCAST_DOT:
+        if INT8_CACHE:  # codes times their group's scale (kv_quant.py's row format)
+            scale_offsets = kv_offsets // 4 + HEAD_SIZE // 4  # in float32 units
+            k_scale = tl.load(key_scale_ptr + scale_offsets[None, :] + (dims // 16)[:, None],
+                              mask=load_mask, other=0.0)
+            k = k.to(tl.float32) * k_scale
+        elif UPCAST_DOT:
             k = k.to(tl.float32)
         scores = tl.dot(q, k, input_precision=DOT_PRECISION) * scale
         allowed = (pos[None, :] <= q_pos[:, None]) & pos_valid[None, :]
@@ -117,7 +125,14 @@ def _paged_attention(
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(value_cache_ptr + kv_offsets[:, None] + dims[None, :],
                     mask=pos_valid[:, None] & dim_valid[None, :], other=0.0)  # [BLOCK_N, D]
-        if ROUND_BF16:  # the interpreter's cast truncates: round to nearest even first
+        if INT8_CACHE:
+            v_scale = tl.load(
+                value_scale_ptr + (kv_offsets // 4 + HEAD_SIZE // 4)[:, None]
+                + (dims // 16)[None, :], mask=pos_valid[:, None] & dim_valid[None, :],
+                other=0.0,
+            )
+            v = v.to(tl.float32) * v_scale
+        if ROUND_P:  # the interpreter's cast truncates: round to nearest even first
             p_bits = p.to(tl.uint32, bitcast=True)
             p_bits += 0x7FFF + ((p_bits >> 16) & 1)
             p = p_bits.to(tl.float32, bitcast=True)
@@ -163,8 +178,9 @@ def paged_attention(
 
     Args:
         query: [num_tokens, num_heads, head_size], requests' tokens contiguous.
-        kv_cache: [2, num_blocks, block_size, num_kv_heads, head_size], this step's K/V
-            already written.
+        kv_cache: [2, num_blocks, block_size, num_kv_heads, head_size] in the model's dtype,
+            or int8 rows of head_size codes and head_size / 16 float32 scales
+            (kv_cache_dtype="int8", attention/kv_quant.py); this step's K/V already written.
         block_tables: [num_reqs, max_blocks] block ids; seq_lens: [num_reqs] context plus
             this step's tokens; query_start_loc: [num_reqs + 1].
         max_query_len: the longest query (sets the grid; 1 for a decode batch).
@@ -202,9 +218,20 @@ def paged_attention(
         partial = stats = out  # not read
         grid = (num_reqs, triton.cdiv(max(max_query_len, 1), block_q), num_kv_heads)
     key_cache, value_cache = kv_cache[0], kv_cache[1]
+    int8_cache = kv_cache.dtype == torch.int8
+    key_scales, value_scales = key_cache, value_cache  # not read unless int8
+    if int8_cache:  # the rows' scale bytes, read as float32
+        if kv_cache.shape[-1] != head_size + head_size // 4 or head_size % 16:
+            raise ValueError(
+                f"an int8 KV cache of rows of {kv_cache.shape[-1]} bytes does not hold "
+                f"head size {head_size}."
+            )
+        scales = kv_cache.view(torch.float32)
+        key_scales, value_scales = scales[0], scales[1]
+    round_bf16 = round_bf16_in_software(query.dtype)
     jit_kernel(_paged_attention)[grid](
-        out, query, key_cache, value_cache, block_tables, seq_lens, query_start_loc,
-        partial, stats, scale, window or 0,
+        out, query, key_cache, value_cache, key_scales, value_scales, block_tables, seq_lens,
+        query_start_loc, partial, stats, scale, window or 0,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2), block_tables.stride(0),
         QUERIES_PER_KV=queries_per_kv, BLOCK_Q=block_q, BLOCK_M=block_m,
@@ -212,8 +239,11 @@ def paged_attention(
         BLOCK_SIZE=block_size, BLOCK_N=_KEY_TILE, USE_WINDOW=window is not None,
         # float32 models keep float32 products (tensor cores would round inputs to tf32).
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
-        UPCAST_DOT=upcast_dot(query.dtype), ROUND_BF16=round_bf16_in_software(query.dtype),
-        NUM_SPLITS=splits,
+        UPCAST_DOT=upcast_dot(query.dtype),
+        FLOAT32_Q=upcast_dot(query.dtype) or int8_cache,  # int8 keys come back as float32
+        ROUND_BF16=round_bf16,
+        ROUND_P=round_bf16 and not int8_cache,  # p meets float32 values from an int8 cache
+        NUM_SPLITS=splits, INT8_CACHE=int8_cache,
     )
     if splits > 1:
         out.copy_(split_reduce(partial[..., :head_size], stats[0], stats[1]))
