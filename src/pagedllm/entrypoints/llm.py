@@ -60,7 +60,7 @@ class LLM(PoolingMethods):
             "priority"), runner ("auto", "generate", "pooling"), convert ("auto", "none",
             "embed", "classify"; with runner="generate", "embed" adds embeddings to
             generation), pooler_config (PoolerConfig or dict: pooling_type, normalize,
-            softmax, dimensions)).
+            softmax, dimensions), enforce_eager (True: no CUDA graphs for decode steps)).
     """
 
     def __init__(
