@@ -133,3 +133,5 @@ def test_decode_splits_follow_the_batch_shape() -> None:
     assert decode_splits(1, 3) == 16  # one request on SmolLM2's 3 kv heads
     assert decode_splits(8, 3) == 5
     assert decode_splits(64, 3) == 1  # enough programs without splitting
+    assert decode_splits(1, 3, max_seq_len=70) == 3  # no more shares than key tiles
+    assert decode_splits(1, 3, max_seq_len=5000) == 16

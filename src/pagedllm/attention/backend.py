@@ -35,6 +35,9 @@ class CommonAttentionMetadata:
             in earlier steps (speculative decoding rolls rejected drafts back and writes
             those positions again): a backend must not reuse its own copies of contexts
             from earlier steps.
+        for_cuda_graph: the metadata of a captured decode graph, replayed with other
+            lengths and block tables in the same tensors: the host-side fields (the
+            lists, max_seq_len) describe the capture, not the steps that replay it.
     """
 
     num_reqs: int
@@ -50,6 +53,7 @@ class CommonAttentionMetadata:
     query_lens_cpu: list[int]
     seq_lens_cpu: list[int]
     contexts_rewritten: bool = False
+    for_cuda_graph: bool = False
 
     def decode_and_prefill_rows(self) -> tuple[list[int], list[int]]:
         """Indices of the requests computing one token (decodes) and more (prefills)."""

@@ -32,6 +32,8 @@ class TritonPagedMetadata:
         seq_lens: [num_reqs] cached context plus this step's tokens.
         query_start_loc: [num_reqs + 1] where each request's tokens start.
         max_query_len: the longest query of the step (the kernel's grid).
+        max_seq_len: the longest sequence (bounds the decode split), None in a captured
+            graph (the metadata must not depend on a step's lengths there).
     """
 
     slot_mapping: torch.Tensor
@@ -39,6 +41,7 @@ class TritonPagedMetadata:
     seq_lens: torch.Tensor
     query_start_loc: torch.Tensor
     max_query_len: int
+    max_seq_len: int | None = None
 
 
 class TritonPagedBackend(AttentionBackend):
@@ -80,6 +83,7 @@ class TritonPagedBackend(AttentionBackend):
             seq_lens=common.seq_lens,
             query_start_loc=common.query_start_loc,
             max_query_len=common.max_query_len,
+            max_seq_len=None if common.for_cuda_graph else common.max_seq_len,
         )
 
     def forward(
@@ -108,4 +112,5 @@ class TritonPagedBackend(AttentionBackend):
             metadata.max_query_len,
             scale,
             window,
+            max_seq_len=metadata.max_seq_len,
         )

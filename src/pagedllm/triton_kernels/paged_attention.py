@@ -173,6 +173,7 @@ def paged_attention(
     window: int | None = None,
     out: torch.Tensor | None = None,
     num_splits: int | None = None,
+    max_seq_len: int | None = None,
 ) -> torch.Tensor:
     """Attend each query token to its request's cached keys (causal, optionally windowed).
 
@@ -188,6 +189,8 @@ def paged_attention(
         out: where to write (same shape as query); a new tensor when None.
         num_splits: decode batches only: programs sharing each request's keys (default:
             `decode_splits`, from the batch's shape).
+        max_seq_len: the longest sequence, when the caller knows it (no more shares than
+            it has key tiles); None: any length up to the cache's (a captured graph).
 
     Returns:
         [num_tokens, num_heads, head_size] in the query's dtype.
@@ -207,7 +210,7 @@ def paged_attention(
     head_pad = max(_MIN_DOT, triton.next_power_of_2(head_size))
     splits = 1
     if max_query_len <= 1:
-        splits = num_splits or decode_splits(num_reqs, num_kv_heads)
+        splits = num_splits or decode_splits(num_reqs, num_kv_heads, max_seq_len)
     if splits > 1:
         if query.shape[0] != num_reqs:
             raise ValueError("split decoding needs one query token per request.")
@@ -250,12 +253,16 @@ def paged_attention(
     return out
 
 
-def decode_splits(num_reqs: int, num_kv_heads: int) -> int:
+def decode_splits(num_reqs: int, num_kv_heads: int, max_seq_len: int | None = None) -> int:
     """How many programs share a decode request's keys: enough for about _DECODE_PROGRAMS
     programs in all (a batch of one request on 3 kv heads would otherwise run 3 programs
-    on a GPU of 132 SMs), at most _MAX_SPLITS. It depends only on the batch's shape, so a
-    captured decode graph keeps its split."""
-    return max(1, min(_MAX_SPLITS, _DECODE_PROGRAMS // (num_reqs * num_kv_heads)))
+    on a GPU of 132 SMs), at most _MAX_SPLITS, and no more than the longest sequence has
+    key tiles (more would only add empty shares). A captured graph passes no length: its
+    split then depends only on the batch's shape."""
+    splits = max(1, min(_MAX_SPLITS, _DECODE_PROGRAMS // (num_reqs * num_kv_heads)))
+    if max_seq_len is not None:
+        splits = min(splits, max(1, triton.cdiv(max_seq_len, _KEY_TILE)))
+    return splits
 
 
 def split_reduce(

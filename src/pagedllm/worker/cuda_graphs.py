@@ -224,6 +224,7 @@ class DecodeGraphs:
             slot_mapping=buffers.slot_mapping[:size],
             query_lens_cpu=ones,
             seq_lens_cpu=ones,
+            for_cuda_graph=True,
         )
         return self.backend.build_metadata(common, self.block_size)
 
