@@ -2,9 +2,11 @@
 
 Triton decides at decoration time whether `@triton.jit` compiles for the GPU or wraps the
 function for its CPU interpreter (`TRITON_INTERPRET`). Kernels here are plain functions
-jitted on first use, so the choice follows the environment at that moment: a test can turn
-the interpreter on after the kernel modules were imported. Only the kernel modules import
-Triton, and the engine imports them only where a kernel will run.
+jitted on first use, so importing a kernel module decides nothing. Triton's own library
+functions (`tl.zeros`, `tl.max`, ...) are decorated when triton is first imported, though,
+and an interpreted kernel cannot call compiled ones: a process picks one mode, before
+anything imports triton (tests/conftest.py picks the interpreter for the CPU suite). Only
+the kernel modules import Triton, and the engine imports them only where a kernel runs.
 """
 
 from __future__ import annotations
