@@ -36,6 +36,16 @@ def cache_row_size(head_size: int) -> int:
     return head_size + SCALE_BYTES * (head_size // GROUP)
 
 
+def cache_shape(
+    num_blocks: int, block_size: int, num_kv_heads: int, head_size: int, cache_dtype: str
+) -> tuple[int, ...]:
+    """The paged layout of one layer's cache, [2 (K, V), num_blocks, block_size,
+    num_kv_heads, row]: a row is head_size values, or for "int8" head_size codes and their
+    float32 scales."""
+    row = cache_row_size(head_size) if cache_dtype == "int8" else head_size
+    return (2, num_blocks, block_size, num_kv_heads, row)
+
+
 def quantize_rows(x: torch.Tensor) -> torch.Tensor:
     """[..., D] values → [..., D + D / 4] int8 rows (codes, then the float32 scales' bytes)."""
     cache_row_size(x.shape[-1])

@@ -313,10 +313,8 @@ class TorchPagedBackend(AttentionBackend):
         head_size: int,
         cache_dtype: str = "auto",
     ) -> tuple[int, ...]:
-        """[2 (K, V), num_blocks, block_size, num_kv_heads, row]: a row is head_size
-        values, or for "int8" head_size codes and a float32 scale (kv_quant.py)."""
-        row = kv_quant.cache_row_size(head_size) if cache_dtype == "int8" else head_size
-        return (2, num_blocks, block_size, num_kv_heads, row)
+        """kv_quant.cache_shape: [2 (K, V), num_blocks, block_size, num_kv_heads, row]."""
+        return kv_quant.cache_shape(num_blocks, block_size, num_kv_heads, head_size, cache_dtype)
 
     def build_metadata(
         self, common: CommonAttentionMetadata, block_size: int
