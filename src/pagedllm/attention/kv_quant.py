@@ -37,7 +37,11 @@ def cache_row_size(head_size: int) -> int:
 
 
 def cache_shape(
-    num_blocks: int, block_size: int, num_kv_heads: int, head_size: int, cache_dtype: str
+    num_blocks: int,
+    block_size: int,
+    num_kv_heads: int,
+    head_size: int,
+    cache_dtype: str = "auto",
 ) -> tuple[int, ...]:
     """The paged layout of one layer's cache, [2 (K, V), num_blocks, block_size,
     num_kv_heads, row]: a row is head_size values, or for "int8" head_size codes and their

@@ -305,16 +305,8 @@ class TorchPagedBackend(AttentionBackend):
     def __init__(self) -> None:
         self.decode_contexts = _DecodeContexts()
 
-    @staticmethod
-    def get_kv_cache_shape(
-        num_blocks: int,
-        block_size: int,
-        num_kv_heads: int,
-        head_size: int,
-        cache_dtype: str = "auto",
-    ) -> tuple[int, ...]:
-        """kv_quant.cache_shape: [2 (K, V), num_blocks, block_size, num_kv_heads, row]."""
-        return kv_quant.cache_shape(num_blocks, block_size, num_kv_heads, head_size, cache_dtype)
+    # [2 (K, V), num_blocks, block_size, num_kv_heads, row]: values, or int8 rows.
+    get_kv_cache_shape = staticmethod(kv_quant.cache_shape)
 
     def build_metadata(
         self, common: CommonAttentionMetadata, block_size: int
