@@ -47,6 +47,8 @@ class TritonGroupWeight:
         mins: [out, in / 32] float32 minimums, or None.
         bits: 4 or 8.
         max_tokens: steps of more tokens use a dense copy instead (None: every step).
+        split_k: programs sharing each output tile's input groups (it follows the weight's
+            shape only: set at the first matmul, then reused).
     """
 
     codes: torch.Tensor
@@ -54,13 +56,16 @@ class TritonGroupWeight:
     mins: torch.Tensor | None
     bits: int
     max_tokens: int | None = None
+    split_k: int | None = None
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., in] @ w^T → [..., out] in x's dtype."""
-        from pagedllm.triton_kernels.group_matmul import group_matmul
+        from pagedllm.triton_kernels.group_matmul import GROUP, group_matmul, split_k_for
 
+        if self.split_k is None:
+            self.split_k = split_k_for(self.codes.shape[0], x.shape[-1] // GROUP)
         rows = x.reshape(-1, x.shape[-1])
-        out = group_matmul(rows, self.codes, self.scales, self.mins, self.bits)
+        out = group_matmul(rows, self.codes, self.scales, self.mins, self.bits, self.split_k)
         return out.view(*x.shape[:-1], out.shape[-1])
 
     def dense(self, dtype: torch.dtype) -> torch.Tensor:

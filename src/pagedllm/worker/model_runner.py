@@ -276,7 +276,7 @@ class ModelRunner:
             )
         rows = self._attention_rows(inputs)
         graphs = self.decode_graphs
-        if graphs is not None and not inputs.has_drafts and graphs.serves(
+        if graphs is not None and graphs.serves(  # (never built with speculative decoding)
             rows.query_lens, rows.block_tables[0].shape[1]
         ):
             return graphs.run(
