@@ -31,7 +31,7 @@ RUN pip install . torch==2.13.0 \
 # ones on arm64), built now into PAGEDLLM_CACHE_DIR: a container loads the one its host CPU
 # runs best without compiling at start-up (the compiler stays for other architectures'
 # variants and for source changes).
-RUN python -m pagedllm.kernels --build-all
+RUN python -m pagedllm.platform --build-all
 
 EXPOSE 8000
 

@@ -91,10 +91,10 @@ def main(argv: list[str] | None = None) -> None:
 
     if not cpu_ops.w4a8_available():
         parser.error("the W4A8 kernel is not built here (no C compiler, or not a bf16 CPU path).")
-    from pagedllm.kernels import cpu_plan, library
+    from pagedllm.platform import cpu_platform
 
-    loaded = library()
-    dense_name = "bf16 oneDNN" if cpu_plan().native_bf16 else "fp32 torch"
+    loaded = cpu_platform().kernel_library()
+    dense_name = "bf16 oneDNN" if cpu_platform().native_bf16_matmuls() else "fp32 torch"
     print(f"kernels: {loaded.variant.name if loaded else None}; dense baseline: {dense_name}")
     print(f"{'shape':<10} {'tokens':>6} {dense_name + ' ms':>22} {'W4A8 ms':>22} {'W8A8 ms':>22} "
           f"{'W4A8/dense':>10} {'W8A8/dense':>10}")

@@ -40,7 +40,7 @@ _CORPUS = [
 def triton_interpreter() -> None:
     """Skip unless Triton kernels run in its CPU interpreter in this session (triton is
     installed and the session did not choose compiled kernels, see above)."""
-    from pagedllm.triton_kernels import triton_available
+    from pagedllm.platform.triton import triton_installed as triton_available
     from pagedllm.triton_kernels.runtime import interpreting
 
     if not triton_available():

@@ -62,10 +62,18 @@ FORBIDDEN = {
     "bench": ["pagedllm.core", "pagedllm.worker", "pagedllm.executor", "pagedllm.models",
               "pagedllm.layers", "pagedllm.attention", "pagedllm.kernels",
               "pagedllm.entrypoints.openai"],
-    # The C kernels are a leaf: layers, attention and models call them, never the reverse.
+    # The C kernels are a leaf: the platform loads them, layers, attention and the worker
+    # call them, never the reverse.
     "kernels": ["pagedllm.core", "pagedllm.engine", "pagedllm.worker", "pagedllm.entrypoints",
                 "pagedllm.models", "pagedllm.layers", "pagedllm.attention",
-                "pagedllm.model_loader", "pagedllm.tokenizer"],
+                "pagedllm.model_loader", "pagedllm.tokenizer", "pagedllm.platform"],
+    # The platform: facts about the device read once, and the choices made from them. It
+    # loads the C kernels; everything else asks it.
+    "platform": ["pagedllm.core", "pagedllm.engine", "pagedllm.worker", "pagedllm.entrypoints",
+                 "pagedllm.models", "pagedllm.layers", "pagedllm.attention",
+                 "pagedllm.model_loader", "pagedllm.tokenizer", "pagedllm.lora",
+                 "pagedllm.spec_decode", "pagedllm.structured_output", "pagedllm.pooling",
+                 "pagedllm.distributed", "pagedllm.executor", "pagedllm.triton_kernels"],
     # The Triton kernels (GPU; CPU in Triton's interpreter) are a leaf as well.
     "triton_kernels": ["pagedllm.core", "pagedllm.engine", "pagedllm.worker",
                        "pagedllm.entrypoints", "pagedllm.models", "pagedllm.layers",

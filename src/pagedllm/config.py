@@ -25,6 +25,8 @@ QUANTIZATION_CHOICES = ("none", *QUANTIZATION_METHODS, *CHECKPOINT_QUANTIZATIONS
 # KV cache formats: "auto" is the model's dtype (as in vLLM); "int8" stores codes with one
 # float32 scale per 16 values of a (position, kv head) row (attention/kv_quant.py).
 KV_CACHE_DTYPES = ("auto", "int8")
+# Values per float32 scale in the int8 KV format: head sizes must be multiples of it.
+KV_INT8_GROUP = 16
 PREEMPTION_MODES = ("recompute", "swap")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 

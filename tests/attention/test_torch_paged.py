@@ -9,11 +9,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pagedllm.attention import cpu_kernel, registry, torch_paged
+from pagedllm.attention import cpu_kernel, torch_paged
 from pagedllm.attention.backend import AttentionBackend, CommonAttentionMetadata
 from pagedllm.attention.cpu_paged import CpuPagedBackend, CpuPagedMetadata
 from pagedllm.attention.registry import backend_name_for_device, get_attention_backend
 from pagedllm.attention.torch_paged import TorchPagedBackend
+from pagedllm.platform.cuda import CudaPlatform
 
 NUM_BLOCKS = 96
 
@@ -249,7 +250,7 @@ def test_registry_picks_the_kernels_on_cpu_where_they_serve(monkeypatch) -> None
         assert backend.get_kv_cache_shape(10, 16, 3, 64) == (2, 10, 16, 3, 64)
     assert backend_name_for_device("cpu", torch.float16) == "torch"
     # CUDA takes the Triton kernel (tests/attention/test_triton_paged.py), torch without it.
-    monkeypatch.setattr(registry, "triton_available", lambda: False)
+    monkeypatch.setattr(CudaPlatform, "runs_triton", lambda self: False)
     assert backend_name_for_device("cuda:0", torch.float32) == "torch"
     monkeypatch.setenv("PAGEDLLM_ATTENTION_KERNEL", "torch")
     assert backend_name_for_device("cpu", torch.bfloat16) == "torch"

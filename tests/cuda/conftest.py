@@ -13,7 +13,7 @@ import torch
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark every test here `cuda`; skip them without a GPU or with Triton interpreting."""
-    from pagedllm.triton_kernels import triton_available
+    from pagedllm.platform.triton import triton_installed as triton_available
     from pagedllm.triton_kernels.runtime import interpreting
 
     reason = None

@@ -26,16 +26,16 @@ def test_docker_image_builds_the_cpu_kernels():
     assert "apt-get install -y --no-install-recommends gcc libc6-dev" in text
     assert "PAGEDLLM_CACHE_DIR=/opt/pagedllm" in text.split("RUN", 1)[0]  # ENV before any RUN
     install = text.index("RUN pip install . torch==2.13.0")
-    build = text.index("RUN python -m pagedllm.kernels --build-all")
+    build = text.index("RUN python -m pagedllm.platform --build-all")
     assert text.index("gcc libc6-dev") < install < build < text.index("ENTRYPOINT")
 
 
 def test_kernel_build_command_builds_every_variant(tmp_path, monkeypatch, capsys):
-    """What the image runs: `python -m pagedllm.kernels --build-all`."""
-    from pagedllm.kernels import __main__ as kernels_cli
+    """What the image runs: `python -m pagedllm.platform --build-all`."""
     from pagedllm.kernels import build
-    from pagedllm.kernels.cpu_features import detect
     from pagedllm.kernels.variants import variants_for_arch
+    from pagedllm.platform import __main__ as kernels_cli
+    from pagedllm.platform.cpu_features import detect
 
     if build.find_compiler() is None:
         pytest.skip("no C compiler")

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from pagedllm.kernels import build
-from pagedllm.kernels.cpu_features import detect
 from pagedllm.kernels.variants import best_variant, get_variant
+from pagedllm.platform.cpu_features import detect
 
 HARNESS = Path(__file__).with_name("harness.c")
 CROSS_CC = "aarch64-linux-gnu-gcc"

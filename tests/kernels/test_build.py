@@ -11,11 +11,13 @@ import torch
 
 from pagedllm import kernels
 from pagedllm.kernels import build, loader
-from pagedllm.kernels.cpu_features import CpuFeatures, detect
-from pagedllm.kernels.plan import plan_for
 from pagedllm.kernels.variants import best_variant, get_variant
 from pagedllm.layers.cpu_ops import w4a8_available
 from pagedllm.layers.quantization import quantize_w4a8
+from pagedllm.platform import cpu_platform
+from pagedllm.platform.cpu import CpuPlatform
+from pagedllm.platform.cpu_features import CpuFeatures, detect
+from pagedllm.platform.cpu_plan import plan_for
 
 needs_compiler = pytest.mark.skipif(build.find_compiler() is None, reason="no C compiler")
 
@@ -54,9 +56,9 @@ def test_clang_builds_the_same_arithmetic(tmp_path):
         return  # no W4A8 here (e.g. PAGEDLLM_CPU_ISA=scalar forces the scalar plan)
     weight = quantize_w4a8(torch.randn(80, 192).bfloat16())
     x = torch.randn(9, 192).bfloat16()
-    with kernels.use(clang):
+    with cpu_platform().use_kernels(clang):
         from_clang = weight.matmul(x)
-    with kernels.use(kernels.load_variant(variant.name)):
+    with cpu_platform().use_kernels(kernels.load_variant(variant.name)):
         from_gcc = weight.matmul(x)
     assert torch.equal(from_clang, from_gcc)
 
@@ -82,8 +84,8 @@ def package_log():
 
 def test_no_compiler_means_torch_paths_and_one_warning(monkeypatch, package_log):
     plan = plan_for(CpuFeatures("x86_64", frozenset({"avx2", "fma", "f16c"})), False)
-    monkeypatch.setattr(loader, "cpu_plan", lambda: plan)
-    assert loader._load_planned() is None
+    monkeypatch.setattr(CpuPlatform, "plan", plan)
+    assert CpuPlatform()._load_planned() is None
     warnings = [r.getMessage() for r in package_log if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and len(package_log) == 1
     assert "no C compiler" in warnings[0] and "several times slower" in warnings[0]
@@ -95,8 +97,8 @@ def test_a_failed_build_falls_back_with_a_warning(monkeypatch, package_log):
 
     monkeypatch.setattr(build, "build_variant", refuse)
     plan = plan_for(CpuFeatures("x86_64", frozenset({"avx2", "fma", "f16c"})), True)
-    monkeypatch.setattr(loader, "cpu_plan", lambda: plan)
-    assert loader._load_planned() is None
+    monkeypatch.setattr(CpuPlatform, "plan", plan)
+    assert CpuPlatform()._load_planned() is None
     assert [r.levelno for r in package_log] == [logging.WARNING]
     assert "could not be built" in package_log[0].getMessage()
 
@@ -104,8 +106,8 @@ def test_a_failed_build_falls_back_with_a_warning(monkeypatch, package_log):
 @needs_compiler
 def test_the_choice_is_logged_once_at_info(monkeypatch, package_log):
     plan = plan_for(CpuFeatures("x86_64", frozenset({"avx2", "fma", "f16c"})), True)
-    monkeypatch.setattr(loader, "cpu_plan", lambda: plan)
-    loaded = loader._load_planned()
+    monkeypatch.setattr(CpuPlatform, "plan", plan)
+    loaded = CpuPlatform()._load_planned()
     assert loaded is not None and loaded.isa == "avx2"
     assert [r.levelno for r in package_log] == [logging.INFO]
     assert "W4A8 on avx2 kernels" in package_log[0].getMessage()
@@ -113,7 +115,7 @@ def test_the_choice_is_logged_once_at_info(monkeypatch, package_log):
 
 def test_forced_variant_is_loaded(monkeypatch):
     monkeypatch.setenv("PAGEDLLM_CPU_ISA", "scalar")
-    from pagedllm.kernels.plan import cpu_plan
+    from pagedllm.platform.cpu_plan import cpu_plan
 
     cpu_plan.cache_clear()
     try:

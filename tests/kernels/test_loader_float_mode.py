@@ -11,9 +11,9 @@ import pytest
 
 _PROBE = """
 import sys
-from pagedllm.kernels.loader import library
+from pagedllm.platform import cpu_platform
 before = sys.float_info.min / 2 == 0.0
-loaded = library() is not None
+loaded = cpu_platform().kernel_library() is not None
 print(loaded, before, sys.float_info.min / 2 == 0.0)
 """
 

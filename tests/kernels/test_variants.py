@@ -15,10 +15,11 @@ import torch
 from pagedllm import kernels
 from pagedllm.attention import cpu_kernel
 from pagedllm.kernels import build
-from pagedllm.kernels.cpu_features import detect
 from pagedllm.kernels.variants import runnable_variants
 from pagedllm.layers import cpu_ops
 from pagedllm.layers.quantization import quantize_w4a8, quantize_w8a8
+from pagedllm.platform import cpu_platform
+from pagedllm.platform.cpu_features import detect
 
 pytestmark = pytest.mark.skipif(build.find_compiler() is None, reason="no C compiler")
 HOST_VARIANTS = [v.name for v in runnable_variants(detect()) if v.name != "scalar"]
@@ -30,7 +31,7 @@ def libraries() -> dict[str, kernels.KernelLibrary]:
 
 
 def _run(libraries, name, fn):
-    with kernels.use(libraries[name]):
+    with cpu_platform().use_kernels(libraries[name]):
         return fn()
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from pagedllm import envs
-from pagedllm.kernels import cpu_plan
 from pagedllm.layers import cpu_ops, dense_crossover
 from pagedllm.layers.dense_crossover import CANDIDATE_TOKENS, choose_dense_from
+from pagedllm.platform.cpu_plan import cpu_plan
 
 
 @pytest.mark.parametrize(

@@ -29,8 +29,9 @@ from typing import Any
 import pytest
 
 from pagedllm import kernels
-from pagedllm.kernels.cpu_features import detect
 from pagedllm.kernels.variants import runnable_variants
+from pagedllm.platform import cpu_platform
+from pagedllm.platform.cpu_features import detect
 from tests.conftest import default_gguf_path
 
 GGUF = default_gguf_path()
@@ -115,7 +116,7 @@ def test_default_mode_is_as_close_to_float32_as_llama_cpp(
     accuracy: ModuleType, long_reference: tuple[Any, Any], variant: str
 ) -> None:
     chat, reference_scores = long_reference
-    with kernels.use(kernels.load_variant(variant)):
+    with cpu_platform().use_kernels(kernels.load_variant(variant)):
         llm = accuracy.make_llm(None, accuracy.Mode("bfloat16", "int4"), seed=0)
         result = accuracy.compare(accuracy.score(llm, chat), reference_scores, near_tie=0.1)
     summary = {k: round(v, 4) if isinstance(v, float) else v for k, v in result.items()}

@@ -79,10 +79,11 @@ def test_ngram_batch_limit_follows_the_cpu(tiny_llama_dir, monkeypatch, native_b
     are native (AMX), else up to 4; an explicit value wins."""
     import types
 
-    import pagedllm.kernels
+    from pagedllm.platform import cpu_platform
+    from pagedllm.platform.cpu import CpuPlatform
 
-    monkeypatch.setattr(pagedllm.kernels, "cpu_plan",
-                        lambda: types.SimpleNamespace(native_bf16=native_bf16))
+    monkeypatch.setattr(CpuPlatform, "plan", types.SimpleNamespace(native_bf16=native_bf16))
+    assert cpu_platform().plan.native_bf16 is native_bf16
     args = dict(model=str(tiny_llama_dir), dtype="bfloat16", device="cpu")
     config = EngineArgs(**args, speculative_config={"method": "ngram"}).create_engine_config()
     assert config.speculative_config.max_batch_size == limit

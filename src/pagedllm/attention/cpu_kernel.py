@@ -18,9 +18,10 @@ from typing import Any
 
 import torch
 
-from pagedllm import envs, kernels
 from pagedllm.attention import kv_quant
 from pagedllm.kernels import pointer
+from pagedllm.kernels.abi import PagedDims
+from pagedllm.platform import cpu_platform, get_platform
 
 # Decode functions by (query dtype, cache dtype); int8 writers by K/V dtype.
 _FUNCTIONS = {
@@ -34,36 +35,21 @@ _PREFILL_FUNCTIONS = {key: name.replace("decode", "prefill") for key, name in _F
 _STORE_FUNCTIONS = {torch.float32: "store_int8_f32", torch.bfloat16: "store_int8_bf16"}
 
 
-class _Dims(ctypes.Structure):
-    _fields_ = [
-        (name, ctypes.c_int64)
-        for name in (
-            "num_blocks", "block_size", "num_kv_heads", "num_heads", "head_size",
-            "max_blocks", "window",
-        )
-    ]
-
-
 def _library() -> Any:
-    """The kernel library's handle, or None when the C attention kernels are off here."""
-    if not envs.attention_kernel_enabled():
-        return None
-    library = kernels.library()
+    """The kernel library's handle (the platform said the kernels serve: is_available)."""
+    library = cpu_platform().kernel_library()
     return None if library is None else library.lib
 
 
 def is_available(dtype: torch.dtype, device: torch.device | str = "cpu") -> bool:
-    """True when the C kernel can serve decode attention for this query dtype and device
-    (over a cache of the same dtype or int8)."""
-    key = (dtype, dtype)
-    return torch.device(device).type == "cpu" and key in _FUNCTIONS and _library() is not None
+    """True when the C kernel can serve attention for this query dtype on `device` (over a
+    cache of the same dtype or int8): the platform's answer."""
+    return get_platform(device).attention_kernels(dtype)
 
 
 def can_store_int8(dtype: torch.dtype, device: torch.device | str = "cpu") -> bool:
-    """True when the C library can write K/V of this dtype into an int8 cache here."""
-    return (
-        torch.device(device).type == "cpu" and dtype in _STORE_FUNCTIONS and _library() is not None
-    )
+    """True when the C library can write K/V of this dtype into an int8 cache there."""
+    return dtype in _STORE_FUNCTIONS and is_available(dtype, device)
 
 
 def _call_setup(
@@ -71,13 +57,13 @@ def _call_setup(
     kv_cache: torch.Tensor,
     block_tables: torch.Tensor,
     window: int | None,
-) -> tuple[Any, _Dims]:
+) -> tuple[Any, PagedDims]:
     """The library and the cache/query shape (and window: 0 for none) a kernel call takes."""
     library = _library()
     assert library is not None, "call is_available() first"
     _, num_blocks, block_size, num_kv_heads, _ = kv_cache.shape
     _check_row(kv_cache, query.shape[2])
-    dims = _Dims(
+    dims = PagedDims(
         num_blocks, block_size, num_kv_heads, query.shape[1], query.shape[2],
         block_tables.shape[1], window or 0,
     )
@@ -106,9 +92,9 @@ def paged_decode_attention(
         pointer(block_tables),
         pointer(seq_lens),
         pointer(token_rows),
-        ctypes.c_int64(seq_lens.shape[0]),
-        ctypes.c_int64(max_seq_len),
-        ctypes.c_float(scale),
+        seq_lens.shape[0],
+        max_seq_len,
+        scale,
     )
     if failed:
         raise MemoryError("CPU decode attention could not allocate its score buffers.")
@@ -133,16 +119,16 @@ def paged_prefill_attention(
     failed = getattr(library, _PREFILL_FUNCTIONS[(query.dtype, kv_cache.dtype)])(
         ctypes.byref(dims),
         pointer(query),
-        ctypes.c_int64(_row_stride(query)),
+        _row_stride(query),
         pointer(out),
         pointer(kv_cache),
         pointer(block_tables),
         pointer(query_starts),
         pointer(query_lens),
         pointer(context_lens),
-        ctypes.c_int64(query_starts.shape[0]),
-        ctypes.c_int64(max_seq_len),
-        ctypes.c_float(scale),
+        query_starts.shape[0],
+        max_seq_len,
+        scale,
     )
     if failed:
         raise MemoryError("CPU prefill attention could not allocate its score buffers.")
@@ -186,16 +172,16 @@ def store_int8(
     if value.stride(2) != 1 or value.stride(1) != value.shape[2]:
         value = value.contiguous()
     slots = slot_mapping.to(torch.int64).contiguous()
-    dims = _Dims(num_blocks, block_size, num_kv_heads, 0, key.shape[2], 0, 0)
+    dims = PagedDims(num_blocks, block_size, num_kv_heads, 0, key.shape[2], 0, 0)
     getattr(library, _STORE_FUNCTIONS[key.dtype])(
         ctypes.byref(dims),
         pointer(kv_cache),
         pointer(key),
         pointer(value),
-        ctypes.c_int64(_row_stride(key)),
-        ctypes.c_int64(_row_stride(value)),
+        _row_stride(key),
+        _row_stride(value),
         pointer(slots),
-        ctypes.c_int64(slots.shape[0]),
-        ctypes.c_int32(write_back),
+        slots.shape[0],
+        int(write_back),
     )
     return key, value

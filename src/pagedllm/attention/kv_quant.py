@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import torch
 
+from pagedllm.config import KV_INT8_GROUP
+
 SCALE_BYTES = 4  # a float32 scale
-GROUP = 16  # values per scale
+GROUP = KV_INT8_GROUP  # values per scale
 _LEVELS = 127.0
 _STEP = 1.0 / _LEVELS  # a scale is max |x| * _STEP, as the C writer computes it
 

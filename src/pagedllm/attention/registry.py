@@ -1,4 +1,5 @@
-"""Attention backend registry: backend name → lazily imported factory, picked by platform.
+"""Attention backend registry: backend name → lazily imported factory; the platform names
+the backend a device and dtype get (platform/interface.py `attention_backend`).
 
 Only the chosen backend's module is imported, so CPU runs never import CUDA libraries.
 This module holds no state beyond the static name table.
@@ -10,10 +11,8 @@ import importlib
 
 import torch
 
-from pagedllm import envs
-from pagedllm.attention import cpu_kernel
 from pagedllm.attention.backend import AttentionBackend
-from pagedllm.triton_kernels import triton_available
+from pagedllm.platform import get_platform
 
 # name → (module, class); imported only when selected.
 _BACKENDS: dict[str, tuple[str, str]] = {
@@ -21,8 +20,6 @@ _BACKENDS: dict[str, tuple[str, str]] = {
     "cpu": ("pagedllm.attention.cpu_paged", "CpuPagedBackend"),
     "triton": ("pagedllm.attention.triton_paged", "TritonPagedBackend"),
 }
-# The model dtypes the C kernels serve.
-_CPU_KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def available_backends() -> list[str]:
@@ -42,27 +39,19 @@ def create_attention_backend(name: str) -> AttentionBackend:
 
 
 def backend_name_for_device(device: str, dtype: torch.dtype = torch.float32) -> str:
-    """Default backend for a device string ("cpu", "cuda", "cuda:0", ...) and model dtype.
-
-    PAGEDLLM_ATTENTION_BACKEND names one outright (vLLM's VLLM_ATTENTION_BACKEND). Else on
-    CPU: the C kernels ("cpu") when they are built for this machine, not switched off
-    (PAGEDLLM_ATTENTION_KERNEL=torch) and serve the dtype; else the torch backend. CUDA:
-    the Triton kernel when triton is installed, else the torch backend.
+    """Default backend for a device string ("cpu", "cuda", "cuda:0", ...) and model dtype,
+    as its platform chooses: PAGEDLLM_ATTENTION_BACKEND names one outright (vLLM's
+    VLLM_ATTENTION_BACKEND); else on CPU the C kernels ("cpu") when they are built for this
+    machine, not switched off (PAGEDLLM_ATTENTION_KERNEL=torch) and serve the dtype, on CUDA
+    the Triton kernel when triton is installed, and the torch backend otherwise.
     """
-    chosen = envs.attention_backend()
-    if chosen is not None:
-        if chosen not in _BACKENDS:
-            raise ValueError(
-                f"PAGEDLLM_ATTENTION_BACKEND={chosen!r} is not a backend; available: "
-                f"{', '.join(available_backends())}."
-            )
-        return chosen
-    device_type = device.split(":", 1)[0]
-    if device_type == "cuda" and triton_available():
-        return "triton"
-    if device_type == "cpu" and dtype in _CPU_KERNEL_DTYPES and cpu_kernel.is_available(dtype):
-        return "cpu"
-    return "torch"
+    chosen = get_platform(device).attention_backend(dtype)
+    if chosen not in _BACKENDS:
+        raise ValueError(
+            f"PAGEDLLM_ATTENTION_BACKEND={chosen!r} is not a backend; available: "
+            f"{', '.join(available_backends())}."
+        )
+    return chosen
 
 
 def get_attention_backend(device: str, dtype: torch.dtype = torch.float32) -> AttentionBackend:

@@ -19,7 +19,7 @@ import torch
 
 from pagedllm.attention import kv_quant
 from pagedllm.attention.backend import AttentionBackend, CommonAttentionMetadata, write_kv
-from pagedllm.triton_kernels import runs_on
+from pagedllm.platform import get_platform
 
 
 @dataclass
@@ -62,7 +62,7 @@ class TritonPagedBackend(AttentionBackend):
         self, common: CommonAttentionMetadata, block_size: int
     ) -> TritonPagedMetadata:
         """The step's layout as the kernel reads it."""
-        if not runs_on(common.block_tables.device):
+        if not get_platform(common.block_tables.device).runs_triton():
             raise ValueError(
                 "The Triton attention backend runs on CUDA, or on CPU with TRITON_INTERPRET=1 "
                 f"(tests); the model is on {common.block_tables.device}."

@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from pagedllm import envs
 from pagedllm.distributed import shm_all_reduce
+from pagedllm.platform import current_platform
 
 
 @dataclass
@@ -108,7 +109,7 @@ def init_distributed_environment(
     if dist.is_initialized():
         return
     dist.init_process_group(
-        backend=backend or ("nccl" if torch.cuda.is_available() else "gloo"),
+        backend=backend or current_platform().dist_backend,
         init_method=init_method, world_size=world_size, rank=rank,
     )
 

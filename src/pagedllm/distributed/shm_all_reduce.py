@@ -15,13 +15,14 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
-import platform
 import tempfile
 import time
 
 import numpy as np
 import torch
 import torch.distributed as dist
+
+from pagedllm.platform import cpu_platform, get_platform
 
 SLOT_BYTES = 1 << 20  # per rank and parity: a [T, hidden] bf16 tensor up to 512k values
 _SPINS_BEFORE_YIELD = 64
@@ -59,7 +60,7 @@ class ShmAllReduce:
 
     def fits(self, tensor: torch.Tensor) -> bool:
         """True when `tensor` (CPU, contiguous) fits a slot."""
-        return tensor.device.type == "cpu" and tensor.nbytes <= SLOT_BYTES
+        return get_platform(tensor.device).shares_host_memory and tensor.nbytes <= SLOT_BYTES
 
     def _slot(self, rank: int, parity: int, tensor: torch.Tensor) -> torch.Tensor:
         start = (2 * rank + parity) * SLOT_BYTES
@@ -105,8 +106,8 @@ class ShmAllReduce:
 
 
 def supported() -> bool:
-    """True on x86-64, whose store order the protocol relies on."""
-    return platform.machine().lower() in ("x86_64", "amd64")
+    """True on CPUs whose store order the protocol relies on (x86-64: the platform says)."""
+    return cpu_platform().total_store_order
 
 
 def _shm_dir() -> str | None:

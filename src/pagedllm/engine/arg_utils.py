@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from pagedllm.config import (
     CHECKPOINT_QUANTIZATIONS,
     DISTRIBUTED_EXECUTOR_BACKENDS,
+    KV_INT8_GROUP,
     QUANTIZATION_CHOICES,
     SUPPORTED_DTYPES,
     CacheConfig,
@@ -24,12 +25,9 @@ from pagedllm.config import (
 )
 from pagedllm.logger import init_logger
 from pagedllm.lora.config import LoRAConfig
+from pagedllm.platform import current_platform, get_platform
 from pagedllm.pooling.config import PoolerConfig
-from pagedllm.spec_decode.config import (
-    AMX_DISABLE_BY_BATCH_SIZE,
-    DEFAULT_DISABLE_BY_BATCH_SIZE,
-    SpeculativeConfig,
-)
+from pagedllm.spec_decode.config import DEFAULT_DISABLE_BY_BATCH_SIZE, SpeculativeConfig
 from pagedllm.utils.json_args import parse_json_arg
 
 if TYPE_CHECKING:
@@ -40,29 +38,6 @@ logger = init_logger(__name__)
 # A CPU step of this many tokens already keeps the matmuls efficient; larger steps only
 # lengthen the time new requests wait for their first token.
 _DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
-
-
-def _cpu_bf16_is_fast(quantization: str | None) -> bool:
-    """Whether bfloat16 runs at speed on this CPU for these weights: its bf16 matmuls are
-    native, or its int4 weights run on the W4A8 kernels (which take bf16 activations and
-    leave no dense matmul). Logs the CPU plan's reason when the answer is no."""
-    from pagedllm.kernels import cpu_plan
-
-    plan = cpu_plan()
-    fast = plan.native_bf16 or (quantization in ("int4", "fp8") and plan.byte_dot_kernels)
-    if not fast:
-        logger.info(
-            "bfloat16 would be emulated here, so dtype auto means float32 (%s).", plan.reason
-        )
-    return fast
-
-
-def _runs_checkpoint_codes(dtype: str, device: str) -> bool:
-    """Whether a GPTQ / AWQ / compressed-tensors checkpoint's codes run as they are: on the
-    CPU's byte kernels (bfloat16) or the GPU's Triton group kernel (any dtype)."""
-    from pagedllm.layers.triton_quantization import uses_triton_weights
-
-    return (dtype == "bfloat16" and device == "cpu") or uses_triton_weights(device)
 
 
 @dataclass
@@ -131,10 +106,8 @@ class EngineArgs:
                 max_num_batched_tokens=budget,
                 max_model_len=max_len,
                 enable_chunked_prefill=self.enable_chunked_prefill,
-                # Swapping pays off where device memory is scarce and host copies are cheap
-                # relative to recompute (CUDA); on CPU both pools are the same memory.
                 preemption_mode=self.preemption_mode
-                or ("swap" if device == "cuda" else "recompute"),
+                or get_platform(device).default_preemption_mode,
                 scheduling_policy=self.scheduling_policy,
             ),
             device_config=DeviceConfig(device),
@@ -238,17 +211,10 @@ class EngineArgs:
         return config
 
     def _ngram_batch_limit(self, model_config: ModelConfig) -> int:
-        """The most running requests that still get n-gram drafts: 32 where a bfloat16
-        model's matmuls are native (AMX: a batch of 32 verifying its drafts ran 1.19x the
-        tokens/s of plain decoding), else 4 (AVX2: the same batch is compute-bound and ran
-        0.94x; BENCHMARKS.md)."""
-        if self._resolve_device() != "cpu" or model_config.dtype != "bfloat16":
-            return DEFAULT_DISABLE_BY_BATCH_SIZE
-        from pagedllm.kernels import cpu_plan
-
-        return AMX_DISABLE_BY_BATCH_SIZE if cpu_plan().native_bf16 else (
-            DEFAULT_DISABLE_BY_BATCH_SIZE
-        )
+        """The most running requests that still get n-gram drafts: the platform's limit
+        (wider where bfloat16 matmuls are native), else the config's default."""
+        limit = get_platform(self._resolve_device()).ngram_batch_limit(model_config.dtype)
+        return DEFAULT_DISABLE_BY_BATCH_SIZE if limit is None else limit
 
     def _draft_model_config(
         self, config: SpeculativeConfig, model_config: ModelConfig
@@ -326,9 +292,7 @@ class EngineArgs:
             raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {self.device!r}.")
         if self.device != "auto":
             return self.device
-        import torch
-
-        return "cuda" if torch.cuda.is_available() else "cpu"
+        return current_platform().device_type
 
     def _resolve_quantization(
         self, model_dir: str, gguf_file: str | None, device: str
@@ -348,10 +312,9 @@ class EngineArgs:
             return None
         import os
 
-        from pagedllm.layers.triton_quantization import uses_triton_weights
         from pagedllm.model_loader.gguf import gguf_weight_quantization
 
-        if device != "cpu" and not uses_triton_weights(device):
+        if not get_platform(device).runs_gguf_codes():
             logger.warning(
                 "%s has no kernel for quantized weights without triton: the GGUF's weights "
                 "are dequantized to the model's dtype.", device,
@@ -399,13 +362,13 @@ class EngineArgs:
         """
         if self.kv_cache_dtype is not None:
             return self.kv_cache_dtype
-        from pagedllm.attention.kv_quant import GROUP
-
-        quantized_cpu = device == "cpu" and model_config.quantization == "int4"
         hf = model_config.hf_config
         head_size = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
-        fits = head_size % GROUP == 0  # the int8 format scales groups of GROUP values
-        return "int8" if quantized_cpu and model_config.dtype != "float32" and fits else "auto"
+        fits = head_size % KV_INT8_GROUP == 0  # the int8 format scales groups of its values
+        wanted = get_platform(device).int8_kv_cache_by_default(
+            model_config.dtype, model_config.quantization
+        )
+        return "int8" if wanted and fits else "auto"
 
     def _create_model_config(self, device: str) -> ModelConfig:
         from pagedllm.model_loader.hf_config import (
@@ -443,16 +406,17 @@ class EngineArgs:
         else:
             quantization = self._resolve_quantization(model_dir, gguf_file, device)
         is_gguf = gguf_file is not None
+        platform = get_platform(device)
         cpu_bf16_is_fast = True
-        if device == "cpu" and self.dtype == "auto":
-            cpu_bf16_is_fast = _cpu_bf16_is_fast(quantization)
+        if self.dtype == "auto" and not platform.half_precision_native:
+            cpu_bf16_is_fast = platform.bf16_is_fast(quantization)
         # A quantized checkpoint's "auto" dtype is bfloat16, as a GGUF's: its 4-bit kernels
         # take bfloat16 (its config's float16 or float32 describes the unquantized tensors).
         quantized_checkpoint = is_gguf or checkpoint_quantization is not None
         dtype = resolve_dtype(
             self.dtype, hf_config, device, quantized_checkpoint, cpu_bf16_is_fast
         )
-        if checkpoint_quantization is not None and not _runs_checkpoint_codes(dtype, device):
+        if checkpoint_quantization is not None and not platform.runs_checkpoint_codes(dtype):
             # The byte kernels take bfloat16 on CPU; elsewhere the layers are dequantized.
             quantization = None
         if choice.runner == "pooling" and self.dtype == "auto" and cpu_bf16_is_fast:

@@ -10,8 +10,10 @@ functions: nothing is built or loaded here.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from pagedllm.kernels.cpu_features import CpuFeatures
+if TYPE_CHECKING:  # the platform reads the CPU; this leaf only matches variants to it
+    from pagedllm.platform.cpu_features import CpuFeatures
 
 _X86_BASE = ("-mavx2", "-mfma", "-mf16c")
 

@@ -11,34 +11,38 @@ them off.
 
 from __future__ import annotations
 
-import ctypes
 from typing import Any
 
 import torch
 
-from pagedllm import envs, kernels
 from pagedllm.kernels import pointer
-
-_I64, _F32, _I32 = ctypes.c_int64, ctypes.c_float, ctypes.c_int32
+from pagedllm.platform import cpu_platform
 
 
 def _fused_lib() -> Any:
     """The kernel library's handle when the fused ops are on (asserted by callers)."""
-    library = kernels.library()
-    assert library is not None and envs.fused_ops_enabled()
+    library = cpu_platform().kernel_library()
+    assert library is not None and cpu_platform().fused_ops()
     return library.lib
 
 
 def fused_ops_available() -> bool:
-    """True when the fused element-wise ops are built here and not switched off."""
-    return envs.fused_ops_enabled() and kernels.library() is not None
+    """True when the fused element-wise ops serve here (the platform's answer)."""
+    return cpu_platform().fused_ops()
+
+
+def w4a8_available() -> bool:
+    """True when the int4/int8 x int8 kernels serve bfloat16 models here (the platform's
+    answer: a vector variant loaded, never the scalar reference, which torch outruns)."""
+    return cpu_platform().byte_dot_kernels(torch.bfloat16)
 
 
 def serves(x: torch.Tensor) -> bool:
-    """True when the fused ops can take this activation: 2-D bfloat16 on CPU, rows dense."""
+    """True when the fused ops can take this activation: 2-D bfloat16 in host memory (the C
+    functions read it there), rows dense, and the platform has them on."""
     return (
         x.dtype == torch.bfloat16
-        and x.device.type == "cpu"
+        and x.is_cpu
         and x.dim() == 2
         and x.stride(1) == 1
         and fused_ops_available()
@@ -59,9 +63,8 @@ def add_rms_norm(
         residual = torch.empty(num_tokens, hidden, dtype=torch.float32)
     out = torch.empty(num_tokens, hidden, dtype=torch.bfloat16)
     library.add_rms_norm_bf16(
-        _I64(num_tokens), _I64(hidden), pointer(x), _I64(x.stride(0)),
-        pointer(residual), _I32(has_residual), pointer(weight),
-        pointer(out), _F32(eps),
+        num_tokens, hidden, pointer(x), x.stride(0), pointer(residual), has_residual,
+        pointer(weight), pointer(out), eps,
     )
     return out, residual
 
@@ -72,8 +75,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     num_tokens, width = x.shape
     out = torch.empty(num_tokens, width // 2, dtype=torch.bfloat16)
     library.silu_and_mul_bf16(
-        _I64(num_tokens), _I64(width // 2), pointer(x), _I64(x.stride(0)),
-        pointer(out),
+        num_tokens, width // 2, pointer(x), x.stride(0), pointer(out),
     )
     return out
 
@@ -88,17 +90,9 @@ def rope_neox_(
     library = _fused_lib()
     num_tokens, width = x.shape
     library.rope_neox_bf16(
-        _I64(num_tokens), _I64(width // head_size), _I64(head_size),
-        _I64(cos_sin_cache.shape[1]), pointer(x), _I64(x.stride(0)),
-        pointer(positions), pointer(cos_sin_cache),
+        num_tokens, width // head_size, head_size, cos_sin_cache.shape[1], pointer(x),
+        x.stride(0), pointer(positions), pointer(cos_sin_cache),
     )
-
-
-def w4a8_available() -> bool:
-    """True when the int4/int8 x int8 kernels serve here: a vector variant is loaded (the
-    plan never sends quantized weights to the scalar reference, which torch outruns)."""
-    library = kernels.library()
-    return library is not None and library.variant.simd
 
 
 def w4a8_matmul(
@@ -124,16 +118,15 @@ def w8a8_matmul(
 def _byte_dot_matmul(
     function: str, x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, out_features: int
 ) -> torch.Tensor:
-    library = kernels.library()
+    library = cpu_platform().kernel_library()
     assert library is not None
     num_tokens, in_features = x.shape
     out = torch.empty(num_tokens, out_features, dtype=torch.bfloat16)
     if num_tokens == 0:
         return out
     failed = getattr(library.lib, function)(
-        _I64(num_tokens), _I64(out_features), _I64(in_features),
-        pointer(x), _I64(x.stride(0)), pointer(codes), pointer(scales),
-        pointer(out), _I64(out_features),
+        num_tokens, out_features, in_features, pointer(x), x.stride(0), pointer(codes),
+        pointer(scales), pointer(out), out_features,
     )
     if failed:
         raise MemoryError(f"{function}: input size not a multiple of 32, or out of memory")

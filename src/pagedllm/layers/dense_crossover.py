@@ -21,9 +21,8 @@ from functools import cache
 import torch
 
 from pagedllm import envs
-from pagedllm.kernels import cpu_plan
-from pagedllm.layers import cpu_ops
 from pagedllm.logger import init_logger
+from pagedllm.platform import cpu_platform
 
 logger = init_logger(__name__)
 
@@ -88,8 +87,7 @@ def dense_from_tokens() -> int | None:
         return None
     if isinstance(setting, int):
         return setting
-    plan = cpu_plan()
-    if not (plan.native_bf16 and plan.byte_dot_kernels and cpu_ops.w4a8_available()):
+    if not cpu_platform().measures_dense_crossover(torch.bfloat16):
         return None  # dense bf16 is emulated here, or there is no W4A8 to compare
     timings = measure_timings()
     chosen = choose_dense_from(timings)

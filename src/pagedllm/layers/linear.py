@@ -15,7 +15,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pagedllm.kernels import cpu_plan
 from pagedllm.layers.dense_crossover import dense_from_tokens
 from pagedllm.layers.quantization import (
     GroupCodes,
@@ -37,6 +36,7 @@ from pagedllm.layers.triton_quantization import (
     triton_weight_from_codes,
     uses_triton_weights,
 )
+from pagedllm.platform import get_platform
 from pagedllm.utils.math import round_up
 
 
@@ -54,12 +54,7 @@ def uses_quantized(
 def can_pack_for_cpu(weight: torch.Tensor) -> bool:
     """True when oneDNN's packed bf16 layout pays for this weight: bfloat16 on a CPU whose
     bf16 matmuls are native (kernels/plan.py; elsewhere oneDNN refuses or emulates it)."""
-    return (
-        weight.device.type == "cpu"
-        and weight.dtype == torch.bfloat16
-        and torch.backends.mkldnn.is_available()
-        and cpu_plan().native_bf16
-    )
+    return get_platform(weight.device).packs_dense_weights(weight.dtype)
 
 
 def pack_weight_for_cpu(weight: torch.Tensor) -> torch.Tensor:

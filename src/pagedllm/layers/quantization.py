@@ -27,6 +27,7 @@ import torch
 
 from pagedllm.config import QUANTIZATION_METHODS
 from pagedllm.layers import cpu_ops
+from pagedllm.platform import get_platform
 
 INT4_GROUP_SIZE = 32
 # Steps of at most this many tokens use torch's int8/int4 weights when a dense copy is also
@@ -257,12 +258,9 @@ def can_quantize_int4(weight: torch.Tensor, group_size: int = INT4_GROUP_SIZE) -
 def can_quantize_w4a8(weight: torch.Tensor) -> bool:
     """True when `weight` can be a W4A8Weight (or W8A8Weight) here: bfloat16 on CPU, input
     columns a multiple of 32, and the C kernel built."""
-    return (
-        weight.dtype == torch.bfloat16
-        and weight.device.type == "cpu"
-        and weight.shape[1] % INT4_GROUP_SIZE == 0
-        and cpu_ops.w4a8_available()
-    )
+    return weight.shape[1] % INT4_GROUP_SIZE == 0 and get_platform(
+        weight.device
+    ).byte_dot_kernels(weight.dtype)
 
 
 def int4_group_codes(

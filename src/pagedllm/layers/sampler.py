@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from pagedllm.layers.logits_processors import LogitsProcessors
+from pagedllm.platform import get_platform
 from pagedllm.sampling_params import SamplingParams
 
 # Below this temperature a row is greedy (the same threshold as SamplingParams.is_greedy).
@@ -307,7 +308,7 @@ def _top_k_top_p_threshold(
     sorted in full (flat distributions), which gives the same threshold.
     """
     vocab_size = weights.shape[-1]
-    if weights.device.type != "cpu" or vocab_size <= 2 * _TOP_P_CANDIDATES:
+    if not get_platform(weights.device).full_sort_is_slow or vocab_size <= 2 * _TOP_P_CANDIDATES:
         sorted_weights = weights.sort(dim=-1, descending=True).values  # [B, V]
         return _threshold_from_sorted(sorted_weights, vocab_size, None, k, top_p)[0]
     total = weights.sum(dim=-1)  # [B]

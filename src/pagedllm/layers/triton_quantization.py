@@ -18,9 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from pagedllm import envs
 from pagedllm.layers.quantization import INT4_GROUP_SIZE, GroupCodes, fp8_grid, int4_group_codes
-from pagedllm.triton_kernels import runs_on, triton_available
+from pagedllm.platform import get_platform
 
 _INT8_LEVELS = 127.0
 
@@ -29,11 +28,7 @@ def uses_triton_weights(device: torch.device | str) -> bool:
     """Whether quantized layers on `device` take the Triton group format: on CUDA when
     triton is installed, elsewhere only when PAGEDLLM_QUANTIZED_MATMUL=triton asks (and
     Triton can run there: TRITON_INTERPRET on CPU)."""
-    device = torch.device(device)
-    choice = envs.quantized_matmul()
-    if choice == "triton":
-        return runs_on(device)
-    return choice is None and device.type == "cuda" and triton_available()
+    return get_platform(device).group_weights_on_triton()
 
 
 @dataclass

@@ -10,14 +10,12 @@ matmuls win for large steps (prefill chunks): the kernel takes steps up to
 
 from __future__ import annotations
 
-import ctypes
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from pagedllm import kernels
 from pagedllm.kernels import pointer
-from pagedllm.kernels.plan import cpu_plan
+from pagedllm.platform import cpu_platform, get_platform
 
 if TYPE_CHECKING:
     from pagedllm.lora.layers import LoRABatch
@@ -31,9 +29,9 @@ MAX_TOKENS: int | None = None
 
 def kernel_library(dtype: torch.dtype, device: torch.device) -> Any | None:
     """The kernel library when the C path applies (bfloat16 on CPU, kernels built)."""
-    if device.type != "cpu" or dtype != torch.bfloat16:
+    if not get_platform(device).lora_kernel(dtype):
         return None
-    library = kernels.library()
+    library = cpu_platform().kernel_library()
     return None if library is None else library.lib
 
 
@@ -41,7 +39,7 @@ def max_tokens() -> int | None:
     """The largest step the kernel takes on this CPU (None: any)."""
     if MAX_TOKENS is not None:
         return MAX_TOKENS
-    return NATIVE_BF16_MAX_TOKENS if cpu_plan().native_bf16 else None
+    return NATIVE_BF16_MAX_TOKENS if cpu_platform().native_bf16_matmuls() else None
 
 
 def takes(num_tokens: int) -> bool:
@@ -66,11 +64,10 @@ def add_deltas(
     """out[t] += delta of token t's adapter, for every token that has one."""
     assert batch.order is not None and batch.order_slots is not None
     failed = library.lora_add_bf16(
-        ctypes.c_int64(batch.order.shape[0]), ctypes.c_int64(x.shape[1]),
-        ctypes.c_int64(out.shape[1]), pointer(x), ctypes.c_int64(x.stride(0)),
-        pointer(out), ctypes.c_int64(out.stride(0)), pointer(batch.order),
-        pointer(batch.order_slots), ctypes.c_int64(sub_offsets.shape[0] - 1),
-        pointer(sub_offsets), ctypes.c_int64(rank), pointer(lora_a), pointer(lora_b_sub),
+        batch.order.shape[0], x.shape[1], out.shape[1], pointer(x), x.stride(0),
+        pointer(out), out.stride(0), pointer(batch.order), pointer(batch.order_slots),
+        sub_offsets.shape[0] - 1, pointer(sub_offsets), rank, pointer(lora_a),
+        pointer(lora_b_sub),
     )
     if failed:
         raise MemoryError("The LoRA kernel could not allocate its buffers.")

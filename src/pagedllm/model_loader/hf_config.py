@@ -14,6 +14,7 @@ from transformers import AutoConfig, PretrainedConfig
 
 from pagedllm.config import SUPPORTED_DTYPES
 from pagedllm.model_loader.gguf_cache import config_folder
+from pagedllm.platform import get_platform
 
 # GGUF configs carry no `architectures`; transformers' model_type names the family instead.
 _MODEL_TYPE_TO_ARCHITECTURE = {
@@ -133,18 +134,18 @@ def resolve_dtype(
         raise ValueError(f"dtype must be one of {', '.join(SUPPORTED_DTYPES)}; got {dtype!r}.")
     if dtype != "auto":
         return dtype
-    is_cpu = device.split(":")[0] == "cpu"
+    half_native = get_platform(device).half_precision_native
     if is_gguf:
         chosen = "bfloat16"
     else:
         checkpoint_dtype = get_checkpoint_dtype(hf_config)
         if checkpoint_dtype not in ("float32", "bfloat16", "float16"):
-            chosen = "float32" if is_cpu else "bfloat16"
-        elif checkpoint_dtype == "float16" and is_cpu:
+            chosen = "bfloat16" if half_native else "float32"
+        elif checkpoint_dtype == "float16" and not half_native:
             chosen = "bfloat16"
         else:
             chosen = checkpoint_dtype
-    if is_cpu and chosen == "bfloat16" and not cpu_bf16_is_fast:
+    if not half_native and chosen == "bfloat16" and not cpu_bf16_is_fast:
         return "float32"
     return chosen
 

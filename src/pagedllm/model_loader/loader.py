@@ -14,14 +14,13 @@ from collections.abc import Iterable, Iterator
 import torch
 
 from pagedllm.config import ModelConfig
-from pagedllm.layers import cpu_ops
 from pagedllm.layers.quantization import GroupCodes
-from pagedllm.layers.triton_quantization import uses_triton_weights
 from pagedllm.logger import init_logger
 from pagedllm.model_loader.checkpoint_quantization import iterate_weights
 from pagedllm.model_loader.gguf import iterate_gguf_weights
 from pagedllm.model_loader.safetensors import iterate_safetensors_weights
 from pagedllm.models.registry import resolve_model_class, resolve_runner
+from pagedllm.platform import get_platform
 from pagedllm.utils import native
 
 logger = init_logger(__name__)
@@ -75,15 +74,7 @@ def _keeps_file_codes(model_config: ModelConfig, dtype: torch.dtype, device: str
     CPU model run on the byte dot-product kernels (W4A8 / W8A8), which hold the file's codes
     exactly (a Q8_0 file's codes too, rather than re-quantizing them per channel), or of a
     model on the Triton group kernel (GPU)."""
-    if model_config.quantization not in ("int4", "int8"):
-        return False
-    if uses_triton_weights(device):  # the GPU's group format holds every code type
-        return True
-    return (
-        dtype == torch.bfloat16
-        and torch.device(device).type == "cpu"
-        and cpu_ops.w4a8_available()
-    )
+    return get_platform(device).keeps_file_codes(model_config.quantization, dtype)
 
 
 def _pack_linear_weights(model: torch.nn.Module) -> None:

@@ -25,11 +25,9 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from pagedllm import envs, kernels
-from pagedllm.attention import cpu_kernel
 from pagedllm.attention.cpu_paged import CpuPagedMetadata
 from pagedllm.kernels import pointer
-from pagedllm.layers import cpu_ops
+from pagedllm.kernels.abi import StackDims, StackLayer, StackLoRA, StackLoRAStep
 from pagedllm.layers.activation import SiluAndMul
 from pagedllm.layers.forward_context import get_forward_context
 from pagedllm.layers.layernorm import RMSNorm
@@ -37,49 +35,20 @@ from pagedllm.layers.linear import Linear
 from pagedllm.layers.mlp import GatedMLP
 from pagedllm.layers.quantization import W4A8Weight
 from pagedllm.layers.rotary import RotaryEmbedding
+from pagedllm.platform import cpu_platform
 
 if TYPE_CHECKING:
     from pagedllm.models.common import DecoderLayer, DecoderModel
 
-class _StackDims(ctypes.Structure):
-    _fields_ = [
-        (name, ctypes.c_int64)
-        for name in (
-            "num_layers", "hidden", "num_heads", "num_kv_heads", "head_size", "intermediate",
-            "rot_dim", "num_blocks", "block_size", "max_blocks",
-        )
-    ] + [("eps", ctypes.c_float), ("scale", ctypes.c_float)]
-
-
-class _StackLayer(ctypes.Structure):
-    _fields_ = [
-        (name, ctypes.c_void_p)
-        for name in (
-            "input_norm", "post_norm", "qkv", "o", "gate_up", "down",
-            "qkv_dm", "o_dm", "gate_up_dm", "down_dm", "kv_cache",
-        )
-    ]
-
-
-class _StackLoRA(ctypes.Structure):
-    _fields_ = [("a", ctypes.c_void_p), ("b", ctypes.c_void_p),
-                ("sub_offsets", ctypes.c_void_p), ("subs", ctypes.c_int64)]
-
-
-class _StackLoRAStep(ctypes.Structure):
-    _fields_ = [("num", ctypes.c_int64), ("rank", ctypes.c_int64),
-                ("order", ctypes.c_void_p), ("order_slots", ctypes.c_void_p),
-                ("matrices", ctypes.c_void_p)]
-
-
 def _library() -> Any:
     """The kernel library's handle, or None when the stack is switched off or its parts are
     (they must run here as they do in the Python layers for the results to agree)."""
-    if not envs.decode_stack_enabled():
+    platform = cpu_platform()
+    if platform.decode_step_kind() != "cpu_stack":
         return None
-    if not (cpu_ops.fused_ops_available() and cpu_kernel.is_available(torch.bfloat16)):
+    if not (platform.fused_ops() and platform.attention_kernels(torch.bfloat16)):
         return None
-    library = kernels.library()
+    library = platform.kernel_library()
     return None if library is None else library.lib
 
 
@@ -162,7 +131,7 @@ class CpuDecodeStack:
         first = self.layers[0]
         attn = first.self_attn.attn
         self.rotary = _rotary(first)
-        self.dims = _StackDims(
+        self.dims = StackDims(
             num_layers=len(self.layers),
             hidden=first.input_layernorm.hidden_size,
             num_heads=attn.num_heads,
@@ -173,9 +142,9 @@ class CpuDecodeStack:
             eps=first.input_layernorm.eps,
             scale=attn.scale,
         )
-        self._table: ctypes.Array[_StackLayer] | None = None
+        self._table: ctypes.Array[StackLayer] | None = None
         self._table_key: tuple[int, ...] = ()
-        self._lora_table: ctypes.Array[_StackLoRA] | None = None
+        self._lora_table: ctypes.Array[StackLoRA] | None = None
         self.max_tokens = _max_quantized_tokens(self.layers)
 
     @classmethod
@@ -233,25 +202,25 @@ class CpuDecodeStack:
         slots = metadata.slot_mapping.to(torch.int64).contiguous()
         lora_step = self._lora_step()
         failed = self.library.decode_stack_bf16(
-            ctypes.byref(self.dims), table, ctypes.c_int64(num_tokens),
+            ctypes.byref(self.dims), table, num_tokens,
             pointer(out), pointer(residual), pointer(positions),
             pointer(self.rotary.cos_sin_cache), pointer(slots),
             pointer(decodes.block_tables), pointer(decodes.seq_lens),
-            pointer(decodes.token_rows), ctypes.c_int64(decodes.max_seq_len),
+            pointer(decodes.token_rows), decodes.max_seq_len,
             None if lora_step is None else ctypes.byref(lora_step),
         )
         if failed:
             raise RuntimeError(f"The CPU decode stack failed (code {failed}).")
         return out, residual
 
-    def _layer_table(self, kv_caches: list[torch.Tensor]) -> ctypes.Array[_StackLayer]:
+    def _layer_table(self, kv_caches: list[torch.Tensor]) -> ctypes.Array[StackLayer]:
         """The per-layer pointer table, rebuilt only when the KV caches change."""
         key = (kv_caches[0].shape[1], *(cache.data_ptr() for cache in kv_caches))
         if self._table is not None and key == self._table_key:
             return self._table
         _, num_blocks, block_size, _, _ = kv_caches[0].shape
         self.dims.num_blocks, self.dims.block_size = num_blocks, block_size
-        table = (_StackLayer * len(self.layers))()
+        table = (StackLayer * len(self.layers))()
         for entry, layer, kv_cache in zip(table, self.layers, kv_caches, strict=True):
             weights = [_w4a8(linear) for linear in _matrices(layer)]
             norms = cast("tuple[RMSNorm, RMSNorm]", (layer.input_layernorm,
@@ -274,7 +243,7 @@ class CpuDecodeStack:
         """The first matrix's LoRA slots (every matrix has them when LoRA is on), or None."""
         return _matrices(self.layers[0])[0].lora
 
-    def _lora_step(self) -> _StackLoRAStep | None:
+    def _lora_step(self) -> StackLoRAStep | None:
         """This step's LoRA tokens and every matrix's slots, or None without adapters."""
         lora = self._lora_slots()
         if lora is None or not lora.batch.active:
@@ -282,18 +251,18 @@ class CpuDecodeStack:
         if self._lora_table is None:
             self._lora_table = self._build_lora_table()
         batch = lora.batch
-        return _StackLoRAStep(
+        return StackLoRAStep(
             num=batch.order.shape[0], rank=lora.max_rank, order=batch.order.data_ptr(),
             order_slots=batch.order_slots.data_ptr(),
             matrices=ctypes.cast(self._lora_table, ctypes.c_void_p),
         )
 
-    def _build_lora_table(self) -> ctypes.Array[_StackLoRA]:
+    def _build_lora_table(self) -> ctypes.Array[StackLoRA]:
         """Pointers to every matrix's slot weights (written in place as adapters change)."""
-        table = (_StackLoRA * (4 * len(self.layers)))()
+        table = (StackLoRA * (4 * len(self.layers)))()
         for index, linear in enumerate(m for layer in self.layers for m in _matrices(layer)):
             slots = linear.lora
-            table[index] = _StackLoRA(
+            table[index] = StackLoRA(
                 slots.lora_a.data_ptr(), slots.lora_b_sub.data_ptr(),
                 slots.sub_offsets.data_ptr(), slots.sub_offsets.shape[0] - 1,
             )

@@ -19,9 +19,8 @@ MODEL_METHODS = ("draft_model", "eagle", "eagle3", "medusa")
 # With n-gram lookup on, a step of more requests than this proposes nothing (the default of
 # `disable_by_batch_size`): a larger CPU batch is compute-bound, so verifying drafts costs
 # about as much as decoding them would (BENCHMARKS.md, "Speculative decoding"). Where
-# bfloat16 matmuls are native (AMX) batches up to 32 still gain (the engine args choose).
+# bfloat16 matmuls are native (AMX) batches up to 32 still gain (the platform says so).
 DEFAULT_DISABLE_BY_BATCH_SIZE = 4
-AMX_DISABLE_BY_BATCH_SIZE = 32
 # vLLM's default n-gram length when neither bound is given.
 DEFAULT_PROMPT_LOOKUP = 5
 

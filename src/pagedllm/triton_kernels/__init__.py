@@ -6,6 +6,6 @@ never load it. With `TRITON_INTERPRET=1` Triton runs the same kernels on CPU ten
 interpreter (numpy): CI checks their logic that way, the GPU runs them compiled.
 """
 
-from pagedllm.triton_kernels.runtime import jit_kernel, runs_on, triton_available
+from pagedllm.triton_kernels.runtime import interpreting, jit_kernel
 
-__all__ = ["jit_kernel", "runs_on", "triton_available"]
+__all__ = ["interpreting", "jit_kernel"]

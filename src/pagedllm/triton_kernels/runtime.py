@@ -11,26 +11,14 @@ the kernel modules import Triton, and the engine imports them only where a kerne
 
 from __future__ import annotations
 
-import functools
-import importlib.util
-import os
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from pagedllm.platform.triton import triton_interpreting as interpreting
+
 _jitted: dict[tuple[Callable[..., Any], bool], Any] = {}
-
-
-@functools.cache
-def triton_available() -> bool:
-    """True when the `triton` package is installed (it is not imported here)."""
-    return importlib.util.find_spec("triton") is not None
-
-
-def interpreting() -> bool:
-    """True when TRITON_INTERPRET asks Triton to run kernels in its CPU interpreter."""
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
 
 
 def upcast_dot(dtype: torch.dtype) -> bool:
@@ -46,17 +34,6 @@ def round_bf16_in_software(dtype: torch.dtype) -> bool:
     the interpreter, whose cast truncates (the GPU's rounds to nearest even). Adding half a
     unit (ties to even) to the float32 bits makes the truncation round to nearest."""
     return interpreting() and dtype == torch.bfloat16
-
-
-def runs_on(device: torch.device | str) -> bool:
-    """Whether Triton kernels can run on tensors of `device`: compiled on CUDA, or in the
-    interpreter on CPU when TRITON_INTERPRET is set."""
-    device_type = torch.device(device).type
-    if not triton_available():
-        return False
-    if device_type == "cuda":
-        return True
-    return device_type == "cpu" and interpreting()
 
 
 def jit_kernel(fn: Callable[..., Any]) -> Any:

@@ -1,4 +1,4 @@
-"""Device and dtype resolution, and memory queries (CPU and CUDA, CUDA imported lazily)."""
+"""Dtype names to torch dtypes (device facts live in pagedllm.platform)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,3 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 def to_torch_dtype(name: str) -> torch.dtype:
     """Map a resolved dtype name ("float32", "bfloat16", "float16") to torch's dtype."""
     return _DTYPES[name]
-
-
-def cuda_free_memory_bytes() -> tuple[int, int]:
-    """(free, total) bytes of the current CUDA device."""
-    return torch.cuda.mem_get_info()

@@ -38,6 +38,7 @@ import torch
 
 from pagedllm.attention.backend import AttentionBackend, CommonAttentionMetadata
 from pagedllm.layers.forward_context import ForwardContext, set_forward_context
+from pagedllm.platform import get_platform
 
 # Batch sizes captured by default: vLLM's list ([1, 2, 4], then steps of 8 up to 256 and
 # of 16 beyond), cut at the engine's max_num_seqs.
@@ -126,7 +127,7 @@ class DecodeGraphs:
         )
         # Host staging (pinned on CUDA, so the copies are asynchronous). Rewriting it at the
         # next step is safe: a step ends by reading its sampled tokens, after the replay.
-        pinned = device.type == "cuda"
+        pinned = get_platform(device).pin_memory
         self._rows_staging = torch.zeros(4, max_batch, dtype=torch.int64, pin_memory=pinned)
         self._table_staging = torch.zeros(
             max_batch, max_blocks_per_seq, dtype=torch.int64, pin_memory=pinned

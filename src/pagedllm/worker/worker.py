@@ -28,8 +28,9 @@ from pagedllm.distributed.parallel_state import get_pp_group, get_world_group
 from pagedllm.layers.attention import Attention
 from pagedllm.logger import init_logger
 from pagedllm.model_loader.loader import get_model
+from pagedllm.platform import get_platform
 from pagedllm.spec_decode.proposers import DrafterContext, Proposer, make_proposer
-from pagedllm.utils.device import cuda_free_memory_bytes, to_torch_dtype
+from pagedllm.utils.device import to_torch_dtype
 from pagedllm.worker.cuda_graphs import DecodeGraphs, default_capture_sizes
 from pagedllm.worker.fault_injection import install_fault_injection
 from pagedllm.worker.model_runner import ModelRunner
@@ -62,13 +63,14 @@ class Worker:
     def __init__(self, engine_config: EngineConfig) -> None:
         self.config = engine_config
         self.device = torch.device(engine_config.device_config.device)
+        self.platform = get_platform(self.device)
         threads = envs.num_threads()
         if threads:
             torch.set_num_threads(threads)
         self.dtype = to_torch_dtype(engine_config.model_config.dtype)
         self.model = get_model(engine_config.model_config, str(self.device))
         install_fault_injection(self.model)  # only when a test asks for it
-        self.backend = get_attention_backend(self.device.type, self.dtype)
+        self.backend = get_attention_backend(str(self.device), self.dtype)
         self.is_encoder = bool(getattr(self.model, "is_encoder", False))
         self.kv_cache_spec = self._determine_kv_cache_spec()
         self.host_kv_caches = self._allocate_host_kv_caches()
@@ -94,7 +96,7 @@ class Worker:
         config = self.config
         checks = [
             (config.model_config.enforce_eager, "enforce_eager=True"),
-            (self.device.type != "cuda" and not envs.emulate_cuda_graphs(), "not on CUDA"),
+            (self.platform.decode_step_kind() != "cuda_graphs", "not on CUDA"),
             (not self.backend.cuda_graph_safe, f"the {self.backend.name} attention backend"),
             (self.is_encoder or config.model_config.runner != "generate", "not a generator"),
             (len(self.kv_cache_spec.groups) != 1, "several KV cache groups"),
@@ -110,7 +112,7 @@ class Worker:
         every step eager, with a warning."""
         reason = self._decode_graphs_off_reason()
         if reason is not None:
-            if self.device.type == "cuda":
+            if self.platform.captures_graphs():
                 logger.info("CUDA graphs off: %s; decode steps run eagerly.", reason)
             return None
         block_size = self.kv_cache_spec.block_size
@@ -122,7 +124,7 @@ class Worker:
             max_blocks_per_seq=-(-self.config.model_config.max_model_len // block_size),
             capture_sizes=default_capture_sizes(self.config.scheduler_config.max_num_seqs),
             device=self.device,
-            replay_by_rerunning=self.device.type != "cuda",
+            replay_by_rerunning=not self.platform.captures_graphs(),
         )
         start = time.perf_counter()
         try:
@@ -339,11 +341,7 @@ class Worker:
         cache = self.config.cache_config
         if cache.kv_cache_memory_bytes is not None:
             return cache.kv_cache_memory_bytes
-        if self.device.type == "cuda":
-            free, total = cuda_free_memory_bytes()
-            used_by_others = total - free
-            return max(int(total * cache.gpu_memory_utilization) - used_by_others, 0)
-        return envs.cpu_kv_cache_space_bytes()
+        return self.platform.kv_cache_budget_bytes(cache.gpu_memory_utilization)
 
     def _layer_kv_caches(self, slot_caches: list[torch.Tensor]) -> list[torch.Tensor]:
         """The cache of every layer: its slot's tensor (shared with the other groups)."""
@@ -368,7 +366,7 @@ class Worker:
             # a block is first written, so memory grows with use instead of the full budget
             # (unless PAGEDLLM_CPU_KVCACHE_PREFAULT asks for all of it at start).
             cache = torch.empty(shape, dtype=self._kv_dtype(), device=self.device)
-            if self.device.type == "cpu" and envs.cpu_kv_cache_prefault():
+            if self.platform.prefaults_kv_cache():
                 cache.zero_()
             else:  # padded reads go to the null block 0: it must hold finite values
                 cache.select(self._block_dim(), 0).zero_()
@@ -383,7 +381,7 @@ class Worker:
             return []
         shape = self._kv_cache_shape(num_cpu_blocks)
         # Pinned on CUDA hosts so copies are fast; a plain second pool on a CPU device.
-        pin = self.device.type == "cuda"
+        pin = self.platform.pin_memory
         logger.info(
             "Swap space: %d host blocks (%.1f MiB)",
             num_cpu_blocks,

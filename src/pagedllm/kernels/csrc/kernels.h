@@ -1,5 +1,5 @@
 /*
- * The CPU kernel library's interface: every function Python calls (kernels/library.py sets
+ * The CPU kernel library's interface: every function Python calls (kernels/abi.py declares
  * their ctypes signatures) and that one source calls in another (the decode stack chains
  * them). The same functions exist in every variant's library; only isa.h's primitives
  * differ between them. Everything else is compiled hidden (-fvisibility=hidden), so two

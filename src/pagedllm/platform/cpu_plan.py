@@ -20,8 +20,8 @@ from functools import cache
 
 from pagedllm import envs
 from pagedllm.kernels import build
-from pagedllm.kernels.cpu_features import CpuFeatures, detect
 from pagedllm.kernels.variants import Variant, best_variant, get_variant
+from pagedllm.platform.cpu_features import CpuFeatures, detect
 
 # Features that make bfloat16 matmuls native (x86: AVX-512 BF16 or AMX; Arm: the BF16
 # extension).

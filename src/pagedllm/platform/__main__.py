@@ -1,6 +1,6 @@
-"""`python -m pagedllm.kernels`: print this machine's CPU plan; `--build-all` builds every
-variant of the architecture into the cache (a Docker image does, so containers on any CPU
-start without compiling)."""
+"""`python -m pagedllm.platform`: print this machine's platform, CPU features and kernel
+plan; `--build-all` builds every kernel variant of the architecture into the cache (a
+Docker image does, so containers on any CPU start without compiling)."""
 
 from __future__ import annotations
 
@@ -8,20 +8,20 @@ import argparse
 import sys
 
 from pagedllm.kernels import build
-from pagedllm.kernels.cpu_features import detect
-from pagedllm.kernels.plan import cpu_plan
 from pagedllm.kernels.variants import variants_for_arch
+from pagedllm.platform import cpu_platform, current_platform
+from pagedllm.platform.cpu_features import detect
 
 
 def main(argv: list[str] | None = None) -> int:
     """Print the plan (and build); exit code 1 when a requested build failed."""
-    parser = argparse.ArgumentParser(prog="python -m pagedllm.kernels", description=__doc__)
-    parser.add_argument("--build-all", action="store_true", help="build every variant")
+    parser = argparse.ArgumentParser(prog="python -m pagedllm.platform", description=__doc__)
+    parser.add_argument("--build-all", action="store_true", help="build every kernel variant")
     args = parser.parse_args(argv)
     features = detect()
-    plan = cpu_plan()
     print(f"features ({features.source}): {' '.join(sorted(features.flags)) or '-'}")
-    print(f"plan: {plan.reason}")
+    print(f"plan: {cpu_platform().describe()}")
+    print(f"platform: {current_platform().device_type}")
     if not args.build_all:
         return 0
     failed = False

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from pagedllm.kernels.cpu_features import CpuFeatures, detect, normalise_arch, parse_cpuinfo
-from pagedllm.kernels.plan import plan_for
 from pagedllm.kernels.variants import VARIANT_NAMES, best_variant, get_variant
+from pagedllm.platform.cpu_features import CpuFeatures, detect, normalise_arch, parse_cpuinfo
+from pagedllm.platform.cpu_plan import plan_for
 
 AVX512 = "fpu sse sse2 avx avx2 fma f16c avx512f avx512dq avx512bw avx512vl avx512_vnni"
 # (name, arch, flags, compiler found) -> (variant, W4A8 on the C kernels, native bf16)

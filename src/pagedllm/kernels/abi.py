@@ -1,0 +1,132 @@
+"""The C kernel library's interface as ctypes sees it: every function of csrc/kernels.h with
+its argument and return types, and the structs they take, declared once.
+
+`loader.open_library` applies these declarations to a loaded variant, so a Python wrapper
+(layers/cpu_ops.py, attention/cpu_kernel.py, lora/cpu_kernel.py, the worker's CPU decode
+stack) passes plain ints, floats and pointers and ctypes checks them against the header's
+types. A function added to kernels.h is declared here too (tests/kernels/test_abi.py
+compares the two). Pure data: nothing is loaded or built here.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+_I32, _I64, _F32 = ctypes.c_int32, ctypes.c_int64, ctypes.c_float
+# Every pointer argument (tensors' data, structs by reference) is a void pointer here:
+# the header's element types are documented beside each argument below.
+_PTR = ctypes.c_void_p
+
+
+class PagedDims(ctypes.Structure):
+    """kernels.h PagedDims: the paged KV cache's shape and the query heads (window 0:
+    full attention)."""
+
+    _fields_ = [
+        (name, _I64)
+        for name in (
+            "num_blocks", "block_size", "num_kv_heads", "num_heads", "head_size",
+            "max_blocks", "window",
+        )
+    ]
+
+
+class StackDims(ctypes.Structure):
+    """kernels.h StackDims: the decoder stack's shapes and its KV caches' geometry."""
+
+    _fields_ = [
+        (name, _I64)
+        for name in (
+            "num_layers", "hidden", "num_heads", "num_kv_heads", "head_size", "intermediate",
+            "rot_dim", "num_blocks", "block_size", "max_blocks",
+        )
+    ] + [("eps", _F32), ("scale", _F32)]
+
+
+class StackLayer(ctypes.Structure):
+    """kernels.h StackLayer: one decoder layer's norms, W4A8 matrices and int8 KV cache."""
+
+    _fields_ = [
+        (name, _PTR)
+        for name in (
+            "input_norm", "post_norm", "qkv", "o", "gate_up", "down",
+            "qkv_dm", "o_dm", "gate_up_dm", "down_dm", "kv_cache",
+        )
+    ]
+
+
+class StackLoRA(ctypes.Structure):
+    """kernels.h StackLoRA: one matrix's adapter slots (a NULL: none on it)."""
+
+    _fields_ = [("a", _PTR), ("b", _PTR), ("sub_offsets", _PTR), ("subs", _I64)]
+
+
+class StackLoRAStep(ctypes.Structure):
+    """kernels.h StackLoRAStep: a step's LoRA tokens and every matrix's slots."""
+
+    _fields_ = [("num", _I64), ("rank", _I64), ("order", _PTR), ("order_slots", _PTR),
+                ("matrices", _PTR)]
+
+
+@dataclass(frozen=True)
+class Function:
+    """One exported function: its name, its argument types in order, its return type."""
+
+    name: str
+    argtypes: tuple[type, ...]
+    restype: type | None
+
+
+# paged_decode_*(dims, query, out, kv_cache, block_tables, seq_lens, token_rows, num_reqs,
+# max_seq_len, scale): 0, or non-zero when out of memory.
+_DECODE_ARGS = (_PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _F32)
+# paged_prefill_*(dims, query, q_stride, out, kv_cache, block_tables, query_starts,
+# query_lens, context_lens, num_reqs, max_seq_len, scale).
+_PREFILL_ARGS = (_PTR, _PTR, _I64, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _F32)
+# store_int8_*(dims, kv_cache, key, value, key_stride, value_stride, slots, num_tokens,
+# write_back).
+_STORE_ARGS = (_PTR, _PTR, _PTR, _PTR, _I64, _I64, _PTR, _I64, _I32)
+# w4a8 / w8a8_matmul_bf16(M, N, K, x, x_stride, qs, dm, out, out_stride): 1 when K % 32,
+# 2 when out of memory.
+_BYTE_DOT_ARGS = (_I64, _I64, _I64, _PTR, _I64, _PTR, _PTR, _PTR, _I64)
+
+FUNCTIONS: tuple[Function, ...] = (
+    Function("pagedllm_isa", (), ctypes.c_char_p),
+    *(Function(f"paged_decode_{kind}", _DECODE_ARGS, ctypes.c_int)
+      for kind in ("f32", "bf16", "f32_int8", "bf16_int8")),
+    *(Function(f"paged_prefill_{kind}", _PREFILL_ARGS, ctypes.c_int)
+      for kind in ("f32", "bf16", "f32_int8", "bf16_int8")),
+    Function("store_int8_f32", _STORE_ARGS, None),
+    Function("store_int8_bf16", _STORE_ARGS, None),
+    # add_rms_norm_bf16(T, H, x, x_stride, residual, has_residual, weight, out, eps)
+    Function("add_rms_norm_bf16", (_I64, _I64, _PTR, _I64, _PTR, _I32, _PTR, _PTR, _F32), None),
+    # silu_and_mul_bf16(T, d, x, x_stride, out)
+    Function("silu_and_mul_bf16", (_I64, _I64, _PTR, _I64, _PTR), None),
+    # rope_neox_bf16(T, heads, head_size, rot_dim, x, x_stride, positions, cos_sin)
+    Function("rope_neox_bf16", (_I64, _I64, _I64, _I64, _PTR, _I64, _PTR, _PTR), None),
+    Function("w4a8_matmul_bf16", _BYTE_DOT_ARGS, ctypes.c_int),
+    Function("w8a8_matmul_bf16", _BYTE_DOT_ARGS, ctypes.c_int),
+    # lora_add_bf16(num, K, N, x, x_stride, out, out_stride, order, order_slots, subs,
+    # sub_offsets, R, A, B): 2 when out of memory.
+    Function(
+        "lora_add_bf16",
+        (_I64, _I64, _I64, _PTR, _I64, _PTR, _I64, _PTR, _PTR, _I64, _PTR, _I64, _PTR, _PTR),
+        ctypes.c_int,
+    ),
+    # decode_stack_bf16(dims, layers, T, hidden, residual, positions, cos_sin, slots,
+    # block_tables, seq_lens, token_rows, max_seq_len, lora)
+    Function(
+        "decode_stack_bf16",
+        (_PTR, _PTR, _I64, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _I64, _PTR),
+        ctypes.c_int,
+    ),
+)
+
+
+def declare(lib: ctypes.CDLL) -> None:
+    """Set every function's argument and return types on a loaded library."""
+    for function in FUNCTIONS:
+        handle = getattr(lib, function.name)
+        handle.argtypes = list(function.argtypes)
+        handle.restype = function.restype

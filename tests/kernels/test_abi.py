@@ -1,0 +1,85 @@
+"""kernels/abi.py declares every function of csrc/kernels.h, with the header's argument
+count and types, and every loaded variant gets those declarations."""
+
+from __future__ import annotations
+
+import ctypes
+import re
+
+import pytest
+
+from pagedllm.kernels import abi, build
+
+HEADER = (build.CSRC / "kernels.h").read_text()
+_C_TYPES = {
+    "int64_t": ctypes.c_int64,
+    "int32_t": ctypes.c_int32,
+    "float": ctypes.c_float,
+}
+
+
+def _c_argument_types(parameters: str) -> list[type]:
+    """ctypes types of a C parameter list: pointers are void pointers in abi.py."""
+    parameters = " ".join(parameters.replace("\\", " ").split())
+    if parameters in ("", "void"):
+        return []
+    types = []
+    for parameter in parameters.split(","):
+        words = parameter.replace("*", " * ").split()
+        types.append(ctypes.c_void_p if "*" in words else _C_TYPES[words[-2]])
+    return types
+
+
+def _header_functions() -> dict[str, list[type]]:
+    """Every PAGEDLLM_API function of the header (the DECLARE_ macros expanded)."""
+    functions = {}
+    macros = dict(re.findall(r"#define (DECLARE_\w+)\(NAME, T\)(.*?)\n\n", HEADER, re.S))
+    for macro, body in macros.items():
+        parameters = re.search(r"NAME\((.*?)\);", body, re.S).group(1)  # type: ignore[union-attr]
+        for name, element in re.findall(rf"{macro}\((\w+), (\w+)\)", HEADER):
+            if name != "NAME":  # the macro's own definition
+                functions[name] = _c_argument_types(parameters.replace("T *", f"{element} *"))
+    for name, parameters in re.findall(
+        r"PAGEDLLM_API [\w\s\*]+?\b(\w+)\(([^)]*)\);", HEADER.replace("\\\n", "")
+    ):
+        if name != "NAME":
+            functions[name] = _c_argument_types(parameters)
+    return functions
+
+
+def test_abi_declares_every_header_function_with_its_types():
+    header = _header_functions()
+    declared = {f.name: list(f.argtypes) for f in abi.FUNCTIONS}
+    assert set(declared) == set(header)
+    assert len(header) >= 17
+    for name, types in header.items():
+        assert declared[name] == types, name
+
+
+@pytest.mark.parametrize("struct", [abi.PagedDims, abi.StackDims, abi.StackLayer, abi.StackLoRA,
+                                    abi.StackLoRAStep])
+def test_structs_have_the_header_fields_in_order(struct):
+    name = struct.__name__
+    body = re.search(r"typedef struct \{([^{}]*)\} " + name + ";", HEADER).group(1)  # type: ignore[union-attr]
+    body = re.sub(r"/\*.*?\*/", "", body, flags=re.S)
+    fields = []
+    for declaration in body.split(";"):
+        words = declaration.replace("*", " ").replace(",", " ").split()
+        if words:
+            # "int64_t a, b" / "const uint16_t *a, *b": the names follow the type words.
+            fields += [w for w in words if w not in ("const", "int64_t", "int32_t", "uint16_t",
+                                                      "uint8_t", "int8_t", "float",
+                                                      "StackLoRA", "char")]
+    assert [f for f, _ in struct._fields_] == fields
+
+
+def test_loaded_library_carries_the_declarations():
+    from pagedllm.platform import current_platform
+
+    library = current_platform().kernel_library()
+    if library is None:
+        pytest.skip("no C compiler here")
+    for function in abi.FUNCTIONS:
+        handle = getattr(library.lib, function.name)
+        assert handle.restype is function.restype
+        assert tuple(handle.argtypes or ()) == function.argtypes
