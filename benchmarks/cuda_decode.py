@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> None:
     result = {
         "gpu": torch.cuda.get_device_name(),
         "model": location.path,
-        "cuda_graphs": worker.model_runner.decode_graphs is not None,
+        "cuda_graphs": worker.model_runner.decode_step is not None,
         "quantization": engine.engine_config.model_config.quantization,
         "dtype": engine.engine_config.model_config.dtype,
         "ms_per_token": per_token * 1e3,

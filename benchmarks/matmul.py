@@ -55,8 +55,12 @@ def measure_shape(in_features: int, out_features: int, tokens: int, repeats: int
     """Times of the three matmuls for one matrix shape and step size."""
     import torch
 
-    from pagedllm.layers.linear import can_pack_for_cpu, pack_weight_for_cpu, packed_linear
     from pagedllm.layers.quantization import quantize_w4a8, quantize_w8a8
+    from pagedllm.layers.quantization.dense import (
+        can_pack_for_cpu,
+        pack_weight_for_cpu,
+        packed_linear,
+    )
 
     gen = torch.Generator().manual_seed(in_features + out_features)
     weight = (torch.randn(out_features, in_features, generator=gen) * 0.05).bfloat16()

@@ -202,9 +202,9 @@ def hf_greedy_tokens(model, prompts: list[list[int]], max_new_tokens: int) -> li
 @pytest.fixture
 def dense_from_tokens(monkeypatch: pytest.MonkeyPatch):
     """Set PAGEDLLM_DENSE_FROM_TOKENS for one test ("never", "auto" or a count): from how
-    many tokens quantized layers use kept dense weights (layers/dense_crossover.py, whose
+    many tokens quantized layers use kept dense weights (layers/quantization/crossover.py, whose
     once-per-process answer is cleared before and after)."""
-    from pagedllm.layers import dense_crossover
+    from pagedllm.layers.quantization import crossover as dense_crossover
 
     def set_value(value: str) -> None:
         monkeypatch.setenv("PAGEDLLM_DENSE_FROM_TOKENS", value)

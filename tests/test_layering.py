@@ -1,8 +1,11 @@
 """The import-layering contract of ARCHITECTURE.md, checked on the source's import statements.
 
-core is pure Python (no torch, no worker/engine/tokenizer); the worker never reaches the
-scheduler; model code never reaches the engine or core; the tokenizer stays out of core and
-worker.
+Every package and every top-level module has a rule (test_every_package_has_a_rule). core is
+pure Python (no torch, no worker/engine/tokenizer); the worker never reaches the scheduler;
+model code never reaches the engine or core, nor attention's internals (models attend
+through layers/attention.py); the platform and the kernel packages are leaves; the plain
+data modules (config, request, sampling and pooling parameters, outputs) import no engine
+part.
 """
 
 from __future__ import annotations
@@ -21,10 +24,31 @@ FORBIDDEN = {
     "worker": ["pagedllm.core.scheduler", "pagedllm.core.kv_cache_manager",
                "pagedllm.core.block_pool", "pagedllm.engine", "pagedllm.entrypoints",
                "pagedllm.tokenizer"],
-    "models": ["pagedllm.core", "pagedllm.engine", "pagedllm.worker", "pagedllm.entrypoints"],
+    # Models are built from layers: attention internals, kernels and the platform's choices
+    # stay below the layers.
+    "models": ["pagedllm.core", "pagedllm.engine", "pagedllm.worker", "pagedllm.entrypoints",
+               "pagedllm.attention", "pagedllm.kernels", "pagedllm.triton_kernels",
+               "pagedllm.platform", "pagedllm.executor"],
     "layers": ["pagedllm.core", "pagedllm.engine", "pagedllm.worker", "pagedllm.entrypoints"],
     "attention": ["pagedllm.core", "pagedllm.engine", "pagedllm.worker", "pagedllm.entrypoints"],
     "engine": ["pagedllm.entrypoints"],
+    # The top: the API server, the offline LLM and the CLI may use any package below.
+    "entrypoints": [],
+    # Metrics: plain stats records and their exporters; read by the engine and frontends.
+    "metrics": ["pagedllm.core", "pagedllm.engine", "pagedllm.worker", "pagedllm.executor",
+                "pagedllm.entrypoints", "pagedllm.models", "pagedllm.layers",
+                "pagedllm.attention", "torch"],
+    # Loading weights: builds models and hands their layers the checkpoint's tensors.
+    "model_loader": ["pagedllm.core", "pagedllm.engine", "pagedllm.worker",
+                     "pagedllm.executor", "pagedllm.entrypoints", "pagedllm.attention"],
+    # The tokenizer: text in the frontend only.
+    "tokenizer": ["pagedllm.core", "pagedllm.engine", "pagedllm.worker", "pagedllm.executor",
+                  "pagedllm.entrypoints", "pagedllm.models", "pagedllm.layers",
+                  "pagedllm.attention", "pagedllm.kernels", "pagedllm.platform"],
+    # Small helpers every layer may use: they use nothing of the engine.
+    "utils": ["pagedllm.core", "pagedllm.engine", "pagedllm.worker", "pagedllm.executor",
+              "pagedllm.entrypoints", "pagedllm.models", "pagedllm.layers",
+              "pagedllm.attention", "pagedllm.platform", "pagedllm.kernels"],
     # Structured outputs: called by the engine core (manager), the input processor (parse)
     # and the model runner (bitmask); it calls none of them.
     "structured_output": ["pagedllm.core", "pagedllm.engine", "pagedllm.worker",
@@ -82,6 +106,28 @@ FORBIDDEN = {
 }
 
 
+_ENGINE_PARTS = [
+    "pagedllm.core", "pagedllm.engine", "pagedllm.worker", "pagedllm.executor",
+    "pagedllm.entrypoints", "pagedllm.models", "pagedllm.layers", "pagedllm.attention",
+    "pagedllm.model_loader", "pagedllm.tokenizer", "pagedllm.platform", "pagedllm.kernels",
+    "pagedllm.triton_kernels", "pagedllm.distributed", "pagedllm.structured_output",
+    "pagedllm.tool_calling", "pagedllm.bench", "torch",
+]
+# Top-level modules: plain data and process-wide settings, below every package that uses
+# them (the configs reach only the capabilities' own config modules).
+MODULE_RULES = {
+    "config.py": [*_ENGINE_PARTS, "pagedllm.lora.manager", "pagedllm.lora.layers",
+                  "pagedllm.spec_decode.proposers", "pagedllm.pooling.model_pooler"],
+    "request.py": [*_ENGINE_PARTS, "pagedllm.lora.manager", "pagedllm.lora.layers"],
+    "sampling_params.py": _ENGINE_PARTS,
+    "pooling_params.py": _ENGINE_PARTS,
+    "outputs.py": _ENGINE_PARTS,
+    "envs.py": _ENGINE_PARTS,
+    "logger.py": _ENGINE_PARTS,
+    "__init__.py": [],  # the public API re-exports the top
+}
+
+
 def _runtime_imports(path: Path) -> list[str]:
     """Modules imported by a file, ignoring imports under `if TYPE_CHECKING:`."""
     tree = ast.parse(path.read_text())
@@ -102,12 +148,30 @@ def _runtime_imports(path: Path) -> list[str]:
     return names
 
 
-@pytest.mark.parametrize("package", sorted(FORBIDDEN))
-def test_package_respects_layering(package: str):
+def _violations(paths: list[Path], banned_prefixes: list[str]) -> list[str]:
     violations = []
-    for path in sorted((SRC / package).rglob("*.py")):
+    for path in paths:
         for name in _runtime_imports(path):
-            for banned in FORBIDDEN[package]:
+            for banned in banned_prefixes:
                 if name == banned or name.startswith(banned + "."):
                     violations.append(f"{path.relative_to(SRC)} imports {name}")
+    return violations
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_package_respects_layering(package: str):
+    violations = _violations(sorted((SRC / package).rglob("*.py")), FORBIDDEN[package])
     assert not violations, "\n".join(violations)
+
+
+@pytest.mark.parametrize("module", sorted(MODULE_RULES))
+def test_module_respects_layering(module: str):
+    violations = _violations([SRC / module], MODULE_RULES[module])
+    assert not violations, "\n".join(violations)
+
+
+def test_every_package_has_a_rule():
+    packages = {p.name for p in SRC.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    modules = {p.name for p in SRC.glob("*.py")}
+    assert packages <= set(FORBIDDEN), sorted(packages - set(FORBIDDEN))
+    assert modules <= set(MODULE_RULES), sorted(modules - set(MODULE_RULES))

@@ -1,4 +1,10 @@
-"""Request: the engine core's view of one sequence (token ids only, no text).
+"""What a request carries, and the engine core's view of one sequence (token ids only).
+
+`RequestData` holds the per-request fields that travel from the API to the model runner
+unchanged, defined once: the frontend fills it, the wire (engine/protocol.py) carries it,
+and the scheduler's `Request`, the worker's `NewRequestData` and its request state hold it
+by reference. A new per-request field is added to `RequestData` and read by its consumers;
+nothing between them copies fields by hand.
 
 The scheduler owns Request objects; nothing outside `core/` and `engine/core.py` mutates them.
 `RequestStatus` is ordered so that every finished state compares greater than PREEMPTED.
@@ -11,8 +17,33 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
+from pagedllm.lora.request import LoRARequest
 from pagedllm.pooling_params import PoolingParams
 from pagedllm.sampling_params import SamplingParams
+
+
+class RequestData(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """The fields a request carries from the API to the model runner.
+
+    Attributes:
+        prompt_token_ids: the prompt.
+        sampling_params: how to sample; `max_tokens` is resolved by the input processor.
+        eos_token_id: the model's end-of-sequence id (masked until `min_tokens`), or None.
+        pooling_params: set for a pooling request (an embedding, class scores...): it is
+            computed whole in one step and finishes with its pooled output; its
+            `sampling_params` are then never used.
+        token_type_ids: per prompt token, 0 or 1 (the second text of a cross-encoder pair).
+        lora_request: its LoRA adapter, or None for the base model.
+    """
+
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    eos_token_id: int | None = None
+    pooling_params: PoolingParams | None = None
+    token_type_ids: list[int] | None = None
+    lora_request: LoRARequest | None = None
 
 
 class FinishReason(enum.IntEnum):
@@ -62,15 +93,52 @@ _FINISHED_REASONS = {
 }
 
 
+class CarriesRequestData:
+    """Read access to the `RequestData` a holder carries (the scheduler's `Request`, the
+    worker's request state): its fields as attributes, defined here once."""
+
+    __slots__ = ()
+    data: RequestData
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        """The prompt."""
+        return self.data.prompt_token_ids
+
+    @property
+    def sampling_params(self) -> SamplingParams:
+        """How to sample (`max_tokens` resolved)."""
+        return self.data.sampling_params
+
+    @property
+    def eos_token_id(self) -> int | None:
+        """The model's end-of-sequence id, or None."""
+        return self.data.eos_token_id
+
+    @property
+    def pooling_params(self) -> PoolingParams | None:
+        """Set for a pooling request."""
+        return self.data.pooling_params
+
+    @property
+    def token_type_ids(self) -> list[int] | None:
+        """Its token types, when the model takes them."""
+        return self.data.token_type_ids
+
+    @property
+    def lora_request(self) -> LoRARequest | None:
+        """Its LoRA adapter, or None."""
+        return self.data.lora_request
+
+
 @dataclass(slots=True)
-class Request:
+class Request(CarriesRequestData):
     """One sequence in the engine core.
 
     Attributes:
         request_id: unique id.
-        prompt_token_ids: the prompt.
-        sampling_params: how to sample; `max_tokens` is already resolved (never None).
-        eos_token_id: the model's end-of-sequence id, or None.
+        data: what it carries from the API (prompt, sampling parameters, ...; read as
+            attributes through CarriesRequestData).
         arrival_time: when the frontend received it (seconds since the epoch).
         output_token_ids: tokens generated so far.
         num_computed_tokens: tokens whose KV is in the cache.
@@ -82,19 +150,12 @@ class Request:
         first_scheduled_time: wall-clock time (time.time()) of its first admission.
         block_hashes: chained hashes of its full blocks, in order (see core/block_hash.py).
         structured_output: its grammar when `sampling_params.structured_outputs` is set.
-        pooling_params: set for a pooling request (an embedding, class scores...): it is
-            computed whole in one step and finishes with its pooled output; its
-            `sampling_params` are then never used.
-        token_type_ids: per prompt token, 0 or 1 (the second text of a cross-encoder pair).
         spec_token_ids: draft tokens proposed for its next step (speculative decoding);
             they are verified, never appended as such.
-        lora_request: its LoRA adapter (lora/request.py LoRARequest), or None.
     """
 
     request_id: str
-    prompt_token_ids: list[int]
-    sampling_params: SamplingParams
-    eos_token_id: int | None
+    data: RequestData
     arrival_time: float = field(default_factory=time.time)
     output_token_ids: list[int] = field(default_factory=list)
     all_token_ids: list[int] = field(default_factory=list)
@@ -109,13 +170,10 @@ class Request:
     # Its grammar (structured_output.RequestGrammar) when it has a constraint: compiled in
     # the background, then its matcher, advanced by the scheduler with every token.
     structured_output: Any = None
-    pooling_params: PoolingParams | None = None
-    token_type_ids: list[int] | None = None
     spec_token_ids: list[int] = field(default_factory=list)
-    lora_request: Any = None
 
     def __post_init__(self) -> None:
-        self.all_token_ids = list(self.prompt_token_ids)
+        self.all_token_ids = list(self.data.prompt_token_ids)
 
     @property
     def is_pooling(self) -> bool:

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from pagedllm.attention import cpu_kernel, kv_quant
+from pagedllm.attention.cpu_paged import CpuPagedMetadata
 from pagedllm.attention.registry import backend_name_for_device
 
 from .test_torch_paged import make_backend, make_common_metadata
@@ -45,7 +46,7 @@ def test_long_gqa_decodes_match_torch_path(dtype):
     for use_kernel in (True, False):
         backend = make_backend(use_kernel)
         metadata = backend.build_metadata(common, block_size)
-        assert (getattr(metadata, "decodes", None) is not None) == use_kernel
+        assert isinstance(metadata, CpuPagedMetadata) == use_kernel
         outs.append(backend.forward(query, key, value, cache.clone(), metadata, 0.125))
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(outs[0].float(), outs[1].float(), atol=tolerance, rtol=tolerance)
@@ -103,7 +104,7 @@ def test_prefill_kernel_matches_torch_path(dtype, cache_dtype, head_size, window
     for use_kernel in (True, False):
         backend = make_backend(use_kernel)
         metadata = backend.build_metadata(common, block_size)
-        assert (getattr(metadata, "prefills", None) is not None) == use_kernel
+        assert isinstance(metadata, CpuPagedMetadata) == use_kernel
         outs.append(
             backend.forward(
                 query, key.clone(), value.clone(), cache.clone(), metadata, 0.125, window

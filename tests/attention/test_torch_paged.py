@@ -168,27 +168,20 @@ def test_matches_dense_attention(
 
 
 @pytest.mark.parametrize("batch", ["mixed", "decodes", "prefills", "chunked", "single_prefill"])
-def test_matches_dense_attention_with_groups_and_chunks(
+def test_matches_dense_attention_within_memory_bounds(
     batch: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Tiny budgets force several length groups and several prefill query chunks."""
-    monkeypatch.setattr(torch_paged, "_SCORES_PER_HEAD", 40)
-    monkeypatch.setattr(torch_paged, "_MIN_CHUNK_ROWS", 1)
-    monkeypatch.setattr(torch_paged, "_DECODE_GROUP_COST", 0)
-    monkeypatch.setattr(torch_paged, "_PREFILL_GROUP_COST", 0)
-    monkeypatch.setattr(torch_paged, "_MAX_DECODE_GATHER_TOKENS", 50)
+    """Tiny memory bounds split the decodes into several gathers and every prefill into
+    several query chunks: the result does not change."""
+    monkeypatch.setattr(torch_paged, "_MAX_SCORES_PER_HEAD", 40)
+    monkeypatch.setattr(torch_paged, "_MAX_GATHERED_POSITIONS", 50)
     case = _Case(BATCHES[batch], 4, 6, 2)
     backend = TorchPagedBackend()
     metadata = backend.build_metadata(make_common_metadata(case.requests, 4), 4)
-    groups = metadata.prefill_groups
-    if groups:
-        assert max(len(group.chunks) for group in groups) > 1
-    if batch in ("mixed", "prefills", "chunked"):
-        assert len(groups) > 1
-    if batch == "mixed":  # a fresh prompt alone in its group skips the cache read
-        assert any(group.kv is None for group in groups)
     if batch in ("mixed", "decodes"):
-        assert len(metadata.decode_buckets) > 1
+        assert len(metadata.decodes) > 1
+    if batch in ("mixed", "prefills", "chunked"):
+        assert len(metadata.prefills) > 1
     out = backend.forward(case.query, case.key, case.value, case.cache, metadata, 0.3)
     torch.testing.assert_close(out, case.expected(0.3), atol=2e-5, rtol=1e-5)
 
@@ -201,8 +194,7 @@ def test_sliding_window_matches_dense_attention(
 ) -> None:
     """A sliding-window layer sees only its last `window` keys, in every kind of step; a
     global layer of the same step (same metadata) still sees everything."""
-    monkeypatch.setattr(torch_paged, "_SCORES_PER_HEAD", 40)  # several chunks per prefill
-    monkeypatch.setattr(torch_paged, "_MIN_CHUNK_ROWS", 1)
+    monkeypatch.setattr(torch_paged, "_MAX_SCORES_PER_HEAD", 40)  # several chunks a prefill
     case = _Case(BATCHES[batch], 4, 6, 2)
     backend = make_backend(use_cpu_kernel)
     metadata = backend.build_metadata(make_common_metadata(case.requests, 4), 4)

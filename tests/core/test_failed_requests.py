@@ -4,14 +4,14 @@ request shares them; the rest of the batch goes on."""
 
 from __future__ import annotations
 
-from pagedllm.request import FinishReason, Request, RequestStatus
+from pagedllm.request import FinishReason, Request, RequestData, RequestStatus
 from pagedllm.sampling_params import SamplingParams
 from pagedllm.worker.outputs import ModelRunnerOutput
 from tests.core.test_scheduler import TOKEN, make_scheduler
 
 
 def _request(request_id: str, prompt: list[int]) -> Request:
-    return Request(request_id, prompt, SamplingParams(max_tokens=4), eos_token_id=None)
+    return Request(request_id, RequestData(prompt, SamplingParams(max_tokens=4)))
 
 
 def test_a_failed_request_ends_alone_and_its_own_blocks_leave_the_cache() -> None:

@@ -5,14 +5,13 @@ from __future__ import annotations
 import pytest
 
 from pagedllm.core.kv_cache_manager import KVCacheManager
-from pagedllm.request import Request
+from pagedllm.request import Request, RequestData
 from pagedllm.sampling_params import SamplingParams
 
 
 def make_request(request_id: str, num_prompt_tokens: int) -> Request:
-    return Request(
-        request_id, list(range(num_prompt_tokens)), SamplingParams(max_tokens=8), eos_token_id=None
-    )
+    data = RequestData(list(range(num_prompt_tokens)), SamplingParams(max_tokens=8))
+    return Request(request_id, data)
 
 
 def free_ids(manager: KVCacheManager) -> list[int]:

@@ -91,7 +91,7 @@ def test_swap_preemption_logs_mode_and_count() -> None:
     records: list[logging.LogRecord] = []
     handler = logging.Handler()
     handler.emit = records.append  # type: ignore[method-assign]
-    logger = logging.getLogger("pagedllm.core.scheduler")
+    logger = logging.getLogger("pagedllm.core.preemption")
     logger.addHandler(handler)
     try:
         test_swap_out_and_in_exact_blocks()

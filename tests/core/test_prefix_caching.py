@@ -15,16 +15,17 @@ from pagedllm.core.block_hash import (
     hash_block_tokens,
     update_request_block_hashes,
 )
+from pagedllm.core.kv_cache_groups import KVCacheCapacity
 from pagedllm.core.kv_cache_manager import KVCacheManager
 from pagedllm.core.scheduler import Scheduler
 from pagedllm.core.step_plan import StepPlan
-from pagedllm.request import Request
+from pagedllm.request import Request, RequestData
 from pagedllm.sampling_params import SamplingParams
 from pagedllm.worker.outputs import ModelRunnerOutput
 
 
 def make_request(request_id: str, token_ids: list[int], max_tokens: int = 4) -> Request:
-    return Request(request_id, list(token_ids), SamplingParams(max_tokens=max_tokens), None)
+    return Request(request_id, RequestData(list(token_ids), SamplingParams(max_tokens=max_tokens)))
 
 
 def free_ids(manager: KVCacheManager) -> list[int]:
@@ -195,7 +196,7 @@ def make_scheduler(
 ) -> Scheduler:
     config = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64, max_model_len=64, **kwargs)
     cache = CacheConfig(block_size=block_size, enable_prefix_caching=enable_prefix_caching)
-    return Scheduler(config, cache, num_blocks)
+    return Scheduler(config, cache, KVCacheCapacity(num_blocks))
 
 
 def test_siblings_admitted_in_one_step_share_the_prompt() -> None:
@@ -269,7 +270,7 @@ def test_resumed_request_reuses_its_own_blocks(block_size: int) -> None:
     output = scheduler.schedule()
     scheduler.update_from_output(output, ModelRunnerOutput(["a"], [[99]]))
     scheduler.running.remove(request)
-    scheduler._preempt(request, StepPlan(token_budget=0))
+    scheduler.preemption.preempt(request, StepPlan(token_budget=0))
     assert request.num_computed_tokens == 0 and request.num_tokens == 8
     output = scheduler.schedule()
     (new,) = output.scheduled_new_reqs

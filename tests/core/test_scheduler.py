@@ -12,11 +12,12 @@ import logging
 import pytest
 
 from pagedllm.config import CacheConfig, SchedulerConfig
-from pagedllm.core.kv_cache_groups import KVCacheGroupSpec
+from pagedllm.core.kv_cache_groups import KVCacheCapacity, KVCacheGroupSpec
 from pagedllm.core.sched_output import SchedulerOutput
 from pagedllm.core.scheduler import Scheduler
-from pagedllm.request import FinishReason, Request, RequestStatus
+from pagedllm.request import FinishReason, Request, RequestData, RequestStatus
 from pagedllm.sampling_params import SamplingParams
+from pagedllm.spec_decode.config import SpeculativeConfig
 from pagedllm.worker.outputs import ModelRunnerOutput
 
 EOS = 2
@@ -49,9 +50,15 @@ def make_scheduler(
         scheduling_policy=scheduling_policy,
     )
     cache_config = CacheConfig(block_size=block_size, enable_prefix_caching=enable_prefix_caching)
+    speculative_config = None
+    if num_lookahead_slots:  # a drafter with a KV cache of its own takes k lookahead slots
+        speculative_config = SpeculativeConfig(
+            "eagle", num_speculative_tokens=num_lookahead_slots, model="a head"
+        )
     return Scheduler(
-        scheduler_config, cache_config, num_blocks, num_cpu_blocks, kv_cache_groups,
-        num_lookahead_slots,
+        scheduler_config, cache_config,
+        KVCacheCapacity(num_blocks, num_cpu_blocks, kv_cache_groups),
+        speculative_config=speculative_config,
     )
 
 
@@ -60,7 +67,7 @@ def make_request(
 ) -> Request:
     prompt = [10 + i for i in range(num_prompt_tokens)]
     sampling_params = SamplingParams(max_tokens=max_tokens, **params)  # type: ignore[arg-type]
-    return Request(request_id, prompt, sampling_params, eos_token_id=EOS)
+    return Request(request_id, RequestData(prompt, sampling_params, EOS))
 
 
 def model_output(
@@ -97,8 +104,8 @@ def test_prefill_then_decode_exact_blocks() -> None:
     output, results = step(scheduler, {"a": 100})
     (new,) = output.scheduled_new_reqs
     assert (new.request_id, new.block_ids, new.num_computed_tokens) == ("a", ([1, 2],), 0)
-    assert new.prompt_token_ids == list(range(10, 16)) and new.output_token_ids == []
-    assert new.eos_token_id == EOS
+    assert new.data.prompt_token_ids == list(range(10, 16)) and new.output_token_ids == []
+    assert new.data.eos_token_id == EOS
     assert output.num_scheduled_tokens == {"a": 6} and output.total_num_scheduled_tokens == 6
     assert [(r.request_id, t) for r, t in results] == [("a", [100])]
     output, _ = step(scheduler)  # position 6: still in block 2
@@ -224,7 +231,7 @@ def test_preemption_logs_a_warning() -> None:
     records: list[logging.LogRecord] = []
     handler = logging.Handler()
     handler.emit = records.append  # type: ignore[method-assign]
-    logger = logging.getLogger("pagedllm.core.scheduler")
+    logger = logging.getLogger("pagedllm.core.preemption")
     logger.addHandler(handler)
     try:
         test_request_preempts_itself_when_it_is_the_newest()

@@ -9,7 +9,7 @@ import pytest
 from pagedllm.core.scheduler import Scheduler
 from pagedllm.pooling.data import PooledData
 from pagedllm.pooling_params import PoolingParams
-from pagedllm.request import Request, RequestStatus
+from pagedllm.request import Request, RequestData, RequestStatus
 from pagedllm.sampling_params import SamplingParams
 from pagedllm.worker.outputs import ModelRunnerOutput
 
@@ -17,10 +17,10 @@ from .test_scheduler import TOKEN, make_request, make_scheduler
 
 
 def pooling_request(request_id: str, num_tokens: int) -> Request:
-    return Request(
-        request_id, [10 + i for i in range(num_tokens)], SamplingParams(max_tokens=1),
-        eos_token_id=None, pooling_params=PoolingParams(task="embed"),
-    )  # fmt: skip
+    return Request(request_id, RequestData(
+        [10 + i for i in range(num_tokens)], SamplingParams(max_tokens=1),
+        pooling_params=PoolingParams(task="embed"),
+    ))  # fmt: skip
 
 
 def run_step(scheduler: Scheduler) -> tuple[dict[str, int], list[Request]]:
@@ -83,7 +83,7 @@ def test_no_kv_cache_means_no_blocks() -> None:
     scheduler.add_request(pooling_request("p", 40))
     output = scheduler.schedule()
     assert output.scheduled_new_reqs[0].block_ids == ()
-    assert output.scheduled_new_reqs[0].pooling_params == PoolingParams(task="embed")
+    assert output.scheduled_new_reqs[0].data.pooling_params == PoolingParams(task="embed")
 
 
 def test_abort_returns_every_block_waiting_or_in_flight() -> None:

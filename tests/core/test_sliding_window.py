@@ -11,7 +11,7 @@ from pagedllm.core.kv_cache_groups import KVCacheGroupSpec, make_kv_cache_groups
 from pagedllm.core.kv_cache_manager import KVCacheManager
 from pagedllm.core.sched_output import SchedulerOutput
 from pagedllm.core.scheduler import Scheduler
-from pagedllm.request import Request
+from pagedllm.request import Request, RequestData
 from pagedllm.sampling_params import SamplingParams
 from pagedllm.worker.outputs import ModelRunnerOutput
 from tests.core.test_scheduler import make_scheduler
@@ -22,7 +22,7 @@ HYBRID = (KVCacheGroupSpec((0,), 4096), KVCacheGroupSpec((1,)))
 
 def make_request(request_id: str, token_ids: list[int], max_tokens: int = 4) -> Request:
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
-    return Request(request_id, token_ids, params, eos_token_id=None)
+    return Request(request_id, RequestData(token_ids, params))
 
 
 def held(manager: KVCacheManager, request_id: str, group_id: int) -> int:

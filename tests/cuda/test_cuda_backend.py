@@ -14,10 +14,11 @@ import torch
 
 from pagedllm import LLM, SamplingParams
 from pagedllm.attention.triton_paged import TritonPagedBackend
-from pagedllm.layers.triton_quantization import TritonGroupWeight, triton_weight_from_codes
+from pagedllm.layers.quantization import TritonGroupWeight, triton_weight_from_codes
+from pagedllm.worker.decode_step import DecodeBatch
 from tests.attention.test_torch_paged import BATCHES, _Case, make_common_metadata
 from tests.conftest import default_gguf_path
-from tests.layers.test_triton_quantization import KINDS, _codes
+from tests.layers.quantization.test_triton_groups import KINDS, _codes
 from tests.models.test_architectures_e2e import check_engine_matches_transformers, prompts
 
 __all__ = ["prompts"]  # the module-scoped fixture, used by name below
@@ -70,7 +71,7 @@ def test_cuda_graphs_on_and_off_give_the_same_tokens(tiny_llama_dir: Path, dtype
     for eager in (True, False):
         llm = LLM(str(tiny_llama_dir), dtype=dtype, enforce_eager=eager, max_num_seqs=16,
                   max_model_len=256)
-        graphs = llm.llm_engine.engine_core.engine_core.executor.worker.model_runner.decode_graphs
+        graphs = llm.llm_engine.engine_core.engine_core.executor.worker.model_runner.decode_step
         assert (graphs is None) == eager
         outputs = llm.generate(batch, params, use_tqdm=False)
         results.append([list(o.outputs[0].token_ids) for o in outputs])
@@ -81,14 +82,14 @@ def test_cuda_graphs_on_and_off_give_the_same_tokens(tiny_llama_dir: Path, dtype
 
 def test_a_replay_never_waits_on_the_host(tiny_llama_dir: Path) -> None:
     llm = LLM(str(tiny_llama_dir), dtype="bfloat16", max_num_seqs=8, max_model_len=256)
-    graphs = llm.llm_engine.engine_core.engine_core.executor.worker.model_runner.decode_graphs
+    graphs = llm.llm_engine.engine_core.engine_core.executor.worker.model_runner.decode_step
     assert graphs is not None
     table = np.array([[1, 2], [3, 4], [5, 6]])
     torch.cuda.set_sync_debug_mode("error")
     try:
         with torch.inference_mode():  # as the model runner calls it
-            hidden = graphs.run(np.array([3, 4, 5]), np.array([17, 20, 30]),
-                                np.array([33, 52, 94]), table)
+            hidden = graphs.run(DecodeBatch(np.array([3, 4, 5]), np.array([17, 20, 30]),
+                                            np.array([33, 52, 94]), table))
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert hidden.shape[0] == 3 and bool(torch.isfinite(hidden).all())

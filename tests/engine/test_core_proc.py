@@ -30,7 +30,7 @@ from pagedllm.engine.serial import (
     CoreRequestEncoder,
 )
 from pagedllm.metrics.stats import SchedulerStats
-from pagedllm.request import FinishReason
+from pagedllm.request import FinishReason, RequestData
 from pagedllm.sampling_params import RequestOutputKind
 from pagedllm.worker.outputs import LogprobsLists
 
@@ -62,13 +62,15 @@ def test_wire_round_trip_is_exact():
     params = SamplingParams(temperature=0.0, stop=["ab", "xyz"], seed=3, logit_bias={5: 1.5},
                             output_kind=RequestOutputKind.DELTA, bad_words=["q"], logprobs=2)
     params.bad_words_token_ids = [[1, 2]]  # an init=False field
-    request = EngineCoreRequest("r", [1, 2, 3], params, 7, arrival_time=12.5, priority=2)
+    request = EngineCoreRequest(
+        "r", RequestData([1, 2, 3], params, 7), arrival_time=12.5, priority=2
+    )
     kind, decoded = CoreRequestDecoder().decode(
         CoreRequestEncoder().encode(EngineCoreRequestType.ADD, request))
     assert kind is EngineCoreRequestType.ADD and decoded == request
-    assert decoded.sampling_params.output_kind is RequestOutputKind.DELTA
-    assert decoded.sampling_params.output_text_buffer_length == 2
-    assert decoded.sampling_params.bad_words_token_ids == [[1, 2]]
+    assert decoded.data.sampling_params.output_kind is RequestOutputKind.DELTA
+    assert decoded.data.sampling_params.output_text_buffer_length == 2
+    assert decoded.data.sampling_params.bad_words_token_ids == [[1, 2]]
     for kind, payload in ((EngineCoreRequestType.ABORT, ["a", "b"]),
                           (EngineCoreRequestType.UTILITY, UtilityRequest(4, "reset_prefix_cache"))):
         assert CoreRequestDecoder().decode(CoreRequestEncoder().encode(kind, payload)) == (

@@ -34,7 +34,7 @@ def test_out_of_vocab_ids_rejected(processor, kwargs, message):
 def test_bad_words_tokenized_bare_and_after_space(processor):
     tokenizer = processor.tokenizer
     request, _ = processor.process("r", "hello", SamplingParams(bad_words=["fox", " quick"]))
-    sequences = request.sampling_params.bad_words_token_ids
+    sequences = request.data.sampling_params.bad_words_token_ids
     bare = tokenizer.encode("fox", add_special_tokens=False)
     spaced = tokenizer.encode(" fox", add_special_tokens=False)
     assert bare in sequences

@@ -14,6 +14,7 @@ import torch
 
 from pagedllm import LLM, LLMEngine, Logprob, RequestOutputKind, SamplingParams
 from pagedllm.engine.arg_utils import EngineArgs
+from pagedllm.worker.step_hooks.prompt_logprobs import PromptLogprobsHook
 
 ATOL = 1e-4
 
@@ -172,20 +173,21 @@ def test_swap_preemption_resumes_prompt_logprobs(tiny_llama_dir, reference_run, 
     _, prompts, want = reference_run
     swap = _llm(tiny_llama_dir, preemption_mode="swap", swap_space=0.01, **SMALL_KV)
     core = swap.llm_engine.engine_core.engine_core
-    runner = core.executor.worker.model_runner
+    hook = core.executor.worker.model_runner.hook(PromptLogprobsHook)
+    assert isinstance(hook, PromptLogprobsHook)
     resumed = []
-    start = runner._start_prompt_logprobs
+    add_request = hook.add_request
 
-    def spy(new):
-        was_parked = new.request_id in runner._parked_prompt_logprobs
-        accumulated = start(new)
+    def spy(state, new):
+        was_parked = new.request_id in hook.parked
+        add_request(state, new)
+        accumulated = state.in_progress_prompt_logprobs
         resumed.append(was_parked and accumulated is not None and len(accumulated) > 0)
-        return accumulated
 
-    monkeypatch.setattr(runner, "_start_prompt_logprobs", spy)
+    monkeypatch.setattr(hook, "add_request", spy)
     _assert_outputs_equal(_engine_prompt_logprobs(swap, prompts, 2), want)
     assert any(resumed), "no request was swapped out mid-prompt"
-    assert not runner._parked_prompt_logprobs
+    assert not hook.parked
 
 
 def test_delta_outputs_split_logprobs(tiny_llama_dir):

@@ -19,6 +19,7 @@ import torch
 from scipy import stats
 
 from pagedllm import LLM, SamplingParams
+from pagedllm.worker.step_hooks.spec_decode import SpecDecodeHook
 from tests.conftest import hf_greedy_tokens
 
 MAX_TOKENS = 24
@@ -81,9 +82,15 @@ def _engine(llm: LLM):
     return llm.llm_engine.engine_core.engine_core
 
 
+def _spec_hook(llm: LLM) -> SpecDecodeHook:
+    hook = _engine(llm).executor.worker.model_runner.hook(SpecDecodeHook)
+    assert isinstance(hook, SpecDecodeHook)
+    return hook
+
+
 def _with_oracle(llm: LLM, prompts, expected, k: int = 4) -> OracleProposer:
     oracle = OracleProposer(prompts, expected, k)
-    _engine(llm).executor.worker.model_runner.proposer = oracle
+    _spec_hook(llm).proposer = oracle
     return oracle
 
 
@@ -146,7 +153,7 @@ def test_greedy_equals_transformers(reference, setting, proposer):
         # The default policy proposes for at most 4 running requests; test them all.
         **SETTINGS[setting],
     )
-    _engine(llm).executor.worker.model_runner.speculative_config = _no_batch_limit(NGRAM)
+    _spec_hook(llm).config = _no_batch_limit(NGRAM)
     _watch_block_tables(llm)
     if proposer == "oracle":
         _with_oracle(llm, prompts, expected)
@@ -255,8 +262,7 @@ def test_seeded_sampling_gives_the_plain_tokens_alone_or_batched_with_n(referenc
     model_dir, prompts, expected = reference
     plain = LLM(str(model_dir), dtype="float32", max_model_len=256)
     spec = LLM(str(model_dir), dtype="float32", max_model_len=256, speculative_config=NGRAM)
-    runner = _engine(spec).executor.worker.model_runner
-    runner.speculative_config = _no_batch_limit(NGRAM)
+    _spec_hook(spec).config = _no_batch_limit(NGRAM)
     params = SamplingParams(temperature=0.8, max_tokens=MAX_TOKENS, seed=11, n=3)
     inputs = [{"prompt_token_ids": p} for p in prompts]
     want = plain.generate(inputs, params, use_tqdm=False)
@@ -288,9 +294,9 @@ def test_sampling_keeps_its_distribution(reference):
                   max_num_batched_tokens=4096,
                   speculative_config=NGRAM if speculate else None)
         if speculate:
-            runner = _engine(llm).executor.worker.model_runner
-            runner.speculative_config = _no_batch_limit(NGRAM)
-            runner.proposer = _FixedDraft(expected[0][1])
+            hook = _spec_hook(llm)
+            hook.config = _no_batch_limit(NGRAM)
+            hook.proposer = _FixedDraft(expected[0][1])
         outputs = llm.generate([{"prompt_token_ids": prompt}] * num_samples, params,
                                use_tqdm=False)
         counts.append(Counter(o.outputs[0].token_ids[1] for o in outputs))
@@ -340,7 +346,7 @@ def test_structured_outputs_check_drafts_against_the_grammar(reference, backend)
                 structured_outputs_config={"backend": backend})
     spec = LLM(str(model_dir), dtype="float32", max_model_len=256, speculative_config=NGRAM,
                structured_outputs_config={"backend": backend})
-    _engine(spec).executor.worker.model_runner.speculative_config = _no_batch_limit(NGRAM)
+    _spec_hook(spec).config = _no_batch_limit(NGRAM)
     for temperature, seed in ((0.0, None), (1.0, 5)):
         params = SamplingParams(temperature=temperature, seed=seed, max_tokens=60,
                                 structured_outputs=constraint)

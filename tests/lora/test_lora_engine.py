@@ -89,19 +89,19 @@ def test_decode_stack_adds_lora_deltas_as_the_python_layers(setup, monkeypatch):
     """bfloat16 W4A8: LoRA decode steps run in the C decode stack, which adds each matrix's
     deltas with the same kernel the Python layers call: the same tokens and bit-identical
     logprobs as with the stack off, adapters and base requests mixed."""
-    from pagedllm.models.cpu_decode_stack import CpuDecodeStack
+    from pagedllm.worker.decode_step.cpu_stack import CpuDecodeStack
 
     model_dir, prompts, loras, _ = setup
     kwargs = dict(dtype="bfloat16", quantization="int4", enable_lora=True, max_loras=4,
                   max_model_len=128)
     llm = LLM(str(model_dir), **kwargs)
-    model = llm.llm_engine.engine_core.engine_core.executor.worker.model
-    if model.model.cpu_decode_stack is None:
+    runner = llm.llm_engine.engine_core.engine_core.executor.worker.model_runner
+    if runner.decode_step is None:
         pytest.skip("the decode stack is not built for this model on this machine")
     calls = []
-    original = CpuDecodeStack.__call__
-    monkeypatch.setattr(CpuDecodeStack, "__call__",
-                        lambda self, *a: calls.append(1) or original(self, *a))
+    original = CpuDecodeStack.run
+    monkeypatch.setattr(CpuDecodeStack, "run",
+                        lambda self, batch: calls.append(1) or original(self, batch))
     pairs = _mixed(prompts[:3], loras)
     params = SamplingParams(temperature=0.0, max_tokens=8, logprobs=2)
 

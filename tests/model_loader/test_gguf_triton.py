@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from pagedllm import LLM
-from pagedllm.layers.triton_quantization import TritonGroupWeight
+from pagedllm.layers.quantization import TritonGroupWeight
 from pagedllm.model_loader.gguf import iterate_gguf_weights
 from tests.conftest import default_gguf_path, gemma3_gguf_path
 

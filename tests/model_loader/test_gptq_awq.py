@@ -326,10 +326,10 @@ def test_quantization_argument_must_match_the_checkpoint(gptq_checkpoint, tiny_l
                         dtype="bfloat16").create_engine_config().model_config
     assert config.checkpoint_quantization["quant_method"] == "gptq"
     # "auto" runs a quantized checkpoint in bfloat16 where its 4-bit kernels are fast.
-    from pagedllm.engine.arg_utils import _cpu_bf16_is_fast
+    from pagedllm.platform import get_platform
 
     auto = EngineArgs(model=str(quantized)).create_engine_config().model_config
-    assert auto.dtype == ("bfloat16" if _cpu_bf16_is_fast("int4") else "float32")
+    assert auto.dtype == ("bfloat16" if get_platform("cpu").bf16_is_fast("int4") else "float32")
     assert auto.quantization == ("int4" if auto.dtype == "bfloat16" else None)
 
 
@@ -392,7 +392,8 @@ def _check_bfloat16_matrices(quantized: Path, dense: Path, act_order: bool,
         error = ((got - want).norm() / want.norm()).item()
         assert error < 0.015, (name, error)
     if act_order:  # the one-call decode stack does not permute inputs: it steps aside
-        assert model.model.cpu_decode_stack is None
+        runner = llm.llm_engine.engine_core.engine_core.executor.worker.model_runner
+        assert runner.decode_step is None
     out = llm.generate([{"prompt_token_ids": [5, 6, 7]}],
                        SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)
     assert len(out[0].outputs[0].token_ids) == 4
@@ -404,7 +405,7 @@ def _greedy_on_triton_codes(quantized, dense, expected_bits: int, monkeypatch) -
     from transformers import AutoModelForCausalLM
 
     from pagedllm import LLM, SamplingParams
-    from pagedllm.layers.triton_quantization import TritonGroupWeight
+    from pagedllm.layers.quantization import TritonGroupWeight
     from tests.conftest import hf_greedy_tokens
 
     monkeypatch.setenv("PAGEDLLM_QUANTIZED_MATMUL", "triton")

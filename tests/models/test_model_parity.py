@@ -316,14 +316,14 @@ def test_moe_experts_run_on_the_quantized_kernels(arch, tiny_arch_dirs, tmp_path
     from pagedllm.layers import cpu_ops
     from pagedllm.layers.moe import FusedMoE
     from pagedllm.layers.quantization import W4A8Weight
-    from pagedllm.model_loader.loader import _quantize_weights
+    from pagedllm.model_loader.loader import process_weights_after_loading
 
     if not cpu_ops.w4a8_available():
         pytest.skip("no C compiler for the W4A8 kernels")
     ours, _, vocab_size = load_pair(_arch_dir(tiny_arch_dirs, arch, tmp_path_factory))
     token_ids = _tokens(vocab_size, 24, seed=7)
     quantized = copy.deepcopy(ours).to(torch.bfloat16)
-    _quantize_weights(quantized, "int4", keep_dense=False)
+    process_weights_after_loading(quantized, "int4", keep_dense=False)
     moes = [m for m in quantized.modules() if isinstance(m, FusedMoE)]
     assert moes
     for moe in moes:
@@ -345,7 +345,7 @@ def test_moe_experts_run_on_the_quantized_kernels(arch, tiny_arch_dirs, tmp_path
 
 
 # Which architectures the one-call C decode stack serves once int4 on bfloat16 (the rest run
-# the Python layers; cpu_decode_stack._standard_layer says what each lacks: Qwen2 and the
+# the Python layers; worker/decode_step/cpu_stack.standard_layer says what each lacks: Qwen2 and the
 # bias variant of Llama their biases, the others their norms, MLPs or windows).
 _DECODE_STACK_SERVES = {"llama", "llama3", "phi3"}
 
@@ -356,8 +356,8 @@ def test_which_architectures_the_cpu_decode_stack_serves(
 ) -> None:
     """Pins the path each architecture's decode steps take (C stack or Python layers)."""
     from pagedllm.layers import cpu_ops
-    from pagedllm.model_loader.loader import _pack_linear_weights, _quantize_weights
-    from pagedllm.models.cpu_decode_stack import CpuDecodeStack
+    from pagedllm.model_loader.loader import process_weights_after_loading
+    from pagedllm.worker.decode_step.cpu_stack import serves_model
 
     if not cpu_ops.w4a8_available():
         pytest.skip("no C compiler for the kernels")
@@ -370,7 +370,5 @@ def test_which_architectures_the_cpu_decode_stack_serves(
     model.load_weights(load_file(path / "model.safetensors").items())
     for param in model.parameters():  # as the loader casts: buffers (RoPE tables) stay
         param.data = param.data.to(torch.bfloat16)
-    _quantize_weights(model, "int4", keep_dense=False)
-    _pack_linear_weights(model)
-    stack = CpuDecodeStack.build(model.model)
-    assert (stack is not None) == (arch in _DECODE_STACK_SERVES)
+    process_weights_after_loading(model, "int4", keep_dense=False)
+    assert serves_model(model) == (arch in _DECODE_STACK_SERVES)

@@ -6,6 +6,7 @@ import numpy as np
 import torch
 
 from pagedllm.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
+from pagedllm.request import RequestData
 from pagedllm.sampling_params import SamplingParams
 from pagedllm.worker.block_table import compute_slot_mapping, make_block_table_array
 from pagedllm.worker.model_runner import ModelRunner
@@ -27,10 +28,8 @@ def _new(
 ) -> NewRequestData:
     return NewRequestData(
         request_id=request_id,
-        prompt_token_ids=prompt,
+        data=RequestData(prompt, SamplingParams(temperature=0.0)),
         output_token_ids=[],
-        sampling_params=SamplingParams(temperature=0.0),
-        eos_token_id=None,
         block_ids=(blocks,),
         num_computed_tokens=computed,
     )

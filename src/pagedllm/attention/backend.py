@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from pagedllm.attention import kv_quant
+
 
 @dataclass
 class CommonAttentionMetadata:
@@ -31,10 +33,6 @@ class CommonAttentionMetadata:
         block_tables: [num_reqs, max_num_blocks] int64, block ids, padded with 0.
         slot_mapping: [num_tokens] int64, cache slot of each new token.
         query_lens_cpu / seq_lens_cpu: the same lengths as Python lists (no device sync).
-        contexts_rewritten: positions below a request's context may hold other tokens than
-            in earlier steps (speculative decoding rolls rejected drafts back and writes
-            those positions again): a backend must not reuse its own copies of contexts
-            from earlier steps.
         for_cuda_graph: the metadata of a captured decode graph, replayed with other
             lengths and block tables in the same tensors: the host-side fields (the
             lists, max_seq_len) describe the capture, not the steps that replay it.
@@ -52,7 +50,6 @@ class CommonAttentionMetadata:
     slot_mapping: torch.Tensor
     query_lens_cpu: list[int]
     seq_lens_cpu: list[int]
-    contexts_rewritten: bool = False
     for_cuda_graph: bool = False
 
     def decode_and_prefill_rows(self) -> tuple[list[int], list[int]]:
@@ -65,10 +62,13 @@ class CommonAttentionMetadata:
 class AttentionBackend(ABC):
     """One implementation of attention over the paged KV cache.
 
-    Contract: `build_metadata` is called once per step before the forward pass;
-    `forward` is called once per layer with that step's metadata and the layer's cache.
-    `forward` writes the new tokens' K/V into the cache at `slot_mapping` and returns the
-    attention output; it must not change anything else in the cache.
+    Contract: `build_metadata` is called once per step before the forward pass, and is the
+    only per-step state a backend has (no copies kept across steps); `forward` is called
+    once per layer with that step's metadata (which has a `slot_mapping`) and the layer's
+    cache. Every backend's forward is the same two steps: `store_kv` writes the new tokens'
+    K/V into the cache at `slot_mapping` (nothing else in the cache changes), then `attend`
+    computes the attention output. A new backend implements `build_metadata` and `attend`,
+    and overrides `store_kv` only where it has a faster writer.
     """
 
     name: str = "abstract"
@@ -101,7 +101,6 @@ class AttentionBackend(ABC):
     def build_metadata(self, common: CommonAttentionMetadata, block_size: int) -> Any:
         """Per-step metadata for this backend, computed once and shared by all layers."""
 
-    @abstractmethod
     def forward(
         self,
         query: torch.Tensor,  # [num_tokens, num_heads, head_size]
@@ -115,6 +114,33 @@ class AttentionBackend(ABC):
         """Store K/V of the new tokens, then attend each query to its request's context:
         with a `window` (sliding-window layers), to the keys at positions > its own -
         window only."""
+        key, value = self.store_kv(kv_cache, key, value, metadata.slot_mapping)
+        return self.attend(query, key, value, kv_cache, metadata, scale, window)
+
+    def store_kv(
+        self, kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the step's K/V into the cache at `slot_mapping` (an int8 cache's rows with
+        kv_quant's writer, no host sync); return them as `attend` takes them."""
+        if kv_cache.dtype == torch.int8:
+            kv_quant.store_rows(kv_cache, key, value, slot_mapping)
+        else:
+            write_kv(kv_cache, key, value, slot_mapping)
+        return key, value
+
+    @abstractmethod
+    def attend(
+        self,
+        query: torch.Tensor,  # [num_tokens, num_heads, head_size]
+        key: torch.Tensor,  # [num_tokens, num_kv_heads, head_size], as store_kv returned
+        value: torch.Tensor,  # [num_tokens, num_kv_heads, head_size]
+        kv_cache: torch.Tensor,
+        metadata: Any,
+        scale: float,
+        window: int | None = None,
+    ) -> torch.Tensor:  # [num_tokens, num_heads, head_size]
+        """Attend each query to its request's context, this step's K/V already stored."""
 
 
 def write_kv(

@@ -124,7 +124,17 @@ class CpuPagedBackend(AttentionBackend):
             metadata.prefills = _prefills(common, prefill_rows)
         return metadata
 
-    def forward(
+    def store_kv(
+        self, kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """An int8 cache's rows through the C writer (one call a layer); else the base's."""
+        if kv_cache.dtype != torch.int8:
+            return super().store_kv(kv_cache, key, value, slot_mapping)
+        cpu_kernel.store_int8(kv_cache, key, value, slot_mapping)
+        return key, value
+
+    def attend(
         self,
         query: torch.Tensor,  # [num_tokens, num_heads, head_size]
         key: torch.Tensor,  # [num_tokens, num_kv_heads, head_size]
@@ -134,19 +144,13 @@ class CpuPagedBackend(AttentionBackend):
         scale: float,
         window: int | None = None,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_size]
-        """Store the new K/V at `slot_mapping`, then attend every query from the cache
-        (within `window` positions of it, for a sliding-window layer)."""
+        """Every query from the cache (within `window` positions of it, for a
+        sliding-window layer): the kernels read the new tokens back from it too."""
         if query.dtype not in SUPPORTED_DTYPES:
             raise NotImplementedError(
                 f"The CPU attention kernels take float32 and bfloat16, not {query.dtype}; "
                 "the registry gives other dtypes the torch backend."
             )
-        if kv_cache.dtype == torch.int8:
-            cpu_kernel.store_int8(kv_cache, key, value, metadata.slot_mapping)
-        else:
-            flat_cache = kv_cache.view(2, -1, *key.shape[1:])  # [2, num_slots, Hkv, D]
-            flat_cache[0].index_copy_(0, metadata.slot_mapping, key)
-            flat_cache[1].index_copy_(0, metadata.slot_mapping, value)
         out = torch.empty_like(query)  # [num_tokens, H, D]
         decodes, prefills = metadata.decodes, metadata.prefills
         if decodes is not None:

@@ -1,293 +1,131 @@
-"""Portable paged-attention backend in plain PyTorch: the reference and the test oracle, and
-the path of whatever the C kernels (cpu_paged.py) do not serve: CUDA, float16, no compiler.
+"""Portable paged attention in plain PyTorch: the reference every other backend is checked
+against, and the path of what they do not serve (CUDA without Triton, float16 on CPU, no C
+compiler).
 
-Per layer it writes the new tokens' K/V into the block-structured cache, gathers each
-request's context into a padded dense layout and attends with batched matmuls. Everything
-that depends only on the batch layout (gather indices, padding, masks, chunking) is computed
-once per step in `build_metadata` and shared by all layers, so a layer call is a handful of
-large tensor ops with no Python loop over requests or tokens. It imports no CUDA library
-and never writes cache slots other than the step's `slot_mapping`.
-
-Requests are grouped so that none pays much for another's padding: decodes (one query
-token) and prefills (several query tokens, possibly after a cached context) go into
-separate groups of similar lengths, each attended by one batch of padded tensor ops. A
-prefill group of one request without context attends to its own new K/V without reading
-the cache back.
-
-Why not `scaled_dot_product_attention`: on CPU its kernel is several times slower than
-matmul + softmax + matmul at these shapes (one query row per decode; head_dim 64 prefills).
+Per layer it writes the new tokens' K/V into the paged cache (backend.py's shared
+preamble), then attends: the step's decodes (one query token each) in one padded batch
+over their contexts gathered from the cache, and each prefill (several query tokens after
+a possibly cached context) on its own, causally. It is stateless: the step's metadata (the
+context slots of every request, computed once) is all it keeps, and nothing survives the
+step. The only splits are memory bounds (how many context tokens one gather or one score
+matrix holds), never a cost model. The G query heads sharing a kv head are the rows of one
+matmul, so grouped-query attention needs no K/V expansion.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
 from pagedllm.attention import kv_quant
-from pagedllm.attention.backend import AttentionBackend, CommonAttentionMetadata, write_kv
+from pagedllm.attention.backend import AttentionBackend, CommonAttentionMetadata
 
-# Score elements per attention head in one prefill query chunk (x num_heads in all, ~2.4M
-# for 9 heads): keeps the scores in cache between the matmuls and the softmax. Very long
-# contexts still get at least _MIN_CHUNK_ROWS query rows, or the matmuls get too thin.
-_SCORES_PER_HEAD = 1 << 17
-_MIN_CHUNK_ROWS = 64
-# Fixed cost of one more group of requests, in (query, key) pairs of padded work: decodes
-# are memory-bound (each key is gathered for one query), prefills compute-bound.
-_DECODE_GROUP_COST = 1024
-_PREFILL_GROUP_COST = 16384
-# Most context tokens one decode group gathers at once (~100 MB of bf16 K/V for 3 kv heads
-# of size 64): bounds the transient copy when many long requests decode together.
-_MAX_DECODE_GATHER_TOKENS = 1 << 17
-# Extra context positions allocated in a kept decode context (see _DecodeContexts).
-_DECODE_HEADROOM = 32
+# Memory bounds: the most context positions one decode gather copies out of the cache, and
+# the most (query row x key) scores one prefill chunk holds per attention head.
+_MAX_GATHERED_POSITIONS = 1 << 17
+_MAX_SCORES_PER_HEAD = 1 << 20
 
 
 @dataclass
-class _KVGather:
-    """Where some requests' contexts live in the cache, padded to a common length.
+class _Decodes:
+    """Decode requests (one query token each), laid out for one padded batch.
 
     Attributes:
-        slots: [n, max_seq_len] cache slot of each context position; padding reads slot 0
-            (in the reserved null block, zero-initialised, so masked reads stay finite).
-        max_seq_len: padded context length.
+        tokens: [n] batch token of each request.
+        slots: [n, S] cache slot of each context position, 0 (the null block) past seq_len.
+        seq_lens: [n] context length including the new token.
     """
 
+    tokens: torch.Tensor
     slots: torch.Tensor
-    max_seq_len: int
-
-
-@dataclass
-class _DecodeBucket:
-    """Decode requests (one query token each) of similar context length.
-
-    Attributes:
-        token_indices: [n] their tokens in the batch; None when the bucket is the whole
-            batch, in order.
-        kv: their contexts.
-        key_valid: [n, max_seq_len] bool, position < seq_len.
-        seq_lens / block_rows: [n] and [n, max_num_blocks], to recognise the next step.
-        is_extension: the same requests as this bucket in the previous step, each one token
-            longer: the dense contexts kept from that step are extended, not gathered again.
-    """
-
-    token_indices: torch.Tensor | None
-    kv: _KVGather
-    key_valid: torch.Tensor
-    seq_lens: torch.Tensor
-    block_rows: torch.Tensor
-    is_extension: bool = False
-
-
-@dataclass
-class _QueryChunk:
-    """A range of padded query rows of the prefill group, attended in one go.
-
-    Chunks bound the size of the score matrix. Keys before `mask_start` are visible to
-    every row of the chunk and keys from `key_end` on to none, so scores are computed up to
-    `key_end` and the mask is only stored and applied in between.
-
-    Attributes:
-        start, end: the rows [start, end) of the padded query layout.
-        mask_start, key_end: the masked key range.
-        allowed: [n, end - start, key_end - mask_start] bool: key position <= the query's
-            position (causal, shifted by the cached context) and < seq_len.
-        query_pos / seq_lens: [n, end - start, 1] and [n, 1, 1], to build the mask of a
-            sliding-window layer, which hides keys before mask_start too.
-    """
-
-    start: int
-    end: int
-    mask_start: int
-    key_end: int
-    allowed: torch.Tensor
-    query_pos: torch.Tensor
     seq_lens: torch.Tensor
 
-    def window_allowed(self, window: int) -> torch.Tensor:
-        """[n, rows, key_end] bool: causal, < seq_len and within `window` of the query
-        (keys at positions > query - window, as HF's sliding-window masks)."""
-        key_pos = torch.arange(self.key_end, device=self.query_pos.device).view(1, 1, -1)
-        return (
-            (key_pos <= self.query_pos)
-            & (key_pos < self.seq_lens)
-            & (key_pos > self.query_pos - window)
-        )
-
 
 @dataclass
-class _PrefillGroup:
-    """Requests with several query tokens, laid out as [n, max_query_len] padded queries.
+class _Prefill:
+    """One request computing several tokens: its tokens in the batch and its context.
 
     Attributes:
-        num_reqs: requests in the group.
-        query_index: [n * max_query_len] batch token of each padded query row (padding
-            repeats the request's last token, so it holds real values).
-        valid_rows: [num_prefill_tokens] padded rows that hold real queries, in batch order.
-        token_indices: [num_prefill_tokens] their tokens in the batch; None when the batch
-            is only prefills (then the valid rows are the batch, in order).
-        max_query_len: padded query length.
-        kv: their contexts (cached context plus this step's tokens); None for a single
-            request without context, whose keys are exactly its new tokens in the batch,
-            from `first_token` on.
-        first_token: batch position of the group's first token.
-        chunks: the query chunks, in order.
+        first_token / num_tokens: its query rows in the batch.
+        context_len: tokens cached before this step.
+        slots: [context_len + num_tokens] cache slot of every position.
     """
 
-    num_reqs: int
-    query_index: torch.Tensor
-    valid_rows: torch.Tensor
-    token_indices: torch.Tensor | None
-    max_query_len: int
-    kv: _KVGather | None
     first_token: int
-    chunks: list[_QueryChunk]
+    num_tokens: int
+    context_len: int
+    slots: torch.Tensor
 
 
 @dataclass
 class TorchPagedMetadata:
-    """Per-step metadata of `TorchPagedBackend`, shared by all layers of the step.
-
-    Attributes:
-        num_tokens: tokens in the batch.
-        slot_mapping: [num_tokens] cache slot of each new token.
-        decode_buckets: the decode requests, grouped by context length.
-        prefill_groups: the prefill requests, grouped by length.
-        derived: tensors derived on the first layer call because they depend on the
-            layers' kv head count or dtype (head-expanded gather indices, additive masks);
-            later layers of the step reuse them.
-    """
+    """One step's layout for `TorchPagedBackend`, shared by all layers of the step."""
 
     num_tokens: int
     slot_mapping: torch.Tensor
-    decode_buckets: list[_DecodeBucket] = field(default_factory=list)
-    prefill_groups: list[_PrefillGroup] = field(default_factory=list)
-    derived: dict[tuple[Any, ...], torch.Tensor] = field(default_factory=dict)
+    decodes: list[_Decodes] = field(default_factory=list)
+    prefills: list[_Prefill] = field(default_factory=list)
 
 
-def _context_slots(
-    block_tables: torch.Tensor, seq_lens: torch.Tensor, max_seq_len: int, block_size: int
-) -> _KVGather:
-    """Slots of positions [0, max_seq_len) of each request, padding mapped to slot 0."""
-    positions = torch.arange(max_seq_len, device=block_tables.device)  # [S]
-    # Positions past a block table's width (decode headroom) are padding: any column works.
-    columns = (positions // block_size).clamp_(max=block_tables.shape[1] - 1)
-    block_ids = block_tables[:, columns]  # [n, S]
-    slots = block_ids * block_size + positions % block_size  # [n, S]
-    slots.masked_fill_(positions >= seq_lens.unsqueeze(1), 0)
-    return _KVGather(slots=slots, max_seq_len=max_seq_len)
+def _context_slots(block_table: torch.Tensor, length: int, block_size: int) -> torch.Tensor:
+    """[length] cache slot of each position of a request with this block table row."""
+    positions = torch.arange(length, device=block_table.device)
+    return block_table[positions // block_size] * block_size + positions % block_size
 
 
-def _group_by_length(
-    rows: list[int], query_lens: list[int], seq_lens: list[int], group_cost: int
-) -> list[list[int]]:
-    """Groups of rows of similar seq_len, minimising padded query x key work + group costs.
-
-    Candidates are equal-count splits of the rows sorted by seq_len into 1, 2, 4, ...
-    groups: cheap to evaluate for hundreds of requests, and close to the optimum when
-    lengths vary smoothly. A single group keeps the batch order.
-    """
-
-    def cost(group: list[int]) -> int:
-        max_query_len = max(query_lens[i] for i in group)
-        return len(group) * max_query_len * max(seq_lens[i] for i in group) + group_cost
-
-    ordered = sorted(rows, key=seq_lens.__getitem__)
-    best, best_cost = [rows], cost(rows)
-    num_groups = 2
-    while num_groups <= min(len(rows), 16):
-        bounds = [len(rows) * i // num_groups for i in range(num_groups + 1)]
-        groups = [ordered[lo:hi] for lo, hi in zip(bounds, bounds[1:], strict=False)]
-        total = sum(cost(group) for group in groups)
-        if total < best_cost:
-            best, best_cost = groups, total
-        num_groups *= 2
-    return best
-
-
-def _build_decode_buckets(
+def _decode_batches(
     common: CommonAttentionMetadata, rows: list[int], block_size: int
-) -> list[_DecodeBucket]:
-    """Group the decode requests `rows` by context length and lay out each group."""
-    row_groups = []
-    for group in _group_by_length(
-        rows, common.query_lens_cpu, common.seq_lens_cpu, _DECODE_GROUP_COST
-    ):
-        max_seq_len = max(common.seq_lens_cpu[i] for i in group)
-        size = max(1, _MAX_DECODE_GATHER_TOKENS // max_seq_len)
-        row_groups += [group[lo : lo + size] for lo in range(0, len(group), size)]
-    buckets = []
-    for bucket_rows in row_groups:
-        index = torch.tensor(bucket_rows, device=common.seq_lens.device)
-        seq_lens = common.seq_lens[index]  # [n]
-        # Headroom lets the kept dense context grow for a few steps before a new gather.
-        max_seq_len = max(common.seq_lens_cpu[i] for i in bucket_rows) + _DECODE_HEADROOM
-        is_whole_batch = len(bucket_rows) == common.num_reqs
-        block_rows = common.block_tables[index]
-        buckets.append(
-            _DecodeBucket(
-                token_indices=None if is_whole_batch else common.query_start_loc[index],
-                kv=_context_slots(block_rows, seq_lens, max_seq_len, block_size),
-                key_valid=torch.arange(max_seq_len, device=index.device) < seq_lens.unsqueeze(1),
-                seq_lens=seq_lens,
-                block_rows=block_rows,
-            )
-        )
-    return buckets
-
-
-def _query_chunks(
-    common: CommonAttentionMetadata, rows: list[int], index: torch.Tensor, max_query_len: int
-) -> list[_QueryChunk]:
-    """Chunks of padded query rows, with the visibility mask of their masked key range."""
-    seq_lens = [common.seq_lens_cpu[i] for i in rows]
-    context_lens = [s - common.query_lens_cpu[i] for s, i in zip(seq_lens, rows, strict=True)]
-    max_seq_len = max(seq_lens)
-    rows_per_chunk = max(_MIN_CHUNK_ROWS, _SCORES_PER_HEAD // (len(rows) * max_seq_len))
-    seq_len_col = common.seq_lens[index].view(-1, 1, 1)  # [n, 1, 1]
-    context_col = common.context_lens[index].view(-1, 1, 1)  # [n, 1, 1]
-    chunks = []
-    for start in range(0, max_query_len, rows_per_chunk):
-        end = min(start + rows_per_chunk, max_query_len)
-        # Row `start` of every request sees keys <= its context + start, below its seq_len.
-        mask_start = min(min(c + start + 1, s) for c, s in zip(context_lens, seq_lens, strict=True))
-        key_end = min(max_seq_len, max(context_lens) + end)
-        query_pos = context_col + torch.arange(start, end, device=index.device).view(1, -1, 1)
-        key_pos = torch.arange(mask_start, key_end, device=index.device).view(1, 1, -1)
-        allowed = (key_pos <= query_pos) & (key_pos < seq_len_col)  # [n, rows, keys]
-        chunks.append(
-            _QueryChunk(start, end, mask_start, key_end, allowed, query_pos, seq_len_col)
-        )
-    return chunks
-
-
-def _build_prefill_group(
-    common: CommonAttentionMetadata, rows: list[int], block_size: int
-) -> _PrefillGroup:
-    """Padded query layout, context gather and query chunks of the prefill requests `rows`."""
-    max_query_len = max(common.query_lens_cpu[i] for i in rows)
+) -> list[_Decodes]:
+    """The decode rows in batches whose gathered contexts stay within the memory bound."""
     max_seq_len = max(common.seq_lens_cpu[i] for i in rows)
-    index = torch.tensor(rows, device=common.query_lens.device)
-    query_lens = common.query_lens[index].unsqueeze(1)  # [n, 1]
-    offsets = torch.arange(max_query_len, device=index.device).unsqueeze(0)  # [1, Lq]
-    starts = common.query_start_loc[index].unsqueeze(1)  # [n, 1]
-    query_index = (starts + torch.minimum(offsets, query_lens - 1)).view(-1)  # [n * Lq]
-    valid_rows = (offsets < query_lens).view(-1).nonzero().squeeze(1)  # [num_prefill_tokens]
-    kv = None
-    if len(rows) > 1 or max_seq_len > max_query_len:
-        seq_lens = common.seq_lens[index]
-        kv = _context_slots(common.block_tables[index], seq_lens, max_seq_len, block_size)
-    return _PrefillGroup(
-        num_reqs=len(rows),
-        query_index=query_index,
-        valid_rows=valid_rows,
-        token_indices=None if len(rows) == common.num_reqs else query_index[valid_rows],
-        max_query_len=max_query_len,
-        kv=kv,
-        first_token=sum(common.query_lens_cpu[: rows[0]]),
-        chunks=_query_chunks(common, rows, index, max_query_len),
+    per_batch = max(1, _MAX_GATHERED_POSITIONS // max_seq_len)
+    batches = []
+    for start in range(0, len(rows), per_batch):
+        index = torch.tensor(rows[start : start + per_batch], device=common.seq_lens.device)
+        seq_lens = common.seq_lens[index]  # [n]
+        positions = torch.arange(max_seq_len, device=index.device)
+        columns = (positions // block_size).clamp_(max=common.block_tables.shape[1] - 1)
+        slots = common.block_tables[index][:, columns] * block_size + positions % block_size
+        slots.masked_fill_(positions >= seq_lens.unsqueeze(1), 0)  # [n, S]
+        batches.append(_Decodes(common.query_start_loc[index], slots, seq_lens))
+    return batches
+
+
+def _prefill(common: CommonAttentionMetadata, row: int, block_size: int) -> _Prefill:
+    num_tokens, seq_len = common.query_lens_cpu[row], common.seq_lens_cpu[row]
+    return _Prefill(
+        first_token=sum(common.query_lens_cpu[:row]),
+        num_tokens=num_tokens,
+        context_len=seq_len - num_tokens,
+        slots=_context_slots(common.block_tables[row], seq_len, block_size),
     )
+
+
+def _gather(kv_cache: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """K and V at `slots` [..., S], heads-major: [2, ... * Hkv, S, D] in `dtype` (an int8
+    cache's rows dequantized)."""
+    num_kv_heads, row_size = kv_cache.shape[-2:]
+    heads = torch.arange(num_kv_heads, device=slots.device)
+    index = (slots.unsqueeze(-2) * num_kv_heads + heads.unsqueeze(-1)).reshape(-1)
+    rows = kv_cache.view(2, -1, row_size).index_select(1, index)
+    rows = rows.view(2, -1, slots.shape[-1], row_size)  # [2, ... * Hkv, S, row]
+    return kv_quant.dequantize_rows(rows, dtype) if kv_cache.dtype == torch.int8 else rows
+
+
+def _attend(
+    query: torch.Tensor,  # [B, rows, D], the rows of one kv head
+    keys: torch.Tensor,  # [B, S, D]
+    values: torch.Tensor,  # [B, S, D]
+    allowed: torch.Tensor,  # broadcastable to [B, rows, S] bool
+    scale: float,
+) -> torch.Tensor:  # [B, rows, D]
+    """softmax(q k^T * scale, masked) v."""
+    mask = torch.zeros(allowed.shape, dtype=query.dtype, device=query.device)
+    mask.masked_fill_(~allowed, float("-inf"))
+    scores = torch.baddbmm(mask.expand(*query.shape[:2], keys.shape[1]), query,
+                           keys.transpose(1, 2), alpha=scale)
+    return torch.bmm(torch.softmax(scores, dim=-1), values)
 
 
 class TorchPagedBackend(AttentionBackend):
@@ -302,304 +140,105 @@ class TorchPagedBackend(AttentionBackend):
 
     name = "torch"
 
-    def __init__(self) -> None:
-        self.decode_contexts = _DecodeContexts()
-
     # [2 (K, V), num_blocks, block_size, num_kv_heads, row]: values, or int8 rows.
     get_kv_cache_shape = staticmethod(kv_quant.cache_shape)
 
     def build_metadata(
         self, common: CommonAttentionMetadata, block_size: int
     ) -> TorchPagedMetadata:
-        """Group the decodes and the prefills by length; precompute each group's layout."""
-        metadata = TorchPagedMetadata(
-            num_tokens=common.num_tokens, slot_mapping=common.slot_mapping
-        )
+        """Every request's context slots, decodes batched, prefills one by one."""
+        metadata = TorchPagedMetadata(common.num_tokens, common.slot_mapping)
         decode_rows, prefill_rows = common.decode_and_prefill_rows()
         if decode_rows:
-            metadata.decode_buckets = _build_decode_buckets(common, decode_rows, block_size)
-        self.decode_contexts.start_step(
-            metadata.decode_buckets, reuse=not common.contexts_rewritten
-        )
-        if prefill_rows:
-            groups = _group_by_length(
-                prefill_rows, common.query_lens_cpu, common.seq_lens_cpu, _PREFILL_GROUP_COST
-            )
-            metadata.prefill_groups = [
-                _build_prefill_group(common, rows, block_size) for rows in groups
-            ]
+            metadata.decodes = _decode_batches(common, decode_rows, block_size)
+        metadata.prefills = [_prefill(common, row, block_size) for row in prefill_rows]
         return metadata
 
-    def forward(
+    def store_kv(
+        self, kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """As the base, but an int8 cache's new tokens come back in their round-tripped
+        form: every token is then attended as the cache holds it, whether it came from
+        this step, an earlier chunk or the prefix cache."""
+        if kv_cache.dtype != torch.int8:
+            return super().store_kv(kv_cache, key, value, slot_mapping)
+        rows = kv_quant.store_rows(kv_cache, key, value, slot_mapping)
+        new = kv_quant.dequantize_rows(rows, key.dtype)
+        return new[0], new[1]
+
+    def attend(
         self,
         query: torch.Tensor,  # [num_tokens, num_heads, head_size]
         key: torch.Tensor,  # [num_tokens, num_kv_heads, head_size]
         value: torch.Tensor,  # [num_tokens, num_kv_heads, head_size]
-        kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_size]
+        kv_cache: torch.Tensor,
         metadata: TorchPagedMetadata,
         scale: float,
         window: int | None = None,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_size]
-        """Store the new K/V at `slot_mapping`, then attend each query to its context (its
-        last `window` positions only, for a sliding-window layer)."""
-        if kv_cache.dtype == torch.int8:
-            key, value = self._store_int8(key, value, kv_cache, metadata)
-        else:
-            write_kv(kv_cache, key, value, metadata.slot_mapping)
-        derived = metadata.derived
-        buckets, groups = metadata.decode_buckets, metadata.prefill_groups
-        # One group covering the whole batch (in order) needs no scatter.
-        if len(groups) == 1 and groups[0].token_indices is None:
-            return _prefill_attention(
-                query, key, value, kv_cache, groups[0], derived, 0, scale, window
+        """Decodes in padded batches from the cache; each prefill over its context."""
+        out = torch.empty_like(query)
+        for decodes in metadata.decodes:
+            out[decodes.tokens] = _decode_attention(
+                query[decodes.tokens], kv_cache, decodes, scale, window
             )
-        contexts = self.decode_contexts
-        if len(buckets) == 1 and buckets[0].token_indices is None:
-            keys, values = contexts.get(kv_cache, buckets[0], 0, key, value, derived)
-            return _decode_attention(query, keys, values, buckets[0], derived, 0, scale, window)
-        out = torch.empty_like(query)  # [num_tokens, H, D]
-        # A loop over a few length groups, not over requests: each is one batch of big ops.
-        for i, bucket in enumerate(buckets):
-            assert bucket.token_indices is not None
-            bucket_query = query.index_select(0, bucket.token_indices)  # [n, H, D]
-            keys, values = contexts.get(kv_cache, bucket, i, key, value, derived)
-            bucket_out = _decode_attention(
-                bucket_query, keys, values, bucket, derived, i, scale, window
-            )
-            out.index_copy_(0, bucket.token_indices, bucket_out)
-        for i, group in enumerate(groups):
-            assert group.token_indices is not None
-            group_out = _prefill_attention(
-                query, key, value, kv_cache, group, derived, i, scale, window
-            )
-            out.index_copy_(0, group.token_indices, group_out)
+        for prefill in metadata.prefills:
+            tokens = slice(prefill.first_token, prefill.first_token + prefill.num_tokens)
+            out[tokens] = _prefill_attention(query[tokens], kv_cache, prefill, scale, window)
         return out
-
-    def _store_int8(
-        self,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        kv_cache: torch.Tensor,
-        metadata: TorchPagedMetadata,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write the new K/V into the int8 cache; return them as attention must see them.
-
-        Attention reads every cached token back from the int8 rows, so the new tokens are
-        attended in their round-tripped form too: a result then does not depend on whether
-        a token came from this step, an earlier chunk or the prefix cache.
-        """
-        rows = kv_quant.store_rows(kv_cache, key, value, metadata.slot_mapping)
-        new = kv_quant.dequantize_rows(rows, key.dtype)
-        return new[0], new[1]
-
-class _DecodeContexts:
-    """Dense decode contexts kept from one step to the next, per layer and decode bucket.
-
-    In steady decoding the same requests come back every step, each one token longer.
-    Gathering their whole contexts out of the paged cache again each step costs as much as
-    the rest of attention; instead the dense copy of the previous step is kept and only the
-    new token's K/V is written into it. A bucket is an extension of the previous step's
-    bucket with the same index when it holds the same number of requests with the same
-    block tables (new blocks may be appended) and every seq_len grew by exactly one: then
-    every cached position is unchanged, since the cache only ever writes positions >=
-    seq_len. Anything else (a request joins or leaves, preemption, headroom used up) falls
-    back to a fresh gather. The paged cache stays the source of truth.
-    """
-
-    def __init__(self) -> None:
-        self._previous: list[_DecodeBucket] = []
-        self._contexts: dict[tuple[int, int], torch.Tensor] = {}
-
-    def start_step(self, buckets: list[_DecodeBucket], reuse: bool = True) -> None:
-        """Mark which of this step's buckets extend last step's; drop stale contexts.
-        With `reuse` False every context is gathered afresh."""
-        for i, bucket in enumerate(buckets):
-            bucket.is_extension = (
-                reuse and i < len(self._previous) and _extends(self._previous[i], bucket)
-            )
-            if bucket.is_extension:
-                # Keep the previous allocation (it still has headroom) and its length.
-                bucket.kv = self._previous[i].kv
-                positions = torch.arange(bucket.kv.max_seq_len, device=bucket.seq_lens.device)
-                bucket.key_valid = positions < bucket.seq_lens.unsqueeze(1)
-        if not buckets:
-            self._contexts.clear()
-        self._previous = buckets
-
-    def get(
-        self,
-        kv_cache: torch.Tensor,
-        bucket: _DecodeBucket,
-        bucket_id: int,
-        key: torch.Tensor,  # [num_tokens, Hkv, D] this step's keys
-        value: torch.Tensor,
-        derived: dict[tuple[Any, ...], torch.Tensor],
-    ) -> tuple[torch.Tensor, torch.Tensor]:  # each [n * Hkv, S, D]
-        """The bucket's dense context for this layer: extended in place, or gathered."""
-        name = (bucket_id, kv_cache.data_ptr())
-        context = self._contexts.get(name)
-        if bucket.is_extension and context is not None:
-            rows, positions = _append_index(bucket, key.shape[1], derived, bucket_id)
-            tokens = bucket.token_indices
-            new_k = key if tokens is None else key.index_select(0, tokens)  # [n, Hkv, D]
-            new_v = value if tokens is None else value.index_select(0, tokens)
-            context[0].index_put_((rows, positions), new_k.reshape(-1, key.shape[-1]))
-            context[1].index_put_((rows, positions), new_v.reshape(-1, key.shape[-1]))
-        else:
-            num_kv_heads = kv_cache.shape[-2]
-            index_name = ("decode", bucket_id, num_kv_heads)
-            context = _gather_kv(kv_cache, bucket.kv, derived, index_name, key.dtype)
-            self._contexts[name] = context
-        return context[0], context[1]
-
-
-def _extends(previous: _DecodeBucket, bucket: _DecodeBucket) -> bool:
-    """True when `bucket` is `previous` one token later (see _DecodeContexts)."""
-    if previous.seq_lens.shape != bucket.seq_lens.shape:
-        return False
-    if int(bucket.seq_lens.max()) > previous.kv.max_seq_len:
-        return False  # headroom used up
-    old_blocks = previous.block_rows.shape[1]
-    if bucket.block_rows.shape[1] < old_blocks:
-        return False
-    if not torch.equal(previous.seq_lens + 1, bucket.seq_lens):
-        return False
-    # Padding (the null block 0) may since have become a newly appended block.
-    old_rows = previous.block_rows
-    kept = (bucket.block_rows[:, :old_blocks] == old_rows) | (old_rows == 0)
-    return bool(kept.all())
-
-
-def _append_index(
-    bucket: _DecodeBucket,
-    num_kv_heads: int,
-    derived: dict[tuple[Any, ...], torch.Tensor],
-    bucket_id: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(row, position) in the dense context of each request's new token, per kv head."""
-    name = ("append", bucket_id, num_kv_heads)
-    if name not in derived:
-        rows = torch.arange(bucket.seq_lens.shape[0] * num_kv_heads, device=bucket.seq_lens.device)
-        positions = (bucket.seq_lens - 1).repeat_interleave(num_kv_heads)
-        derived[name] = torch.stack([rows, positions])
-    index = derived[name]
-    return index[0], index[1]
-
-
-def _gather_kv(
-    kv_cache: torch.Tensor,
-    kv: _KVGather,
-    derived: dict[tuple[Any, ...], torch.Tensor],
-    name: tuple[Any, ...],
-    dtype: torch.dtype,
-) -> torch.Tensor:
-    """Dense copy of some requests' contexts: [2, n * Hkv, max_seq_len, D] in `dtype`,
-    heads-major (an int8 cache's rows are dequantized).
-
-    Gathering (slot, kv head) rows makes each head's keys contiguous, as the batched
-    matmuls need; a block-level gather copies faster but leaves heads interleaved, and
-    de-interleaving them costs another full copy.
-    """
-    num_kv_heads, row_size = kv_cache.shape[-2:]
-    index = derived.get(name)
-    if index is None:
-        heads = torch.arange(num_kv_heads, device=kv.slots.device).view(1, -1, 1)
-        index = (kv.slots.unsqueeze(1) * num_kv_heads + heads).view(-1)  # [n * Hkv * S]
-        derived[name] = index
-    rows = kv_cache.view(2, -1, row_size)  # [2, num_slots * Hkv, row]
-    context = rows.index_select(1, index).view(2, -1, kv.max_seq_len, row_size)
-    if kv_cache.dtype == torch.int8:
-        return kv_quant.dequantize_rows(context, dtype)
-    return context
 
 
 def _decode_attention(
     query: torch.Tensor,  # [n, H, D]
-    keys: torch.Tensor,  # [n * Hkv, S, D]
-    values: torch.Tensor,  # [n * Hkv, S, D]
-    bucket: _DecodeBucket,
-    derived: dict[tuple[Any, ...], torch.Tensor],
-    bucket_id: int,
+    kv_cache: torch.Tensor,
+    decodes: _Decodes,
     scale: float,
-    window: int | None = None,
+    window: int | None,
 ) -> torch.Tensor:  # [n, H, D]
-    """One query token per request: batched matmuls over (request, kv head).
-
-    The G = H / Hkv query heads sharing a kv head are the G rows of one matmul, so GQA
-    needs no K/V expansion. A `window` hides the keys before the last `window` positions.
-    """
+    """One query token per request: a batch of (request, kv head) matmuls."""
     num_reqs, num_heads, head_size = query.shape
-    num_kv_heads = keys.shape[0] // num_reqs
-    mask_name = ("decode_mask", bucket_id, num_kv_heads, query.dtype, window)
-    mask = derived.get(mask_name)
-    if mask is None:
-        allowed = bucket.key_valid  # [n, S]
-        if window is not None:
-            positions = torch.arange(allowed.shape[1], device=allowed.device)
-            allowed = allowed & (positions >= bucket.seq_lens.unsqueeze(1) - window)
-        mask = _additive_mask(allowed, query.dtype)  # [n, S]
-        mask = mask.repeat_interleave(num_kv_heads, dim=0).unsqueeze(1)  # [n * Hkv, 1, S]
-        derived[mask_name] = mask
+    num_kv_heads = kv_cache.shape[-2]
+    keys, values = _gather(kv_cache, decodes.slots, query.dtype)  # [n * Hkv, S, D] each
+    positions = torch.arange(decodes.slots.shape[1], device=query.device)
+    seq_lens = decodes.seq_lens.unsqueeze(1)  # [n, 1]
+    allowed = positions < seq_lens  # [n, S]
+    if window is not None:
+        allowed &= positions >= seq_lens - window
+    allowed = allowed.repeat_interleave(num_kv_heads, dim=0).unsqueeze(1)  # [n * Hkv, 1, S]
     grouped = query.reshape(num_reqs * num_kv_heads, -1, head_size)  # [n * Hkv, G, D]
-    scores = torch.baddbmm(mask, grouped, keys.transpose(1, 2), alpha=scale)  # [n*Hkv, G, S]
-    out = torch.bmm(torch.softmax(scores, dim=-1), values)  # [n * Hkv, G, D]
+    out = _attend(grouped, keys, values, allowed, scale)
     return out.view(num_reqs, num_heads, head_size)
 
 
 def _prefill_attention(
-    query: torch.Tensor,  # [num_tokens, H, D]
-    key: torch.Tensor,  # [num_tokens, Hkv, D]
-    value: torch.Tensor,  # [num_tokens, Hkv, D]
+    query: torch.Tensor,  # [L, H, D]
     kv_cache: torch.Tensor,
-    group: _PrefillGroup,
-    derived: dict[tuple[Any, ...], torch.Tensor],
-    group_id: int,
+    prefill: _Prefill,
     scale: float,
-    window: int | None = None,
-) -> torch.Tensor:  # [num_group_tokens, H, D]
-    """Several query tokens per request: batched matmuls over padded queries, by chunks.
-
-    As for decodes, the G query heads of a kv head are folded into the rows of one matmul
-    (rows ordered (query, head in group)), so GQA needs no K/V expansion.
-    """
-    _, num_heads, head_size = query.shape
-    num_kv_heads = key.shape[1]
-    group_size = num_heads // num_kv_heads
-    num_reqs, max_query_len = group.num_reqs, group.max_query_len
-    if group.kv is None:  # one request, no context: its keys are its new tokens, in order
-        tokens = slice(group.first_token, group.first_token + max_query_len)
-        keys = key[tokens].transpose(0, 1).contiguous()  # [Hkv, S, D]
-        values = value[tokens].transpose(0, 1).contiguous()
-    else:
-        gather_name = ("prefill", group_id, num_kv_heads)
-        keys, values = _gather_kv(kv_cache, group.kv, derived, gather_name, query.dtype)
-    padded = query.index_select(0, group.query_index)  # [n * Lq, H, D]
-    folded = padded.view(num_reqs, max_query_len, num_kv_heads, group_size * head_size)
-    folded = folded.transpose(1, 2).contiguous().mul_(scale)  # [n, Hkv, Lq, G * D]
-    folded = folded.view(num_reqs * num_kv_heads, max_query_len * group_size, head_size)
-    out = torch.empty_like(folded)  # [n * Hkv, Lq * G, D]
-    for i, chunk in enumerate(group.chunks):
-        # A window also hides keys before mask_start: its mask covers every key.
-        mask_start = chunk.mask_start if window is None else 0
-        mask_name = ("prefill_mask", group_id, i, query.dtype, window)
-        mask = derived.get(mask_name)
-        if mask is None:
-            allowed = chunk.allowed if window is None else chunk.window_allowed(window)
-            mask = _additive_mask(allowed, query.dtype)[:, None, :, None, :]
-            derived[mask_name] = mask  # [n, 1, rows, 1, keys]
-        rows = slice(chunk.start * group_size, chunk.end * group_size)
-        scores = torch.bmm(folded[:, rows], keys[:, : chunk.key_end].transpose(1, 2))
-        num_rows = chunk.end - chunk.start
-        scores.view(num_reqs, num_kv_heads, num_rows, group_size, chunk.key_end)[
-            ..., mask_start :
-        ].add_(mask)  # scores: [n * Hkv, rows * G, key_end]
-        out[:, rows] = torch.bmm(torch.softmax(scores, dim=-1), values[:, : chunk.key_end])
-    out = out.view(num_reqs, num_kv_heads, max_query_len, group_size, head_size)
-    out = out.transpose(1, 2).reshape(num_reqs * max_query_len, num_heads, head_size)
-    return out.index_select(0, group.valid_rows)
-
-
-def _additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Bool "may attend" → 0 / -inf in `dtype`, to be added to the scores."""
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
-    return mask.masked_fill_(~allowed, float("-inf"))
+    window: int | None,
+) -> torch.Tensor:  # [L, H, D]
+    """A request's new tokens, causally over its context and themselves, in chunks of
+    query rows within the scores' memory bound."""
+    num_rows, num_heads, head_size = query.shape
+    num_kv_heads = kv_cache.shape[-2]
+    group = num_heads // num_kv_heads
+    keys, values = _gather(kv_cache, prefill.slots, query.dtype)  # [Hkv, S, D] each
+    seq_len = prefill.slots.shape[0]
+    # [Hkv, L * G, D]: a kv head's query rows, G heads per query position.
+    folded = query.view(num_rows, num_kv_heads, group * head_size).transpose(0, 1)
+    folded = folded.reshape(num_kv_heads, num_rows * group, head_size)
+    key_pos = torch.arange(seq_len, device=query.device)
+    out = torch.empty_like(folded)
+    chunk = max(1, _MAX_SCORES_PER_HEAD // seq_len)
+    for start in range(0, num_rows, chunk):
+        end = min(start + chunk, num_rows)
+        query_pos = prefill.context_len + torch.arange(start, end, device=query.device)
+        allowed = key_pos <= query_pos.unsqueeze(1)  # [rows, S]
+        if window is not None:
+            allowed &= key_pos > query_pos.unsqueeze(1) - window
+        allowed = allowed.repeat_interleave(group, dim=0).unsqueeze(0)  # [1, rows * G, S]
+        rows = slice(start * group, end * group)
+        out[:, rows] = _attend(folded[:, rows], keys, values, allowed, scale)
+    out = out.view(num_kv_heads, num_rows, group, head_size).transpose(0, 1)
+    return out.reshape(num_rows, num_heads, head_size)

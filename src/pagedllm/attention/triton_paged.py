@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from pagedllm.attention import kv_quant
-from pagedllm.attention.backend import AttentionBackend, CommonAttentionMetadata, write_kv
+from pagedllm.attention.backend import AttentionBackend, CommonAttentionMetadata
 from pagedllm.platform import get_platform
 
 
@@ -76,7 +76,7 @@ class TritonPagedBackend(AttentionBackend):
             max_seq_len=None if common.for_cuda_graph else common.max_seq_len,
         )
 
-    def forward(
+    def attend(
         self,
         query: torch.Tensor,  # [num_tokens, num_heads, head_size]
         key: torch.Tensor,  # [num_tokens, num_kv_heads, head_size]
@@ -86,13 +86,9 @@ class TritonPagedBackend(AttentionBackend):
         scale: float,
         window: int | None = None,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_size]
-        """Store the new K/V at `slot_mapping`, then attend each query to its context."""
+        """Each query to its context, in one kernel launch (K/V already in the cache)."""
         from pagedllm.triton_kernels.paged_attention import paged_attention
 
-        if kv_cache.dtype == torch.int8:
-            kv_quant.store_rows(kv_cache, key, value, metadata.slot_mapping)
-        else:
-            write_kv(kv_cache, key, value, metadata.slot_mapping)
         return paged_attention(
             query if query.stride(-1) == 1 else query.contiguous(),
             kv_cache,

@@ -31,6 +31,23 @@ class KVCacheGroupSpec:
     sliding_window: int | None = None
 
 
+@dataclass(frozen=True)
+class KVCacheCapacity:
+    """The KV cache the worker made, as the scheduler accounts for it.
+
+    Attributes:
+        num_blocks: KV blocks in the pool, including the reserved null block 0.
+        num_cpu_blocks: host blocks for swap preemption, including an unused block 0 (fewer
+            than 2 make every preemption a recompute; only read in "swap" mode).
+        groups: the model's KV cache groups (None: one full-attention group; empty: the
+            model keeps no KV cache and serves pooling requests only).
+    """
+
+    num_blocks: int
+    num_cpu_blocks: int = 0
+    groups: tuple[KVCacheGroupSpec, ...] | None = None
+
+
 def make_kv_cache_groups(
     layer_windows: Sequence[int | None], max_model_len: int
 ) -> tuple[KVCacheGroupSpec, ...]:

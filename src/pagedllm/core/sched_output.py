@@ -16,8 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from pagedllm.pooling_params import PoolingParams
-from pagedllm.sampling_params import SamplingParams
+from pagedllm.request import RequestData
 
 
 @dataclass
@@ -26,28 +25,19 @@ class NewRequestData:
 
     Attributes:
         request_id: id.
-        prompt_token_ids: the prompt.
+        data: what it carries from the API (request.py RequestData: its prompt, sampling
+            parameters, ...), by reference.
         output_token_ids: tokens already generated (non-empty when resumed after preemption).
-        sampling_params: how to sample.
-        eos_token_id: the model's EOS id (masked until `min_tokens` are out), or None.
         block_ids: the request's whole block tables, one per KV cache group (0 where a
             sliding window let a block go).
         num_computed_tokens: tokens already in the KV cache before this step.
-        pooling_params: set for a pooling request (pooled, not sampled, this one step).
-        token_type_ids: its token types, when the model takes them.
-        lora_request: its LoRA adapter, or None.
     """
 
     request_id: str
-    prompt_token_ids: list[int]
+    data: RequestData
     output_token_ids: list[int]
-    sampling_params: SamplingParams
-    eos_token_id: int | None
     block_ids: tuple[list[int], ...]
     num_computed_tokens: int
-    pooling_params: PoolingParams | None = None
-    token_type_ids: list[int] | None = None
-    lora_request: Any = None
 
 
 @dataclass

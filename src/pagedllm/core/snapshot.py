@@ -1,5 +1,6 @@
-"""A plain-data picture of the scheduler for the live dashboard: each KV block's state and
-each request's progress. Built between steps (a utility call), read by the API server."""
+"""Plain-data pictures of the scheduler: its counters after every step (`SchedulerStats`,
+for the metrics) and, for the live dashboard, each KV block's state and each request's
+progress (built between steps by a utility call, read by the API server)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from pagedllm.core.block_pool import NULL_BLOCK_ID, BlockPool
+from pagedllm.metrics.stats import SchedulerStats
 from pagedllm.request import Request
 
 if TYPE_CHECKING:
@@ -17,6 +19,26 @@ if TYPE_CHECKING:
 BLOCK_USED, BLOCK_CACHED, BLOCK_FREE = "u", "c", "f"
 # Requests listed one by one (running first); the counts cover all of them.
 MAX_LISTED_REQUESTS = 64
+
+
+def scheduler_stats(scheduler: Scheduler) -> SchedulerStats:
+    """The scheduler's state and cumulative counters after a step."""
+    manager, counters = scheduler.kv_cache_manager, scheduler.spec_counters
+    return SchedulerStats(
+        num_running_reqs=scheduler.num_running,
+        num_waiting_reqs=scheduler.num_waiting + len(scheduler.pooling),
+        num_swapped_reqs=scheduler.num_swapped,
+        kv_cache_usage=manager.usage,
+        cpu_kv_cache_usage=scheduler.swap_manager.usage,
+        prefix_cache_queries=manager.prefix_cache_queries,
+        prefix_cache_hits=manager.prefix_cache_hits,
+        num_preemptions=scheduler.num_preemptions,
+        num_computed_prompt_tokens=scheduler.num_computed_prompt_tokens,
+        spec_num_drafts=counters.num_drafts,
+        spec_num_draft_tokens=counters.num_draft_tokens,
+        spec_num_accepted_tokens=counters.num_accepted_tokens,
+        spec_accepted_per_pos=list(counters.accepted_per_pos),
+    )
 
 
 def block_states(pool: BlockPool) -> str:

@@ -82,15 +82,10 @@ class StepPlan:
         new_reqs = [
             NewRequestData(
                 request_id=request.request_id,
-                prompt_token_ids=list(request.prompt_token_ids),
+                data=request.data,
                 output_token_ids=list(request.output_token_ids),
-                sampling_params=request.sampling_params,
-                eos_token_id=request.eos_token_id,
                 block_ids=get_block_ids(request.request_id),
                 num_computed_tokens=request.num_computed_tokens,
-                pooling_params=request.pooling_params,
-                token_type_ids=request.token_type_ids,
-                lora_request=request.lora_request,
             )
             for request in self.new_requests
         ]

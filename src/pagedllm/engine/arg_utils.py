@@ -370,12 +370,44 @@ class EngineArgs:
         )
         return "int8" if wanted and fits else "auto"
 
+    def _resolve_dtype_and_quantization(
+        self, hf_config: Any, model_dir: str, gguf_file: str | None,
+        checkpoint_quantization: dict[str, Any] | None, runner: str, device: str,
+    ) -> tuple[str, str | None]:
+        """The dtype the model runs in and its weights' quantization, as the platform runs
+        them: a checkpoint's own method or the GGUF's; dtype "auto" from the checkpoint,
+        bfloat16 only where it is fast here."""
+        from pagedllm.model_loader.hf_config import resolve_dtype
+
+        if checkpoint_quantization is not None:
+            from pagedllm.model_loader.checkpoint_quantization import kernel_method
+
+            method = kernel_method(checkpoint_quantization)
+            quantization = None if self.quantization == "none" else method
+        else:
+            quantization = self._resolve_quantization(model_dir, gguf_file, device)
+        platform = get_platform(device)
+        bf16_is_fast = True
+        if self.dtype == "auto" and not platform.half_precision_native:
+            bf16_is_fast = platform.bf16_is_fast(quantization)
+        # A quantized checkpoint's "auto" dtype is bfloat16, as a GGUF's: its 4-bit kernels
+        # take bfloat16 (its config's float16 or float32 describes the unquantized tensors).
+        quantized_checkpoint = gguf_file is not None or checkpoint_quantization is not None
+        dtype = resolve_dtype(self.dtype, hf_config, device, quantized_checkpoint, bf16_is_fast)
+        if checkpoint_quantization is not None and not platform.runs_checkpoint_codes(dtype):
+            # The byte kernels take bfloat16 on CPU; elsewhere the layers are dequantized.
+            quantization = None
+        if runner == "pooling" and self.dtype == "auto" and bf16_is_fast:
+            # A pooled vector's agreement in bfloat16 is measured (cosine >= 0.999), and
+            # encoders are bound by matmuls: where bfloat16 is native it is the default.
+            dtype = "bfloat16" if dtype == "float32" else dtype
+        return dtype, quantization
+
     def _create_model_config(self, device: str) -> ModelConfig:
         from pagedllm.model_loader.hf_config import (
             get_architecture,
             get_max_model_len,
             load_hf_config,
-            resolve_dtype,
         )
         from pagedllm.model_loader.source import resolve_model_source
         from pagedllm.models.registry import check_model_config, resolve_runner
@@ -398,31 +430,9 @@ class EngineArgs:
             max_model_len = min(max_model_len, max_seq_length)
         check_model_config(architecture, hf_config, choice.runner, choice.convert)
         checkpoint_quantization = self._checkpoint_quantization(hf_config)
-        if checkpoint_quantization is not None:
-            from pagedllm.model_loader.checkpoint_quantization import kernel_method
-
-            method = kernel_method(checkpoint_quantization)
-            quantization = None if self.quantization == "none" else method
-        else:
-            quantization = self._resolve_quantization(model_dir, gguf_file, device)
-        is_gguf = gguf_file is not None
-        platform = get_platform(device)
-        cpu_bf16_is_fast = True
-        if self.dtype == "auto" and not platform.half_precision_native:
-            cpu_bf16_is_fast = platform.bf16_is_fast(quantization)
-        # A quantized checkpoint's "auto" dtype is bfloat16, as a GGUF's: its 4-bit kernels
-        # take bfloat16 (its config's float16 or float32 describes the unquantized tensors).
-        quantized_checkpoint = is_gguf or checkpoint_quantization is not None
-        dtype = resolve_dtype(
-            self.dtype, hf_config, device, quantized_checkpoint, cpu_bf16_is_fast
+        dtype, quantization = self._resolve_dtype_and_quantization(
+            hf_config, model_dir, gguf_file, checkpoint_quantization, choice.runner, device
         )
-        if checkpoint_quantization is not None and not platform.runs_checkpoint_codes(dtype):
-            # The byte kernels take bfloat16 on CPU; elsewhere the layers are dequantized.
-            quantization = None
-        if choice.runner == "pooling" and self.dtype == "auto" and cpu_bf16_is_fast:
-            # A pooled vector's agreement in bfloat16 is measured (cosine >= 0.999), and
-            # encoders are bound by matmuls: where bfloat16 is native it is the default.
-            dtype = "bfloat16" if dtype == "float32" else dtype
         return ModelConfig(
             model=self.model or model_dir,
             model_dir=model_dir,

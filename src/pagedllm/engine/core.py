@@ -17,6 +17,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from pagedllm.config import EngineConfig
+from pagedllm.core.kv_cache_groups import KVCacheCapacity
 from pagedllm.core.sched_output import SchedulerOutput
 from pagedllm.core.scheduler import Scheduler
 from pagedllm.core.snapshot import scheduler_snapshot
@@ -51,19 +52,10 @@ class EngineCore:
         self.scheduler = Scheduler(
             engine_config.scheduler_config,
             engine_config.cache_config,
-            spec.num_blocks,
-            num_cpu_blocks=spec.num_cpu_blocks,
-            kv_cache_groups=spec.groups,
-            max_loras=(
-                engine_config.lora_config.max_loras if engine_config.lora_config else None
-            ),
-            num_lookahead_slots=(
-                engine_config.speculative_config.num_lookahead_slots
-                if engine_config.speculative_config is not None
-                else 0
-            ),
-            send_token_ids=engine_config.parallel_config.world_size > 1,
-            num_concurrent_batches=self.executor.max_concurrent_batches,
+            KVCacheCapacity(spec.num_blocks, spec.num_cpu_blocks, spec.groups),
+            lora_config=engine_config.lora_config,
+            speculative_config=engine_config.speculative_config,
+            parallel_config=engine_config.parallel_config,
         )
         self._check_kv_capacity()
         self._loras_to_remove: set[int] = set()  # asked to go, waiting for their requests
@@ -91,20 +83,14 @@ class EngineCore:
 
     def add_request(self, request: EngineCoreRequest) -> None:
         """Queue a tokenized request (a constrained one's grammar starts compiling)."""
-        params = request.sampling_params
+        data = request.data
         core_request = Request(
-            request_id=request.request_id,
-            prompt_token_ids=request.prompt_token_ids,
-            sampling_params=params,
-            eos_token_id=request.eos_token_id,
-            arrival_time=request.arrival_time,
+            request.request_id, data, arrival_time=request.arrival_time,
             priority=request.priority,
-            pooling_params=request.pooling_params,
-            token_type_ids=request.token_type_ids,
-            lora_request=request.lora_request,
         )
-        if params.structured_outputs is not None and request.pooling_params is None:
-            stop_ids = [request.eos_token_id] if request.eos_token_id is not None else []
+        params = data.sampling_params
+        if params.structured_outputs is not None and data.pooling_params is None:
+            stop_ids = [data.eos_token_id] if data.eos_token_id is not None else []
             core_request.structured_output = self.structured_output.grammar_for(
                 params.structured_outputs, stop_ids + list(params.stop_token_ids or [])
             )

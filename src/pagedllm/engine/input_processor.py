@@ -14,6 +14,7 @@ from typing import Any
 
 from pagedllm.engine.protocol import EngineCoreRequest
 from pagedllm.pooling_params import PoolingParams
+from pagedllm.request import RequestData
 from pagedllm.sampling_params import SamplingParams
 from pagedllm.structured_output import check_constraint
 
@@ -84,10 +85,8 @@ class InputProcessor:
         self._check_prompt(processed.prompt_token_ids)
         params = self._resolve_params(params, len(processed.prompt_token_ids))
         request = EngineCoreRequest(
-            request_id=request_id,
-            prompt_token_ids=processed.prompt_token_ids,
-            sampling_params=params,
-            eos_token_id=self.eos_token_id,
+            request_id,
+            RequestData(processed.prompt_token_ids, params, self.eos_token_id),
             arrival_time=arrival_time if arrival_time is not None else time.time(),
         )
         return request, processed
@@ -117,16 +116,12 @@ class InputProcessor:
             )
         processed = self._tokenize_truncated(prompt, params, add_special_tokens)
         self._check_pooling_prompt(processed.prompt_token_ids)
-        request = EngineCoreRequest(
-            request_id=request_id,
-            prompt_token_ids=processed.prompt_token_ids,
-            sampling_params=_POOLING_SAMPLING_PARAMS,
-            eos_token_id=None,
-            arrival_time=arrival_time if arrival_time is not None else time.time(),
-            pooling_params=params,
-            token_type_ids=processed.token_type_ids,
+        data = RequestData(
+            processed.prompt_token_ids, _POOLING_SAMPLING_PARAMS, None,
+            pooling_params=params, token_type_ids=processed.token_type_ids,
         )
-        return request, processed
+        arrival_time = arrival_time if arrival_time is not None else time.time()
+        return EngineCoreRequest(request_id, data, arrival_time=arrival_time), processed
 
     def _tokenize_truncated(
         self, prompt: PromptType, params: PoolingParams, add_special_tokens: bool

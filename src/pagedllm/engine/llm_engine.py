@@ -9,6 +9,8 @@ from __future__ import annotations
 from concurrent.futures import Future
 from typing import Any
 
+import msgspec
+
 from pagedllm.config import EngineConfig
 from pagedllm.engine.arg_utils import EngineArgs
 from pagedllm.engine.core_client import EngineCoreClient, InprocClient, SyncMPClient
@@ -125,8 +127,8 @@ class LLMEngine:
             request_id, prompt, params, arrival_time, add_special_tokens
         )
         request.priority = priority
-        request.lora_request = self._check_lora(lora_request)
-        core_params = request.sampling_params
+        request.data.lora_request = self._check_lora(lora_request)
+        core_params = request.data.sampling_params
         # best_of (>= n) sequences are sampled; the output processor returns the best n.
         num_seqs = core_params.num_sequences
         core_ids = [request_id] if num_seqs == 1 else [f"{i}_{request_id}" for i in range(num_seqs)]
@@ -209,7 +211,7 @@ class LLMEngine:
     ) -> EngineCoreRequest:
         if num_seqs == 1:
             return request
-        params = request.sampling_params.clone()
+        params = request.data.sampling_params.clone()
         # Ranking best_of > n sequences needs each one's sampled-token logprobs (k = 0).
         if num_seqs > params.n and params.logprobs is None:
             params.logprobs = 0
@@ -220,15 +222,8 @@ class LLMEngine:
         # Distinct but reproducible samples for each of the sequences.
         if params.seed is not None:
             params.seed += index
-        return EngineCoreRequest(
-            request_id=core_id,
-            prompt_token_ids=request.prompt_token_ids,
-            sampling_params=params,
-            eos_token_id=request.eos_token_id,
-            arrival_time=request.arrival_time,
-            priority=request.priority,
-            lora_request=request.lora_request,
-        )
+        data = msgspec.structs.replace(request.data, sampling_params=params)
+        return msgspec.structs.replace(request, request_id=core_id, data=data)
 
     def abort_request(self, request_ids: str | list[str]) -> None:
         """Abort user requests wherever they are; their KV blocks are freed at once."""

@@ -15,12 +15,9 @@ from typing import Any
 
 import msgspec
 
-from pagedllm.lora.request import LoRARequest
 from pagedllm.metrics.stats import SchedulerStats
 from pagedllm.pooling.data import PooledData
-from pagedllm.pooling_params import PoolingParams
-from pagedllm.request import FinishReason
-from pagedllm.sampling_params import SamplingParams
+from pagedllm.request import FinishReason, RequestData
 from pagedllm.worker.outputs import LogprobsLists
 
 
@@ -33,20 +30,15 @@ class EngineCoreRequestType(enum.Enum):
 
 
 class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    """A tokenized request for the core. `sampling_params.max_tokens` is resolved."""
+    """A tokenized request for the core: its id, what it carries to the model runner
+    (request.py RequestData; `sampling_params.max_tokens` resolved), and how the scheduler
+    orders it."""
 
     request_id: str
-    prompt_token_ids: list[int]
-    sampling_params: SamplingParams
-    eos_token_id: int | None
+    data: RequestData
     arrival_time: float = msgspec.field(default_factory=time.time)
     # Scheduling priority under the "priority" policy (lower runs first).
     priority: int = 0
-    # A pooling request (its sampling_params are then unused), and its token types.
-    pooling_params: PoolingParams | None = None
-    token_type_ids: list[int] | None = None
-    # The LoRA adapter it runs with, or None for the base model.
-    lora_request: LoRARequest | None = None
 
 
 class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):

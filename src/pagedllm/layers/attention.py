@@ -1,7 +1,9 @@
-"""Attention layer: reshapes q/k/v and hands them to the active backend with its KV cache.
+"""Attention layers: the models' only way to attention.
 
-The layer owns no cache and no metadata: both come from the forward context set by the
-model runner for the step, so the same module works with any backend.
+`Attention` reshapes q/k/v and hands them to the active backend with its KV cache; it owns
+no cache and no metadata: both come from the forward context set by the model runner for
+the step, so the same module works with any backend. `EncoderAttention` is an encoder's
+bidirectional attention over packed sequences, with no KV cache at all.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from pagedllm.attention.encoder import packed_bidirectional_attention
 from pagedllm.layers.forward_context import get_forward_context
 
 
@@ -61,3 +64,21 @@ class Attention(nn.Module):
             f"head_size={self.head_size}, layer_idx={self.layer_idx}, "
             f"sliding_window={self.sliding_window}"
         )
+
+
+class EncoderAttention(nn.Module):
+    """Bidirectional attention of packed sequences: each token sees every token of its own
+    sequence and none of the others'; nothing is cached (attention/encoder.py)."""
+
+    def __init__(self, num_heads: int, head_size: int, scale: float) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_size = head_size
+        self.scale = scale
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: list[int]
+    ) -> torch.Tensor:
+        """q, k, v [T, H, D] of sequences packed back to back → [T, H * D]."""
+        out = packed_bidirectional_attention(q, k, v, seq_lens, self.scale)
+        return out.reshape(q.shape[0], self.num_heads * self.head_size)

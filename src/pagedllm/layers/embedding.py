@@ -7,34 +7,16 @@ matmul of a step.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pagedllm.layers.dense_crossover import dense_from_tokens
-from pagedllm.layers.linear import (
-    can_pack_for_cpu,
-    default_weight_loader,
-    pack_weight_for_cpu,
-    packed_linear,
-    uses_quantized,
-)
+from pagedllm.layers.linear import default_weight_loader
 from pagedllm.layers.quantization import (
-    QuantizedWeight,
-    W4A8Weight,
-    can_quantize_w4a8,
-    quantize_int8,
-    quantize_w4a8,
-    quantize_w8a8,
-    w8a8_from_codes,
-)
-from pagedllm.layers.triton_quantization import (
-    TritonGroupWeight,
-    quantize_for_triton,
-    triton_weight_from_codes,
-    uses_triton_weights,
+    DenseMethod,
+    LinearMethod,
+    WeightPlan,
+    select_lm_head_methods,
 )
 
 # Logits per row recomputed in float32 after a reduced-precision vocabulary matmul.
@@ -66,10 +48,6 @@ class LMHead(nn.Module):
         self.num_embeddings = num_embeddings
         self.embedding_dim = embedding_dim
         self.is_tied = tie_to is not None
-        self.packed_weight: torch.Tensor | None = None
-        self.quantized: QuantizedWeight | TritonGroupWeight | None = None
-        self.ranking_shortlist: W4A8Weight | None = None
-        self.keeps_dense = True
         if tie_to is not None:
             # The same Parameter object: loading or casting one updates both.
             self.weight = tie_to.weight
@@ -78,64 +56,31 @@ class LMHead(nn.Module):
                 torch.empty(num_embeddings, embedding_dim), requires_grad=False
             )
             self.weight.weight_loader = default_weight_loader  # type: ignore[attr-defined]
+        # How logits are computed (chosen after loading), and a cheaper copy for steps that
+        # only need each row's argmax (None: the same method serves those).
+        self.method: LinearMethod = DenseMethod(self.weight)
+        self.shortlist: LinearMethod | None = None
 
-    def quantize(self, method: str, keep_dense: bool) -> None:
-        """Add a quantized copy for the logits, whatever `method` the body uses.
-
-        int8 for either method: the vocabulary projection decides the token directly, and
-        GGUF files keep it at 8 bits (Q8_0) for that reason. bfloat16 CPU models use Q8_0's
-        own form with int8 activations (W8A8Weight, our VNNI kernel) for every step (with
-        `keep_dense`, large ones go dense where that wins: dense_crossover.py), and the
-        top REFINED_CANDIDATES logits are then recomputed in float32 from the dense weight;
-        a Q8_0 GGUF matrix is taken with its own codes and scales (exactly). With
-        `keep_dense` they also get a 4-bit copy (W4A8Weight, 1.5 MB per 1k rows) for steps
-        that only need each row's argmax (`ranking_only`): it reads half the bytes, but its
-        noise over the 49k logits would bias their softmax normaliser (perplexity +4% on
-        natural text, measured), so it never serves logprobs or sampling.
-        Other models get torch's int8 weight for small steps, and for every step without
-        `keep_dense` (no packed dense copy is made then). The weight itself stays: a tied
-        one for the embedding lookup, and either for the refinement.
-        """
-        del method  # the head's format does not follow the body's, see above
-        self.keeps_dense = keep_dense
-        # Q8_0 codes of the file (loaded by default_weight_loader): used as they are.
+    def process_weights_after_loading(
+        self, quantization: str | None = None, keep_dense: bool = True
+    ) -> None:
+        """Choose the head's methods (layers/quantization/selection.py): int8 whenever the
+        body is quantized, whatever its `quantization` (the vocabulary projection decides
+        the token directly, and GGUF files keep it at 8 bits: a Q8_0 matrix is taken with
+        its own codes); with `keep_dense` also a 4-bit shortlist for argmax-only steps, and
+        the dense weight for the step sizes where it wins. The dense weight itself always
+        stays: a tied embedding reads it, and the top candidates are refined from it."""
         codes = getattr(self.weight, "file_codes", None)
-        if codes is not None:
+        if codes is not None:  # GGUF codes (loaded by default_weight_loader), used once
             del self.weight.file_codes  # type: ignore[attr-defined]
-        if uses_triton_weights(self.weight.device):  # the GPU's group format, every step
-            if codes is not None and not codes.is_int4:
-                self.quantized = triton_weight_from_codes(codes, self.weight.device)
-            else:
-                self.quantized = quantize_for_triton(self.weight.data, "int8")
-        elif can_quantize_w4a8(self.weight.data):
-            if codes is not None and not codes.is_int4:
-                self.quantized = w8a8_from_codes(codes)
-            else:
-                self.quantized = quantize_w8a8(self.weight.data)
-            if keep_dense:
-                self.ranking_shortlist = quantize_w4a8(self.weight.data)
-                dense_from = dense_from_tokens()
-                if dense_from is not None:  # large steps on the packed dense copy (AMX)
-                    self.quantized = replace(self.quantized, max_tokens=dense_from - 1)
-                    self.ranking_shortlist = replace(
-                        self.ranking_shortlist, max_tokens=dense_from - 1
-                    )
-        else:
-            self.quantized = quantize_int8(self.weight.data)
+        self.method, self.shortlist = select_lm_head_methods(
+            self.weight, codes, WeightPlan(quantization, keep_dense)
+        )
 
-    def pack_for_cpu(self) -> None:
-        """Keep a oneDNN-packed copy of the weight for the logits matmul (CPU, bfloat16),
-        unless a quantized copy serves every step.
-
-        A copy, not a replacement: a tied weight is still read by the embedding lookup.
-        """
-        if (
-            self.packed_weight is None
-            and self.keeps_dense
-            and (self.quantized is None or self.quantized.max_tokens is not None)
-            and can_pack_for_cpu(self.weight)
-        ):
-            self.packed_weight = pack_weight_for_cpu(self.weight.data)
+    @property
+    def quantized(self) -> LinearMethod | None:
+        """The quantized weight logits run on (None: dense); a view of the method."""
+        return self.method.quantized_part()
 
     def forward(self, hidden_states: torch.Tensor, ranking_only: bool = False) -> torch.Tensor:
         """[N, embedding_dim] → [N, num_embeddings] float32 logits.
@@ -150,7 +95,7 @@ class LMHead(nn.Module):
         values decide as float32 would, for the cost of a top-k and a few dot products.
         """
         logits = self._raw_logits(hidden_states, ranking_only)
-        if logits.dtype == torch.float32 and self.quantized is None:
+        if logits.dtype == torch.float32 and self.method.is_dense:
             return logits
         logits = logits.float()
         candidates, exact = self._refine_top_candidates(hidden_states, logits)
@@ -162,23 +107,15 @@ class LMHead(nn.Module):
         [N, vocab] float32 copy, scatter or second pass over the vocabulary (for a 262k
         vocabulary those cost more than the matmul itself)."""
         logits = self._raw_logits(hidden_states, ranking_only=True)
-        if logits.dtype == torch.float32 and self.quantized is None:
+        if logits.dtype == torch.float32 and self.method.is_dense:
             return logits.argmax(dim=-1)
         candidates, exact = self._refine_top_candidates(hidden_states, logits)
         return candidates.gather(1, exact.argmax(dim=-1, keepdim=True)).squeeze(1)
 
     def _raw_logits(self, hidden_states: torch.Tensor, ranking_only: bool) -> torch.Tensor:
-        """[N, vocab] logits from the fastest weight for this step, in its own dtype."""
-        num_tokens = hidden_states.shape[0]
-        if ranking_only and uses_quantized(self.ranking_shortlist, self.keeps_dense, num_tokens):
-            assert self.ranking_shortlist is not None
-            return self.ranking_shortlist.matmul(hidden_states)
-        if uses_quantized(self.quantized, self.keeps_dense, num_tokens):
-            assert self.quantized is not None
-            return self.quantized.matmul(hidden_states)
-        if self.packed_weight is not None:
-            return packed_linear(hidden_states, self.packed_weight, None)
-        return F.linear(hidden_states, self.weight)
+        """[N, vocab] logits from the head's method for this step, in its own dtype."""
+        method = self.shortlist if ranking_only and self.shortlist is not None else self.method
+        return method.apply(hidden_states, None)
 
     def _refine_top_candidates(
         self, hidden: torch.Tensor, logits: torch.Tensor

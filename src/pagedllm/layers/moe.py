@@ -33,9 +33,7 @@ from pagedllm.layers.mlp import GatedMLP
 class RouterLinear(Linear):
     """The router's [num_experts, hidden] projection: never quantized (see the module doc)."""
 
-    def quantize(self, method: str, keep_dense: bool) -> None:
-        """Kept dense whatever the model's quantization."""
-        del method, keep_dense
+    quantizable = False
 
 
 class FusedMoE(nn.Module):

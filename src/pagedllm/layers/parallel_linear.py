@@ -126,8 +126,6 @@ class RowParallelLinear(Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, input share] → the group's summed [T, output_size]."""
-        if self.lora is not None and self.tp_size > 1:
-            raise ValueError("LoRA adapters on tensor-parallel layers are not built.")
         partial = super().forward(x)
         return self.tp_group.all_reduce(partial) if self.reduce_results else partial
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from pagedllm.layers.quantization import LinearMethod
 from pagedllm.lora import cpu_kernel
 from pagedllm.lora.peft_adapter import LoRAModuleWeights
 
@@ -218,3 +219,33 @@ class LoRALinearSlots:
         else:
             out.index_add_(0, index, delta.to(out.dtype))
         return out
+
+
+class LoRALinearMethod(LinearMethod):
+    """A linear layer's method with its adapter slots: the base method, then the step's
+    adapter deltas on the tokens that have one. The LoRA manager wraps each LoRA-able
+    layer's method in one at start, so the layer's forward stays one call."""
+
+    def __init__(self, base: LinearMethod, slots: LoRALinearSlots) -> None:
+        self.base = base
+        self.slots = slots
+
+    def apply(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """The base method's output plus the step's deltas (none in a step without
+        adapters)."""
+        out = self.base.apply(x, bias)
+        return self.slots.apply(x, out) if self.slots.batch.active else out
+
+    def dense(self, dtype: torch.dtype) -> torch.Tensor:
+        """The base weight (the adapters' deltas depend on the step's tokens)."""
+        return self.base.dense(dtype)
+
+    def nbytes(self) -> int:
+        """The base method's bytes and the slots' weights."""
+        slots = self.slots
+        extra = (slots.lora_a, slots.lora_b, slots.lora_a_t, slots.lora_b_t, slots.lora_b_sub)
+        return self.base.nbytes() + sum(t.nbytes for t in extra)
+
+    def base_method(self) -> LinearMethod:
+        """The base method (itself unwrapped)."""
+        return self.base.base_method()

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from pagedllm.lora.config import LoRAConfig
-from pagedllm.lora.layers import LoRABatch, LoRALinearSlots
+from pagedllm.lora.layers import LoRABatch, LoRALinearMethod, LoRALinearSlots
 from pagedllm.lora.peft_adapter import PeftAdapter, load_peft_adapter
 from pagedllm.lora.request import LoRARequest
 
@@ -50,6 +50,8 @@ class LoRAModelManager:
                         f"LoRA needs Llama-style layers ({parent_name}.{name}); layer {index} "
                         "has none."
                     )
+                if getattr(linear, "tp_size", 1) > 1:
+                    raise ValueError("LoRA adapters on tensor-parallel layers are not built.")
                 sizes = list(getattr(linear, "output_sizes", None) or [])
                 if name == "qkv_proj":
                     sizes = [linear.q_size, linear.kv_size, linear.kv_size]
@@ -58,7 +60,7 @@ class LoRAModelManager:
                     linear.input_size, sizes, config.max_loras, config.max_lora_rank,
                     self.batch, dtype, device,
                 )
-                linear.lora = slots
+                linear.method = LoRALinearMethod(linear.method, slots)
                 self.layer_slots.append((index, slots, peft_names))
         self.device = device
         self._loaded: OrderedDict[int, PeftAdapter] = OrderedDict()  # host LRU

@@ -14,6 +14,8 @@ from collections.abc import Iterable, Iterator
 import torch
 
 from pagedllm.config import ModelConfig
+from pagedllm.layers.embedding import LMHead
+from pagedllm.layers.linear import Linear
 from pagedllm.layers.quantization import GroupCodes
 from pagedllm.logger import init_logger
 from pagedllm.model_loader.checkpoint_quantization import iterate_weights
@@ -77,28 +79,14 @@ def _keeps_file_codes(model_config: ModelConfig, dtype: torch.dtype, device: str
     return get_platform(device).keeps_file_codes(model_config.quantization, dtype)
 
 
-def _pack_linear_weights(model: torch.nn.Module) -> None:
-    """Let every layer that can switch to a faster weight layout do so (CPU bfloat16)."""
+def process_weights_after_loading(
+    model: torch.nn.Module, quantization: str | None, keep_dense: bool = True
+) -> None:
+    """Let every linear layer and LM head choose its method for `quantization` on its
+    platform (layers/quantization/selection.py)."""
     for module in model.modules():
-        pack = getattr(module, "pack_for_cpu", None)
-        if pack is not None:
-            pack()
-
-
-def _quantize_weights(model: torch.nn.Module, method: str, keep_dense: bool) -> None:
-    """Give every layer that supports weight-only quantization a `method` copy."""
-    for module in model.modules():
-        quantize = getattr(module, "quantize", None)
-        if quantize is not None:
-            quantize(method, keep_dense)
-
-
-def _build_cpu_decode_stacks(model: torch.nn.Module) -> None:
-    """Let every decoder that can run small decode steps in one C call prepare it."""
-    for module in model.modules():
-        build = getattr(module, "build_cpu_decode_stack", None)
-        if build is not None:
-            build()
+        if isinstance(module, (Linear, LMHead)):
+            module.process_weights_after_loading(quantization, keep_dense)
 
 
 def _model_class(model_config: ModelConfig) -> type:
@@ -129,10 +117,9 @@ def get_model(model_config: ModelConfig, device: str = "cpu") -> torch.nn.Module
             param.data = param.data.to(dtype)
     model.requires_grad_(False)
     model.eval()
-    if model_config.quantization is not None:
-        _quantize_weights(model, model_config.quantization, model_config.keep_dense_weights)
-    _pack_linear_weights(model)
-    _build_cpu_decode_stacks(model)
+    process_weights_after_loading(
+        model, model_config.quantization, model_config.keep_dense_weights
+    )
     native.release_free_heap()  # the dense weights that quantization or packing replaced
     logger.info(
         "Loaded %s (%s) from %s in %s%s on %s.",

@@ -17,8 +17,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from pagedllm.attention.encoder import packed_bidirectional_attention
 from pagedllm.layers.activation import apply_activation
+from pagedllm.layers.attention import EncoderAttention
 from pagedllm.layers.embedding import VocabEmbedding
 from pagedllm.layers.linear import Linear, default_weight_loader
 from pagedllm.models.spec import activation_of
@@ -58,13 +58,13 @@ class BertSelfAttention(nn.Module):
         self.query = Linear(hidden, hidden, bias=True)
         self.key = Linear(hidden, hidden, bias=True)
         self.value = Linear(hidden, hidden, bias=True)
+        self.attn = EncoderAttention(self.num_heads, self.head_size, self.head_size**-0.5)
 
     def forward(self, x: torch.Tensor, seq_lens: list[int]) -> torch.Tensor:
         """[T, hidden] → [T, hidden] (before the output projection)."""
         shape = (x.shape[0], self.num_heads, self.head_size)
         q, k, v = (proj(x).view(shape) for proj in (self.query, self.key, self.value))
-        out = packed_bidirectional_attention(q, k, v, seq_lens, self.head_size**-0.5)
-        return out.reshape(x.shape[0], -1)
+        return self.attn(q, k, v, seq_lens)
 
 
 class BertDenseNorm(nn.Module):

@@ -4,8 +4,8 @@ A model file states how its HF config maps onto a spec and, where its checkpoint
 tensors differently, how those names map onto ours (`remap_weight`); this file builds the
 layers the spec asks for, runs them, and loads HF-named checkpoints through the parameters'
 `weight_loader` hooks. Attention metadata and the KV cache are never touched here: the
-`Attention` layer gets them from the forward context (as does the CPU decode stack, which
-replaces the layer loop for decode-only steps of the layers it can run: cpu_decode_stack.py).
+`Attention` layer gets them from the forward context. (The worker's decode-step fast paths,
+worker/decode_step/, may run decode steps instead of this forward; they give its result.)
 
 Our module names are HF's Llama names: model.embed_tokens, model.embed_positions (learned
 positions), model.layers.N.{input_layernorm, self_attn.{qkv_proj, o_proj, q_norm, k_norm},
@@ -21,7 +21,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from pagedllm.distributed.parallel_state import get_pp_group, get_tp_group
+from pagedllm.distributed.parallel_state import get_pp_group
 from pagedllm.distributed.pipeline import IntermediateTensors, stage_layers
 from pagedllm.layers.attention import Attention
 from pagedllm.layers.embedding import VocabEmbedding
@@ -38,7 +38,6 @@ from pagedllm.layers.parallel_linear import (
 )
 from pagedllm.layers.quantization import GroupCodes
 from pagedllm.layers.rotary import RotaryEmbedding
-from pagedllm.models.cpu_decode_stack import CpuDecodeStack
 from pagedllm.models.spec import DecoderSpec, MoESpec, RopeSpec
 
 __all__ = ["DecoderForCausalLM", "DecoderSpec", "MoESpec", "RopeSpec", "load_hf_tensor"]
@@ -200,18 +199,10 @@ class DecoderModel(nn.Module):
             for i in range(spec.num_layers)
         )
         self.norm = make_norm(spec.norm, spec.hidden_size, spec.norm_eps, spec.norm_bias)
-        self.cpu_decode_stack: CpuDecodeStack | None = None
         # An EAGLE-3 head reads the residual stream before these layers (len(layers): after
         # the last one), side by side, from every forward pass (spec_decode/eagle.py).
         self.aux_hidden_state_layers: tuple[int, ...] = ()
         self.aux_hidden_states: torch.Tensor | None = None
-
-    def build_cpu_decode_stack(self) -> None:
-        """After loading (and quantizing): run decode-only steps as one C call when this
-        model qualifies (see cpu_decode_stack.py): one rank only, the C stack has no
-        collectives and runs every layer."""
-        if get_tp_group().world_size == 1 and get_pp_group().world_size == 1:
-            self.cpu_decode_stack = CpuDecodeStack.build(self)
 
     def embed(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """[T] ids and positions → [T, hidden] input embeddings (scaled, plus positions)."""
@@ -236,14 +227,10 @@ class DecoderModel(nn.Module):
         else:
             hidden_states = intermediate_tensors.hidden_states
             residual = intermediate_tensors.residual
-        stack = self.cpu_decode_stack
         if self.aux_hidden_state_layers:
             return self._forward_with_aux(positions, hidden_states)
-        if stack is not None and stack.serves(hidden_states, positions):
-            hidden_states, residual = stack(hidden_states, positions)
-        else:
-            for index in self.stage_layers:
-                hidden_states, residual = self.layers[index](positions, hidden_states, residual)
+        for index in self.stage_layers:
+            hidden_states, residual = self.layers[index](positions, hidden_states, residual)
         if not self.is_last_stage:
             assert residual is not None
             return IntermediateTensors(hidden_states, residual)

@@ -50,6 +50,9 @@ class DraftLayout:
     @classmethod
     def build(cls, draft_token_ids: list[list[int]]) -> DraftLayout:
         """The layout of requests with these drafts, in order."""
+        if not any(draft_token_ids):  # a plain step: one row per request
+            rows = np.arange(len(draft_token_ids), dtype=np.int64)
+            return cls(draft_token_ids, rows, np.zeros(0, dtype=np.int64))
         num_rows = np.array([len(d) + 1 for d in draft_token_ids], dtype=np.int64)
         row_starts = np.zeros(len(num_rows), dtype=np.int64)
         np.cumsum(num_rows[:-1], out=row_starts[1:])
@@ -112,15 +115,17 @@ class RejectionSampler:
                 None when every draft is deterministic (one-hot): then every row matches.
         """
         processed = Sampler.process_logits(logits, metadata)
-        target_argmax = processed.argmax(dim=-1)  # [R]
         if metadata.all_greedy:
-            return accept_greedy(layout, target_argmax.tolist())
+            return accept_greedy(layout, processed.argmax(dim=-1).tolist())
         device = logits.device
         weights = Sampler.random_weights(processed, metadata)  # [R, V]
         # Seeded rows: the first draw samples (as plain decoding would), the second accepts.
         sample_uniform = row_uniforms(layout.num_rows, metadata.generators, device)  # [R]
         is_greedy = metadata.greedy_rows()  # [R]
-        plain = torch.where(is_greedy, target_argmax, sample_inverse_cdf(weights, sample_uniform))
+        # What each row draws as plain decoding: a verification of no drafts is a step.
+        plain = sample_inverse_cdf(weights, sample_uniform)  # [R]
+        if not metadata.all_random:
+            plain = torch.where(is_greedy, processed.argmax(dim=-1), plain)
         if draft_probs is None:
             return accept_greedy(layout, plain.tolist())  # sample and match
         accept_uniform = row_uniforms(layout.num_rows, metadata.generators, device)  # [R]

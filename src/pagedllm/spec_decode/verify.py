@@ -77,8 +77,8 @@ def build_verify_metadata(
     rows = [(i, j) for i, count in enumerate(counts) for j in range(count)]
     needs_history = any(p.has_penalties or p.bad_words_token_ids for p in params)
     history = None
-    if needs_history:
-        history = [list(token_ids[i]) + list(drafts[i][:j]) for i, j in rows]
+    if needs_history:  # a row without drafts before it reads its tokens as they are
+        history = [token_ids[i] if j == 0 else [*token_ids[i], *drafts[i][:j]] for i, j in rows]
     return SamplingMetadata.build(
         [params[i] for i, _ in rows],
         [num_output_tokens[i] + j for i, j in rows],

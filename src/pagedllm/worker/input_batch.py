@@ -7,35 +7,47 @@ tokens it samples itself, so its copy of the token ids is always complete.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
-from pagedllm.pooling_params import PoolingParams
-from pagedllm.sampling_params import SamplingParams
+from pagedllm.core.sched_output import NewRequestData
+from pagedllm.request import CarriesRequestData, RequestData
 from pagedllm.worker.outputs import LogprobsLists
 
 
 @dataclass
-class CachedRequestState:
+class CachedRequestState(CarriesRequestData):
     """What the worker knows about one running request.
 
+    `data` is what the request carries from the API (request.py RequestData), by
+    reference; its fields read as attributes (CarriesRequestData).
     `in_progress_prompt_logprobs` accumulates prompt logprobs chunk by chunk; None when the
     request did not ask for them or they were already sent. A pooling request has
     `pooling_params` and is pooled, never sampled.
     """
 
     request_id: str
+    data: RequestData
     token_ids: list[int]
-    num_prompt_tokens: int
-    sampling_params: SamplingParams
-    eos_token_id: int | None
     block_ids: list[list[int]]  # one block table per KV cache group
     num_computed_tokens: int
     in_progress_prompt_logprobs: LogprobsLists | None = None
-    pooling_params: PoolingParams | None = None
-    token_type_ids: list[int] | None = None
-    lora_request: Any = None  # its LoRA adapter (lora/request.py), or None
+
+    @classmethod
+    def from_new(cls, new: NewRequestData) -> CachedRequestState:
+        """The state of a request the scheduler sends in full (new, or resumed)."""
+        return cls(
+            request_id=new.request_id,
+            data=new.data,
+            token_ids=[*new.data.prompt_token_ids, *new.output_token_ids],
+            block_ids=[list(table) for table in new.block_ids],
+            num_computed_tokens=new.num_computed_tokens,
+        )
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        """Tokens of the prompt."""
+        return len(self.data.prompt_token_ids)
 
     @property
     def num_tokens(self) -> int:

@@ -15,11 +15,12 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 
 from pagedllm import envs
+from pagedllm.attention.cpu_paged import CpuPagedBackend
 from pagedllm.attention.registry import get_attention_backend
 from pagedllm.config import EngineConfig
 from pagedllm.core.kv_cache_groups import KVCacheGroupSpec, make_kv_cache_groups, num_kv_slots
@@ -29,16 +30,25 @@ from pagedllm.layers.attention import Attention
 from pagedllm.logger import init_logger
 from pagedllm.model_loader.loader import get_model
 from pagedllm.platform import get_platform
+from pagedllm.pooling.model_pooler import ModelPooler
 from pagedllm.spec_decode.proposers import DrafterContext, Proposer, make_proposer
 from pagedllm.utils.device import to_torch_dtype
-from pagedllm.worker.cuda_graphs import DecodeGraphs, default_capture_sizes
+from pagedllm.worker.decode_step import DecodeStep
+from pagedllm.worker.decode_step.cpu_stack import CpuDecodeStack
+from pagedllm.worker.decode_step.cuda_graphs import DecodeGraphs, default_capture_sizes
 from pagedllm.worker.fault_injection import install_fault_injection
 from pagedllm.worker.model_runner import ModelRunner
 from pagedllm.worker.outputs import ModelRunnerOutput
+from pagedllm.worker.step_hooks import StepHook
+from pagedllm.worker.step_hooks.lora import LoRAHook
+from pagedllm.worker.step_hooks.pooling import PoolingHook
+from pagedllm.worker.step_hooks.prompt_logprobs import PromptLogprobsHook
+from pagedllm.worker.step_hooks.spec_decode import SpecDecodeHook
 
 if TYPE_CHECKING:
     from pagedllm.lora.manager import LoRAModelManager
     from pagedllm.lora.request import LoRARequest
+    from pagedllm.models.interfaces import CausalLM
 
 logger = init_logger(__name__)
 
@@ -83,20 +93,55 @@ class Worker:
             self.kv_cache_spec.block_size,
             self.device,
             kv_cache_groups=self.kv_cache_spec.groups,
-            pooler_config=engine_config.model_config.pooler_config,
-            speculative_config=engine_config.speculative_config,
-            proposer=self._make_proposer(),
-            lora_manager=self._make_lora_manager(),
             activation_dtype=self.dtype,
         )
-        self.model_runner.decode_graphs = self._capture_decode_graphs()
+        self.lora_manager = self._make_lora_manager()
+        self.model_runner.hooks.extend(self._make_step_hooks())
+        self.model_runner.decode_step = self._build_decode_step()
+
+    def _make_step_hooks(self) -> list[StepHook]:
+        """The runner's step hooks this configuration asks for (worker/step_hooks/)."""
+        model_config = self.config.model_config
+        hooks: list[StepHook] = []
+        if self.lora_manager is not None:
+            hooks.append(LoRAHook(self.lora_manager, self.device))
+        if model_config.pooler_config is not None:
+            hooks.append(PoolingHook(ModelPooler(self.model, model_config.pooler_config)))
+        if model_config.runner == "generate":
+            hooks.append(PromptLogprobsHook(cast("CausalLM", self.model)))
+        proposer = self._make_proposer()
+        if proposer is not None:
+            assert self.config.speculative_config is not None
+            hooks.append(SpecDecodeHook(
+                proposer, self.config.speculative_config, self.model_runner.sampling.draft_probs
+            ))
+        return hooks
+
+    def _build_decode_step(self) -> DecodeStep | None:
+        """The platform's decode-step fast path, where it serves this engine."""
+        kind = self.platform.decode_step_kind()
+        if kind == "cuda_graphs":
+            return self._capture_decode_graphs()
+        if kind == "cpu_stack" and self._cpu_stack_applies():
+            return CpuDecodeStack.build(self.model, self.model_runner.kv_caches)
+        return None
+
+    def _cpu_stack_applies(self) -> bool:
+        """One rank (the C stack has no collectives and runs every layer) of a generating
+        model whose attention is the C kernels' (the stack's results equal the layers'
+        then)."""
+        return (
+            get_world_group().world_size == 1
+            and isinstance(self.backend, CpuPagedBackend)
+            and self.config.model_config.runner == "generate"
+            and len(self.kv_cache_spec.groups) == 1
+        )
 
     def _decode_graphs_off_reason(self) -> str | None:
         """Why decode steps cannot replay CUDA graphs here, or None when they can."""
         config = self.config
         checks = [
             (config.model_config.enforce_eager, "enforce_eager=True"),
-            (self.platform.decode_step_kind() != "cuda_graphs", "not on CUDA"),
             (not self.backend.cuda_graph_safe, f"the {self.backend.name} attention backend"),
             (self.is_encoder or config.model_config.runner != "generate", "not a generator"),
             (len(self.kv_cache_spec.groups) != 1, "several KV cache groups"),
@@ -187,7 +232,7 @@ class Worker:
         return self._lora_manager().loaded_ids()
 
     def _lora_manager(self) -> LoRAModelManager:
-        manager = self.model_runner.lora_manager
+        manager = self.lora_manager
         if manager is None:
             raise ValueError("LoRA is off: start the engine with enable_lora=True.")
         return manager

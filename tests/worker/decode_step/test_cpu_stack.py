@@ -1,4 +1,5 @@
-"""The CPU decode stack: which models and steps it takes, and that it changes no result.
+"""The CPU decode stack (worker/decode_step/cpu_stack.py): which models and steps it takes,
+and that it changes no result.
 
 It chains the same C kernels as the Python layers in the same order, so a run with it and a
 run without it (same engine, same weights) must agree bit for bit: tokens and logprobs.
@@ -11,11 +12,11 @@ import pytest
 from pagedllm import LLM, SamplingParams
 from pagedllm.layers import cpu_ops
 from pagedllm.layers.quantization import W4A8Weight
-from pagedllm.models import cpu_decode_stack
-from pagedllm.models.cpu_decode_stack import CpuDecodeStack
+from pagedllm.worker.decode_step import cpu_stack
+from pagedllm.worker.decode_step.cpu_stack import CpuDecodeStack
 
 pytestmark = pytest.mark.skipif(
-    cpu_decode_stack._library() is None or not cpu_ops.w4a8_available(),
+    cpu_stack._library() is None or not cpu_ops.w4a8_available(),
     reason="no C compiler",
 )
 
@@ -24,8 +25,12 @@ PROMPTS = [[5, 17, 42, 8, 99, 3], [7, 7, 12], [101, 55, 23, 61, 9, 14, 30, 2, 77
 MANY_PROMPTS = [[i + 3, 2 * i + 5, 11] for i in range(10)]
 
 
+def _runner(llm: LLM):
+    return llm.llm_engine.engine_core.engine_core.executor.worker.model_runner
+
+
 def _model(llm: LLM):
-    return llm.llm_engine.engine_core.engine_core.executor.worker.model_runner.model
+    return _runner(llm).model
 
 
 @pytest.fixture(scope="module")
@@ -47,22 +52,21 @@ def _generate(llm: LLM, prompts: list[list[int]]) -> list[tuple[list[int], list[
 
 
 def test_default_quantized_model_gets_the_stack(llm):
-    model = _model(llm)
-    assert isinstance(model.model.cpu_decode_stack, CpuDecodeStack)
-    assert isinstance(model.model.layers[0].mlp.down_proj.quantized, W4A8Weight)
+    assert isinstance(_runner(llm).decode_step, CpuDecodeStack)
+    assert isinstance(_model(llm).model.layers[0].mlp.down_proj.quantized, W4A8Weight)
 
 
 @pytest.fixture
 def stack_calls(monkeypatch) -> list[int]:
     """The token count of every step the stack runs (it still runs them)."""
     calls: list[int] = []
-    original = CpuDecodeStack.__call__
+    original = CpuDecodeStack.run
 
-    def counting(self, *args):
-        calls.append(args[0].shape[0])
-        return original(self, *args)
+    def counting(self, batch):
+        calls.append(batch.num_rows)
+        return original(self, batch)
 
-    monkeypatch.setattr(CpuDecodeStack, "__call__", counting)
+    monkeypatch.setattr(CpuDecodeStack, "run", counting)
     return calls
 
 
@@ -70,17 +74,17 @@ def stack_calls(monkeypatch) -> list[int]:
     "prompts", [PROMPTS[:1], PROMPTS, MANY_PROMPTS], ids=["one", "four", "ten"]
 )
 def test_stack_output_is_bit_identical_to_the_python_layers(llm, stack_calls, prompts):
-    model = _model(llm).model
-    stack = model.cpu_decode_stack
+    runner = _runner(llm)
+    stack = runner.decode_step
     calls = stack_calls
     with_stack = _generate(llm, prompts)
     # The decode steps ran on it (each prompt has more than one token: no prefill did).
     assert calls and max(calls) == len(prompts)
-    model.cpu_decode_stack = None
+    runner.decode_step = None
     try:
         without = _generate(llm, prompts)
     finally:
-        model.cpu_decode_stack = stack
+        runner.decode_step = stack
     assert with_stack == without
 
 
@@ -103,20 +107,20 @@ def test_models_outside_its_scope_run_without_it(tiny_llama_dir, tiny_qwen2_dir)
     int8 = LLM(str(tiny_llama_dir), dtype="bfloat16", quantization="int8", max_model_len=128)
     biased = LLM(str(tiny_qwen2_dir), dtype="bfloat16", quantization="int4", max_model_len=128)
     for llm in (float32, int8, biased):
-        assert _model(llm).model.cpu_decode_stack is None
+        assert _runner(llm).decode_step is None
 
 
 def test_switched_off_by_environment(monkeypatch, tiny_llama_dir):
     monkeypatch.setenv("PAGEDLLM_DECODE_STACK", "python")
     llm = LLM(str(tiny_llama_dir), dtype="bfloat16", quantization="int4", max_model_len=128)
-    assert _model(llm).model.cpu_decode_stack is None
+    assert _runner(llm).decode_step is None
     monkeypatch.delenv("PAGEDLLM_DECODE_STACK")
-    assert cpu_decode_stack._library() is not None
+    assert cpu_stack._library() is not None
 
 
 def test_no_stack_without_quantized_weights(tiny_llama_dir):
     llm = LLM(str(tiny_llama_dir), dtype="bfloat16", max_model_len=128)
-    assert _model(llm).model.cpu_decode_stack is None
+    assert _runner(llm).decode_step is None
 
 
 def test_steps_for_kept_dense_weights_run_the_python_layers(
@@ -126,13 +130,13 @@ def test_steps_for_kept_dense_weights_run_the_python_layers(
     dense weights for such steps and the stack takes only the smaller ones."""
     dense_from_tokens("4")
     llm = LLM(str(tiny_llama_dir), dtype="bfloat16", quantization="int4", max_model_len=256)
-    model = _model(llm).model
-    assert model.layers[0].mlp.down_proj.keeps_dense
-    assert model.cpu_decode_stack.max_tokens == 3
+    runner = _runner(llm)
+    assert runner.model.model.layers[0].mlp.down_proj.keeps_dense
+    assert runner.decode_step.max_tokens == 3
     with_stack = [_generate(llm, prompts) for prompts in (PROMPTS[:2], MANY_PROMPTS)]
     assert stack_calls == [2] * 23  # the 2-request decode steps; the 10-request ones ran dense
-    stack, model.cpu_decode_stack = model.cpu_decode_stack, None
+    stack, runner.decode_step = runner.decode_step, None
     try:
         assert [_generate(llm, prompts) for prompts in (PROMPTS[:2], MANY_PROMPTS)] == with_stack
     finally:
-        model.cpu_decode_stack = stack
+        runner.decode_step = stack

@@ -1,4 +1,4 @@
-"""Where dense bf16 weights beat W4A8 (layers/dense_crossover.py): the choice from timings,
+"""Where dense bf16 weights beat W4A8 (layers/quantization/crossover.py): the choice from timings,
 the override, and the measurement itself on this CPU."""
 
 from __future__ import annotations
@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from pagedllm import envs
-from pagedllm.layers import cpu_ops, dense_crossover
-from pagedllm.layers.dense_crossover import CANDIDATE_TOKENS, choose_dense_from
+from pagedllm.layers import cpu_ops
+from pagedllm.layers.quantization import crossover as dense_crossover
+from pagedllm.layers.quantization.crossover import CANDIDATE_TOKENS, choose_dense_from
 from pagedllm.platform.cpu_plan import cpu_plan
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pagedllm.layers.linear import (
+from pagedllm.layers.quantization.dense import (
     can_pack_for_cpu,
     pack_weight_for_cpu,
     packed_linear,

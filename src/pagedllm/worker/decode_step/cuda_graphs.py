@@ -39,6 +39,7 @@ import torch
 from pagedllm.attention.backend import AttentionBackend, CommonAttentionMetadata
 from pagedllm.layers.forward_context import ForwardContext, set_forward_context
 from pagedllm.platform import get_platform
+from pagedllm.worker.decode_step.base import DecodeBatch, DecodeStep
 
 # Batch sizes captured by default: vLLM's list ([1, 2, 4], then steps of 8 up to 256 and
 # of 16 beyond), cut at the engine's max_num_seqs.
@@ -76,7 +77,7 @@ class _Graph:
     output: torch.Tensor  # [batch, hidden_size]
 
 
-class DecodeGraphs:
+class DecodeGraphs(DecodeStep):
     """Captured decode forwards per batch size, and the buffers they read.
 
     Args:
@@ -153,26 +154,19 @@ class DecodeGraphs:
                 return size
         raise ValueError(f"{num_reqs} requests exceed the largest capture size.")
 
-    def serves(self, query_lens: np.ndarray, block_table_width: int) -> bool:
-        """Whether a step of these query lengths can replay a graph."""
+    def serves(self, batch: DecodeBatch) -> bool:
+        """Whether a decode step of this size and block table width can replay a graph."""
         return (
-            0 < len(query_lens) <= self.max_batch_size
-            and bool((query_lens == 1).all())
-            and block_table_width <= self.buffers.block_tables.shape[1]
+            0 < batch.num_rows <= self.max_batch_size
+            and batch.block_table.shape[1] <= self.buffers.block_tables.shape[1]
         )
 
-    def run(
-        self,
-        input_ids: np.ndarray,
-        positions: np.ndarray,
-        slot_mapping: np.ndarray,
-        block_table: np.ndarray,
-    ) -> torch.Tensor:
+    def run(self, batch: DecodeBatch) -> torch.Tensor:
         """Hidden states [n, hidden_size] of a decode step of n requests (one token each),
         from the graph of the smallest capture size >= n. The result is a view of the
         graph's output: valid until the next replay."""
-        num_reqs = len(input_ids)
-        self._fill(input_ids, positions, slot_mapping, block_table)
+        num_reqs = batch.num_rows
+        self._fill(batch.input_ids, batch.positions, batch.slot_mapping, batch.block_table)
         graph = self._graphs.get(self.padded_size(num_reqs))
         if graph is None:
             raise RuntimeError("capture_all() must run before the first decode step.")

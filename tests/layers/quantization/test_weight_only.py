@@ -70,7 +70,7 @@ def _linear(keep_dense: bool) -> tuple[Linear, torch.Tensor]:
     layer.weight.data = torch.randn(32, 64, generator=gen)
     layer.bias.data = torch.randn(32, generator=gen)
     dense = layer.weight.data.clone()
-    layer.quantize("int8", keep_dense=keep_dense)
+    layer.process_weights_after_loading("int8", keep_dense=keep_dense)
     return layer, dense
 
 

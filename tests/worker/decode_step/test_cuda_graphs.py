@@ -1,4 +1,5 @@
-"""Decode steps through the CUDA-graph runner's persistent buffers (worker/cuda_graphs.py).
+"""Decode steps through the CUDA-graph runner's persistent buffers
+(worker/decode_step/cuda_graphs.py).
 (tests/cuda compares graphs on and off on a GPU; here the eager engine's tokens are
 transformers', tested everywhere else.)
 
@@ -16,7 +17,8 @@ import pytest
 import torch
 
 from pagedllm import LLM, SamplingParams
-from pagedllm.worker.cuda_graphs import DecodeGraphs, default_capture_sizes
+from pagedllm.worker.decode_step import DecodeBatch
+from pagedllm.worker.decode_step.cuda_graphs import DecodeGraphs, default_capture_sizes
 from tests.conftest import hf_greedy_tokens
 
 PROMPTS = [[5, 9, 30, 2, 77], [100, 3, 3, 41, 8, 19, 60], [7] * 20, [11, 12], [200, 201, 202]]
@@ -39,7 +41,7 @@ def _generate(llm: LLM) -> list[list[int]]:
 
 
 def _graphs(llm: LLM) -> DecodeGraphs | None:
-    return llm.llm_engine.engine_core.engine_core.executor.worker.model_runner.decode_graphs
+    return llm.llm_engine.engine_core.engine_core.executor.worker.model_runner.decode_step
 
 
 @pytest.mark.usefixtures("triton_interpreter")
@@ -64,9 +66,9 @@ def test_replayed_decodes_equal_eager_and_transformers(tiny_llama_dir, monkeypat
     replayed: list[int] = []
     run = graphs.run
 
-    def counting_run(input_ids, *args):
-        replayed.append(len(input_ids))
-        return run(input_ids, *args)
+    def counting_run(batch):
+        replayed.append(batch.num_rows)
+        return run(batch)
 
     monkeypatch.setattr(graphs, "run", counting_run)
     assert _generate(llm) == want
@@ -97,10 +99,11 @@ def test_rows_of_a_larger_step_go_back_to_padding(tiny_llama_dir, monkeypatch) -
     ids = np.array([3, 4, 5, 6, 7])
     table = np.array([[1, 2], [3, 0], [4, 5], [6, 0], [7, 0]])
     with torch.inference_mode():  # as the model runner calls it
-        hidden = graphs.run(ids, np.array([17, 3, 20, 9, 2]), np.array([33, 51, 68, 105, 114]),
-                            table)
+        hidden = graphs.run(DecodeBatch(
+            ids, np.array([17, 3, 20, 9, 2]), np.array([33, 51, 68, 105, 114]), table
+        ))
         assert hidden.shape[0] == 5
-        graphs.run(ids[:2], np.array([18, 4]), np.array([34, 52]), table[:2, :1])
+        graphs.run(DecodeBatch(ids[:2], np.array([18, 4]), np.array([34, 52]), table[:2, :1]))
     buffers = graphs.buffers
     assert buffers.input_ids[:2].tolist() == [3, 4] and buffers.seq_lens[:2].tolist() == [19, 5]
     # The narrower table of this step: its column, then zeros (the old column 1 cleared).

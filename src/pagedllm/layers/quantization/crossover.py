@@ -1,4 +1,5 @@
-"""From how many tokens a step is faster on dense bfloat16 weights than on W4A8, on this CPU.
+"""CrossoverMethod: two methods of one weight, the second from a step size on; and from how
+many tokens a step is faster on dense bfloat16 weights than on W4A8, on this CPU.
 
 The W4A8/W8A8 kernels read 4-8 bits per weight, so they win wherever reading weights is
 the cost: small steps, and every step on CPUs whose bf16 matmuls are vector instructions
@@ -10,17 +11,24 @@ kernel a oneDNN version picks, the core count), so it is measured once per proce
 both matmuls on one 1024 -> 4096 matrix at a few step sizes, about 0.1 s. With a crossover,
 quantized linear layers also keep their dense weight (unless keep_dense_weights=False) and
 use it for steps of that many tokens or more. PAGEDLLM_DENSE_FROM_TOKENS overrides.
+
+The same shape serves torch's weight-only int4/int8 weights, which win only steps of a few
+tokens (weight_only.QUANTIZED_MAX_TOKENS) and keep a dense copy for the rest.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from functools import cache
 
 import torch
 
 from pagedllm import envs
+from pagedllm.layers.quantization.base import LinearMethod
+from pagedllm.layers.quantization.byte_dot import quantize_w4a8
+from pagedllm.layers.quantization.dense import pack_weight_for_cpu, packed_linear
 from pagedllm.logger import init_logger
 from pagedllm.platform import cpu_platform
 
@@ -62,9 +70,6 @@ def _best_time(fn: Callable[[], object]) -> float:
 
 def measure_timings() -> dict[int, tuple[float, float]]:
     """(W4A8 seconds, packed dense bf16 seconds) per candidate step size, on this CPU."""
-    from pagedllm.layers.linear import pack_weight_for_cpu, packed_linear
-    from pagedllm.layers.quantization import quantize_w4a8
-
     gen = torch.Generator().manual_seed(0)
     weight = (torch.randn(_OUT_FEATURES, _IN_FEATURES, generator=gen) * 0.05).bfloat16()
     quantized, packed = quantize_w4a8(weight), pack_weight_for_cpu(weight)
@@ -100,3 +105,38 @@ def dense_from_tokens() -> int | None:
                     "tokens %s): quantized layers keep their dense weights for such steps "
                     "(keep_dense_weights=False saves that memory).", chosen, ratios)
     return chosen
+
+
+@dataclass
+class CrossoverMethod(LinearMethod):
+    """`small` for steps of at most `max_tokens` rows, `large` for the others: a quantized
+    weight beside the dense one where each wins its own step sizes."""
+
+    small: LinearMethod
+    large: LinearMethod
+    max_tokens: int
+
+    def apply(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """The method this step's row count falls to."""
+        method = self.small if x.shape[0] <= self.max_tokens else self.large
+        return method.apply(x, bias)
+
+    def dense(self, dtype: torch.dtype) -> torch.Tensor:
+        """The small method's weight (the quantized one: what decode steps multiply by)."""
+        return self.small.dense(dtype)
+
+    def nbytes(self) -> int:
+        """Both methods' bytes."""
+        return self.small.nbytes() + self.large.nbytes()
+
+    def quantized_part(self) -> LinearMethod | None:
+        """The small method's."""
+        return self.small.quantized_part()
+
+    def holds_dense_weight(self) -> bool:
+        """Either side's."""
+        return self.small.holds_dense_weight() or self.large.holds_dense_weight()
+
+    def input_order(self) -> torch.Tensor | None:
+        """The small method's (the dense weight reads the layer's order)."""
+        return self.small.input_order()

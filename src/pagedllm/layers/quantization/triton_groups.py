@@ -18,7 +18,13 @@ from dataclasses import dataclass
 
 import torch
 
-from pagedllm.layers.quantization import INT4_GROUP_SIZE, GroupCodes, fp8_grid, int4_group_codes
+from pagedllm.layers.quantization.base import QuantizedMethod
+from pagedllm.layers.quantization.codes import (
+    INT4_GROUP_SIZE,
+    GroupCodes,
+    fp8_grid,
+    int4_group_codes,
+)
 from pagedllm.platform import get_platform
 
 _INT8_LEVELS = 127.0
@@ -32,7 +38,7 @@ def uses_triton_weights(device: torch.device | str) -> bool:
 
 
 @dataclass
-class TritonGroupWeight:
+class TritonGroupWeight(QuantizedMethod):
     """A weight as group codes for the Triton kernel: w = q * s (+ m) per group of 32.
 
     Attributes:
@@ -41,7 +47,6 @@ class TritonGroupWeight:
         scales: [out, in / 32] float32, or [out, in / 16] (a scale per half-group, Q6_K).
         mins: [out, in / 32] float32 minimums, or None.
         bits: 4 or 8.
-        max_tokens: steps of more tokens use a dense copy instead (None: every step).
         split_k: programs sharing each output tile's input groups (it follows the weight's
             shape only: set at the first matmul, then reused).
     """
@@ -50,7 +55,6 @@ class TritonGroupWeight:
     scales: torch.Tensor
     mins: torch.Tensor | None
     bits: int
-    max_tokens: int | None = None
     split_k: int | None = None
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:

@@ -16,6 +16,7 @@ from pagedllm.layers import cpu_ops
 from pagedllm.layers.embedding import REFINED_CANDIDATES, LMHead, VocabEmbedding
 from pagedllm.layers.linear import Linear
 from pagedllm.layers.quantization import (
+    CrossoverMethod,
     GroupCodes,
     Int8Weight,
     W4A8Weight,
@@ -151,10 +152,9 @@ def test_linear_keeps_no_dense_copy_beside_w4a8(keep_dense):
     linear = Linear(64, 48)
     linear.weight.data = torch.randn(48, 64).bfloat16()
     want = dequantize(quantize_w4a8(linear.weight.data), 64, torch.bfloat16)
-    linear.quantize("int4", keep_dense)
-    linear.pack_for_cpu()
-    assert isinstance(linear.quantized, W4A8Weight) and linear.quantized.max_tokens is None
-    assert linear.weight.numel() == 0 and linear.packed_weight is None
+    linear.process_weights_after_loading("int4", keep_dense)
+    assert isinstance(linear.method, W4A8Weight) and linear.quantized is linear.method
+    assert linear.weight.numel() == 0 and not linear.keeps_dense
     x = torch.randn(40, 64).bfloat16()
     torch.testing.assert_close(linear(x), linear.quantized.matmul(x), atol=0, rtol=0)
     exact = x.float() @ want.float().T
@@ -166,18 +166,16 @@ def _head(keep_dense: bool, dtype=torch.bfloat16) -> LMHead:
     embedding.weight.data = torch.randn(512, 128, generator=torch.Generator().manual_seed(4))
     embedding.weight.data = embedding.weight.data.to(dtype)
     head = LMHead(512, 128, tie_to=embedding)
-    head.quantize("int4", keep_dense)
-    head.pack_for_cpu()
+    head.process_weights_after_loading("int4", keep_dense)
     return head
 
 
 @pytest.mark.parametrize("ranking_only", [False, True])
 def test_head_refines_its_top_candidates_in_float32(ranking_only):
     head = _head(keep_dense=True)
-    assert isinstance(head.quantized, W8A8Weight)
-    assert isinstance(head.ranking_shortlist, W4A8Weight)
-    assert head.quantized.max_tokens is None and head.ranking_shortlist.max_tokens is None
-    assert head.packed_weight is None  # the W8A8 weight serves every step
+    # The W8A8 weight serves every step, the W4A8 shortlist every argmax-only one.
+    assert isinstance(head.method, W8A8Weight)
+    assert isinstance(head.shortlist, W4A8Weight)
     hidden = torch.randn(24, 128, generator=torch.Generator().manual_seed(5))
     logits = head(hidden.bfloat16(), ranking_only)
     exact = hidden.bfloat16().float() @ head.weight.float().T
@@ -201,7 +199,7 @@ def test_head_logits_for_probabilities_are_8_bit_accurate():
 
 def test_head_formats_without_dense_weights_or_in_float32():
     lean = _head(keep_dense=False)
-    assert isinstance(lean.quantized, W8A8Weight) and lean.ranking_shortlist is None
+    assert isinstance(lean.method, W8A8Weight) and lean.shortlist is None
     assert isinstance(_head(keep_dense=True, dtype=torch.float32).quantized, Int8Weight)
 
 
@@ -229,10 +227,9 @@ def test_linear_keeps_dense_weights_where_they_win_large_steps(dense_from_tokens
     else:
         linear.weight.data = weight.clone()
         want_dense = weight
-    linear.quantize("int4", keep_dense=True)
-    linear.pack_for_cpu()
-    assert isinstance(linear.quantized, W4A8Weight) and linear.quantized.max_tokens == 15
-    assert linear.keeps_dense
+    linear.process_weights_after_loading("int4", keep_dense=True)
+    assert isinstance(linear.method, CrossoverMethod) and linear.method.max_tokens == 15
+    assert isinstance(linear.quantized, W4A8Weight) and linear.keeps_dense
     small, large = torch.randn(15, 64).bfloat16(), torch.randn(16, 64).bfloat16()
     assert torch.equal(linear(small), linear.quantized.matmul(small))
     torch.testing.assert_close(
@@ -244,14 +241,15 @@ def test_linear_drops_dense_weights_without_keep_dense(dense_from_tokens):
     dense_from_tokens("16")
     linear = Linear(64, 48)
     linear.weight.data = torch.randn(48, 64).bfloat16()
-    linear.quantize("int4", keep_dense=False)
-    assert linear.quantized.max_tokens is None and linear.weight.numel() == 0
+    linear.process_weights_after_loading("int4", keep_dense=False)
+    assert isinstance(linear.method, W4A8Weight) and linear.weight.numel() == 0
 
 
 def test_head_uses_its_dense_weight_for_large_steps_where_that_wins(dense_from_tokens):
     dense_from_tokens("8")
     head = _head(keep_dense=True)
-    assert head.quantized.max_tokens == 7 and head.ranking_shortlist.max_tokens == 7
+    assert isinstance(head.method, CrossoverMethod) and head.method.max_tokens == 7
+    assert isinstance(head.shortlist, CrossoverMethod) and head.shortlist.max_tokens == 7
     hidden = torch.randn(8, 128, generator=torch.Generator().manual_seed(8)).bfloat16()
     dense = torch.nn.functional.linear(hidden, head.weight).float()
     exact = hidden.float() @ head.weight.float().T
@@ -284,7 +282,7 @@ def test_q8_0_codes_stay_codes_under_the_int8_method():
     linear = Linear(64, 48)
     linear.weight.data = torch.empty(48, 64, dtype=torch.bfloat16)
     linear.weight_loader(linear.weight, codes)
-    linear.quantize("int8", keep_dense=False)
+    linear.process_weights_after_loading("int8", keep_dense=False)
     assert isinstance(linear.quantized, W8A8Weight)
     assert torch.equal(linear.quantized.dense(torch.float32), codes.dense(torch.float32))
     # The loader asks for the codes under both methods.

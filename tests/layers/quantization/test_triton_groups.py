@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pagedllm.layers.quantization import GroupCodes
-from pagedllm.layers.triton_quantization import (
+from pagedllm.layers.quantization import (
+    GroupCodes,
     TritonGroupWeight,
     quantize_for_triton,
     triton_weight_from_codes,

@@ -1,0 +1,187 @@
+"""Choosing a layer's linear method once its weights are loaded: the format it was asked
+to run (the model's quantization) and what the checkpoint stored (dense values or group
+codes), on what its platform runs.
+
+For a decoder matrix:
+- no quantization (or a layer never quantized, such as an MoE router): the dense weight,
+  packed where oneDNN's layout pays (`dense_method`);
+- on a GPU with Triton: group codes on the Triton kernel, the file's own where it has them;
+- where the byte kernels serve (bfloat16 on a CPU with a vector variant): the file's codes
+  as W4A8 / W8A8 (or the two of a SplitWeight), else the weight quantized to W4A8 (int4)
+  or W8A8 (fp8's grid); beside the dense weight for large steps where dense measured
+  faster (matrix units, crossover.py) and `keep_dense`;
+- elsewhere torch's weight-only int4 / int8 for steps of up to 8 tokens, beside the dense
+  weight for larger ones unless not `keep_dense`; fp8 there is the dense weight rounded to
+  FP8's grid (no kernel reads FP8).
+The LM head runs int8 whatever the body runs (the vocabulary projection decides tokens;
+GGUF files keep it at 8 bits), with a 4-bit shortlist copy for argmax-only steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import nn
+
+from pagedllm.layers.quantization.base import LinearMethod, ReorderedInput
+from pagedllm.layers.quantization.byte_dot import (
+    can_quantize_w4a8,
+    quantize_w4a8,
+    quantize_w8a8,
+    w4a8_from_codes,
+    w8a8_from_codes,
+)
+from pagedllm.layers.quantization.codes import GroupCodes, fp8_grid
+from pagedllm.layers.quantization.crossover import CrossoverMethod, dense_from_tokens
+from pagedllm.layers.quantization.dense import dense_method
+from pagedllm.layers.quantization.triton_groups import (
+    quantize_for_triton,
+    triton_weight_from_codes,
+    uses_triton_weights,
+)
+from pagedllm.layers.quantization.weight_only import (
+    QUANTIZED_MAX_TOKENS,
+    quantize,
+    quantize_int8,
+)
+
+
+@dataclass(frozen=True)
+class WeightPlan:
+    """How a model's weights run: its quantization ("int4", "int8", "fp8"; None: dense)
+    and whether dense copies stay for the step sizes where they win."""
+
+    quantization: str | None = None
+    keep_dense: bool = True
+
+
+class LoadedLinear(Protocol):
+    """What selection needs of a loaded linear layer (layers/linear.py Linear)."""
+
+    weight: nn.Parameter
+
+    def take_file_codes(self, usable: bool) -> GroupCodes | None:
+        """The whole weight as file codes when `usable`, else dequantized into `weight`."""
+
+    def release_dense_weight(self) -> None:
+        """Free the dense weight (a method that does not read it serves every step)."""
+
+
+def select_linear_method(
+    layer: LoadedLinear, plan: WeightPlan, quantizable: bool = True
+) -> LinearMethod:
+    """The method `layer` runs with from now on (see the module docstring)."""
+    weight = layer.weight
+    method = plan.quantization if quantizable else None
+    if method is None:
+        layer.take_file_codes(usable=False)
+        return dense_method(weight)
+    if uses_triton_weights(weight.device):
+        return _triton_method(layer, method)
+    if method == "fp8":
+        # vLLM's dynamic FP8: the weight rounded to float8 e4m3 (one scale per tensor).
+        layer.take_file_codes(usable=False)
+        with torch.no_grad():
+            weight.data.copy_(fp8_grid(weight.data))
+        if not can_quantize_w4a8(weight.data):
+            return dense_method(weight)  # no kernel reads FP8: the rounded weight, dense
+    codes = layer.take_file_codes(usable=can_quantize_w4a8(weight.data))
+    if codes is not None:
+        byte_dot = _with_input_order(
+            w4a8_from_codes(codes) if codes.is_int4 else w8a8_from_codes(codes), codes
+        )
+    elif method == "int4" and can_quantize_w4a8(weight.data):
+        byte_dot = quantize_w4a8(weight.data)
+    elif method == "fp8":
+        byte_dot = quantize_w8a8(weight.data)
+    else:
+        return _weight_only_method(layer, method, plan.keep_dense)
+    return _beside_dense_for_large_steps(layer, byte_dot, codes, plan.keep_dense)
+
+
+def _with_input_order(method: LinearMethod, codes: GroupCodes) -> LinearMethod:
+    """`method` reading its input in the codes' order when that is not the layer's."""
+    if codes.input_perm is None:
+        return method
+    return ReorderedInput(method, codes.input_perm.to(codes.codes.device))
+
+
+def _triton_method(layer: LoadedLinear, method: str) -> LinearMethod:
+    """The weight as a TritonGroupWeight (its file codes exactly, else quantized with
+    `method`), serving every step; the dense weight is released."""
+    weight = layer.weight
+    codes = layer.take_file_codes(usable=method != "fp8")
+    if codes is not None:
+        quantized: LinearMethod = triton_weight_from_codes(codes, weight.device)
+        if codes.input_perm is not None:
+            quantized = ReorderedInput(quantized, codes.input_perm.to(weight.device))
+    else:
+        quantized = quantize_for_triton(weight.data, method)
+    layer.release_dense_weight()
+    return quantized
+
+
+def _weight_only_method(layer: LoadedLinear, method: str, keep_dense: bool) -> LinearMethod:
+    """torch's weight-only `method` for small steps (every step without `keep_dense`);
+    shapes its int4 kernel cannot take stay dense."""
+    quantized = quantize(layer.weight.data, method)
+    if quantized is None:
+        return dense_method(layer.weight)
+    if keep_dense:
+        return CrossoverMethod(quantized, dense_method(layer.weight), QUANTIZED_MAX_TOKENS)
+    layer.release_dense_weight()
+    return quantized
+
+
+def _beside_dense_for_large_steps(
+    layer: LoadedLinear, byte_dot: LinearMethod, codes: GroupCodes | None, keep_dense: bool
+) -> LinearMethod:
+    """The byte kernels alone (the dense weight released), or beside the dense weight for
+    the step sizes where dense measured faster on this CPU (matrix units)."""
+    dense_from = dense_from_tokens() if keep_dense else None
+    if dense_from is None:
+        layer.release_dense_weight()
+        return byte_dot
+    weight = layer.weight
+    if codes is not None:  # the dense weight was never filled from the file
+        with torch.no_grad():
+            weight.data.copy_(codes.dense(weight.dtype))
+    return CrossoverMethod(byte_dot, dense_method(weight), dense_from - 1)
+
+
+def select_lm_head_methods(
+    weight: nn.Parameter, codes: GroupCodes | None, plan: WeightPlan
+) -> tuple[LinearMethod, LinearMethod | None]:
+    """(the LM head's method for logits, its 4-bit shortlist method for argmax-only steps
+    or None). int8 whatever the body's quantization: GGUF files keep the vocabulary matrix
+    at 8 bits (Q8_0), whose own codes are taken exactly. The 4-bit shortlist reads half the
+    bytes, but its noise over the vocabulary would bias the softmax normaliser (perplexity
+    +4% on natural text, measured), so it serves argmax-only steps and only with
+    `keep_dense`. The head keeps its dense weight in every case (a tied embedding reads it,
+    and the top candidates are refined from it)."""
+    if plan.quantization is None:
+        return dense_method(weight), None
+    int8_codes = codes if codes is not None and not codes.is_int4 else None
+    if uses_triton_weights(weight.device):
+        if int8_codes is not None:
+            return triton_weight_from_codes(int8_codes, weight.device), None
+        return quantize_for_triton(weight.data, "int8"), None
+    if not can_quantize_w4a8(weight.data):
+        quantized = quantize_int8(weight.data)
+        if plan.keep_dense:
+            return CrossoverMethod(quantized, dense_method(weight), QUANTIZED_MAX_TOKENS), None
+        return quantized, None
+    main = w8a8_from_codes(int8_codes) if int8_codes is not None else quantize_w8a8(weight.data)
+    if not plan.keep_dense:
+        return main, None
+    shortlist: LinearMethod = quantize_w4a8(weight.data)
+    dense_from = dense_from_tokens()
+    if dense_from is None:
+        return main, shortlist
+    dense = dense_method(weight)  # large steps on the dense copy (AMX), for both
+    return (
+        CrossoverMethod(main, dense, dense_from - 1),
+        CrossoverMethod(shortlist, dense, dense_from - 1),
+    )

@@ -1,0 +1,51 @@
+"""DecodeStep: a faster way than the model's layer loop to run a decode-only step.
+
+A decode step of a small model is bound by dispatch, not by its work: hundreds of small
+ops, each a few microseconds of Python and launching. The worker owns one fast path per
+platform (the platform names which): on CPU the whole decoder stack in one C call
+(cpu_stack.py), on CUDA forwards captured as graphs and replayed (cuda_graphs.py). The
+model runner asks it before each decode-only step (`serves`) and runs it instead of the
+model (`run`); anything it does not serve runs the model's layers, which are the reference:
+the fast paths give the same hidden states (bit for bit on CPU).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass
+class DecodeBatch:
+    """A decode-only step as the fast paths take it: one query token per row (a request's
+    decode, or one verified position of speculative decoding), as host arrays.
+
+    Attributes:
+        input_ids / positions / slot_mapping: [n] int64.
+        block_table: [n, max_blocks] the row's blocks (KV cache group 0, the only one).
+    """
+
+    input_ids: np.ndarray
+    positions: np.ndarray
+    slot_mapping: np.ndarray
+    block_table: np.ndarray
+
+    @property
+    def num_rows(self) -> int:
+        """Rows (tokens) in the step."""
+        return len(self.input_ids)
+
+
+class DecodeStep(ABC):
+    """A decode-step fast path: it returns the final hidden states the model would."""
+
+    @abstractmethod
+    def serves(self, batch: DecodeBatch) -> bool:
+        """Whether this step is for the fast path (its size, the step's adapters...)."""
+
+    @abstractmethod
+    def run(self, batch: DecodeBatch) -> torch.Tensor:
+        """The final hidden states [n, hidden] of the step's rows; call after `serves`."""
