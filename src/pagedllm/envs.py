@@ -66,7 +66,7 @@ def attention_backend() -> str | None:
 
 def quantized_matmul() -> str | None:
     """PAGEDLLM_QUANTIZED_MATMUL=triton: quantized layers take the Triton group format
-    (layers/triton_quantization.py) on any device Triton runs on (with TRITON_INTERPRET=1
+    (layers/quantization/triton_groups.py) on any device Triton runs on (with TRITON_INTERPRET=1
     on CPU: tests); "native" keeps the device's own formats. Unset: Triton on CUDA."""
     value = os.environ.get("PAGEDLLM_QUANTIZED_MATMUL") or None
     if value not in (None, "triton", "native"):
@@ -91,7 +91,7 @@ def dense_from_tokens() -> int | str:
     """PAGEDLLM_DENSE_FROM_TOKENS: steps of at least this many tokens use the dense bfloat16
     weights instead of W4A8/W8A8 (when keep_dense_weights keeps them); "never" keeps every
     step on W4A8/W8A8; "auto" (the default) measures where dense wins, once per process
-    (layers/dense_crossover.py).
+    (layers/quantization/crossover.py).
 
     Returns:
         "auto", "never", or the number of tokens.

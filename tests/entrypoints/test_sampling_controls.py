@@ -71,7 +71,7 @@ def test_bad_words_never_completed(setup):
     word = tokenizer.decode(baseline.token_ids[:2]).strip() or "the"
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, bad_words=[word])
     request, _ = llm.llm_engine.input_processor.process("probe", "x", params)
-    banned = request.sampling_params.bad_words_token_ids
+    banned = request.data.sampling_params.bad_words_token_ids
     assert banned
     out = llm.generate("Paged attention", params, use_tqdm=False)[0].outputs[0].token_ids
     for seq in banned:

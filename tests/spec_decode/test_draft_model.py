@@ -104,3 +104,29 @@ def test_a_draft_with_another_vocabulary_is_refused(tiny_llama_dir, tmp_path,
     other = make_tiny_model(tmp_path / "other", tiny_tokenizer_dir, "llama", vocab_size=300)
     with pytest.raises(ValueError, match="vocabulary"):
         LLM(str(tiny_llama_dir), speculative_config={"model": str(other)})
+
+
+def test_a_draft_model_takes_the_cpu_decode_stack(tiny_llama_dir, monkeypatch):
+    """bfloat16 int4 on CPU: the draft model's steps of one token a row run in the one-call
+    C decode stack over its own caches, as the target's decode steps do; the tokens are
+    those of a run with the stack off (it is bit-identical to the layers)."""
+    from pagedllm.worker.decode_step import cpu_stack
+    from pagedllm.worker.step_hooks.spec_decode import SpecDecodeHook
+
+    if cpu_stack._library() is None or not cpu_stack.cpu_platform().byte_dot_kernels(
+        torch.bfloat16
+    ):
+        pytest.skip("no C kernels with W4A8 here")
+    stacks: list[int] = []
+    run = cpu_stack.CpuDecodeStack.run
+    monkeypatch.setattr(cpu_stack.CpuDecodeStack, "run",
+                        lambda self, batch: stacks.append(id(self)) or run(self, batch))
+    kwargs = dict(dtype="bfloat16", quantization="int4", max_model_len=128)
+    llm = _spec_llm(tiny_llama_dir, tiny_llama_dir, **kwargs)
+    hook = _engine(llm).executor.worker.model_runner.hook(SpecDecodeHook)
+    assert hook is not None and hook.proposer.decode_step is not None
+    with_stack = _greedy(llm)
+    assert len(set(stacks)) == 2  # the target's stack and the draft model's
+    monkeypatch.setenv("PAGEDLLM_DECODE_STACK", "python")
+    off = _spec_llm(tiny_llama_dir, tiny_llama_dir, **kwargs)
+    assert _greedy(off) == with_stack

@@ -74,7 +74,7 @@ class AttentionBackend(ABC):
     name: str = "abstract"
     # True when the backend reads all its per-step metadata from device tensors (no host
     # lists, no host syncs): a decode step can then be captured in a CUDA graph and
-    # replayed with new values in the same tensors (worker/cuda_graphs.py).
+    # replayed with new values in the same tensors (worker/decode_step/cuda_graphs.py).
     cuda_graph_safe: bool = False
 
     @staticmethod

@@ -225,9 +225,9 @@ def _prefill_attention(
     group = num_heads // num_kv_heads
     keys, values = _gather(kv_cache, prefill.slots, query.dtype)  # [Hkv, S, D] each
     seq_len = prefill.slots.shape[0]
-    # [Hkv, L * G, D]: a kv head's query rows, G heads per query position.
+    # [Hkv, L * G, D]: a kv head's query rows, G heads per query position, scaled once.
     folded = query.view(num_rows, num_kv_heads, group * head_size).transpose(0, 1)
-    folded = folded.reshape(num_kv_heads, num_rows * group, head_size)
+    folded = folded.reshape(num_kv_heads, num_rows * group, head_size) * scale
     key_pos = torch.arange(seq_len, device=query.device)
     out = torch.empty_like(folded)
     chunk = max(1, _MAX_SCORES_PER_HEAD // seq_len)
@@ -239,6 +239,6 @@ def _prefill_attention(
             allowed &= key_pos > query_pos.unsqueeze(1) - window
         allowed = allowed.repeat_interleave(group, dim=0).unsqueeze(0)  # [1, rows * G, S]
         rows = slice(start * group, end * group)
-        out[:, rows] = _attend(folded[:, rows], keys, values, allowed, scale)
+        out[:, rows] = _attend(folded[:, rows], keys, values, allowed, 1.0)
     out = out.view(num_kv_heads, num_rows, group, head_size).transpose(0, 1)
     return out.reshape(num_rows, num_heads, head_size)

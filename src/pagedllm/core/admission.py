@@ -58,7 +58,8 @@ class Candidate:
             request).
         num_new_tokens: set by the token budget check.
         new_block_ids: set by the KV blocks check.
-        fail_status: the finished status a FAIL ends it with.
+        fail_status: the finished status a FAIL ends it with (set by the check that fails
+            it; aborted by default).
     """
 
     request: Request

@@ -58,7 +58,7 @@ class Preemption:
 
         Returns the new block ids, or None if `request` itself had to be preempted. The head
         of `running` always fits once everyone else is preempted, because every request
-        fits in the cache alone (Scheduler._check_fits_alone), so the head always advances.
+        fits in the cache alone (admission.check_ever_fits), so the head always advances.
         """
         while True:
             new_block_ids = self.manager.allocate_slots(request, num_new_tokens + num_lookahead)

@@ -140,9 +140,12 @@ class Scheduler:
     def _build_checks(self, lora_config: LoRAConfig | None) -> None:
         """The admission checks these configs ask for (admission.py), and the queues."""
         self.lora_slots = LoRASlots(lora_config.max_loras) if lora_config else None
-        self.eligibility: list[AdmissionCheck] = [NotPreemptedThisStep(), GrammarReady()]
+        # An adapter that does not fit passes a request over before its grammar is looked
+        # at (a request that is passed over is never failed this step).
+        self.eligibility: list[AdmissionCheck] = [NotPreemptedThisStep()]
         if self.lora_slots is not None:
             self.eligibility.append(self.lora_slots)
+        self.eligibility.append(GrammarReady())
         self.token_budget = TokenBudget(self.scheduler_config)
         self.capacity_checks: list[AdmissionCheck] = [
             self.token_budget,
@@ -260,7 +263,8 @@ class Scheduler:
         try:
             while queue and plan.token_budget > 0 and self._has_seat(queue):
                 request = queue.peek()
-                verdict = ask([*self.eligibility, *queue.checks], Candidate(request, 0), plan)
+                probe = Candidate(request, 0)
+                verdict = ask([*self.eligibility, *queue.checks], probe, plan)
                 candidate = None
                 if verdict is Verdict.ADMIT:
                     candidate = queue.candidate(request)
@@ -268,7 +272,7 @@ class Scheduler:
                 if verdict is Verdict.SKIP and queue.passes_over:
                     passed_over.append(queue.pop())
                 elif verdict is Verdict.FAIL:
-                    self._fail_admission(queue.pop())
+                    self._fail_admission(queue.pop(), probe.fail_status)
                 elif verdict is not Verdict.ADMIT:
                     break
                 else:
@@ -290,9 +294,10 @@ class Scheduler:
             self.running.append(request)
         plan.add(request, candidate.num_new_tokens, candidate.new_block_ids, is_new=True)
 
-    def _fail_admission(self, request: Request) -> None:
-        """End a request that can never run (its grammar did not compile)."""
-        request.status = RequestStatus.FINISHED_ABORTED
+    def _fail_admission(self, request: Request, status: RequestStatus) -> None:
+        """End a request that can never run (a waiting one whose grammar did not compile:
+        it holds no blocks)."""
+        request.status = status
         self._free_request(request)
 
     def _schedule_running(self, plan: StepPlan) -> None:

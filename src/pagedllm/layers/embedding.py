@@ -67,8 +67,9 @@ class LMHead(nn.Module):
         """Choose the head's methods (layers/quantization/selection.py): int8 whenever the
         body is quantized, whatever its `quantization` (the vocabulary projection decides
         the token directly, and GGUF files keep it at 8 bits: a Q8_0 matrix is taken with
-        its own codes); with `keep_dense` also a 4-bit shortlist for argmax-only steps, and
-        the dense weight for the step sizes where it wins. The dense weight itself always
+        its own codes); where the byte kernels run and with `keep_dense`, also a 4-bit
+        shortlist for argmax-only steps, and the dense weight for the step sizes where it
+        wins. The dense weight itself always
         stays: a tied embedding reads it, and the top candidates are refined from it."""
         codes = getattr(self.weight, "file_codes", None)
         if codes is not None:  # GGUF codes (loaded by default_weight_loader), used once

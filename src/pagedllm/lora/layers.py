@@ -249,3 +249,11 @@ class LoRALinearMethod(LinearMethod):
     def base_method(self) -> LinearMethod:
         """The base method (itself unwrapped)."""
         return self.base.base_method()
+
+    def quantized_part(self) -> LinearMethod | None:
+        """The base method's."""
+        return self.base.quantized_part()
+
+    def holds_dense_weight(self) -> bool:
+        """The base method's answer."""
+        return self.base.holds_dense_weight()

@@ -123,7 +123,7 @@ def resolve_dtype(
     float16 becomes bfloat16 on CPU (CPU half-precision matmuls are slow and overflow-prone);
     float32 checkpoints stay float32; an unrecorded dtype means float32 on CPU and bfloat16
     elsewhere. On a CPU where bfloat16 would be slow (`cpu_bf16_is_fast` False: no native
-    bf16 matmuls and no W4A8 kernels for the weights, see kernels/plan.py) every bfloat16
+    bf16 matmuls and no W4A8 kernels for the weights, see platform/cpu_plan.py) every bfloat16
     choice becomes float32, which torch runs at full speed there. Explicit names are
     returned as given.
 

@@ -6,7 +6,9 @@ there is) and answers every question the engine asks about the hardware: which a
 backend, which kernels serve a weight format (layers/quantization/selection.py turns that
 into a linear method), which decode-step fast path the worker builds, and the defaults
 `EngineArgs` resolves (dtype speed, preemption mode, KV cache format). No other module
-checks a device type or a CPU capability (tests/platform/test_no_checks_outside.py).
+decides anything by device type or CPU capability (tests/platform/test_no_checks_outside.py);
+the C kernels' wrappers only assert that a tensor is in host memory, which their C
+functions read.
 
 Facts are read once per process; choices that environment variables can steer (a test's
 PAGEDLLM_ATTENTION_BACKEND, say) read them when asked, i.e. once per engine load.

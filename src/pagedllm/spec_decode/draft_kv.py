@@ -70,6 +70,18 @@ class DraftBatch:
         """[rows] the batch index of each row's last token."""
         return np.cumsum(self.query_lens) - 1
 
+    def table_and_slots(self, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+        """([rows, max_blocks] the rows' block tables padded with 0, [T] each token's
+        cache slot)."""
+        num_rows = len(self.query_lens)
+        width = max((len(t) for t in self.block_tables), default=1)
+        table = np.zeros((num_rows, max(width, 1)), dtype=np.int64)
+        for row, blocks in enumerate(self.block_tables):
+            table[row, : len(blocks)] = blocks
+        rows = np.repeat(np.arange(num_rows), self.query_lens)
+        slots = table[rows, self.positions // block_size] * block_size
+        return table, slots + self.positions % block_size
+
 
 def forward_context(
     context: DrafterContext, batch: DraftBatch, kv_caches: list[torch.Tensor]
@@ -77,12 +89,7 @@ def forward_context(
     """The forward context of one drafter pass (metadata built once for all its layers)."""
     device, block_size = context.device, context.block_size
     num_rows = len(batch.query_lens)
-    width = max(len(t) for t in batch.block_tables) if batch.block_tables else 1
-    table = np.zeros((num_rows, max(width, 1)), dtype=np.int64)
-    for row, blocks in enumerate(batch.block_tables):
-        table[row, : len(blocks)] = blocks
-    rows = np.repeat(np.arange(num_rows), batch.query_lens)
-    slots = table[rows, batch.positions // block_size] * block_size + batch.positions % block_size
+    table, slots = batch.table_and_slots(block_size)
     query_start_loc = np.zeros(num_rows + 1, dtype=np.int64)
     np.cumsum(batch.query_lens, out=query_start_loc[1:])
     seq_lens = batch.context_lens + batch.query_lens

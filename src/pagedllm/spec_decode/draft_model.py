@@ -42,13 +42,18 @@ class DraftModelProposer:
         assert context.model_config is not None, "the engine args resolve the draft model"
         self.context = context
         self.k = config.num_speculative_tokens
-        self.model = cast("CausalLM", get_model(context.model_config, str(context.device)))
+        module = get_model(context.model_config, str(context.device))
+        self.model = cast("CausalLM", module)
         hf = context.model_config.hf_config
         num_kv_heads = getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads
         head_size = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
         self.kv_caches = allocate_kv_caches(
             context, hf.num_hidden_layers, num_kv_heads, head_size
         )
+        # Its steps of one token a row take the platform's fast path where one serves.
+        self.decode_step = None
+        if context.decode_step_for is not None:
+            self.decode_step = context.decode_step_for(module, self.kv_caches)
         # request id -> positions of its history whose KV this model holds.
         self.computed: dict[str, int] = {}
 
@@ -104,13 +109,23 @@ class DraftModelProposer:
     def _forward(self, batch: DraftBatch) -> torch.Tensor:
         """The draft model's logits at each row's last token, [rows, vocab] float32."""
         device = self.context.device
-        with set_forward_context(forward_context(self.context, batch, self.kv_caches)):
-            hidden = self.model.forward(
-                torch.from_numpy(batch.input_ids).to(device),
-                torch.from_numpy(batch.positions).to(device),
-            )
+        hidden = self._fast_path(batch)
+        if hidden is None:
+            with set_forward_context(forward_context(self.context, batch, self.kv_caches)):
+                hidden = self.model.forward(
+                    torch.from_numpy(batch.input_ids).to(device),
+                    torch.from_numpy(batch.positions).to(device),
+                )
         last = torch.from_numpy(batch.last_token_indices).to(device)
         return self.model.compute_logits(hidden[last]).float()
+
+    def _fast_path(self, batch: DraftBatch) -> torch.Tensor | None:
+        """The hidden states from the decode-step fast path, for a step of one token a row
+        it serves; else None."""
+        if self.decode_step is None or not bool((batch.query_lens == 1).all()):
+            return None
+        table, slots = batch.table_and_slots(self.context.block_size)
+        return self.decode_step(batch.input_ids, batch.positions, slots, table)
 
     @staticmethod
     def _choose(

@@ -9,7 +9,7 @@ distribution (for the rejection sampler).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -106,6 +106,12 @@ class NgramLookup:
         self.ngram.forget(request_ids)
 
 
+# A decode-step fast path for a drafter's model: (input_ids, positions, slot_mapping,
+# block_table) of a step of one token a row → its final hidden states, or None when the
+# fast path does not serve that step (the worker's DecodeStep, worker/decode_step/).
+DecodeFn = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], "torch.Tensor | None"]
+
+
 @dataclass
 class DrafterContext:
     """What a model-based proposer needs from the worker to run its own layers.
@@ -118,6 +124,8 @@ class DrafterContext:
         device / dtype: where and in what the target runs.
         kv_cache_dtype: the target's KV cache format ("auto" or "int8").
         model_config: the drafter's resolved ModelConfig (a draft model), or None.
+        decode_step_for: builds the platform's decode-step fast path for a drafter's model
+            over its KV caches (None where there is none; the builder may answer None).
     """
 
     target: torch.nn.Module
@@ -128,6 +136,7 @@ class DrafterContext:
     dtype: torch.dtype
     kv_cache_dtype: str = "auto"
     model_config: Any = None
+    decode_step_for: Callable[[torch.nn.Module, list[torch.Tensor]], DecodeFn | None] | None = None
 
 
 def make_proposer(config: SpeculativeConfig, context: DrafterContext | None = None) -> Proposer:

@@ -6,12 +6,14 @@ DraftLayout; one row without drafts), prepared as decodes of consecutive output
 positions. In order:
 1. the rows' hidden states; which of them are finite (read after the tokens' copy: no
    extra host sync);
-2. plain greedy rows without logprobs, processors or grammars: the LM head picks each
-   row's argmax directly (no [rows, vocab] float32 logits), drafts accepted while they
-   match;
-3. otherwise the logits (non-finite rows zeroed on the device), the grammar bitmask of
-   constrained rows, then the rejection sampler (sample-and-match; rejection sampling
-   against a drafter's distribution), and the raw logprobs of every emitted token;
+2. plain greedy rows without logprobs, processors, grammars or a min_tokens mask: the LM
+   head picks each row's argmax directly (no [rows, vocab] float32 logits), drafts
+   accepted while they match;
+3. otherwise the logits (the LM head's shortlist where only argmaxes are used, e.g.
+   greedy rows under min_tokens; non-finite rows zeroed on the device), the grammar
+   bitmask of constrained rows, then the rejection sampler (sample-and-match; rejection
+   sampling against a drafter's distribution), and the raw logprobs of every emitted
+   token;
 4. the requests whose rows were not finite, to fail alone.
 """
 

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
+import numpy as np
 import torch
 
 from pagedllm import envs
@@ -31,9 +32,9 @@ from pagedllm.logger import init_logger
 from pagedllm.model_loader.loader import get_model
 from pagedllm.platform import get_platform
 from pagedllm.pooling.model_pooler import ModelPooler
-from pagedllm.spec_decode.proposers import DrafterContext, Proposer, make_proposer
+from pagedllm.spec_decode.proposers import DecodeFn, DrafterContext, Proposer, make_proposer
 from pagedllm.utils.device import to_torch_dtype
-from pagedllm.worker.decode_step import DecodeStep
+from pagedllm.worker.decode_step import DecodeBatch, DecodeStep
 from pagedllm.worker.decode_step.cpu_stack import CpuDecodeStack
 from pagedllm.worker.decode_step.cuda_graphs import DecodeGraphs, default_capture_sizes
 from pagedllm.worker.fault_injection import install_fault_injection
@@ -152,7 +153,7 @@ class Worker:
         return next((reason for off, reason in checks if off), None)
 
     def _capture_decode_graphs(self) -> DecodeGraphs | None:
-        """Decode forwards captured per batch size (worker/cuda_graphs.py), where they
+        """Decode forwards captured per batch size (decode_step/cuda_graphs.py), where they
         serve; a capture that fails (an op of the model that cannot be captured) leaves
         every step eager, with a warning."""
         reason = self._decode_graphs_off_reason()
@@ -216,8 +217,27 @@ class Worker:
             dtype=self.dtype,
             kv_cache_dtype=self.config.cache_config.cache_dtype,
             model_config=config.draft_model_config,
+            decode_step_for=self._drafter_decode_step,
         )
         return make_proposer(config, context)
+
+    def _drafter_decode_step(
+        self, model: torch.nn.Module, kv_caches: list[torch.Tensor]
+    ) -> DecodeFn | None:
+        """The CPU decode stack for a draft model over its own caches, where it serves."""
+        if self.platform.decode_step_kind() != "cpu_stack" or not self._cpu_stack_applies():
+            return None
+        stack = CpuDecodeStack.build(model, kv_caches)
+        if stack is None:
+            return None
+
+        def run(
+            input_ids: np.ndarray, positions: np.ndarray, slots: np.ndarray, table: np.ndarray
+        ) -> torch.Tensor | None:
+            batch = DecodeBatch(input_ids, positions, slots, table)
+            return stack.run(batch) if stack.serves(batch) else None
+
+        return run
 
     def add_lora(self, lora_request: LoRARequest) -> None:
         """Load an adapter onto the host now (ValueError: missing, unsupported, misfit)."""

@@ -68,3 +68,25 @@ def test_padded_rows_give_the_unpadded_batch_result() -> None:
     assert torch.equal(out, packed_linear(padded, packed, bias)[:37])
     torch.testing.assert_close(out.float(), F.linear(x.float(), weight.float(), bias.float()),
                                rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("quantization", [None, "int8"])
+def test_a_packed_layer_holds_the_weight_once(quantization: str | None) -> None:
+    """A dense layer whose weight is packed keeps only the packed copy (the plain one is
+    freed: the model is not held twice), and computes what the plain weight did; with
+    torch's weight-only int8 the packed copy serves the large steps."""
+    from pagedllm.layers.linear import Linear
+    from pagedllm.layers.quantization import PackedDenseMethod
+
+    weight = _bf16_weight()
+    layer = Linear(64, 96)
+    layer.weight.data = weight.clone()
+    x = torch.randn(40, 64, dtype=torch.bfloat16)
+    want = packed_linear(x, pack_weight_for_cpu(weight), None)
+    layer.process_weights_after_loading(quantization, keep_dense=True)
+    assert layer.weight.numel() == 0 and layer.keeps_dense
+    method = layer.method
+    large = method if quantization is None else method.large  # type: ignore[attr-defined]
+    assert isinstance(large, PackedDenseMethod)
+    torch.testing.assert_close(layer(x), want, atol=0, rtol=0)
+    torch.testing.assert_close(layer(x), F.linear(x, weight), atol=5e-2, rtol=2e-2)

@@ -35,7 +35,7 @@ from pagedllm.layers.quantization.byte_dot import (
 )
 from pagedllm.layers.quantization.codes import GroupCodes, fp8_grid
 from pagedllm.layers.quantization.crossover import CrossoverMethod, dense_from_tokens
-from pagedllm.layers.quantization.dense import dense_method
+from pagedllm.layers.quantization.dense import PackedDenseMethod, dense_method
 from pagedllm.layers.quantization.triton_groups import (
     quantize_for_triton,
     triton_weight_from_codes,
@@ -69,6 +69,15 @@ class LoadedLinear(Protocol):
         """Free the dense weight (a method that does not read it serves every step)."""
 
 
+def _dense(layer: LoadedLinear) -> LinearMethod:
+    """The layer's dense method; a packed copy replaces the plain weight (a layer's weight
+    is read by nothing else), so the model is not held twice."""
+    method = dense_method(layer.weight)
+    if isinstance(method, PackedDenseMethod):
+        layer.release_dense_weight()
+    return method
+
+
 def select_linear_method(
     layer: LoadedLinear, plan: WeightPlan, quantizable: bool = True
 ) -> LinearMethod:
@@ -77,7 +86,7 @@ def select_linear_method(
     method = plan.quantization if quantizable else None
     if method is None:
         layer.take_file_codes(usable=False)
-        return dense_method(weight)
+        return _dense(layer)
     if uses_triton_weights(weight.device):
         return _triton_method(layer, method)
     if method == "fp8":
@@ -86,7 +95,7 @@ def select_linear_method(
         with torch.no_grad():
             weight.data.copy_(fp8_grid(weight.data))
         if not can_quantize_w4a8(weight.data):
-            return dense_method(weight)  # no kernel reads FP8: the rounded weight, dense
+            return _dense(layer)  # no kernel reads FP8: the rounded weight, dense
     codes = layer.take_file_codes(usable=can_quantize_w4a8(weight.data))
     if codes is not None:
         byte_dot = _with_input_order(
@@ -128,9 +137,9 @@ def _weight_only_method(layer: LoadedLinear, method: str, keep_dense: bool) -> L
     shapes its int4 kernel cannot take stay dense."""
     quantized = quantize(layer.weight.data, method)
     if quantized is None:
-        return dense_method(layer.weight)
+        return _dense(layer)
     if keep_dense:
-        return CrossoverMethod(quantized, dense_method(layer.weight), QUANTIZED_MAX_TOKENS)
+        return CrossoverMethod(quantized, _dense(layer), QUANTIZED_MAX_TOKENS)
     layer.release_dense_weight()
     return quantized
 
@@ -148,7 +157,7 @@ def _beside_dense_for_large_steps(
     if codes is not None:  # the dense weight was never filled from the file
         with torch.no_grad():
             weight.data.copy_(codes.dense(weight.dtype))
-    return CrossoverMethod(byte_dot, dense_method(weight), dense_from - 1)
+    return CrossoverMethod(byte_dot, _dense(layer), dense_from - 1)
 
 
 def select_lm_head_methods(

@@ -210,7 +210,8 @@ class CpuDecodeStack(DecodeStep):
         hidden = self.decoder.embed(input_ids, positions).contiguous()  # [T, hidden], fresh
         num_tokens = hidden.shape[0]
         residual = torch.empty(num_tokens, hidden.shape[1], dtype=torch.float32)
-        block_tables = torch.from_numpy(batch.block_table.astype(np.int32, copy=False))
+        # int32 rows, contiguous, kept alive here for the C call (which reads them).
+        block_tables = torch.from_numpy(np.ascontiguousarray(batch.block_table, np.int32))
         seq_lens = torch.from_numpy((batch.positions + 1).astype(np.int32))
         token_rows = torch.arange(num_tokens, dtype=torch.int32)
         slots = torch.from_numpy(batch.slot_mapping.astype(np.int64, copy=False))
@@ -219,7 +220,7 @@ class CpuDecodeStack(DecodeStep):
         failed = self.library.decode_stack_bf16(
             ctypes.byref(self.dims), self.table, num_tokens, pointer(hidden), pointer(residual),
             pointer(positions), pointer(self.rotary.cos_sin_cache), pointer(slots),
-            pointer(block_tables.contiguous()), pointer(seq_lens), pointer(token_rows),
+            pointer(block_tables), pointer(seq_lens), pointer(token_rows),
             int(batch.positions.max()) + 1,
             None if lora_step is None else ctypes.byref(lora_step),
         )
