@@ -53,13 +53,14 @@ def fused_ops_enabled() -> bool:
 
 
 def attention_kernel_enabled() -> bool:
-    """PAGEDLLM_ATTENTION_KERNEL=torch makes CPU attention use the torch backend instead of
-    the C kernels (default "c")."""
+    """PAGEDLLM_ATTENTION_KERNEL=torch makes CPU attention use torch's grouped backend
+    instead of the C kernels (default "c")."""
     return os.environ.get("PAGEDLLM_ATTENTION_KERNEL", "c") != "torch"
 
 
 def attention_backend() -> str | None:
-    """PAGEDLLM_ATTENTION_BACKEND: the attention backend by name ("torch", "cpu", "triton"),
+    """PAGEDLLM_ATTENTION_BACKEND: the attention backend by name ("torch" (the reference),
+    "torch_grouped", "cpu", "triton"),
     instead of the device's default (unset: the default)."""
     return os.environ.get("PAGEDLLM_ATTENTION_BACKEND") or None
 

@@ -19,7 +19,7 @@ needs_kernel = pytest.mark.skipif(
 def test_environment_switches_the_kernel_off(monkeypatch):
     monkeypatch.setenv("PAGEDLLM_ATTENTION_KERNEL", "torch")
     assert not cpu_kernel.is_available(torch.float32)
-    assert backend_name_for_device("cpu", torch.float32) == "torch"
+    assert backend_name_for_device("cpu", torch.float32) == "torch_grouped"
 
 
 @needs_kernel
@@ -46,7 +46,7 @@ def test_long_gqa_decodes_match_torch_path(dtype):
     for use_kernel in (True, False):
         backend = make_backend(use_kernel)
         metadata = backend.build_metadata(common, block_size)
-        assert isinstance(metadata, CpuPagedMetadata) == use_kernel
+        assert isinstance(metadata, CpuPagedMetadata) == (use_kernel is True)
         outs.append(backend.forward(query, key, value, cache.clone(), metadata, 0.125))
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(outs[0].float(), outs[1].float(), atol=tolerance, rtol=tolerance)
@@ -104,7 +104,7 @@ def test_prefill_kernel_matches_torch_path(dtype, cache_dtype, head_size, window
     for use_kernel in (True, False):
         backend = make_backend(use_kernel)
         metadata = backend.build_metadata(common, block_size)
-        assert isinstance(metadata, CpuPagedMetadata) == use_kernel
+        assert isinstance(metadata, CpuPagedMetadata) == (use_kernel is True)
         outs.append(
             backend.forward(
                 query, key.clone(), value.clone(), cache.clone(), metadata, 0.125, window

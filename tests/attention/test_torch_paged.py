@@ -9,10 +9,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pagedllm.attention import cpu_kernel, torch_paged
+from pagedllm.attention import cpu_kernel, torch_grouped, torch_paged
 from pagedllm.attention.backend import AttentionBackend, CommonAttentionMetadata
 from pagedllm.attention.cpu_paged import CpuPagedBackend, CpuPagedMetadata
 from pagedllm.attention.registry import backend_name_for_device, get_attention_backend
+from pagedllm.attention.torch_grouped import TorchGroupedBackend
 from pagedllm.attention.torch_paged import TorchPagedBackend
 from pagedllm.platform.cuda import CudaPlatform
 
@@ -124,13 +125,17 @@ BATCHES = {
 }
 
 
-def make_backend(use_cpu_kernel: bool) -> AttentionBackend:
-    """The C-kernel backend, or the torch one."""
-    return CpuPagedBackend() if use_cpu_kernel else TorchPagedBackend()
+def make_backend(kind: bool | str) -> AttentionBackend:
+    """The C-kernel backend (True), the torch reference (False or "torch") or the grouped
+    torch backend ("torch_grouped")."""
+    if kind == "torch_grouped":
+        return TorchGroupedBackend()
+    return CpuPagedBackend() if kind is True else TorchPagedBackend()
 
 
 KERNELS = [
     pytest.param(False, id="torch"),
+    pytest.param("torch_grouped", id="torch_grouped"),
     pytest.param(
         True,
         id="c_kernel",
@@ -152,8 +157,8 @@ def test_matches_dense_attention(
     backend = make_backend(use_cpu_kernel)
     metadata = backend.build_metadata(make_common_metadata(case.requests, block_size), block_size)
     has_decodes = any(query_len == 1 for _, query_len in BATCHES[batch])
-    assert isinstance(metadata, CpuPagedMetadata) == use_cpu_kernel
-    if use_cpu_kernel:
+    assert isinstance(metadata, CpuPagedMetadata) == (use_cpu_kernel is True)
+    if use_cpu_kernel is True:
         assert (metadata.decodes is not None) == has_decodes
     scale = 0.3
     before = case.cache.clone()
@@ -186,6 +191,33 @@ def test_matches_dense_attention_within_memory_bounds(
     torch.testing.assert_close(out, case.expected(0.3), atol=2e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("batch", ["mixed", "decodes", "prefills", "chunked", "single_prefill"])
+def test_grouped_backend_with_groups_and_chunks(
+    batch: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The grouped torch backend: tiny budgets force several length groups and several
+    prefill query chunks; the result is still dense attention's."""
+    monkeypatch.setattr(torch_grouped, "_SCORES_PER_HEAD", 40)
+    monkeypatch.setattr(torch_grouped, "_MIN_CHUNK_ROWS", 1)
+    monkeypatch.setattr(torch_grouped, "_DECODE_GROUP_COST", 0)
+    monkeypatch.setattr(torch_grouped, "_PREFILL_GROUP_COST", 0)
+    monkeypatch.setattr(torch_grouped, "_MAX_DECODE_GATHER_TOKENS", 50)
+    case = _Case(BATCHES[batch], 4, 6, 2)
+    backend = TorchGroupedBackend()
+    metadata = backend.build_metadata(make_common_metadata(case.requests, 4), 4)
+    groups = metadata.prefill_groups
+    if groups:
+        assert max(len(group.chunks) for group in groups) > 1
+    if batch in ("mixed", "prefills", "chunked"):
+        assert len(groups) > 1
+    if batch == "mixed":  # a fresh prompt alone in its group skips the cache read
+        assert any(group.kv is None for group in groups)
+    if batch in ("mixed", "decodes"):
+        assert len(metadata.decode_buckets) > 1
+    out = backend.forward(case.query, case.key, case.value, case.cache, metadata, 0.3)
+    torch.testing.assert_close(out, case.expected(0.3), atol=2e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("use_cpu_kernel", KERNELS)
 @pytest.mark.parametrize("window", [1, 5, 16])
 @pytest.mark.parametrize("batch", ["mixed", "decodes", "chunked", "single_prefill"])
@@ -195,6 +227,8 @@ def test_sliding_window_matches_dense_attention(
     """A sliding-window layer sees only its last `window` keys, in every kind of step; a
     global layer of the same step (same metadata) still sees everything."""
     monkeypatch.setattr(torch_paged, "_MAX_SCORES_PER_HEAD", 40)  # several chunks a prefill
+    monkeypatch.setattr(torch_grouped, "_SCORES_PER_HEAD", 40)
+    monkeypatch.setattr(torch_grouped, "_MIN_CHUNK_ROWS", 1)
     case = _Case(BATCHES[batch], 4, 6, 2)
     backend = make_backend(use_cpu_kernel)
     metadata = backend.build_metadata(make_common_metadata(case.requests, 4), 4)
@@ -206,11 +240,12 @@ def test_sliding_window_matches_dense_attention(
     torch.testing.assert_close(full, case.expected(0.3), atol=2e-5, rtol=1e-5)
 
 
-def test_metadata_is_shared_by_layers() -> None:
-    """Two layers (caches) of one step reuse the metadata and its derived tensors."""
+@pytest.mark.parametrize("kind", ["torch", "torch_grouped"])
+def test_metadata_is_shared_by_layers(kind: str) -> None:
+    """Two layers (caches) of one step reuse the metadata (and its derived tensors)."""
     shapes = BATCHES["mixed"]
     case0, case1 = _Case(shapes, 4, 4, 2, seed=1), _Case(shapes, 4, 4, 2, seed=2)
-    backend = TorchPagedBackend()
+    backend = make_backend(kind)
     metadata = backend.build_metadata(make_common_metadata(case0.requests, 4), 4)
     for case in (case0, case1):
         out = backend.forward(case.query, case.key, case.value, case.cache, metadata, 0.25)
@@ -238,11 +273,15 @@ def test_registry_picks_the_kernels_on_cpu_where_they_serve(monkeypatch) -> None
     kernels_here = cpu_kernel.is_available(torch.float32)
     for dtype in (torch.float32, torch.bfloat16):
         backend = get_attention_backend("cpu", dtype)
-        assert isinstance(backend, CpuPagedBackend if kernels_here else TorchPagedBackend)
+        assert isinstance(backend, CpuPagedBackend if kernels_here else TorchGroupedBackend)
         assert backend.get_kv_cache_shape(10, 16, 3, 64) == (2, 10, 16, 3, 64)
-    assert backend_name_for_device("cpu", torch.float16) == "torch"
+    # Where neither the C kernels nor Triton serve, torch's grouped backend (the reference
+    # is only ever named outright).
+    assert backend_name_for_device("cpu", torch.float16) == "torch_grouped"
     # CUDA takes the Triton kernel (tests/attention/test_triton_paged.py), torch without it.
     monkeypatch.setattr(CudaPlatform, "runs_triton", lambda self: False)
-    assert backend_name_for_device("cuda:0", torch.float32) == "torch"
+    assert backend_name_for_device("cuda:0", torch.float32) == "torch_grouped"
     monkeypatch.setenv("PAGEDLLM_ATTENTION_KERNEL", "torch")
+    assert backend_name_for_device("cpu", torch.bfloat16) == "torch_grouped"
+    monkeypatch.setenv("PAGEDLLM_ATTENTION_BACKEND", "torch")
     assert backend_name_for_device("cpu", torch.bfloat16) == "torch"

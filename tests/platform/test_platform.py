@@ -30,7 +30,7 @@ def test_one_platform_per_device_kind():
 def test_cpu_without_kernels_takes_torch_paths():
     platform = cpu_platform()
     with platform.use_kernels(None):
-        assert platform.attention_backend(torch.bfloat16) == "torch"
+        assert platform.attention_backend(torch.bfloat16) == "torch_grouped"
         assert not platform.byte_dot_kernels(torch.bfloat16)
         assert not platform.fused_ops()
         assert not platform.keeps_file_codes("int4", torch.bfloat16)
@@ -44,7 +44,7 @@ def test_cpu_with_kernels_takes_them_for_the_dtypes_they_serve():
     simd = platform.kernel_library().variant.simd
     assert platform.attention_backend(torch.float32) == "cpu"
     assert platform.attention_backend(torch.bfloat16) == "cpu"
-    assert platform.attention_backend(torch.float16) == "torch"
+    assert platform.attention_backend(torch.float16) == "torch_grouped"
     assert platform.byte_dot_kernels(torch.bfloat16) is simd
     assert not platform.byte_dot_kernels(torch.float32)
     assert platform.keeps_file_codes("int4", torch.bfloat16) is simd
@@ -57,7 +57,7 @@ def test_environment_steers_the_choices_when_asked(monkeypatch):
     assert platform.attention_backend(torch.float32) == "torch"
     monkeypatch.delenv("PAGEDLLM_ATTENTION_BACKEND")
     monkeypatch.setenv("PAGEDLLM_ATTENTION_KERNEL", "torch")
-    assert platform.attention_backend(torch.float32) == "torch"
+    assert platform.attention_backend(torch.float32) == "torch_grouped"
     monkeypatch.setenv("PAGEDLLM_DECODE_STACK", "python")
     assert platform.decode_step_kind() is None
     monkeypatch.setenv("PAGEDLLM_EMULATE_CUDA_GRAPHS", "1")
@@ -100,5 +100,5 @@ def test_cuda_choices(monkeypatch):
     assert not platform.group_weights_on_triton()
     monkeypatch.delenv("PAGEDLLM_QUANTIZED_MATMUL")
     monkeypatch.setattr(CudaPlatform, "runs_triton", lambda self: False)
-    assert platform.attention_backend(torch.bfloat16) == "torch"
+    assert platform.attention_backend(torch.bfloat16) == "torch_grouped"
     assert not platform.runs_gguf_codes()

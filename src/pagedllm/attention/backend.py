@@ -33,6 +33,10 @@ class CommonAttentionMetadata:
         block_tables: [num_reqs, max_num_blocks] int64, block ids, padded with 0.
         slot_mapping: [num_tokens] int64, cache slot of each new token.
         query_lens_cpu / seq_lens_cpu: the same lengths as Python lists (no device sync).
+        contexts_rewritten: positions below a request's context may hold other tokens than
+            in earlier steps (speculative decoding rolls rejected drafts back and writes
+            those positions again): a backend that keeps copies of contexts across steps
+            (torch_grouped.py) must not reuse them.
         for_cuda_graph: the metadata of a captured decode graph, replayed with other
             lengths and block tables in the same tensors: the host-side fields (the
             lists, max_seq_len) describe the capture, not the steps that replay it.
@@ -50,6 +54,7 @@ class CommonAttentionMetadata:
     slot_mapping: torch.Tensor
     query_lens_cpu: list[int]
     seq_lens_cpu: list[int]
+    contexts_rewritten: bool = False
     for_cuda_graph: bool = False
 
     def decode_and_prefill_rows(self) -> tuple[list[int], list[int]]:
@@ -62,10 +67,9 @@ class CommonAttentionMetadata:
 class AttentionBackend(ABC):
     """One implementation of attention over the paged KV cache.
 
-    Contract: `build_metadata` is called once per step before the forward pass, and is the
-    only per-step state a backend has (no copies kept across steps); `forward` is called
-    once per layer with that step's metadata (which has a `slot_mapping`) and the layer's
-    cache. Every backend's forward is the same two steps: `store_kv` writes the new tokens'
+    Contract: `build_metadata` is called once per step before the forward pass; `forward`
+    is called once per layer with that step's metadata (which has a `slot_mapping`) and the
+    layer's cache. Every backend's forward is the same two steps: `store_kv` writes the new tokens'
     K/V into the cache at `slot_mapping` (nothing else in the cache changes), then `attend`
     computes the attention output. A new backend implements `build_metadata` and `attend`,
     and overrides `store_kv` only where it has a faster writer.

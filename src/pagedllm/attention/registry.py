@@ -17,6 +17,7 @@ from pagedllm.platform import get_platform
 # name → (module, class); imported only when selected.
 _BACKENDS: dict[str, tuple[str, str]] = {
     "torch": ("pagedllm.attention.torch_paged", "TorchPagedBackend"),
+    "torch_grouped": ("pagedllm.attention.torch_grouped", "TorchGroupedBackend"),
     "cpu": ("pagedllm.attention.cpu_paged", "CpuPagedBackend"),
     "triton": ("pagedllm.attention.triton_paged", "TritonPagedBackend"),
 }
@@ -43,7 +44,8 @@ def backend_name_for_device(device: str, dtype: torch.dtype = torch.float32) -> 
     as its platform chooses: PAGEDLLM_ATTENTION_BACKEND names one outright (vLLM's
     VLLM_ATTENTION_BACKEND); else on CPU the C kernels ("cpu") when they are built for this
     machine, not switched off (PAGEDLLM_ATTENTION_KERNEL=torch) and serve the dtype, on CUDA
-    the Triton kernel when triton is installed, and the torch backend otherwise.
+    the Triton kernel when triton is installed, and torch's grouped backend otherwise (the
+    plain "torch" backend is the reference, named outright).
     """
     chosen = get_platform(device).attention_backend(dtype)
     if chosen not in _BACKENDS:

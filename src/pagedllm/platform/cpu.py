@@ -102,7 +102,7 @@ class CpuPlatform(Platform):
         return triton_installed() and triton_interpreting()
 
     def _default_attention_backend(self, dtype: torch.dtype) -> str:
-        return "cpu" if self.attention_kernels(dtype) else "torch"
+        return "cpu" if self.attention_kernels(dtype) else "torch_grouped"
 
     def attention_kernels(self, dtype: torch.dtype) -> bool:
         """The C kernels serve float32 and bfloat16 unless PAGEDLLM_ATTENTION_KERNEL=torch."""

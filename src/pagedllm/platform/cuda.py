@@ -21,7 +21,7 @@ class CudaPlatform(Platform):
         return triton_installed()
 
     def _default_attention_backend(self, dtype: torch.dtype) -> str:
-        return "triton" if self.runs_triton() else "torch"
+        return "triton" if self.runs_triton() else "torch_grouped"
 
     def _triton_groups_by_default(self) -> bool:
         return self.runs_triton()

@@ -70,7 +70,7 @@ class Platform(ABC):
 
     def _default_attention_backend(self, dtype: torch.dtype) -> str:
         del dtype
-        return "torch"
+        return "torch_grouped"  # torch ops, fast; "torch" is the reference
 
     def attention_kernels(self, dtype: torch.dtype) -> bool:
         """Whether the C attention kernels (and int8 KV writer) serve `dtype` here."""

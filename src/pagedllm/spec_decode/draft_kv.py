@@ -110,6 +110,8 @@ def forward_context(
         slot_mapping=to_device(slots),
         query_lens_cpu=batch.query_lens.tolist(),
         seq_lens_cpu=seq_lens.tolist(),
+        # A drafter rewrites positions (its own guesses, then the accepted tokens).
+        contexts_rewritten=True,
     )
     metadata = context.backend.build_metadata(common, block_size)
     return ForwardContext(context.backend, metadata, kv_caches)

@@ -93,6 +93,9 @@ class ModelRunner:
         self.hooks: list[StepHook] = []
         # The platform's decode-step fast path, set by the worker where one serves.
         self.decode_step: DecodeStep | None = None
+        # Positions may be written again (speculative decoding rolls rejected drafts back):
+        # backends must not reuse what they read of a context in earlier steps.
+        self.contexts_rewritten = False
         self.requests: dict[str, CachedRequestState] = {}
 
     def hook(self, kind: type[StepHook]) -> StepHook | None:
@@ -277,6 +280,7 @@ class ModelRunner:
             slot_mapping=self._to_device(inputs.slot_mapping),
             query_lens_cpu=query_lens.tolist(),
             seq_lens_cpu=seq_lens.tolist(),
+            contexts_rewritten=self.contexts_rewritten,
         )
 
     def _token_type_ids(self, states: Sequence[CachedRequestState]) -> torch.Tensor | None:

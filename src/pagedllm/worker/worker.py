@@ -98,6 +98,7 @@ class Worker:
         )
         self.lora_manager = self._make_lora_manager()
         self.model_runner.hooks.extend(self._make_step_hooks())
+        self.model_runner.contexts_rewritten = engine_config.speculative_config is not None
         self.model_runner.decode_step = self._build_decode_step()
 
     def _make_step_hooks(self) -> list[StepHook]:
