@@ -85,19 +85,22 @@ def instrument(llm: Any, timer: PhaseTimer) -> Callable[[], Any]:
     from pagedllm.core.scheduler import Scheduler
     from pagedllm.engine.output_processor import OutputProcessor
     from pagedllm.worker.model_runner import ModelRunner
+    from pagedllm.worker.sampling import SamplingPipeline
 
     core = llm.llm_engine.engine_core.engine_core
     runner = core.executor.worker.model_runner
     timer.wrap(Scheduler, "schedule", "schedule")
     timer.wrap(Scheduler, "update_from_output", "scheduler update")
     timer.wrap(Scheduler, "make_stats", "scheduler update")
-    for name in ("_update_states", "_prepare_inputs", "_build_common_metadata"):
+    for name in ("_update_states", "_prepare_inputs", "_decode_batch", "_common_metadata"):
         timer.wrap(ModelRunner, name, "input preparation")
     timer.wrap(runner.backend, "build_metadata", "input preparation")
     timer.wrap(runner.model, "forward", "forward")
+    if runner.decode_step is not None:  # the one-call decode stack runs decode-only steps
+        timer.wrap(runner.decode_step, "run", "forward")
     timer.wrap(runner.model, "compute_logits", "logits")
-    for name in ("_sample", "_compute_prompt_logprobs", "_make_output"):
-        timer.wrap(ModelRunner, name, "sampling")
+    timer.wrap(SamplingPipeline, "sample", "sampling")  # (its LM head is subtracted)
+    timer.wrap(ModelRunner, "_append_sampled", "sampling")
     timer.wrap(OutputProcessor, "process_outputs", "output processing")
     return llm.llm_engine.step
 
