@@ -87,18 +87,13 @@ class _Outranked(AdmissionCheck):
         return Verdict.ADMIT
 
 
-class WaitingAdmission(AdmissionQueue):
-    """New requests and those preempted by recompute, from their longest cached prefix.
-    Swapped-out requests resume first unless the policy ranks a waiting one higher; a
-    request whose grammar still compiles is passed over, keeping its place."""
+class _OverRequestQueue(AdmissionQueue):
+    """An admission queue over one of the scheduler's `RequestQueue`s (its policy's order)."""
 
-    passes_over = True
-
-    def __init__(self, queue: RequestQueue, swapped: RequestQueue, manager: KVCacheManager):
+    def __init__(self, queue: RequestQueue, manager: KVCacheManager) -> None:
         super().__init__()
         self.queue = queue
         self.manager = manager
-        self.checks = [_Outranked(swapped, queue.outranks)]
 
     def __len__(self) -> int:
         return len(self.queue)
@@ -111,6 +106,18 @@ class WaitingAdmission(AdmissionQueue):
 
     def pop(self) -> Request:
         return self.queue.pop()
+
+
+class WaitingAdmission(_OverRequestQueue):
+    """New requests and those preempted by recompute, from their longest cached prefix.
+    Swapped-out requests resume first unless the policy ranks a waiting one higher; a
+    request whose grammar still compiles is passed over, keeping its place."""
+
+    passes_over = True
+
+    def __init__(self, queue: RequestQueue, swapped: RequestQueue, manager: KVCacheManager):
+        super().__init__(queue, manager)
+        self.checks = [_Outranked(swapped, queue.outranks)]
 
     def put_back(self, requests: list[Request]) -> None:
         for request in reversed(requests):
@@ -130,7 +137,7 @@ class WaitingAdmission(AdmissionQueue):
             request.first_scheduled_time = time.time()
 
 
-class SwappedAdmission(AdmissionQueue):
+class SwappedAdmission(_OverRequestQueue):
     """Requests preempted by swap: back in from their computed tokens, their host blocks
     copied in before the step; a waiting request the policy ranks higher goes first."""
 
@@ -138,23 +145,9 @@ class SwappedAdmission(AdmissionQueue):
         self, queue: RequestQueue, waiting: RequestQueue, manager: KVCacheManager,
         swap_manager: SwapManager,
     ) -> None:
-        super().__init__()
-        self.queue = queue
-        self.manager = manager
+        super().__init__(queue, manager)
         self.swap_manager = swap_manager
         self.checks = [_Outranked(waiting, lambda ours, theirs: not waiting.outranks(theirs, ours))]
-
-    def __len__(self) -> int:
-        return len(self.queue)
-
-    def __iter__(self) -> Iterator[Request]:
-        return iter(self.queue)
-
-    def peek(self) -> Request:
-        return self.queue.peek()
-
-    def pop(self) -> Request:
-        return self.queue.pop()
 
     def candidate(self, request: Request) -> Candidate:
         """From its computed tokens (their KV comes back from the host)."""
