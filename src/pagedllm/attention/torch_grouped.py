@@ -261,14 +261,8 @@ def _build_prefill_group(
 
 class TorchGroupedBackend(TorchPagedBackend):
     """Paged attention with plain torch ops, grouped by length, decode contexts kept;
-    exact up to float rounding, on any device.
-
-    KV cache of one layer: [2, num_blocks, block_size, num_kv_heads, head_size], K then V;
-    slot s is (block s // block_size, offset s % block_size). Block 0 is the null block
-    that pads block tables; it must hold finite values (the engine zero-initialises it).
-    An int8 cache (kv_cache_dtype="int8") has int8 rows of head_size + 4 bytes instead:
-    the codes and their scale (kv_quant.py).
-    """
+    exact up to float rounding, on any device. The KV cache layout is the reference's
+    (TorchPagedBackend), and so are the K/V writes."""
 
     name = "torch_grouped"
 
