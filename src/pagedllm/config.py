@@ -57,6 +57,10 @@ class ModelConfig:
         pooler_config: how pooling requests pool (resolved: the user's overrides over the
             sentence-transformers folder over the architecture's defaults); None when the
             model serves no pooling task.
+        limit_mm_per_prompt: most images / videos in one prompt, by modality (vLLM's
+            name; unlisted: no limit); a vision-language model only.
+        mm_processor_kwargs: default options of the model's transformers processor
+            (a request's own override them).
     """
 
     model: str
@@ -75,6 +79,13 @@ class ModelConfig:
     supported_tasks: tuple[str, ...] = ("generate",)
     pooler_config: PoolerConfig | None = None
     enforce_eager: bool = False
+    limit_mm_per_prompt: dict[str, int] | None = field(default=None, compare=False)
+    mm_processor_kwargs: dict[str, Any] | None = field(default=None, compare=False)
+
+    @property
+    def text_config(self) -> Any:
+        """The config of the text model (the whole config for a text-only model)."""
+        return self.hf_config.get_text_config()
 
 
 @dataclass(frozen=True)
@@ -137,6 +148,9 @@ class SchedulerConfig:
             KV to host swap space and back).
         scheduling_policy: "fcfs" (arrival order) or "priority" (lower priority value
             first, then arrival; higher-priority requests preempt lower-priority ones).
+        max_num_encoder_input_tokens: a vision-language model's encoder budget: embedding
+            rows its encoder may produce in one step (vLLM's name; 0: no encoder).
+        encoder_cache_size: embedding rows the runner's encoder cache holds (0: none).
     """
 
     max_num_seqs: int = 256
@@ -145,6 +159,8 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
     preemption_mode: str = "recompute"
     scheduling_policy: str = "fcfs"
+    max_num_encoder_input_tokens: int = 0
+    encoder_cache_size: int = 0
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:

@@ -20,6 +20,7 @@ from typing import Any
 import msgspec
 
 from pagedllm.lora.request import LoRARequest
+from pagedllm.multimodal.inputs import MultiModalFeature
 from pagedllm.pooling_params import PoolingParams
 from pagedllm.sampling_params import SamplingParams
 
@@ -36,6 +37,8 @@ class RequestData(msgspec.Struct, array_like=True, omit_defaults=True, gc=False)
             `sampling_params` are then never used.
         token_type_ids: per prompt token, 0 or 1 (the second text of a cross-encoder pair).
         lora_request: its LoRA adapter, or None for the base model.
+        mm_features: its images / videos, processed (multimodal/inputs.py), in prompt
+            order; None for a text prompt.
     """
 
     prompt_token_ids: list[int]
@@ -44,6 +47,7 @@ class RequestData(msgspec.Struct, array_like=True, omit_defaults=True, gc=False)
     pooling_params: PoolingParams | None = None
     token_type_ids: list[int] | None = None
     lora_request: LoRARequest | None = None
+    mm_features: list[MultiModalFeature] | None = None
 
 
 class FinishReason(enum.IntEnum):
@@ -129,6 +133,11 @@ class CarriesRequestData:
     def lora_request(self) -> LoRARequest | None:
         """Its LoRA adapter, or None."""
         return self.data.lora_request
+
+    @property
+    def mm_features(self) -> list[MultiModalFeature]:
+        """Its images / videos in prompt order (empty for a text prompt)."""
+        return self.data.mm_features or []
 
 
 @dataclass(slots=True)

@@ -24,6 +24,7 @@ from pagedllm.config import SchedulerConfig
 from pagedllm.core.kv_cache_manager import BlockIds, KVCacheBlocks, KVCacheManager
 from pagedllm.core.step_plan import StepPlan
 from pagedllm.logger import init_logger
+from pagedllm.multimodal.encoder_cache import EncoderPlan, EncoderScheduler
 from pagedllm.request import Request, RequestStatus
 
 logger = init_logger(__name__)
@@ -58,6 +59,7 @@ class Candidate:
             request).
         num_new_tokens: set by the token budget check.
         new_block_ids: set by the KV blocks check.
+        encoder_plan: set by the encoder inputs check (a request with images).
         fail_status: the finished status a FAIL ends it with (set by the check that fails
             it; aborted by default).
     """
@@ -69,6 +71,7 @@ class Candidate:
     reserve: int = 0
     num_new_tokens: int = 0
     new_block_ids: BlockIds = ()
+    encoder_plan: EncoderPlan | None = None
     fail_status: RequestStatus = RequestStatus.FINISHED_ABORTED
 
 
@@ -149,6 +152,29 @@ class TokenBudget(AdmissionCheck):
             candidate.num_computed_tokens, candidate.whole,
         )
         return Verdict.ADMIT if candidate.num_new_tokens > 0 else Verdict.STOP
+
+
+class EncoderInputs(AdmissionCheck):
+    """A request with images computes only as far as the encoder's budget and cache
+    allow this step (multimodal/encoder_cache.py): its chunk stops before the first item
+    that does not fit, and the items it reads are planned (committed once it runs)."""
+
+    def __init__(self, encoder: EncoderScheduler) -> None:
+        self.encoder = encoder
+
+    def check(self, candidate: Candidate, plan: StepPlan) -> Verdict:
+        """STOP when not one token fits; else the cut count and the plan go on the
+        candidate."""
+        request = candidate.request
+        if not request.mm_features:
+            return Verdict.ADMIT
+        encoder_plan = self.encoder.plan(
+            request.request_id, request.mm_features, candidate.num_computed_tokens,
+            candidate.num_new_tokens,
+        )
+        candidate.num_new_tokens = encoder_plan.num_new_tokens
+        candidate.encoder_plan = encoder_plan
+        return Verdict.ADMIT if encoder_plan.num_new_tokens > 0 else Verdict.STOP
 
 
 class LookaheadSlots:

@@ -67,9 +67,25 @@ def update_request_block_hashes(
     parent = hashes[-1] if hashes else None
     for index in range(len(hashes), num_full_blocks):
         start = index * block_size
-        parent = hash_block_tokens(parent, token_ids[start : start + block_size], extra_keys)
+        keys = extra_keys
+        if request.mm_features:
+            keys = _with_mm_keys(request, start, start + block_size, extra_keys)
+        parent = hash_block_tokens(parent, token_ids[start : start + block_size], keys)
         hashes.append(parent)
     return hashes
+
+
+def _with_mm_keys(
+    request: Request, start: int, end: int, extra_keys: ExtraKeys | None
+) -> ExtraKeys | None:
+    """`extra_keys` plus the identity and offset of every image / video whose placeholder
+    tokens overlap the block [start, end): the same placeholder tokens stand for any image,
+    so the same text with another image must not share KV (the same image must)."""
+    keys: list[int | str] = list(extra_keys or ())
+    for feature in request.mm_features:
+        if feature.offset < end and feature.end > start:
+            keys += ["mm", feature.identifier, feature.offset - start]
+    return tuple(keys) or None
 
 
 def hash_with_group_id(block_hash: BlockHash, group_id: int) -> BlockHash:

@@ -90,6 +90,9 @@ class SchedulerOutput:
             verifies drafts (the row of each verified position).
         scheduled_spec_decode_tokens: request id -> the draft tokens it verifies this step
             (speculative decoding); they are the last tokens of its scheduled count.
+        scheduled_encoder_inputs: request id -> indices of its multimodal items the
+            runner encodes this step (their outputs join the encoder cache).
+        free_encoder_mm_hashes: encoder cache entries the runner drops before this step.
     """
 
     scheduled_new_reqs: list[NewRequestData]
@@ -102,6 +105,8 @@ class SchedulerOutput:
     structured_output_request_ids: list[str] = field(default_factory=list)
     grammar_bitmask: Any = None
     scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
+    scheduled_encoder_inputs: dict[str, list[int]] = field(default_factory=dict)
+    free_encoder_mm_hashes: list[str] = field(default_factory=list)
 
     @property
     def is_empty(self) -> bool:

@@ -40,6 +40,19 @@ logger = init_logger(__name__)
 _DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
 
 
+def _encoder_budget(model_config: ModelConfig, token_budget: int) -> dict[str, int]:
+    """A vision-language model's encoder budget and cache size, in embedding rows: the
+    step's token budget, but at least the largest item (vLLM's compute_mm_encoder_budget).
+    Nothing for a text-only model."""
+    from pagedllm.multimodal.layouts import layout_class
+
+    layout = layout_class(model_config.architecture)
+    if layout is None:
+        return {}
+    rows = max(token_budget, layout.max_tokens_per_item(model_config.hf_config))
+    return {"max_num_encoder_input_tokens": rows, "encoder_cache_size": rows}
+
+
 @dataclass
 class EngineArgs:
     """Engine arguments with vLLM's names (see `LLM` for their meaning)."""
@@ -78,6 +91,8 @@ class EngineArgs:
     max_loras: int = 1
     max_lora_rank: int = 16
     max_cpu_loras: int | None = None
+    limit_mm_per_prompt: dict | str | None = None
+    mm_processor_kwargs: dict | str | None = None
 
     def create_engine_config(self) -> EngineConfig:
         """Validate the arguments and resolve everything the engine needs to start."""
@@ -109,6 +124,7 @@ class EngineArgs:
                 preemption_mode=self.preemption_mode
                 or get_platform(device).default_preemption_mode,
                 scheduling_policy=self.scheduling_policy,
+                **_encoder_budget(model_config, budget),
             ),
             device_config=DeviceConfig(device),
             structured_outputs_config=self._structured_outputs_config(),
@@ -163,7 +179,7 @@ class EngineArgs:
         if self.enable_lora:
             raise ValueError(f"enable_lora with {several}: LoRA runs on one rank only (not "
                              "built for split layers).")
-        hf = model_config.hf_config
+        hf = model_config.text_config
         tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
         heads = getattr(hf, "num_attention_heads", None)
         kv_heads = getattr(hf, "num_key_value_heads", None) or heads
@@ -362,7 +378,7 @@ class EngineArgs:
         """
         if self.kv_cache_dtype is not None:
             return self.kv_cache_dtype
-        hf = model_config.hf_config
+        hf = model_config.text_config
         head_size = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
         fits = head_size % KV_INT8_GROUP == 0  # the int8 format scales groups of its values
         wanted = get_platform(device).int8_kv_cache_by_default(
@@ -424,7 +440,7 @@ class EngineArgs:
         architecture = get_architecture(hf_config)
         choice = resolve_runner(architecture, self.runner, self.convert)
         pooler_config, max_seq_length = self._resolve_pooling(choice, model_dir, gguf_file)
-        max_model_len = get_max_model_len(hf_config, self.max_model_len)
+        max_model_len = get_max_model_len(hf_config.get_text_config(), self.max_model_len)
         if self.max_model_len is None and max_seq_length:
             # sentence-transformers truncates there: longer inputs were never trained on.
             max_model_len = min(max_model_len, max_seq_length)
@@ -450,4 +466,27 @@ class EngineArgs:
             supported_tasks=choice.supported_tasks,
             pooler_config=pooler_config,
             enforce_eager=self.enforce_eager,
+            **self._multimodal_options(architecture),
         )
+
+    def _multimodal_options(self, architecture: str) -> dict[str, Any]:
+        """limit_mm_per_prompt and mm_processor_kwargs, parsed (JSON on the command line).
+
+        Raises:
+            ValueError: for a malformed value, or either given for a text-only model.
+        """
+        from pagedllm.multimodal.processor import supports_multimodal
+
+        limits = parse_json_arg(self.limit_mm_per_prompt, "limit_mm_per_prompt")
+        kwargs = parse_json_arg(self.mm_processor_kwargs, "mm_processor_kwargs")
+        if (limits or kwargs) and not supports_multimodal(architecture):
+            raise ValueError(f"limit_mm_per_prompt / mm_processor_kwargs: {architecture} "
+                             "takes no images or video.")
+        if limits is not None and (not isinstance(limits, dict) or any(
+            not isinstance(v, int) or isinstance(v, bool) or v < 0 for v in limits.values()
+        )):
+            raise ValueError("limit_mm_per_prompt must map modalities to counts >= 0, such as "
+                             '{"image": 2, "video": 0}.')
+        if kwargs is not None and not isinstance(kwargs, dict):
+            raise ValueError("mm_processor_kwargs must be a JSON object.")
+        return {"limit_mm_per_prompt": limits, "mm_processor_kwargs": kwargs}

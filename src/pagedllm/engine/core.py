@@ -62,7 +62,7 @@ class EngineCore:
         model_config = engine_config.model_config
         self.structured_output = StructuredOutputManager(
             lambda: get_tokenizer(model_config.model_dir, model_config.gguf_file),
-            model_config.hf_config.vocab_size,
+            model_config.text_config.vocab_size,
             engine_config.structured_outputs_config.resolved_backend,
         )
 

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from pagedllm.config import ModelConfig
 from pagedllm.engine.protocol import EngineCoreRequest
+from pagedllm.multimodal.inputs import MultiModalFeature
 from pagedllm.pooling_params import PoolingParams
 from pagedllm.request import RequestData
 from pagedllm.sampling_params import SamplingParams
@@ -22,18 +24,35 @@ from pagedllm.structured_output import check_constraint
 PromptType = str | dict[str, Any]
 
 
+if TYPE_CHECKING:
+    from pagedllm.multimodal.processor import MultiModalProcessor
+
 # A pooling request samples nothing; the core's Request still carries sampling params.
 _POOLING_SAMPLING_PARAMS = SamplingParams(max_tokens=1)
 
 
 @dataclass
 class ProcessedPrompt:
-    """A prompt after tokenization: the text (if given as text), its token ids, and its
-    token types (a cross-encoder pair's, given as `{"prompt_token_ids", "token_type_ids"}`)."""
+    """A prompt after tokenization: the text (if given as text), its token ids, its
+    token types (a cross-encoder pair's, given as `{"prompt_token_ids", "token_type_ids"}`)
+    and its images / videos, processed (`{"prompt", "multi_modal_data"}`)."""
 
     prompt: str | None
     prompt_token_ids: list[int]
     token_type_ids: list[int] | None = None
+    mm_features: list[MultiModalFeature] | None = None
+
+
+def make_mm_processor(model_config: ModelConfig) -> MultiModalProcessor | None:
+    """The multimodal processor of a vision-language model; None for a text-only one."""
+    from pagedllm.multimodal.processor import MultiModalProcessor, supports_multimodal
+
+    if not supports_multimodal(model_config.architecture):
+        return None
+    return MultiModalProcessor(
+        model_config.model_dir, model_config.architecture, model_config.hf_config,
+        model_config.limit_mm_per_prompt, default_kwargs=model_config.mm_processor_kwargs,
+    )
 
 
 class InputProcessor:
@@ -47,14 +66,18 @@ class InputProcessor:
         grammar_backend: the structured-outputs library constraints are checked for.
         end_of_turn_ids: other ids that end generation like EOS (Gemma's <end_of_turn>):
             added to each request's stop_token_ids unless it sets ignore_eos.
+        mm_processor: a vision-language model's processor of images / videos (None: the
+            model reads text only, and prompts with multi_modal_data are refused).
     """
 
     def __init__(
         self, tokenizer: Any, max_model_len: int, vocab_size: int, eos_token_id: int | None,
         grammar_backend: str = "xgrammar",
         end_of_turn_ids: tuple[int, ...] = (),
+        mm_processor: MultiModalProcessor | None = None,
     ) -> None:
         self.tokenizer = tokenizer
+        self.mm_processor = mm_processor
         self.end_of_turn_ids = end_of_turn_ids
         self.grammar_backend = grammar_backend
         self.max_model_len = max_model_len
@@ -86,7 +109,8 @@ class InputProcessor:
         params = self._resolve_params(params, len(processed.prompt_token_ids))
         request = EngineCoreRequest(
             request_id,
-            RequestData(processed.prompt_token_ids, params, self.eos_token_id),
+            RequestData(processed.prompt_token_ids, params, self.eos_token_id,
+                        mm_features=processed.mm_features),
             arrival_time=arrival_time if arrival_time is not None else time.time(),
         )
         return request, processed
@@ -114,6 +138,8 @@ class InputProcessor:
                 f"dimensions={params.dimensions} is more than the model's embedding size "
                 f"({size})."
             )
+        if isinstance(prompt, dict) and prompt.get("multi_modal_data") is not None:
+            raise ValueError("multi_modal_data: pooling requests take text only.")
         processed = self._tokenize_truncated(prompt, params, add_special_tokens)
         self._check_pooling_prompt(processed.prompt_token_ids)
         data = RequestData(
@@ -179,6 +205,8 @@ class InputProcessor:
         if isinstance(prompt, str):
             ids = self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
             return ProcessedPrompt(prompt, list(ids))
+        if isinstance(prompt, dict) and prompt.get("multi_modal_data") is not None:
+            return self._process_multimodal(prompt, add_special_tokens)
         if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
             ids = prompt["prompt_token_ids"]
             if not isinstance(ids, list) or any(
@@ -198,6 +226,30 @@ class InputProcessor:
             "A prompt must be a string, {'prompt': str} or {'prompt_token_ids': list[int]}, "
             f"got {type(prompt).__name__}."
         )
+
+    def _process_multimodal(
+        self, prompt: dict[str, Any], add_special_tokens: bool
+    ) -> ProcessedPrompt:
+        """`{"prompt", "multi_modal_data", "mm_processor_kwargs", "multi_modal_uuids"}`
+        through the model's processor (vLLM's prompt replacement)."""
+        if self.mm_processor is None:
+            raise ValueError(
+                "multi_modal_data: this model reads text only; it takes no images or video."
+            )
+        text = prompt.get("prompt")
+        if not isinstance(text, str):
+            raise ValueError(
+                "multi_modal_data needs a text 'prompt' with the items' placeholders "
+                f"(such as {self.mm_processor.placeholder('image')!r})."
+            )
+        kwargs = prompt.get("mm_processor_kwargs")
+        if kwargs is not None and not isinstance(kwargs, dict):
+            raise ValueError("mm_processor_kwargs must be a dict.")
+        ids, features = self.mm_processor.process(
+            text, prompt["multi_modal_data"], kwargs, prompt.get("multi_modal_uuids"),
+            add_special_tokens,
+        )
+        return ProcessedPrompt(text, ids, mm_features=features or None)
 
     def _check_prompt(self, prompt_token_ids: list[int]) -> None:
         self._check_token_ids(prompt_token_ids)

@@ -14,7 +14,7 @@ import msgspec
 from pagedllm.config import EngineConfig
 from pagedllm.engine.arg_utils import EngineArgs
 from pagedllm.engine.core_client import EngineCoreClient, InprocClient, SyncMPClient
-from pagedllm.engine.input_processor import InputProcessor, PromptType
+from pagedllm.engine.input_processor import InputProcessor, PromptType, make_mm_processor
 from pagedllm.engine.output_processor import OutputProcessor
 from pagedllm.engine.protocol import EngineCoreRequest
 from pagedllm.lora.request import LoRARequest
@@ -59,16 +59,17 @@ class LLMEngine:
         model_config = engine_config.model_config
         self.engine_config = engine_config
         self.tokenizer = get_tokenizer(model_config.model_dir, model_config.gguf_file)
-        eos_token_id = get_eos_token_id(self.tokenizer, model_config.hf_config)
-        vocab_size = model_config.hf_config.vocab_size
+        eos_token_id = get_eos_token_id(self.tokenizer, model_config.text_config)
+        vocab_size = model_config.text_config.vocab_size
         self.input_processor = InputProcessor(
             self.tokenizer, model_config.max_model_len, vocab_size, eos_token_id,
             engine_config.structured_outputs_config.resolved_backend,
             get_end_of_turn_ids(self.tokenizer, model_config.hf_config, eos_token_id),
+            mm_processor=make_mm_processor(model_config),
         )
         self.supported_tasks = model_config.supported_tasks
         self.input_processor.supported_tasks = self.supported_tasks
-        self.input_processor.embedding_size = getattr(model_config.hf_config, "hidden_size", None)
+        self.input_processor.embedding_size = getattr(model_config.text_config, "hidden_size", None)
         self.output_processor = OutputProcessor(self.tokenizer)
         self.engine_core: EngineCoreClient = engine_core or InprocClient(engine_config)
         self._latest_stats: SchedulerStats | None = None

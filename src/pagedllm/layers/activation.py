@@ -10,7 +10,8 @@ from pagedllm.layers import cpu_ops
 
 
 def apply_activation(name: str, x: torch.Tensor) -> torch.Tensor:
-    """silu, gelu_tanh (GPT-2's gelu_new, Gemma's gelu_pytorch_tanh), gelu (erf) or relu."""
+    """silu, gelu_tanh (GPT-2's gelu_new, Gemma's gelu_pytorch_tanh), gelu (erf), relu or
+    quick_gelu (CLIP's x * sigmoid(1.702 x))."""
     if name == "silu":
         return F.silu(x)
     if name == "gelu_tanh":
@@ -19,6 +20,8 @@ def apply_activation(name: str, x: torch.Tensor) -> torch.Tensor:
         return F.gelu(x)
     if name == "relu":
         return F.relu(x)
+    if name == "quick_gelu":
+        return x * torch.sigmoid(1.702 * x)
     raise ValueError(f"Unknown activation {name!r}.")
 
 
@@ -50,3 +53,15 @@ class ActivationAndMul(nn.Module):
 def gated_activation(activation: str) -> nn.Module:
     """The fused-op SiluAndMul for silu, ActivationAndMul otherwise."""
     return SiluAndMul() if activation == "silu" else ActivationAndMul(activation)
+
+
+class Activation(nn.Module):
+    """`apply_activation(name, x)` as a module (vision towers, projectors)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.name = name
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The activation, elementwise."""
+        return apply_activation(self.name, x)

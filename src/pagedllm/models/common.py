@@ -218,11 +218,16 @@ class DecoderModel(nn.Module):
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor,
         intermediate_tensors: IntermediateTensors | None = None,
+        inputs_embeds: torch.Tensor | None = None,
     ) -> torch.Tensor | IntermediateTensors:
         """[T] ids and positions → [T, hidden] final hidden states (on a pipeline stage
-        before the last: its residual stream, from the previous stage's on a later one)."""
+        before the last: its residual stream, from the previous stage's on a later one).
+        `inputs_embeds` [T, hidden], when given, replaces the embedding of the ids (a
+        multimodal model's text and image embeddings, merged)."""
         residual: torch.Tensor | None = None
-        if intermediate_tensors is None:
+        if inputs_embeds is not None:
+            hidden_states = inputs_embeds
+        elif intermediate_tensors is None:
             hidden_states = self.embed(input_ids, positions)  # [T, hidden]
         else:
             hidden_states = intermediate_tensors.hidden_states

@@ -1,8 +1,9 @@
-"""The interface every causal LM in `models/` implements."""
+"""The interfaces of `models/`: every causal LM, and one that also reads images."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -36,4 +37,35 @@ class CausalLM(Protocol):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Load HF-named weights; return the names of the parameters that were filled."""
+        ...
+
+
+@dataclass
+class MultiModalEmbeddings:
+    """Encoder outputs placed in a step's flattened batch: the rows of the tokens they
+    replace (image placeholders) and their embeddings.
+
+    Attributes:
+        rows: [K] int64 indices into the step's tokens.
+        values: [K, hidden] the embeddings (the model's dtype).
+    """
+
+    rows: torch.Tensor
+    values: torch.Tensor
+
+
+class SupportsMultiModal(Protocol):
+    """A causal LM that also reads images (or video) through a vision encoder.
+
+    The runner encodes each item once (`encode`), caches the output by the item's hash, and
+    passes the rows a step needs to `forward(..., mm_embeds=...)`, which puts them in place
+    of the placeholder tokens' text embeddings.
+    """
+
+    supports_multimodal: bool
+
+    def encode(
+        self, modality: str, items: list[dict[str, torch.Tensor]]
+    ) -> list[torch.Tensor]:
+        """Each item's encoder inputs → its embeddings [num_embeds, hidden]."""
         ...

@@ -25,7 +25,36 @@ _MODELS: dict[str, tuple[str, str]] = {
     "MixtralForCausalLM": ("pagedllm.models.moe", "MixtralForCausalLM"),
     "Qwen2MoeForCausalLM": ("pagedllm.models.moe", "Qwen2MoeForCausalLM"),
     "Qwen3MoeForCausalLM": ("pagedllm.models.moe", "Qwen3MoeForCausalLM"),
+    # Vision-language models (images in; multimodal/ processes their inputs).
+    "LlavaForConditionalGeneration": ("pagedllm.models.llava", "LlavaForConditionalGeneration"),
 }
+
+
+# A vision-language model's text config → the architecture of its text model (nested
+# configs rarely name `architectures`).
+_TEXT_MODEL_TYPES: dict[str, str] = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM",
+    "phi3": "Phi3ForCausalLM",
+}
+
+
+def text_architecture(text_config: Any) -> str:
+    """The causal-LM architecture of a vision-language model's text config.
+
+    Raises:
+        ValueError: for a text model not built here.
+    """
+    model_type = getattr(text_config, "model_type", None)
+    if model_type not in _TEXT_MODEL_TYPES:
+        raise ValueError(
+            f"Text model type {model_type!r} of this vision-language model is not supported "
+            f"(supported: {', '.join(sorted(_TEXT_MODEL_TYPES))})."
+        )
+    return _TEXT_MODEL_TYPES[model_type]
 
 
 class ModelRegistry:

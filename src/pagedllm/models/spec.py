@@ -18,7 +18,7 @@ from pagedllm.layers.rotary import rope_config_of
 
 NormKind = Literal["rms", "rms_one_plus", "layer"]
 MlpKind = Literal["gated", "plain"]
-Activation = Literal["silu", "gelu_tanh", "gelu", "relu"]
+Activation = Literal["silu", "gelu_tanh", "gelu", "relu", "quick_gelu"]
 
 # HF `hidden_act` / `activation_function` spellings → our activation names.
 _ACTIVATIONS: dict[str, Activation] = {
@@ -29,6 +29,7 @@ _ACTIVATIONS: dict[str, Activation] = {
     "gelu_fast": "gelu_tanh",
     "gelu": "gelu",
     "relu": "relu",
+    "quick_gelu": "quick_gelu",
 }
 
 

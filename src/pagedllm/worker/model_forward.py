@@ -18,6 +18,7 @@ import torch
 from pagedllm.distributed.parallel_state import GroupCoordinator
 from pagedllm.distributed.pipeline import IntermediateTensors
 from pagedllm.layers.forward_context import ForwardContext, set_forward_context
+from pagedllm.models.interfaces import MultiModalEmbeddings
 
 
 @dataclass
@@ -29,6 +30,7 @@ class ForwardInputs:
         context: attention metadata and KV caches (None for a model without a KV cache).
         query_lens: tokens of each sequence (an encoder's packed sequences).
         token_type_ids: [T] token types when a request has them, else None.
+        mm_embeds: encoder outputs in place of image tokens' embeddings, or None.
     """
 
     input_ids: torch.Tensor
@@ -36,6 +38,11 @@ class ForwardInputs:
     context: ForwardContext | None
     query_lens: list[int]
     token_type_ids: torch.Tensor | None = None
+    mm_embeds: MultiModalEmbeddings | None = None
+
+    def model_kwargs(self) -> dict[str, MultiModalEmbeddings]:
+        """Keyword arguments only a vision-language model takes (none for a text step)."""
+        return {} if self.mm_embeds is None else {"mm_embeds": self.mm_embeds}
 
 
 class ModelForward(ABC):
@@ -59,7 +66,9 @@ class DecoderForward(ModelForward):
         """The model in the forward context."""
         assert inputs.context is not None
         with set_forward_context(inputs.context):
-            return self.model(inputs.input_ids, inputs.positions)  # [T, hidden]
+            return self.model(  # [T, hidden]
+                inputs.input_ids, inputs.positions, **inputs.model_kwargs()
+            )
 
 
 class PipelineStageForward(ModelForward):
@@ -86,7 +95,9 @@ class PipelineStageForward(ModelForward):
                 self.device,
             )
         with set_forward_context(inputs.context):
-            output = self.model(inputs.input_ids, inputs.positions, intermediate)
+            output = self.model(
+                inputs.input_ids, inputs.positions, intermediate, **inputs.model_kwargs()
+            )
         if isinstance(output, IntermediateTensors):
             output.send(self.pp_group, self.dtype)
             return None

@@ -226,7 +226,7 @@ class ModelRunner:
         rows = None
         if self.model_forward.uses_kv_cache:
             rows = _attention_rows(inputs)
-            batch = self._decode_batch(inputs, rows)
+            batch = None if step.mm_embeds is not None else self._decode_batch(inputs, rows)
             if batch is not None:
                 return cast(DecodeStep, self.decode_step).run(batch)
         return self.model_forward(ForwardInputs(
@@ -235,6 +235,7 @@ class ModelRunner:
             context=None if rows is None else self._forward_context(inputs, rows),
             query_lens=inputs.query_lens.tolist(),
             token_type_ids=self._token_type_ids(step.states),
+            mm_embeds=step.mm_embeds,
         ))
 
     def _decode_batch(self, inputs: StepInputs, rows: AttentionRows) -> DecodeBatch | None:

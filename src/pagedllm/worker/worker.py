@@ -42,6 +42,7 @@ from pagedllm.worker.model_runner import ModelRunner
 from pagedllm.worker.outputs import ModelRunnerOutput
 from pagedllm.worker.step_hooks import StepHook
 from pagedllm.worker.step_hooks.lora import LoRAHook
+from pagedllm.worker.step_hooks.multimodal import MultiModalHook
 from pagedllm.worker.step_hooks.pooling import PoolingHook
 from pagedllm.worker.step_hooks.prompt_logprobs import PromptLogprobsHook
 from pagedllm.worker.step_hooks.spec_decode import SpecDecodeHook
@@ -49,7 +50,7 @@ from pagedllm.worker.step_hooks.spec_decode import SpecDecodeHook
 if TYPE_CHECKING:
     from pagedllm.lora.manager import LoRAModelManager
     from pagedllm.lora.request import LoRARequest
-    from pagedllm.models.interfaces import CausalLM
+    from pagedllm.models.interfaces import CausalLM, SupportsMultiModal
 
 logger = init_logger(__name__)
 
@@ -109,6 +110,9 @@ class Worker:
             hooks.append(LoRAHook(self.lora_manager, self.device))
         if model_config.pooler_config is not None:
             hooks.append(PoolingHook(ModelPooler(self.model, model_config.pooler_config)))
+        if getattr(self.model, "supports_multimodal", False):
+            # First: the model's inputs must be complete before anything reads the step.
+            hooks.insert(0, MultiModalHook(cast("SupportsMultiModal", self.model), self.device))
         if model_config.runner == "generate":
             hooks.append(PromptLogprobsHook(cast("CausalLM", self.model)))
         proposer = self._make_proposer()

@@ -76,6 +76,10 @@ def stack_calls(monkeypatch) -> list[int]:
 def test_stack_output_is_bit_identical_to_the_python_layers(llm, stack_calls, prompts):
     runner = _runner(llm)
     stack = runner.decode_step
+    if stack.max_tokens is not None and stack.max_tokens < len(prompts):
+        # The dense/int4 crossover is measured at load; on a busy machine it may send a
+        # step this wide to the dense weights, which the stack leaves to the layers.
+        pytest.skip(f"the measured crossover ({stack.max_tokens} rows) is below this step")
     calls = stack_calls
     with_stack = _generate(llm, prompts)
     # The decode steps ran on it (each prompt has more than one token: no prefill did).

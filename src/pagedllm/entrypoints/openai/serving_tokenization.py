@@ -35,7 +35,7 @@ class OpenAIServingTokenization(OpenAIServingChat):
     def detokenize_request(self, request: DetokenizeRequest) -> dict[str, Any]:
         """`{prompt}`; token ids outside the vocabulary are a 400."""
         self.check_model(request.model)
-        vocab_size = self.engine.get_model_config().hf_config.vocab_size
+        vocab_size = self.engine.get_model_config().text_config.vocab_size
         bad = [t for t in request.tokens if not 0 <= t < vocab_size]
         if bad:
             raise APIError(

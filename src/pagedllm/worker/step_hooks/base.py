@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from pagedllm.core.sched_output import NewRequestData, SchedulerOutput
+from pagedllm.models.interfaces import MultiModalEmbeddings
 from pagedllm.worker.input_batch import CachedRequestState, StepInputs
 from pagedllm.worker.outputs import ModelRunnerOutput
 
@@ -38,12 +39,15 @@ class RunnerStep:
         inputs: the flattened batch (host arrays).
         states: the request state of every batch row, in batch order.
         to_device: a host array as a tensor on the model's device.
+        mm_embeds: encoder outputs for the step's image tokens (set before the forward
+            by the multimodal hook), or None.
     """
 
     scheduler_output: SchedulerOutput
     inputs: StepInputs
     states: Sequence[CachedRequestState]
     to_device: Callable[[np.ndarray], torch.Tensor]
+    mm_embeds: MultiModalEmbeddings | None = None
 
 
 class StepHook:

@@ -1,0 +1,112 @@
+"""The runner's side of multimodal inputs: the vision encoder, its cache, and the merge.
+
+Before each forward the hook drops the encoder cache entries the scheduler evicted, runs
+the encoder for the items the scheduler scheduled (multimodal/encoder_cache.py decides
+which and when), keeps their outputs by the item's hash, and gathers, for the step's
+placeholder tokens, the output rows they take (`RunnerStep.mm_embeds`): the model puts
+them in place of those tokens' text embeddings. An item whose tokens span several chunks
+is encoded once; the same image in two requests (same hash) too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from pagedllm.models.interfaces import MultiModalEmbeddings, SupportsMultiModal
+from pagedllm.multimodal.inputs import MultiModalFeature
+from pagedllm.worker.step_hooks.base import RunnerStep, StepHook
+
+
+class MultiModalHook(StepHook):
+    """Encodes scheduled items into the encoder cache and places their rows in the step.
+
+    Args:
+        model: the vision-language model (its `encode`).
+        device: where the encoder runs.
+    """
+
+    def __init__(self, model: SupportsMultiModal, device: torch.device) -> None:
+        self.model = model
+        self.device = device
+        # Item hash → its encoder output [num_embeds, hidden].
+        self.encoder_cache: dict[str, torch.Tensor] = {}
+
+    def before_forward(self, step: RunnerStep) -> None:
+        """Free, encode, gather."""
+        output = step.scheduler_output
+        for identifier in output.free_encoder_mm_hashes:
+            self.encoder_cache.pop(identifier, None)
+        if output.scheduled_encoder_inputs:
+            states = dict(zip(step.inputs.request_ids, step.states, strict=True))
+            self._encode([
+                states[request_id].mm_features[index]
+                for request_id, indices in output.scheduled_encoder_inputs.items()
+                for index in indices
+            ])
+        step.mm_embeds = self._gather(step)
+
+    def _encode(self, features: list[MultiModalFeature]) -> None:
+        """Run the encoder over the items not cached yet, a batch per modality."""
+        by_modality: dict[str, list[MultiModalFeature]] = {}
+        for feature in features:
+            if feature.identifier not in self.encoder_cache:
+                by_modality.setdefault(feature.modality, []).append(feature)
+        for modality, todo in by_modality.items():
+            unique = list({feature.identifier: feature for feature in todo}.values())
+            items = [
+                {name: t.to(self.device) for name, t in feature.tensors().items()}
+                for feature in unique
+            ]
+            for feature, embeds in zip(unique, self.model.encode(modality, items), strict=True):
+                if embeds.shape[0] != feature.num_embeds:
+                    raise RuntimeError(
+                        f"The encoder gave {embeds.shape[0]} rows for a {modality} with "
+                        f"{feature.num_embeds} placeholder tokens."
+                    )
+                self.encoder_cache[feature.identifier] = embeds
+
+    def _gather(self, step: RunnerStep) -> MultiModalEmbeddings | None:
+        """The step's placeholder rows and their encoder output rows (None: none)."""
+        inputs = step.inputs
+        rows: list[np.ndarray] = []
+        values: list[torch.Tensor] = []
+        for index, state in enumerate(step.states):
+            if not state.mm_features:
+                continue
+            start = int(inputs.context_lens[index])
+            end = start + int(inputs.query_lens[index])
+            first_row = int(inputs.query_start_loc[index])
+            for feature in _overlapping(state.mm_features, start, end):
+                positions, embed_rows = _embed_positions(feature, start, end)
+                if len(positions):
+                    rows.append(first_row + positions - start)
+                    values.append(self.encoder_cache[feature.identifier][embed_rows])
+        if not rows:
+            return None
+        return MultiModalEmbeddings(
+            step.to_device(np.concatenate(rows).astype(np.int64)), torch.cat(values)
+        )
+
+
+def _overlapping(
+    features: Sequence[MultiModalFeature], start: int, end: int
+) -> list[MultiModalFeature]:
+    return [f for f in features if f.offset < end and f.end > start]
+
+
+def _embed_positions(
+    feature: MultiModalFeature, start: int, end: int
+) -> tuple[np.ndarray, torch.Tensor]:
+    """Prompt positions in [start, end) that take one of the item's rows, and those rows."""
+    lo, hi = max(start, feature.offset), min(end, feature.end)
+    positions = np.arange(lo, hi)
+    if feature.is_embed is None:
+        return positions, torch.from_numpy(positions - feature.offset)
+    is_embed = np.asarray(feature.is_embed, dtype=bool)
+    embed_index = np.cumsum(is_embed) - 1  # per span token: its row, where it takes one
+    local = positions - feature.offset
+    keep = is_embed[local]
+    return positions[keep], torch.from_numpy(embed_index[local][keep])

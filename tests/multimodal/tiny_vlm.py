@@ -1,0 +1,123 @@
+"""Tiny random vision-language checkpoints of real architectures, with transformers' own
+processors saved beside them (the engine loads both from the folder, as from a hub one)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+
+IMAGE_TOKEN = "<image>"
+
+
+def random_image(seed: int, size: tuple[int, int] = (40, 52)) -> Image.Image:
+    """A random RGB image (width, height)."""
+    rng = np.random.default_rng(seed)
+    pixels = rng.integers(0, 256, size=(size[1], size[0], 3), dtype=np.uint8)
+    return Image.fromarray(pixels)
+
+
+def _tokenizer_with(tokenizer_dir: Path, tokens: list[str]) -> Any:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    tokenizer.add_special_tokens({"additional_special_tokens": tokens})
+    return tokenizer
+
+
+def _text_config(tokenizer: Any, text: str) -> Any:
+    from transformers import LlamaConfig, MistralConfig
+
+    common = dict(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+        initializer_range=0.2, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=False,
+    )
+    if text == "mistral":
+        return MistralConfig(sliding_window=None, **common)
+    return LlamaConfig(**common)
+
+
+def _vision_config(tower: str) -> Any:
+    from transformers import CLIPVisionConfig, SiglipVisionConfig
+
+    common = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                  num_attention_heads=4, image_size=32, patch_size=8)
+    if tower == "siglip":
+        return SiglipVisionConfig(**common)
+    return CLIPVisionConfig(projection_dim=16, **common)
+
+
+def make_tiny_llava(
+    out_dir: Path, tokenizer_dir: Path, tower: str = "clip", text: str = "llama",
+    strategy: str = "default", feature_layer: int | list[int] = -2,
+) -> Path:
+    """A tiny random LLaVA (CLIP or SigLIP tower; Llama or Mistral text) with its
+    LlavaProcessor; images become 16 (CLIP, default), 15 (SigLIP, default) or 17 / 16
+    tokens ("full")."""
+    from transformers import (
+        CLIPImageProcessor,
+        LlavaConfig,
+        LlavaForConditionalGeneration,
+        LlavaProcessor,
+        SiglipImageProcessor,
+    )
+
+    tokenizer = _tokenizer_with(tokenizer_dir, [IMAGE_TOKEN])
+    config = LlavaConfig(
+        vision_config=_vision_config(tower), text_config=_text_config(tokenizer, text),
+        image_token_id=tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
+        vision_feature_select_strategy=strategy, vision_feature_layer=feature_layer,
+    )
+    torch.manual_seed(0)
+    model = LlavaForConditionalGeneration(config).to(torch.float32).eval()
+    with torch.no_grad():  # a wide projector: image features move the logits visibly
+        for param in model.model.multi_modal_projector.parameters():
+            param.mul_(8.0)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    if tower == "siglip":
+        image_processor = SiglipImageProcessor(size={"height": 32, "width": 32})
+    else:
+        image_processor = CLIPImageProcessor(
+            size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}
+        )
+    processor = LlavaProcessor(
+        image_processor=image_processor, tokenizer=tokenizer, patch_size=8,
+        vision_feature_select_strategy=strategy, image_token=IMAGE_TOKEN,
+        num_additional_image_tokens=1 if tower == "clip" else 0,
+    )
+    processor.save_pretrained(out_dir)
+    return out_dir
+
+
+def hf_vlm_greedy(
+    model_dir: Path, prompts: list[dict[str, Any]], max_tokens: int
+) -> list[list[int]]:
+    """transformers' greedy tokens for each `{"prompt", "multi_modal_data"}`, one at a
+    time, its own processor preparing the inputs."""
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(model_dir)
+    model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32).eval()
+    results = []
+    for prompt in prompts:
+        images = (prompt.get("multi_modal_data") or {}).get("image")
+        if images is not None and not isinstance(images, list):
+            images = [images]
+        inputs = processor(text=[prompt["prompt"]], images=images or None, return_tensors="pt")
+        with torch.no_grad():
+            out = model.generate(**inputs, max_new_tokens=max_tokens, do_sample=False)
+        results.append(out[0, inputs["input_ids"].shape[1]:].tolist())
+    return results
+
+
+def copy_dir(src: Path, dst: Path) -> Path:
+    """A copy of a checkpoint folder."""
+    shutil.copytree(src, dst)
+    return dst
