@@ -99,6 +99,9 @@ FORBIDDEN = {
                  "pagedllm.spec_decode", "pagedllm.structured_output", "pagedllm.pooling",
                  "pagedllm.distributed", "pagedllm.executor", "pagedllm.triton_kernels"],
     # The Triton kernels (GPU; CPU in Triton's interpreter) are a leaf as well.
+    "multimodal": ["pagedllm.core", "pagedllm.engine", "pagedllm.worker",
+                   "pagedllm.entrypoints", "pagedllm.models", "pagedllm.layers",
+                   "pagedllm.attention", "pagedllm.executor", "pagedllm.structured_output"],
     "triton_kernels": ["pagedllm.core", "pagedllm.engine", "pagedllm.worker",
                        "pagedllm.entrypoints", "pagedllm.models", "pagedllm.layers",
                        "pagedllm.attention", "pagedllm.model_loader", "pagedllm.tokenizer",
@@ -125,6 +128,9 @@ MODULE_RULES = {
     "envs.py": _ENGINE_PARTS,
     "logger.py": _ENGINE_PARTS,
     "__init__.py": [],  # the public API re-exports the top
+    # What core reads of multimodal: plain data and bookkeeping, no torch.
+    "multimodal/inputs.py": ["torch", "numpy", "transformers"],
+    "multimodal/encoder_cache.py": ["torch", "numpy", "transformers"],
 }
 
 

@@ -9,42 +9,18 @@ the scheduler (which budgets the encoder) and to the model runner (which runs it
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import msgspec
-
-if TYPE_CHECKING:
-    import torch
 
 MODALITIES = ("image", "video")
 
 
 class TensorData(msgspec.Struct, array_like=True, gc=False):
-    """A tensor as bytes on the wire (msgpack: no pickle): dtype name, shape, raw data."""
+    """A tensor as bytes on the wire (msgpack: no pickle): dtype name, shape, raw data
+    (tensor_data.py converts)."""
 
     dtype: str
     shape: list[int]
     data: bytes
-
-    @staticmethod
-    def from_tensor(tensor: torch.Tensor) -> TensorData:
-        """The tensor's bytes (made contiguous, on the host)."""
-        import torch
-
-        tensor = tensor.detach().to("cpu").contiguous()
-        dtype = str(tensor.dtype).removeprefix("torch.")
-        raw = tensor.reshape(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b""
-        return TensorData(dtype, list(tensor.shape), raw)
-
-    def to_tensor(self) -> torch.Tensor:
-        """The tensor again (a fresh host tensor)."""
-        import torch
-
-        dtype = getattr(torch, self.dtype)
-        if not self.data:
-            return torch.empty(self.shape, dtype=dtype)
-        flat = torch.frombuffer(bytearray(self.data), dtype=torch.uint8)
-        return flat.view(dtype).reshape(self.shape)
 
 
 class MultiModalFeature(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
@@ -83,7 +59,3 @@ class MultiModalFeature(msgspec.Struct, array_like=True, omit_defaults=True, gc=
     def end(self) -> int:
         """Index past its last placeholder token."""
         return self.offset + self.length
-
-    def tensors(self) -> dict[str, torch.Tensor]:
-        """The encoder's inputs as host tensors."""
-        return {name: value.to_tensor() for name, value in self.data.items()}

@@ -16,8 +16,9 @@ import numpy as np
 import torch
 
 from pagedllm.multimodal.hashing import hash_item, hash_uuid
-from pagedllm.multimodal.inputs import MODALITIES, MultiModalFeature, TensorData
+from pagedllm.multimodal.inputs import MODALITIES, MultiModalFeature
 from pagedllm.multimodal.layouts import PromptLayout, layout_class
+from pagedllm.multimodal.tensor_data import to_tensor_data
 
 
 def supports_multimodal(architecture: str) -> bool:
@@ -137,7 +138,7 @@ class MultiModalProcessor:
         for index, (inputs, (offset, length, is_embed)) in enumerate(
             zip(self.layout.item_inputs(modality, outputs, count), spans, strict=True)
         ):
-            data = {name: TensorData.from_tensor(t) for name, t in inputs.items()}
+            data = {name: to_tensor_data(t) for name, t in inputs.items()}
             uuid = uuid_list[index]
             identifier = (hash_uuid(modality, uuid, kwargs) if uuid is not None
                           else hash_item(modality, data, kwargs))

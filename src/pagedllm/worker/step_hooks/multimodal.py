@@ -17,6 +17,7 @@ import torch
 
 from pagedllm.models.interfaces import MultiModalEmbeddings, SupportsMultiModal
 from pagedllm.multimodal.inputs import MultiModalFeature
+from pagedllm.multimodal.tensor_data import feature_tensors
 from pagedllm.worker.step_hooks.base import RunnerStep, StepHook
 
 
@@ -57,7 +58,7 @@ class MultiModalHook(StepHook):
         for modality, todo in by_modality.items():
             unique = list({feature.identifier: feature for feature in todo}.values())
             items = [
-                {name: t.to(self.device) for name, t in feature.tensors().items()}
+                {name: t.to(self.device) for name, t in feature_tensors(feature).items()}
                 for feature in unique
             ]
             for feature, embeds in zip(unique, self.model.encode(modality, items), strict=True):
