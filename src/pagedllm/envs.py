@@ -144,3 +144,15 @@ def cpu_kv_cache_prefault() -> bool:
     hours into serving, and resident memory stays flat under load. Default off: the pages of
     the cache become resident as blocks are first used (small runs stay small)."""
     return os.environ.get("PAGEDLLM_CPU_KVCACHE_PREFAULT", "").strip().lower() in ("1", "true")
+
+
+def image_fetch_timeout() -> float:
+    """PAGEDLLM_IMAGE_FETCH_TIMEOUT: seconds to wait for an http(s) image (vLLM's
+    VLLM_IMAGE_FETCH_TIMEOUT; default 5)."""
+    return float(os.environ.get("PAGEDLLM_IMAGE_FETCH_TIMEOUT", "5"))
+
+
+def media_max_bytes() -> int:
+    """PAGEDLLM_MEDIA_MAX_BYTES: the largest image (or video) a URL may give, in bytes
+    (default 20 MiB)."""
+    return int(os.environ.get("PAGEDLLM_MEDIA_MAX_BYTES", str(20 << 20)))

@@ -18,10 +18,12 @@ from pagedllm.engine.arg_utils import EngineArgs
 from pagedllm.engine.input_processor import PromptType
 from pagedllm.engine.llm_engine import LLMEngine
 from pagedllm.entrypoints.beam_search import BeamSearchOutput, beam_search
+from pagedllm.entrypoints.chat_media import extract_chat_media, template_reads_parts
 from pagedllm.entrypoints.chat_utils import conversation_for_template
 from pagedllm.entrypoints.llm_pooling import PoolingMethods
 from pagedllm.lora.request import LoRARequest
 from pagedllm.metrics.reader import Metric
+from pagedllm.multimodal.media import MediaConnector
 from pagedllm.outputs import RequestOutput
 from pagedllm.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 from pagedllm.tokenizer.tokenizer import apply_chat_template
@@ -60,7 +62,10 @@ class LLM(PoolingMethods):
             "priority"), runner ("auto", "generate", "pooling"), convert ("auto", "none",
             "embed", "classify"; with runner="generate", "embed" adds embeddings to
             generation), pooler_config (PoolerConfig or dict: pooling_type, normalize,
-            softmax, dimensions), enforce_eager (True: no CUDA graphs for decode steps)).
+            softmax, dimensions), enforce_eager (True: no CUDA graphs for decode steps),
+            limit_mm_per_prompt ({"image": N}), mm_processor_kwargs), and for `chat`'s
+            image URLs allowed_local_media_path (file:// below it) and
+            allowed_media_domains (http(s) hosts).
     """
 
     def __init__(
@@ -77,6 +82,10 @@ class LLM(PoolingMethods):
         num_gpu_blocks_override: int | None = None,
         **kwargs: Any,
     ) -> None:
+        self._media = MediaConnector(
+            kwargs.pop("allowed_local_media_path", "") or "",
+            kwargs.pop("allowed_media_domains", None),
+        )
         engine_args = EngineArgs(
             model=model,
             dtype=dtype,
@@ -176,14 +185,22 @@ class LLM(PoolingMethods):
             )
         conversations = [messages] if isinstance(messages[0], dict) else messages
         tokenizer = self.get_tokenizer()
-        prompts: list[PromptType] = [
-            apply_chat_template(
+        mm_processor = self.llm_engine.input_processor.mm_processor
+        parts_format = template_reads_parts(
+            chat_template or getattr(tokenizer, "chat_template", None)
+        )
+        prompts: list[PromptType] = []
+        for conv in conversations:
+            # Image parts become placeholders in the text and multi_modal_data beside it.
+            conv, media = extract_chat_media(
+                conv, mm_processor, self._media, parts_format  # type: ignore[arg-type]
+            )
+            text = apply_chat_template(
                 tokenizer, conversation_for_template(conv), add_generation_prompt,
                 chat_template, tools=tools, continue_final_message=continue_final_message,
                 template_kwargs=chat_template_kwargs,
             )
-            for conv in conversations  # type: ignore[arg-type]
-        ]
+            prompts.append(media.prompt(text))
         # The template already wrote BOS and other special tokens where the model wants them.
         return self._run(
             prompts, sampling_params, use_tqdm, add_special_tokens=False,
