@@ -75,9 +75,9 @@ def test_uuids_name_the_item_and_kwargs_reach_the_processor(llm):
     prompt = {"prompt": "a <image>", "multi_modal_data": {"image": random_image(1)},
               "multi_modal_uuids": {"image": ["photo-1"]}}
     assert processor.tokenize(prompt).mm_features[0].identifier == "image:photo-1"
-    plain = processor.tokenize({"prompt": "a <image>", "multi_modal_data": {"image": random_image(1)}})
-    resized = processor.tokenize({"prompt": "a <image>", "multi_modal_data": {"image": random_image(1)},
-                                  "mm_processor_kwargs": {"do_normalize": False}})
+    image_prompt = {"prompt": "a <image>", "multi_modal_data": {"image": random_image(1)}}
+    plain = processor.tokenize(image_prompt)
+    resized = processor.tokenize({**image_prompt, "mm_processor_kwargs": {"do_normalize": False}})
     # Other processing, other pixels: another item.
     assert plain.mm_features[0].identifier != resized.mm_features[0].identifier
 
