@@ -201,7 +201,9 @@ class InputProcessor:
             )
 
     def tokenize(self, prompt: PromptType, add_special_tokens: bool = True) -> ProcessedPrompt:
-        """Turn a text prompt, `{"prompt": text}` or `{"prompt_token_ids": ids}` into ids."""
+        """Turn a text prompt, `{"prompt": text}`, `{"prompt_token_ids": ids}` (with the
+        `mm_features` of an already processed multimodal prompt) or `{"prompt",
+        "multi_modal_data"}` into ids (and processed images)."""
         if isinstance(prompt, str):
             ids = self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
             return ProcessedPrompt(prompt, list(ids))
@@ -219,7 +221,14 @@ class InputProcessor:
                 or any(t not in (0, 1) for t in types)
             ):  # fmt: skip
                 raise ValueError("token_type_ids must be a list of 0/1, one per prompt token.")
-            return ProcessedPrompt(prompt.get("prompt"), list(ids), types)
+            features = prompt.get("mm_features")
+            if features is not None and (
+                not isinstance(features, list)
+                or not all(isinstance(f, MultiModalFeature) for f in features)
+            ):
+                raise ValueError("mm_features must be a list of MultiModalFeature (processed "
+                                 "by this model's processor).")
+            return ProcessedPrompt(prompt.get("prompt"), list(ids), types, features or None)
         if isinstance(prompt, dict) and isinstance(prompt.get("prompt"), str):
             return self.tokenize(prompt["prompt"], add_special_tokens)
         raise ValueError(

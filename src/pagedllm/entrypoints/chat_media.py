@@ -154,8 +154,9 @@ def _load(value: Any, kind: str, where: str, connector: MediaConnector) -> Any:
 def _content(
     parts: list[tuple[str, str]], processor: MultiModalProcessor | None, parts_format: bool
 ) -> str | list[dict[str, str]]:
-    """A message's content for the template, in the template's format."""
-    if parts_format:
+    """A message's content for the template, in the template's format (text alone: one
+    string, its parts joined by newlines)."""
+    if parts_format and any(kind != "text" for kind, _ in parts):
         return [{"type": "text", "text": v} if k == "text" else {"type": k} for k, v in parts]
     placeholders = [value for kind, value in parts if kind != "text"]
     texts = "\n".join(value for kind, value in parts if kind == "text")

@@ -230,6 +230,10 @@ class PrometheusStatLogger:
         self.cpu_kv_usage = m(
             Gauge, "cpu_kv_cache_usage_perc", "Host swap space usage (1 = 100%)."
         )
+        self.encoder_usage = m(
+            Gauge, "encoder_cache_usage_perc",
+            "Encoder cache held by images requests still need (1 = 100%).",
+        )
         self.preemptions = m(Counter, "num_preemptions", "Cumulative preemptions.")
         self.prefix_queries = m(
             Counter, "prefix_cache_queries", "Prompt tokens looked up in the prefix cache."
@@ -340,6 +344,7 @@ class PrometheusStatLogger:
         self.kv_usage.labels(**labels).set(stats.kv_cache_usage)
         self.swapped.labels(**labels).set(stats.num_swapped_reqs)
         self.cpu_kv_usage.labels(**labels).set(getattr(stats, "cpu_kv_cache_usage", 0.0))
+        self.encoder_usage.labels(**labels).set(getattr(stats, "encoder_cache_usage", 0.0))
         for name, counter in (
             ("num_preemptions", self.preemptions),
             ("prefix_cache_queries", self.prefix_queries),

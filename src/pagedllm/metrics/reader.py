@@ -51,6 +51,7 @@ def metrics_from_stats(stats: SchedulerStats | None) -> list[Metric]:
         Gauge(PREFIX + "num_requests_running", value=stats.num_running_reqs),
         Gauge(PREFIX + "num_requests_waiting", value=stats.num_waiting_reqs),
         Gauge(PREFIX + "kv_cache_usage_perc", value=stats.kv_cache_usage),
+        Gauge(PREFIX + "encoder_cache_usage_perc", value=stats.encoder_cache_usage),
         Counter(PREFIX + "num_preemptions", value=stats.num_preemptions),
         Counter(PREFIX + "prefix_cache_queries", value=stats.prefix_cache_queries),
         Counter(PREFIX + "prefix_cache_hits", value=stats.prefix_cache_hits),

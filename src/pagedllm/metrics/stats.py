@@ -22,6 +22,9 @@ class SchedulerStats:
         num_swapped_reqs: requests preempted to the host swap space.
         kv_cache_usage: share of usable KV blocks in use, in [0, 1].
         cpu_kv_cache_usage: share of the host swap pool in use, in [0, 1] (swap preemption).
+        encoder_cache_usage: share of the encoder cache held by items some request still
+            needs, in [0, 1] (vision-language models; unused entries kept for reuse are
+            free space).
         prefix_cache_queries: cumulative prompt tokens looked up in the prefix cache.
         prefix_cache_hits: cumulative tokens of those found cached.
         num_preemptions: cumulative preemptions (swap and recompute).
@@ -40,6 +43,7 @@ class SchedulerStats:
     num_swapped_reqs: int = 0
     kv_cache_usage: float = 0.0
     cpu_kv_cache_usage: float = 0.0
+    encoder_cache_usage: float = 0.0
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     num_preemptions: int = 0

@@ -63,6 +63,7 @@ from pagedllm.entrypoints.openai.serving_pooling import OpenAIServingPooling
 from pagedllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
 from pagedllm.logger import init_logger
 from pagedllm.model_loader.source import DEFAULT_MODEL
+from pagedllm.multimodal.media import MediaConnector
 
 logger = init_logger(__name__)
 router = APIRouter()
@@ -197,7 +198,7 @@ async def create_rerank(request: RerankRequest, raw_request: Request) -> Respons
 @_answer_errors
 async def tokenize(request: TokenizeRequest, raw_request: Request) -> JSONResponse:
     """Tokenize a prompt or chat messages."""
-    return JSONResponse(_handlers(raw_request).tokenization.tokenize_request(request))
+    return JSONResponse(await _handlers(raw_request).tokenization.tokenize_request(request))
 
 
 @router.post("/detokenize")
@@ -257,6 +258,8 @@ def build_app(engine: AsyncLLM, server_args: ServerArgs, model: str | None = Non
         enable_auto_tool_choice=server_args.enable_auto_tool_choice,
         exclude_tools_when_tool_choice_none=server_args.exclude_tools_when_tool_choice_none,
         grammar_backend=engine.engine_config.structured_outputs_config.resolved_backend,
+        media=MediaConnector(server_args.allowed_local_media_path,
+                             server_args.allowed_media_domains),
     )
     state = app.state
     state.engine = engine

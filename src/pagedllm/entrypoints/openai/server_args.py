@@ -59,6 +59,11 @@ class ServerArgs:
         "(Llama 3.1/3.2 JSON), mistral or pythonic (Llama 3.2/4 pythonic, ToolACE)."))
     exclude_tools_when_tool_choice_none: bool = field(default=False, metadata=_help(
         "Leave `tools` out of the chat template when a request sets tool_choice \"none\"."))
+    allowed_local_media_path: str = field(default="", metadata=_help(
+        "Let image_url parts read file:// URLs below this folder (off when empty: a "
+        "security risk on a shared machine)."))
+    allowed_media_domains: list[str] | None = field(default=None, metadata=_help(
+        "The only hosts http(s) image URLs may name (default: any)."))
 
     def __post_init__(self) -> None:
         parse_lora_modules(self.lora_modules)  # ValueError naming a malformed entry

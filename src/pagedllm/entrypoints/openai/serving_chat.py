@@ -8,6 +8,7 @@ How tools are used (template, grammar, parser) is decided in chat_tools.py.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
@@ -16,6 +17,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from jinja2 import TemplateError
 
+from pagedllm.entrypoints.chat_media import extract_chat_media, template_reads_parts
 from pagedllm.entrypoints.chat_utils import conversation_for_template
 from pagedllm.entrypoints.openai.chat_tools import ChatToolUse, finish_reason, plan_tool_use
 from pagedllm.entrypoints.openai.errors import APIError, sse_error
@@ -49,29 +51,10 @@ from pagedllm.tokenizer.tokenizer import apply_chat_template
 from pagedllm.tool_calling import ToolCallStreamer
 
 
-def message_text(message: ChatMessage, index: int) -> str:
-    """A message's content as one string; list content must be text parts."""
-    content = message.content
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    texts = []
-    for part in content:
-        if part.type != "text" or part.text is None:
-            raise APIError(
-                f"messages[{index}].content: only {{'type': 'text'}} parts are supported, "
-                f"got type {part.type!r}.",
-                param="messages",
-            )
-        texts.append(part.text)
-    return "\n".join(texts)
-
-
 class OpenAIServingChat(OpenAIServing):
     """Handler of /v1/chat/completions."""
 
-    def render(
+    async def chat_prompt(
         self,
         messages: list[ChatMessage],
         chat_template: str | None,
@@ -79,8 +62,10 @@ class OpenAIServingChat(OpenAIServing):
         continue_final_message: bool = False,
         template_kwargs: dict[str, Any] | None = None,
         tools: list[dict[str, Any]] | None = None,
-    ) -> str:
-        """The prompt text of `messages` (and `tools`) under the chat template in force."""
+        add_special_tokens: bool = False,
+    ) -> TokenizedPrompt:
+        """The prompt of `messages` (and `tools`) under the chat template in force: its
+        text, its token ids and its images, read (off the event loop) and processed."""
         template = chat_template or self.config.chat_template
         template = template or getattr(self.tokenizer, "chat_template", None)
         if not template:
@@ -88,17 +73,31 @@ class OpenAIServingChat(OpenAIServing):
                 "This model has no chat template; start the server with --chat-template or "
                 "pass chat_template in the request.", param="chat_template",
             )
+        processor = self.engine.engine.input_processor
         try:
-            conversation = conversation_for_template(
-                [_template_message(m, i) for i, m in enumerate(messages)]
+            conversation, media = await asyncio.to_thread(
+                extract_chat_media, [_template_message(m) for m in messages],
+                processor.mm_processor, self.config.media, template_reads_parts(template),
             )
-            prompt = apply_chat_template(
-                self.tokenizer, conversation, add_generation_prompt, template, tools=tools,
-                continue_final_message=continue_final_message, template_kwargs=template_kwargs,
+        except ValueError as error:
+            raise APIError(str(error), param="messages") from None
+        try:
+            text = apply_chat_template(
+                self.tokenizer, conversation_for_template(conversation), add_generation_prompt,
+                template, tools=tools, continue_final_message=continue_final_message,
+                template_kwargs=template_kwargs,
             )
         except (TemplateError, ValueError, TypeError) as error:
             raise APIError(f"The chat template failed: {error}", param="messages") from None
-        return prompt
+        if not media.items:
+            return TokenizedPrompt(text, self.tokenize(text, add_special_tokens))
+        try:
+            processed = await asyncio.to_thread(
+                processor.tokenize, media.prompt(text), add_special_tokens
+            )
+        except ValueError as error:
+            raise APIError(str(error), param="messages") from None
+        return TokenizedPrompt(text, processed.prompt_token_ids, processed.mm_features)
 
     async def create_chat_completion(
         self, request: ChatCompletionRequest, raw_request: Request
@@ -107,13 +106,17 @@ class OpenAIServingChat(OpenAIServing):
         lora_request = self.check_model(request.model)
         self.check_task("generate")
         tool_use = plan_tool_use(request, self.config, self.tokenizer)
-        text = self.render(request.messages, request.chat_template,
-                           request.add_generation_prompt, request.continue_final_message,
-                           request.chat_template_kwargs, tool_use.template_tools)
-        ids = self.truncate(self.tokenize(text, request.add_special_tokens),
-                            request.truncate_prompt_tokens)
+        prompt = await self.chat_prompt(
+            request.messages, request.chat_template, request.add_generation_prompt,
+            request.continue_final_message, request.chat_template_kwargs,
+            tool_use.template_tools, request.add_special_tokens,
+        )
+        ids = self.truncate(prompt.token_ids, request.truncate_prompt_tokens)
+        if prompt.mm_features and len(ids) < len(prompt.token_ids):
+            raise APIError("truncate_prompt_tokens would cut a prompt with images; raise it.",
+                           param="truncate_prompt_tokens")
         self.check_length(len(ids), request.requested_max_tokens, "messages")
-        prompt = TokenizedPrompt(text, ids)
+        prompt.token_ids = ids
         top = (request.top_logprobs or 0) if request.logprobs else None
         params = build_sampling_params(request, request.requested_max_tokens, top,
                                        self.generation_defaults, tool_use.constraint,
@@ -139,8 +142,7 @@ class OpenAIServingChat(OpenAIServing):
     def _role_and_echo(self, request: ChatCompletionRequest) -> tuple[str, str]:
         role = "assistant" if request.add_generation_prompt else request.messages[-1].role
         last = request.messages[-1]
-        echo = message_text(last, len(request.messages) - 1) if (
-            request.echo and last.role == role) else ""
+        echo = _text_of(last) if (request.echo and last.role == role) else ""
         return role, echo
 
     def _logprobs(self, request: ChatCompletionRequest, seq: CompletionOutput) -> Any:
@@ -261,9 +263,21 @@ def _deltas(seq: CompletionOutput, streamer: ToolCallStreamer | None) -> list[De
     return deltas
 
 
-def _template_message(message: ChatMessage, index: int) -> dict[str, Any]:
-    """A request message as the template reads it (text content, tool fields when set)."""
-    rendered: dict[str, Any] = {"role": message.role, "content": message_text(message, index)}
+def _text_of(message: ChatMessage) -> str:
+    """A message's text (its text parts joined by newlines)."""
+    content = message.content
+    if content is None or isinstance(content, str):
+        return content or ""
+    return "\n".join(part.text for part in content if part.text is not None)
+
+
+def _template_message(message: ChatMessage) -> dict[str, Any]:
+    """A request message as plain data: its content (text, or content parts as dicts:
+    chat_media.py reads them) and its tool fields when set."""
+    content: Any = message.content
+    if isinstance(content, list):
+        content = [part.model_dump(exclude_none=True) for part in content]
+    rendered: dict[str, Any] = {"role": message.role, "content": content or ""}
     for key in ("name", "tool_calls", "tool_call_id"):
         value = getattr(message, key)
         if value is not None:

@@ -11,7 +11,7 @@ import asyncio
 import hashlib
 import json
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any, TypeVar, cast
 
@@ -27,6 +27,8 @@ from pagedllm.entrypoints.openai.protocol import SamplingExtras
 from pagedllm.entrypoints.openai.sampling import load_generation_defaults
 from pagedllm.entrypoints.openai.served_models import ServedModels
 from pagedllm.lora.request import LoRARequest
+from pagedllm.multimodal.inputs import MultiModalFeature
+from pagedllm.multimodal.media import MediaConnector
 from pagedllm.outputs import RequestOutput
 from pagedllm.sampling_params import SamplingParams
 
@@ -44,6 +46,7 @@ class ServingConfig:
         enable_auto_tool_choice: whether `tool_choice="auto"` is served.
         exclude_tools_when_tool_choice_none: keep tools out of the template for "none".
         grammar_backend: the engine's structured-outputs library ("xgrammar", "guidance").
+        media: how image URLs of chat messages are read (limits, allowed places).
     """
 
     models: ServedModels
@@ -52,6 +55,7 @@ class ServingConfig:
     enable_auto_tool_choice: bool = False
     exclude_tools_when_tool_choice_none: bool = False
     grammar_backend: str = "xgrammar"
+    media: MediaConnector = field(default_factory=MediaConnector)
 
 
 @dataclass
@@ -60,10 +64,15 @@ class TokenizedPrompt:
 
     text: str | None
     token_ids: list[int]
+    mm_features: list[MultiModalFeature] | None = None
 
     def engine_prompt(self) -> dict[str, Any]:
-        """The prompt as AsyncLLM.generate takes it (already tokenized)."""
-        return {"prompt_token_ids": self.token_ids, "prompt": self.text}
+        """The prompt as AsyncLLM.generate takes it (already tokenized; its images
+        already processed)."""
+        prompt: dict[str, Any] = {"prompt_token_ids": self.token_ids, "prompt": self.text}
+        if self.mm_features:
+            prompt["mm_features"] = self.mm_features
+        return prompt
 
 
 class OpenAIServing:

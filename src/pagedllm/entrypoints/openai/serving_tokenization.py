@@ -12,19 +12,21 @@ from pagedllm.entrypoints.openai.serving_chat import OpenAIServingChat
 class OpenAIServingTokenization(OpenAIServingChat):
     """Handlers of /tokenize (a prompt, or chat messages through the template) and /detokenize."""
 
-    def tokenize_request(self, request: TokenizeRequest) -> dict[str, Any]:
-        """`{count, max_model_len, tokens[, token_strs]}`."""
+    async def tokenize_request(self, request: TokenizeRequest) -> dict[str, Any]:
+        """`{count, max_model_len, tokens[, token_strs]}`; a chat's images count as the
+        feature tokens they expand to."""
         self.check_model(request.model)
         if request.messages is not None:
             tools = [tool.model_dump(exclude_none=True) for tool in request.tools or []]
-            text = self.render(request.messages, request.chat_template,
-                               request.add_generation_prompt, request.continue_final_message,
-                               request.chat_template_kwargs, tools or None)
-            add_special = bool(request.add_special_tokens)  # chat: template wrote them
+            prompt = await self.chat_prompt(
+                request.messages, request.chat_template, request.add_generation_prompt,
+                request.continue_final_message, request.chat_template_kwargs, tools or None,
+                bool(request.add_special_tokens),  # chat: the template wrote them
+            )
+            tokens = prompt.token_ids
         else:
             text = request.prompt or ""
-            add_special = request.add_special_tokens is not False
-        tokens = self.tokenize(text, add_special)
+            tokens = self.tokenize(text, request.add_special_tokens is not False)
         result: dict[str, Any] = {
             "count": len(tokens), "max_model_len": self.max_model_len, "tokens": tokens,
         }
