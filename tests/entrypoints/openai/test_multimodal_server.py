@@ -6,6 +6,7 @@ keeps serving and holds nothing once idle."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import http.server
 import io
 import threading
@@ -50,10 +51,8 @@ class _MediaHandler(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Type", "image/png")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        try:
-            self.wfile.write(body)
-        except (BrokenPipeError, ConnectionResetError):
-            pass
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            self.wfile.write(body)  # a client that timed out is gone
 
     def log_message(self, *args) -> None:
         pass
@@ -171,10 +170,12 @@ def test_too_many_images_answer_400_and_the_server_stays_idle(client, vlm_server
 
 def test_text_only_model_answers_400_for_an_image(server):
     """The shared tiny Llama server (conftest): an image part is a 400, not ignored."""
-    with openai.OpenAI(base_url=server.url_v1, api_key=API_KEY, max_retries=0) as text_client:
-        with pytest.raises(openai.BadRequestError, match="reads text only") as error:
-            text_client.chat.completions.create(
-                model="tiny-llama", max_tokens=4,
-                messages=_messages(_image(_data_url(random_image(5)))),
-            )
+    with (
+        openai.OpenAI(base_url=server.url_v1, api_key=API_KEY, max_retries=0) as text_client,
+        pytest.raises(openai.BadRequestError, match="reads text only") as error,
+    ):
+        text_client.chat.completions.create(
+            model="tiny-llama", max_tokens=4,
+            messages=_messages(_image(_data_url(random_image(5)))),
+        )
     assert "messages.0.content.0.image_url" in error.value.response.json()["error"]["message"]
