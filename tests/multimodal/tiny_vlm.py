@@ -21,6 +21,20 @@ def random_image(seed: int, size: tuple[int, int] = (40, 52)) -> Image.Image:
     return Image.fromarray(pixels)
 
 
+def _randomize(model: Any, skip: str = "multi_modal_projector") -> None:
+    """Biases and norm weights random too (not their 0 / 1 defaults, which would hide a
+    missing bias or a (1 + w) norm, and leave a tiny model's outputs degenerate); the
+    projector's are left alone (its biases would drown the image features)."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if skip in name:
+                continue
+            if name.endswith(".bias"):
+                param.normal_(0.0, 0.3)
+            elif "norm" in name:
+                param.normal_(0.5, 0.3)
+
+
 def _tokenizer_with(tokenizer_dir: Path, tokens: list[str]) -> Any:
     from transformers import AutoTokenizer
 
@@ -77,6 +91,7 @@ def make_tiny_llava(
     )
     torch.manual_seed(0)
     model = LlavaForConditionalGeneration(config).to(torch.float32).eval()
+    _randomize(model)
     with torch.no_grad():  # a wide projector: image features move the logits visibly
         for param in model.model.multi_modal_projector.parameters():
             param.mul_(8.0)
@@ -121,3 +136,55 @@ def copy_dir(src: Path, dst: Path) -> Path:
     """A copy of a checkpoint folder."""
     shutil.copytree(src, dst)
     return dst
+
+
+GEMMA3_TOKENS = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>",
+                 "image_token": "<image_soft_token>"}
+
+
+def make_tiny_gemma3(out_dir: Path, tokenizer_dir: Path, sliding_window: int = 6) -> Path:
+    """A tiny random Gemma 3 with images (SigLIP 32 px, 16 patches pooled to 4 soft tokens;
+    a sliding layer with a window shorter than a prompt, then a global one) and its
+    Gemma3Processor."""
+    from transformers import (
+        AutoTokenizer,
+        Gemma3Config,
+        Gemma3ForConditionalGeneration,
+        Gemma3Processor,
+        Gemma3TextConfig,
+        SiglipVisionConfig,
+    )
+    from transformers.models.gemma3.image_processing_pil_gemma3 import (
+        Gemma3ImageProcessorPil,
+    )
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, extra_special_tokens=GEMMA3_TOKENS)
+    text = Gemma3TextConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+        sliding_window=sliding_window,
+        layer_types=["full_attention", "sliding_attention", "full_attention"],
+        initializer_range=0.2, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        query_pre_attn_scalar=20,
+    )
+    vision = SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                num_attention_heads=4, image_size=32, patch_size=8)
+    config = Gemma3Config(
+        text_config=text, vision_config=vision, mm_tokens_per_image=4,
+        boi_token_index=tokenizer.boi_token_id, eoi_token_index=tokenizer.eoi_token_id,
+        image_token_index=tokenizer.image_token_id, initializer_range=0.2,
+    )
+    torch.manual_seed(0)
+    model = Gemma3ForConditionalGeneration(config).to(torch.float32).eval()
+    _randomize(model, skip="mm_input_projection_weight")
+    with torch.no_grad():  # pixels, not biases, drive the patches; a non-zero projection
+        model.model.vision_tower.embeddings.patch_embedding.weight.normal_(0.0, 1.0)
+        model.model.multi_modal_projector.mm_input_projection_weight.normal_(0.0, 0.3)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    processor = Gemma3Processor(
+        image_processor=Gemma3ImageProcessorPil(size={"height": 32, "width": 32}),
+        tokenizer=tokenizer, image_seq_length=4,
+    )
+    processor.save_pretrained(out_dir)
+    return out_dir

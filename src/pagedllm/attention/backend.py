@@ -40,6 +40,10 @@ class CommonAttentionMetadata:
         for_cuda_graph: the metadata of a captured decode graph, replayed with other
             lengths and block tables in the same tensors: the host-side fields (the
             lists, max_seq_len) describe the capture, not the steps that replay it.
+        key_ends: [num_tokens] int64, or None (causal): each token's exclusive bound on
+            the key positions it attends, past its own where its image's tokens attend to
+            each other both ways (Gemma 3). Only the reference backend (torch_paged.py)
+            reads it; the runner runs such steps on it.
     """
 
     num_reqs: int
@@ -56,6 +60,7 @@ class CommonAttentionMetadata:
     seq_lens_cpu: list[int]
     contexts_rewritten: bool = False
     for_cuda_graph: bool = False
+    key_ends: torch.Tensor | None = None
 
     def decode_and_prefill_rows(self) -> tuple[list[int], list[int]]:
         """Indices of the requests computing one token (decodes) and more (prefills)."""

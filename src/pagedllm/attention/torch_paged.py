@@ -50,12 +50,15 @@ class _Prefill:
         first_token / num_tokens: its query rows in the batch.
         context_len: tokens cached before this step.
         slots: [context_len + num_tokens] cache slot of every position.
+        key_ends: [num_tokens] each query's key bound (exclusive), where some attend past
+            themselves (an image's tokens, both ways); None: causal.
     """
 
     first_token: int
     num_tokens: int
     context_len: int
     slots: torch.Tensor
+    key_ends: torch.Tensor | None = None
 
 
 @dataclass
@@ -94,11 +97,16 @@ def _decode_batches(
 
 def _prefill(common: CommonAttentionMetadata, row: int, block_size: int) -> _Prefill:
     num_tokens, seq_len = common.query_lens_cpu[row], common.seq_lens_cpu[row]
+    first_token = sum(common.query_lens_cpu[:row])
+    key_ends = None
+    if common.key_ends is not None:
+        key_ends = common.key_ends[first_token : first_token + num_tokens]
     return _Prefill(
-        first_token=sum(common.query_lens_cpu[:row]),
+        first_token=first_token,
         num_tokens=num_tokens,
         context_len=seq_len - num_tokens,
         slots=_context_slots(common.block_tables[row], seq_len, block_size),
+        key_ends=key_ends,
     )
 
 
@@ -218,8 +226,9 @@ def _prefill_attention(
     scale: float,
     window: int | None,
 ) -> torch.Tensor:  # [L, H, D]
-    """A request's new tokens, causally over its context and themselves, in chunks of
-    query rows within the scores' memory bound."""
+    """A request's new tokens, causally over its context and themselves (an image's tokens
+    also to the image's later tokens: `key_ends`), in chunks of query rows within the
+    scores' memory bound."""
     num_rows, num_heads, head_size = query.shape
     num_kv_heads = kv_cache.shape[-2]
     group = num_heads // num_kv_heads
@@ -234,7 +243,10 @@ def _prefill_attention(
     for start in range(0, num_rows, chunk):
         end = min(start + chunk, num_rows)
         query_pos = prefill.context_len + torch.arange(start, end, device=query.device)
-        allowed = key_pos <= query_pos.unsqueeze(1)  # [rows, S]
+        if prefill.key_ends is None:
+            allowed = key_pos <= query_pos.unsqueeze(1)  # [rows, S]
+        else:  # causal, or up to the end of the query's image (both ways within it)
+            allowed = key_pos < prefill.key_ends[start:end].unsqueeze(1)
         if window is not None:
             allowed &= key_pos > query_pos.unsqueeze(1) - window
         allowed = allowed.repeat_interleave(group, dim=0).unsqueeze(0)  # [1, rows * G, S]

@@ -49,7 +49,14 @@ def _encoder_budget(model_config: ModelConfig, token_budget: int) -> dict[str, i
     layout = layout_class(model_config.architecture)
     if layout is None:
         return {}
-    rows = max(token_budget, layout.max_tokens_per_item(model_config.hf_config))
+    largest = layout.max_tokens_per_item(model_config.hf_config)
+    if layout.bidirectional and token_budget < largest:
+        raise ValueError(
+            f"max_num_batched_tokens={token_budget} is below the {largest} tokens of one "
+            f"{model_config.architecture} image, which are computed in one step (they "
+            "attend to each other both ways); raise it."
+        )
+    rows = max(token_budget, largest)
     return {"max_num_encoder_input_tokens": rows, "encoder_cache_size": rows}
 
 

@@ -48,24 +48,7 @@ class LlavaForConditionalGeneration(VisionLanguageModel):
             hf_config.projector_hidden_act, getattr(hf_config, "multimodal_projector_bias", True),
         )
 
-    def encode(
-        self, modality: str, items: list[dict[str, torch.Tensor]]
-    ) -> list[torch.Tensor]:
-        """Images (pixel_values [1, 3, H, W] each, batched by size) → [patches, hidden]."""
-        if modality != "image":
-            raise ValueError(f"LLaVA takes images, not {modality}.")
-        outputs: list[torch.Tensor | None] = [None] * len(items)
-        by_shape: dict[tuple[int, ...], list[int]] = {}
-        for index, item in enumerate(items):
-            by_shape.setdefault(tuple(item["pixel_values"].shape[1:]), []).append(index)
-        for indices in by_shape.values():
-            pixels = torch.cat([items[i]["pixel_values"] for i in indices])
-            features = self._image_features(pixels)
-            for row, index in enumerate(indices):
-                outputs[index] = features[row]
-        return [output for output in outputs if output is not None]
-
-    def _image_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
+    def image_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
         """[B, 3, H, W] → [B, patches, text hidden]."""
         states = self.vision_tower(pixel_values)
         if self.drop_class_token:  # the first token, whatever the tower (as transformers)

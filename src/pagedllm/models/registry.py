@@ -27,6 +27,9 @@ _MODELS: dict[str, tuple[str, str]] = {
     "Qwen3MoeForCausalLM": ("pagedllm.models.moe", "Qwen3MoeForCausalLM"),
     # Vision-language models (images in; multimodal/ processes their inputs).
     "LlavaForConditionalGeneration": ("pagedllm.models.llava", "LlavaForConditionalGeneration"),
+    "Gemma3ForConditionalGeneration": (
+        "pagedllm.models.gemma3_mm", "Gemma3ForConditionalGeneration"
+    ),
 }
 
 

@@ -46,7 +46,8 @@ def text_spec(text_config: Any) -> DecoderSpec:
 class VisionLanguageModel(DecoderForCausalLM):
     """A text decoder plus vision modules (`vision_prefixes` name them in checkpoints).
 
-    Subclasses build their vision modules in `__init__` and implement `encode`.
+    Subclasses build their vision modules in `__init__` and implement `image_features`
+    (or `encode` for inputs other than one pixel tensor per image).
     """
 
     supports_multimodal = True
@@ -59,7 +60,22 @@ class VisionLanguageModel(DecoderForCausalLM):
     def encode(
         self, modality: str, items: list[dict[str, torch.Tensor]]
     ) -> list[torch.Tensor]:
-        """Each item's encoder inputs → its embeddings [num_embeds, hidden]."""
+        """Images (pixel_values [1, 3, H, W] each) → their embeddings [num_embeds, hidden],
+        images of one size in one batch."""
+        if modality != "image":
+            raise ValueError(f"{type(self).__name__} takes images, not {modality}.")
+        outputs: list[torch.Tensor] = [torch.empty(0)] * len(items)
+        by_shape: dict[tuple[int, ...], list[int]] = {}
+        for index, item in enumerate(items):
+            by_shape.setdefault(tuple(item["pixel_values"].shape[1:]), []).append(index)
+        for indices in by_shape.values():
+            features = self.image_features(torch.cat([items[i]["pixel_values"] for i in indices]))
+            for row, index in enumerate(indices):
+                outputs[index] = features[row]
+        return outputs
+
+    def image_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """[B, 3, H, W] → [B, tokens per image, text hidden]."""
         raise NotImplementedError
 
     def forward(  # type: ignore[override]

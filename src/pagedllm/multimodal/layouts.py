@@ -106,8 +106,44 @@ class LlavaLayout(PromptLayout):
                                                                         self._token_id())]
 
 
+class Gemma3Layout(PromptLayout):
+    """Gemma 3: `<start_of_image>` becomes blank lines, itself, `mm_tokens_per_image` soft
+    tokens and `<end_of_image>`; the soft tokens attend to each other both ways."""
+
+    bidirectional = True
+
+    @staticmethod
+    def max_tokens_per_item(hf_config: Any) -> int:
+        """Every image is `mm_tokens_per_image` soft tokens."""
+        return int(hf_config.mm_tokens_per_image)
+
+    def placeholder(self, modality: str) -> str:
+        """The begin-of-image token the user writes (`<start_of_image>`)."""
+        return str(self.hf_processor.boi_token)
+
+    def item_inputs(
+        self, modality: str, outputs: Mapping[str, torch.Tensor], count: int
+    ) -> list[dict[str, torch.Tensor]]:
+        """One pixel_values row per image (pan-and-scan crops are not built)."""
+        pixels = outputs["pixel_values"]
+        if pixels.shape[0] != count:
+            raise ValueError("Gemma 3 pan-and-scan crops (do_pan_and_scan) are not supported.")
+        return [{"pixel_values": pixels[i : i + 1]} for i in range(count)]
+
+    def spans(
+        self, modality: str, input_ids: list[int], count: int
+    ) -> list[tuple[int, int, list[bool] | None]]:
+        """The soft-token runs, in order."""
+        config = self.hf_config
+        token_id = getattr(config, "image_token_id", None)
+        if token_id is None:
+            token_id = config.image_token_index
+        return [(offset, length, None) for offset, length in token_runs(input_ids, token_id)]
+
+
 _LAYOUTS: dict[str, type[PromptLayout]] = {
     "LlavaForConditionalGeneration": LlavaLayout,
+    "Gemma3ForConditionalGeneration": Gemma3Layout,
 }
 
 

