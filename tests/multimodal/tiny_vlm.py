@@ -118,14 +118,21 @@ def hf_vlm_greedy(
     time, its own processor preparing the inputs."""
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
-    processor = AutoProcessor.from_pretrained(model_dir)
     model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32).eval()
+    is_qwen2_vl = model.config.model_type == "qwen2_vl"
+    processor = None if is_qwen2_vl else AutoProcessor.from_pretrained(model_dir)
     results = []
     for prompt in prompts:
         images = (prompt.get("multi_modal_data") or {}).get("image")
         if images is not None and not isinstance(images, list):
             images = [images]
-        inputs = processor(text=[prompt["prompt"]], images=images or None, return_tensors="pt")
+        if processor is None:
+            inputs = _qwen2_vl_inputs(model_dir, prompt["prompt"], images)
+        else:
+            inputs = processor(text=[prompt["prompt"]], images=images or None,
+                               return_tensors="pt")
+        if hasattr(model.model, "rope_deltas"):
+            model.model.rope_deltas = None  # M-RoPE: not the previous prompt's
         with torch.no_grad():
             out = model.generate(**inputs, max_new_tokens=max_tokens, do_sample=False)
         results.append(out[0, inputs["input_ids"].shape[1]:].tolist())
@@ -188,3 +195,71 @@ def make_tiny_gemma3(out_dir: Path, tokenizer_dir: Path, sliding_window: int = 6
     )
     processor.save_pretrained(out_dir)
     return out_dir
+
+
+QWEN2VL_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+QWEN2VL_IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
+
+
+def make_tiny_qwen2_vl(out_dir: Path, tokenizer_dir: Path) -> Path:
+    """A tiny random Qwen2-VL (4 px patches, 2 x 2 merged: a 40 x 52 image is 30 tokens;
+    M-RoPE over 2 + 3 + 3 frequencies) with its Qwen2VLProcessor."""
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+        Qwen2VLImageProcessorPil,
+    )
+
+    tokenizer = _tokenizer_with(tokenizer_dir, QWEN2VL_TOKENS)
+    ids = {name: tokenizer.convert_tokens_to_ids(token) for name, token in (
+        ("vision_start_token_id", "<|vision_start|>"), ("vision_end_token_id", "<|vision_end|>"),
+        ("image_token_id", "<|image_pad|>"), ("video_token_id", "<|video_pad|>"))}
+    text = dict(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+        initializer_range=0.2, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 3, 3]},
+    )
+    vision = dict(depth=2, embed_dim=32, num_heads=4, mlp_ratio=2, patch_size=4,
+                  spatial_merge_size=2, temporal_patch_size=2, hidden_size=64)
+    config = Qwen2VLConfig(text_config=text, vision_config=vision, initializer_range=0.2, **ids)
+    torch.manual_seed(0)
+    model = Qwen2VLForConditionalGeneration(config).to(torch.float32).eval()
+    _randomize(model, skip="merger.mlp")
+    with torch.no_grad():  # pixels drive the patches; a wide merger: images move logits
+        model.model.visual.patch_embed.proj.weight.normal_(0.0, 1.0)
+        model.model.visual.merger.mlp[2].weight.mul_(4.0)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    image_processor = Qwen2VLImageProcessorPil(
+        patch_size=4, merge_size=2, temporal_patch_size=2, min_pixels=16 * 16,
+        max_pixels=64 * 64,
+    )
+    # Qwen2VLProcessor cannot be built without torchvision (its video half): the image
+    # processor and the tokenizer are saved; the engine and hf_vlm_greedy expand the
+    # image tokens as the processor does.
+    image_processor.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    return out_dir
+
+
+def _qwen2_vl_inputs(model_dir: Path, prompt: str, images: list | None) -> dict:
+    """Qwen2VLProcessor's outputs, made from its image processor and tokenizer: each
+    `<|image_pad|>` repeated once per 2 x 2 merged patches of its image."""
+    from transformers import AutoImageProcessor, AutoTokenizer
+
+    image_processor = AutoImageProcessor.from_pretrained(model_dir)
+    inputs: dict = {}
+    if images:
+        inputs = dict(image_processor(images=images, return_tensors="pt"))
+        counts = (inputs["image_grid_thw"].prod(-1) // 4).tolist()
+        pieces = prompt.split("<|image_pad|>")
+        prompt = pieces[0] + "".join(
+            "<|image_pad|>" * n + piece for n, piece in zip(counts, pieces[1:], strict=True)
+        )
+    ids = AutoTokenizer.from_pretrained(model_dir)(prompt)["input_ids"]
+    inputs["input_ids"] = torch.tensor([ids])
+    inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
+    image_id = AutoTokenizer.from_pretrained(model_dir).convert_tokens_to_ids("<|image_pad|>")
+    inputs["mm_token_type_ids"] = (inputs["input_ids"] == image_id).int()
+    return inputs

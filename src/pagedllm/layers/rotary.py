@@ -193,3 +193,49 @@ class RotaryEmbedding(nn.Module):
 
     def extra_repr(self) -> str:
         return f"head_size={self.head_size}, rotary_dim={self.rotary_dim}"
+
+
+class MRotaryEmbedding(RotaryEmbedding):
+    """Qwen2-VL's multimodal RoPE: positions [3, T] (temporal, height, width); the
+    rotary frequencies are split into `mrope_section` runs, run i following axis i % 3.
+    Text tokens have three equal positions, which makes it plain RoPE: 1-D positions [T]
+    are served as such (decode steps, text-only steps).
+    """
+
+    def __init__(
+        self, head_size: int, max_position: int, base: float, mrope_section: tuple[int, ...]
+    ) -> None:
+        super().__init__(head_size, max_position, base)
+        if sum(mrope_section) != self.rotary_dim // 2:
+            raise ValueError(
+                f"mrope_section {list(mrope_section)} must sum to half the head size "
+                f"({self.rotary_dim // 2})."
+            )
+        self.axis_of_freq: torch.Tensor
+        axes = [i % 3 for i, size in enumerate(mrope_section) for _ in range(size)]
+        self.register_buffer("axis_of_freq", torch.tensor(axes), persistent=False)
+
+    def forward_adjacent(
+        self, positions: torch.Tensor, qk: torch.Tensor, num_q_heads: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """As RotaryEmbedding, with positions [T] or [3, T]."""
+        if positions.dim() == 1:
+            return super().forward_adjacent(positions, qk, num_q_heads)
+        cos, sin = self._mrope_cos_sin(positions, qk.dtype)
+        heads = self._rotate(qk, cos, sin).view(qk.shape[0], -1, self.head_size)
+        return heads[:, :num_q_heads], heads[:, num_q_heads:]
+
+    def _mrope_cos_sin(
+        self, positions: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each [T, 1, rotary_dim / 2]: frequency i at the position of its axis."""
+        last = self._last
+        if last is not None and last[0] is positions and last[1] == dtype:
+            return last[2], last[3]
+        tables = self.cos_sin_cache[positions]  # [3, T, rotary_dim]
+        half = self.rotary_dim // 2
+        index = self.axis_of_freq.view(1, 1, half).expand(1, positions.shape[1], half)
+        cos = tables[..., :half].gather(0, index)[0].to(dtype).unsqueeze(1)
+        sin = tables[..., half:].gather(0, index)[0].to(dtype).unsqueeze(1)
+        self._last = (positions, dtype, cos, sin)
+        return cos, sin

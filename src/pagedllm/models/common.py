@@ -37,7 +37,7 @@ from pagedllm.layers.parallel_linear import (
     VocabParallelEmbedding,
 )
 from pagedllm.layers.quantization import GroupCodes
-from pagedllm.layers.rotary import RotaryEmbedding
+from pagedllm.layers.rotary import MRotaryEmbedding, RotaryEmbedding
 from pagedllm.models.spec import DecoderSpec, MoESpec, RopeSpec
 
 __all__ = ["DecoderForCausalLM", "DecoderSpec", "MoESpec", "RopeSpec", "load_hf_tensor"]
@@ -157,7 +157,11 @@ def rotary_embeddings(spec: DecoderSpec) -> list[RotaryEmbedding | None]:
         if rope is None:
             result.append(None)
             continue
-        if rope.key() not in shared:
+        if rope.key() not in shared and rope.mrope_section is not None:
+            shared[rope.key()] = MRotaryEmbedding(
+                spec.head_dim, spec.max_position, rope.theta, rope.mrope_section
+            )
+        elif rope.key() not in shared:
             shared[rope.key()] = RotaryEmbedding(
                 spec.head_dim, spec.max_position, rope.theta, rope.scaling, rope.rotary_dim
             )

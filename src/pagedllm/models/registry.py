@@ -30,6 +30,9 @@ _MODELS: dict[str, tuple[str, str]] = {
     "Gemma3ForConditionalGeneration": (
         "pagedllm.models.gemma3_mm", "Gemma3ForConditionalGeneration"
     ),
+    "Qwen2VLForConditionalGeneration": (
+        "pagedllm.models.qwen2_vl", "Qwen2VLForConditionalGeneration"
+    ),
 }
 
 

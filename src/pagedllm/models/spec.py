@@ -49,11 +49,14 @@ class RopeSpec:
     theta: float
     scaling: dict[str, Any] | None = None
     rotary_dim: int | None = None  # None: the whole head
+    # M-RoPE (Qwen2-VL): how many of the rotary frequencies follow the temporal, height and
+    # width positions; None: one position per token.
+    mrope_section: tuple[int, ...] | None = None
 
     def key(self) -> tuple[Any, ...]:
         """Hashable identity: layers with equal keys share one RotaryEmbedding."""
         scaling = None if self.scaling is None else repr(sorted(self.scaling.items()))
-        return (self.theta, scaling, self.rotary_dim)
+        return (self.theta, scaling, self.rotary_dim, self.mrope_section)
 
 
 @dataclass(frozen=True)

@@ -33,12 +33,13 @@ _TEXT_PREFIXES = (
 )
 
 
-def text_spec(text_config: Any) -> DecoderSpec:
-    """The decoder spec the text config's own architecture builds (on the meta device:
-    no memory)."""
+def text_spec(text_config: Any, text_class: type | None = None) -> DecoderSpec:
+    """The decoder spec the text config's own architecture (or `text_class`) builds (on
+    the meta device: no memory)."""
     from pagedllm.models.registry import resolve_model_class, text_architecture
 
-    text_class = resolve_model_class(text_architecture(text_config))
+    if text_class is None:
+        text_class = resolve_model_class(text_architecture(text_config))
     with torch.device("meta"):
         return text_class(text_config).spec
 
@@ -53,9 +54,13 @@ class VisionLanguageModel(DecoderForCausalLM):
     supports_multimodal = True
     # Our module names of the vision side; checkpoint names are mapped onto them.
     vision_modules: tuple[str, ...] = ()
+    # The text decoder's class (None: the text config's own architecture).
+    text_model_class: type | None = None
+    # Positions are (temporal, height, width) triples (M-RoPE): `mrope_positions`.
+    uses_mrope = False
 
     def __init__(self, hf_config: Any) -> None:
-        super().__init__(text_spec(hf_config.text_config))
+        super().__init__(text_spec(hf_config.text_config, self.text_model_class))
 
     def encode(
         self, modality: str, items: list[dict[str, torch.Tensor]]

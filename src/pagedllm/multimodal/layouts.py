@@ -33,6 +33,12 @@ class PromptLayout(ABC):
         self.hf_processor = hf_processor
 
     @staticmethod
+    def fallback_processor(model_dir: str) -> Any:
+        """The processor when transformers cannot build the checkpoint's own here (a
+        missing optional dependency); None: there is none, the error stands."""
+        return None
+
+    @staticmethod
     @abstractmethod
     def max_tokens_per_item(hf_config: Any) -> int:
         """The most embedding rows one item can take (the encoder budget's floor)."""
@@ -40,6 +46,10 @@ class PromptLayout(ABC):
     @abstractmethod
     def placeholder(self, modality: str) -> str:
         """The text that stands for one item in a prompt."""
+
+    def count_placeholders(self, prompt: str, modality: str) -> int:
+        """How many items of `modality` the prompt's text stands for."""
+        return prompt.count(self.placeholder(modality))
 
     @abstractmethod
     def item_inputs(
@@ -49,9 +59,11 @@ class PromptLayout(ABC):
 
     @abstractmethod
     def spans(
-        self, modality: str, input_ids: list[int], count: int
+        self, modality: str, input_ids: list[int], count: int,
+        outputs: Mapping[str, torch.Tensor],
     ) -> list[tuple[int, int, list[bool] | None]]:
-        """Each item's (offset, length, is_embed) in the processed prompt."""
+        """Each item's (offset, length, is_embed) in the processed prompt (`outputs`: the
+        processor's, for items whose size they tell)."""
 
 
 def token_runs(input_ids: list[int], token_id: int) -> list[tuple[int, int]]:
@@ -99,7 +111,8 @@ class LlavaLayout(PromptLayout):
         return [{"pixel_values": pixels[i : i + 1]} for i in range(count)]
 
     def spans(
-        self, modality: str, input_ids: list[int], count: int
+        self, modality: str, input_ids: list[int], count: int,
+        outputs: Mapping[str, torch.Tensor],
     ) -> list[tuple[int, int, list[bool] | None]]:
         """The image-token runs, in order."""
         return [(offset, length, None) for offset, length in token_runs(input_ids,
@@ -131,7 +144,8 @@ class Gemma3Layout(PromptLayout):
         return [{"pixel_values": pixels[i : i + 1]} for i in range(count)]
 
     def spans(
-        self, modality: str, input_ids: list[int], count: int
+        self, modality: str, input_ids: list[int], count: int,
+        outputs: Mapping[str, torch.Tensor],
     ) -> list[tuple[int, int, list[bool] | None]]:
         """The soft-token runs, in order."""
         config = self.hf_config
@@ -141,9 +155,118 @@ class Gemma3Layout(PromptLayout):
         return [(offset, length, None) for offset, length in token_runs(input_ids, token_id)]
 
 
+def sized_runs(input_ids: list[int], token_id: int, sizes: list[int]) -> list[tuple[int, int]]:
+    """(offset, size) of consecutive items of known sizes in the runs of `token_id` (two
+    items may touch: a run is cut where the next item starts)."""
+    spans: list[tuple[int, int]] = []
+    runs = iter(token_runs(input_ids, token_id))
+    offset = length = 0
+    for size in sizes:
+        if length == 0:
+            offset, length = next(runs, (0, 0))
+        if length < size:
+            return spans  # fewer tokens than items: the caller reports the mismatch
+        spans.append((offset, size))
+        offset, length = offset + size, length - size
+    return spans
+
+
+class ImageTokenExpander:
+    """transformers' image processor and tokenizer, and the prompt replacement of a
+    processor whose class cannot be built here (Qwen2-VL's needs torchvision for its video
+    processor): each image token becomes `count(outputs, i)` of itself."""
+
+    def __init__(self, image_processor: Any, tokenizer: Any, image_token: str,
+                 count: Any) -> None:
+        self.image_processor = image_processor
+        self.tokenizer = tokenizer
+        self.image_token = image_token
+        self.count = count
+
+    def __call__(self, text: list[str], images: Any = None, return_tensors: str = "pt",
+                 add_special_tokens: bool = True, **kwargs: Any) -> dict[str, Any]:
+        """input_ids and the image processor's outputs, as the processor would give them."""
+        outputs: dict[str, Any] = {}
+        prompt = text[0]
+        if images:
+            outputs.update(self.image_processor(images=images, return_tensors="pt", **kwargs))
+            pieces = prompt.split(self.image_token)
+            prompt = pieces[0] + "".join(
+                self.image_token * self.count(outputs, i) + piece
+                for i, piece in enumerate(pieces[1:])
+            )
+        ids = self.tokenizer(prompt, add_special_tokens=add_special_tokens)["input_ids"]
+        outputs["input_ids"] = torch.tensor([ids])
+        return outputs
+
+
+class Qwen2VLLayout(PromptLayout):
+    """Qwen2-VL: each `<|image_pad|>` (between `<|vision_start|>` and `<|vision_end|>`)
+    becomes one token per 2 x 2 merged patches of the image's grid; pixel_values holds
+    every image's patches one after another, image_grid_thw each image's (t, h, w)."""
+
+    _KEYS = {"image": ("pixel_values", "image_grid_thw", "image_token_id")}
+
+    @staticmethod
+    def max_tokens_per_item(hf_config: Any) -> int:
+        """Tokens of the largest image the default processor makes (max_pixels 12845056
+        at 14 px patches, 2 x 2 merged)."""
+        return 12845056 // (14 * 14) // 4
+
+    @staticmethod
+    def fallback_processor(model_dir: str) -> ImageTokenExpander:
+        """Without torchvision (Qwen2VLProcessor's video half needs it): the image
+        processor and the tokenizer, and the processor's replacement of `<|image_pad|>`
+        by one token per merged patch."""
+        from transformers import AutoImageProcessor, AutoTokenizer
+
+        image_processor = AutoImageProcessor.from_pretrained(model_dir)
+        merge = int(image_processor.merge_size)
+
+        def count(outputs: Mapping[str, torch.Tensor], index: int) -> int:
+            return int(outputs["image_grid_thw"][index].prod()) // (merge * merge)
+
+        return ImageTokenExpander(
+            image_processor, AutoTokenizer.from_pretrained(model_dir), "<|image_pad|>", count
+        )
+
+    def placeholder(self, modality: str) -> str:
+        """The vision block the chat template writes for an image."""
+        return f"<|vision_start|>{self.hf_processor.image_token}<|vision_end|>"
+
+    def count_placeholders(self, prompt: str, modality: str) -> int:
+        """`<|image_pad|>` tokens in the prompt."""
+        return prompt.count(str(self.hf_processor.image_token))
+
+    def _grids(self, modality: str, outputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        return outputs[self._KEYS[modality][1]].reshape(-1, 3)
+
+    def item_inputs(
+        self, modality: str, outputs: Mapping[str, torch.Tensor], count: int
+    ) -> list[dict[str, torch.Tensor]]:
+        """Each image's patches and grid."""
+        pixel_key, grid_key, _ = self._KEYS[modality]
+        grids = self._grids(modality, outputs)
+        sizes = [int(t * h * w) for t, h, w in grids.tolist()]
+        patches = outputs[pixel_key].split(sizes)
+        return [{pixel_key: patches[i], grid_key: grids[i : i + 1]} for i in range(count)]
+
+    def spans(
+        self, modality: str, input_ids: list[int], count: int,
+        outputs: Mapping[str, torch.Tensor],
+    ) -> list[tuple[int, int, list[bool] | None]]:
+        """Runs of pad tokens, one per image, sized by its grid."""
+        merge = self.hf_config.vision_config.spatial_merge_size
+        grids = self._grids(modality, outputs)
+        sizes = [int(t * h * w) // (merge * merge) for t, h, w in grids.tolist()]
+        token_id = int(getattr(self.hf_config, self._KEYS[modality][2]))
+        return [(offset, size, None) for offset, size in sized_runs(input_ids, token_id, sizes)]
+
+
 _LAYOUTS: dict[str, type[PromptLayout]] = {
     "LlavaForConditionalGeneration": LlavaLayout,
     "Gemma3ForConditionalGeneration": Gemma3Layout,
+    "Qwen2VLForConditionalGeneration": Qwen2VLLayout,
 }
 
 

@@ -15,10 +15,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from pagedllm.logger import init_logger
 from pagedllm.multimodal.hashing import hash_item, hash_uuid
 from pagedllm.multimodal.inputs import MODALITIES, MultiModalFeature
 from pagedllm.multimodal.layouts import PromptLayout, layout_class
 from pagedllm.multimodal.tensor_data import to_tensor_data
+
+logger = init_logger(__name__)
 
 
 def supports_multimodal(architecture: str) -> bool:
@@ -48,9 +51,7 @@ class MultiModalProcessor:
         if layout is None:
             raise ValueError(f"{architecture} takes no images or video.")
         if hf_processor is None:
-            from transformers import AutoProcessor
-
-            hf_processor = AutoProcessor.from_pretrained(model_dir)
+            hf_processor = _load_processor(model_dir, layout)
         self.hf_processor = hf_processor
         self.architecture = architecture
         self.layout: PromptLayout = layout(hf_config, hf_processor)
@@ -98,7 +99,7 @@ class MultiModalProcessor:
         items = normalize_mm_data(mm_data)
         self.check_counts({modality: len(values) for modality, values in items.items()})
         for modality, values in items.items():
-            found = prompt.count(self.placeholder(modality))
+            found = self.layout.count_placeholders(prompt, modality)
             if found != len(values):
                 raise ValueError(
                     f"The prompt has {found} {self.placeholder(modality)!r} placeholder(s) "
@@ -127,7 +128,7 @@ class MultiModalProcessor:
     ) -> list[MultiModalFeature]:
         if count == 0:
             return []
-        spans = self.layout.spans(modality, input_ids, count)
+        spans = self.layout.spans(modality, input_ids, count, outputs)
         if len(spans) != count:
             raise ValueError(
                 f"multi_modal_data.{modality}: {count} item(s) but {len(spans)} placeholder "
@@ -146,6 +147,22 @@ class MultiModalProcessor:
                 modality, identifier, offset, length, is_embed, data, self.layout.bidirectional
             ))
         return features
+
+
+def _load_processor(model_dir: str, layout: type[PromptLayout]) -> Any:
+    """The checkpoint's transformers processor, or the layout's fallback where transformers
+    cannot build it (an optional dependency missing)."""
+    from transformers import AutoProcessor
+
+    try:
+        return AutoProcessor.from_pretrained(model_dir)
+    except (ImportError, AttributeError, ValueError, OSError) as error:
+        fallback = layout.fallback_processor(model_dir)
+        if fallback is None:
+            raise
+        logger.info("Using the image processor and tokenizer of %s without its processor "
+                    "class (%s).", model_dir, error)
+        return fallback
 
 
 def normalize_mm_data(mm_data: Any) -> dict[str, list[Any]]:

@@ -229,12 +229,15 @@ class ModelRunner:
         rows = None
         if self.model_forward.uses_kv_cache:
             rows = _attention_rows(inputs)
-            batch = None if step.mm_embeds is not None else self._decode_batch(inputs, rows)
+            plain = step.mm_embeds is None and step.rope_positions is None
+            batch = self._decode_batch(inputs, rows) if plain else None
             if batch is not None:
                 return cast(DecodeStep, self.decode_step).run(batch)
         return self.model_forward(ForwardInputs(
             input_ids=self._to_device(inputs.input_ids),
-            positions=self._to_device(inputs.positions),
+            positions=self._to_device(
+                inputs.positions if step.rope_positions is None else step.rope_positions
+            ),
             context=None if rows is None else self._forward_context(inputs, rows, step.key_ends),
             query_lens=inputs.query_lens.tolist(),
             token_type_ids=self._token_type_ids(step.states),

@@ -44,6 +44,9 @@ class RunnerStep:
         key_ends: [T] each token's exclusive bound on the key positions it attends, where
             an image's tokens attend to each other both ways (set by the multimodal hook;
             attention/backend.py `key_ends`), or None: causal.
+        rope_positions: the positions the model rotates by, where they are not the
+            tokens' indices ([3, T] for an M-RoPE model's step with images; set by the
+            multimodal hook), or None.
     """
 
     scheduler_output: SchedulerOutput
@@ -52,6 +55,7 @@ class RunnerStep:
     to_device: Callable[[np.ndarray], torch.Tensor]
     mm_embeds: MultiModalEmbeddings | None = None
     key_ends: np.ndarray | None = None
+    rope_positions: np.ndarray | None = None
 
 
 class StepHook:

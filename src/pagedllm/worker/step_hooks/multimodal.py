@@ -15,9 +15,11 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from pagedllm.core.sched_output import NewRequestData
 from pagedllm.models.interfaces import MultiModalEmbeddings, SupportsMultiModal
 from pagedllm.multimodal.inputs import MultiModalFeature
-from pagedllm.multimodal.tensor_data import feature_tensors
+from pagedllm.multimodal.tensor_data import feature_tensors, from_tensor_data
+from pagedllm.worker.input_batch import CachedRequestState
 from pagedllm.worker.step_hooks.base import RunnerStep, StepHook
 
 
@@ -34,6 +36,24 @@ class MultiModalHook(StepHook):
         self.device = device
         # Item hash → its encoder output [num_embeds, hidden].
         self.encoder_cache: dict[str, torch.Tensor] = {}
+        # M-RoPE models: request id → its prompt's [3, P] positions and the delta after it.
+        self.uses_mrope = bool(getattr(model, "uses_mrope", False))
+        self.mrope: dict[str, tuple[np.ndarray, int]] = {}
+
+    def add_request(self, state: CachedRequestState, new: NewRequestData) -> None:
+        """An M-RoPE model's request with images: its positions, computed once."""
+        if self.uses_mrope and state.mm_features:
+            items = [(f.offset, _grid(f)) for f in state.mm_features]
+            self.mrope[state.request_id] = self.model.mrope_positions(  # type: ignore[attr-defined]
+                state.num_prompt_tokens, items
+            )
+
+    def drop_requests(
+        self, dropped: dict[str, CachedRequestState | None], swapped_out: set[int]
+    ) -> None:
+        """Forget their positions."""
+        for request_id in dropped:
+            self.mrope.pop(request_id, None)
 
     def before_forward(self, step: RunnerStep) -> None:
         """Free, encode, gather."""
@@ -49,6 +69,26 @@ class MultiModalHook(StepHook):
             ])
         step.mm_embeds = self._gather(step)
         step.key_ends = _bidirectional_key_ends(step)
+        if self.mrope and any(s.request_id in self.mrope for s in step.states):
+            step.rope_positions = self._rope_positions(step)
+
+    def _rope_positions(self, step: RunnerStep) -> np.ndarray:
+        """[3, T] the step's M-RoPE positions: a prompt token's from its request's table,
+        a later token's index + delta on every axis (text-only requests: the index)."""
+        positions = np.asarray(step.inputs.positions, dtype=np.int64)
+        rope = np.tile(positions, (3, 1))
+        starts = step.inputs.query_start_loc
+        for index, state in enumerate(step.states):
+            entry = self.mrope.get(state.request_id)
+            if entry is None:
+                continue
+            table, delta = entry
+            rows = slice(int(starts[index]), int(starts[index + 1]))
+            own = positions[rows]
+            in_prompt = own < table.shape[1]
+            rope[:, rows] = np.where(in_prompt, table[:, np.minimum(own, table.shape[1] - 1)],
+                                     own + delta)
+        return rope
 
     def _encode(self, features: list[MultiModalFeature]) -> None:
         """Run the encoder over the items not cached yet, a batch per modality."""
@@ -110,6 +150,13 @@ def _bidirectional_key_ends(step: RunnerStep) -> np.ndarray | None:
             lo, hi = max(start, feature.offset), min(end, feature.end)
             key_ends[first_row + lo - start : first_row + hi - start] = feature.end
     return key_ends
+
+
+def _grid(feature: MultiModalFeature) -> tuple[int, int, int]:
+    """An item's (t, h, w) patch grid (an M-RoPE model's image or video)."""
+    key = "image_grid_thw" if feature.modality == "image" else "video_grid_thw"
+    t, h, w = (int(v) for v in from_tensor_data(feature.data[key]).reshape(3).tolist())
+    return t, h, w
 
 
 def _overlapping(

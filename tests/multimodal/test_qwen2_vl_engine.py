@@ -1,0 +1,54 @@
+"""Qwen2-VL through the engine: greedy float32 tokens equal transformers' with 0, 1 and 3
+images of different sizes per prompt in one batch (M-RoPE positions, the text after an
+image continuing from its grid), chunks splitting images, prefix caching on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pagedllm import LLM, SamplingParams
+from pagedllm.models.qwen2_vl import mrope_positions
+
+from .tiny_vlm import QWEN2VL_IMAGE, hf_vlm_greedy, make_tiny_qwen2_vl, random_image
+
+MAX_TOKENS = 8
+IMG = QWEN2VL_IMAGE
+
+
+def _prompts() -> list[dict]:
+    one = {"prompt": f"Describe {IMG} please", "multi_modal_data": {"image": random_image(1)}}
+    three = {
+        "prompt": f"{IMG} and {IMG}{IMG} end",
+        "multi_modal_data": {"image": [random_image(2), random_image(3, (64, 30)),
+                                       random_image(1, (24, 24))]},
+    }
+    other_image = {"prompt": one["prompt"], "multi_modal_data": {"image": random_image(4)}}
+    return [one, three, {"prompt": "The quick brown fox"}, other_image, dict(one)]
+
+
+@pytest.mark.parametrize("budget", [8, 256])
+def test_qwen2_vl_matches_transformers(budget, tiny_tokenizer_dir, tmp_path: Path):
+    path = make_tiny_qwen2_vl(tmp_path / "qwen2_vl", tiny_tokenizer_dir)
+    prompts = _prompts()
+    expected = hf_vlm_greedy(path, prompts, MAX_TOKENS)
+    assert expected[0] != expected[3]  # the image decides the output
+    llm = LLM(str(path), dtype="float32", max_model_len=256, block_size=4,
+              max_num_batched_tokens=budget, enable_prefix_caching=True)
+    outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS),
+                           use_tqdm=False)
+    assert [list(o.outputs[0].token_ids) for o in outputs] == expected
+    scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+    assert scheduler.make_stats().prefix_cache_hits > 0
+    assert not scheduler.encoder.cache.users
+
+
+def test_mrope_positions_follow_the_grid():
+    # 2 text tokens, a 1 x 4 x 6 grid merged 2 x 2 (2 x 3 tokens), 1 text token.
+    positions, delta = mrope_positions(9, [(2, (1, 4, 6))], merge=2)
+    assert positions[:, :2].tolist() == [[0, 1]] * 3
+    assert positions[:, 2:8].tolist() == [[2] * 6, [2, 2, 2, 3, 3, 3], [2, 3, 4, 2, 3, 4]]
+    assert positions[:, 8].tolist() == [5, 5, 5]  # 2 + max(2, 3)
+    assert delta == 6 - 9 and np.all(positions >= 0)
