@@ -1,4 +1,4 @@
-"""Qwen2-VL through the engine: greedy float32 tokens equal transformers' with 0, 1 and 3
+"""Qwen2-VL and Qwen2.5-VL (windowed tower) through the engine: greedy float32 tokens equal transformers' with 0, 1 and 3
 images of different sizes per prompt in one batch (M-RoPE positions, the text after an
 image continuing from its grid), chunks splitting images, prefix caching on."""
 
@@ -29,9 +29,9 @@ def _prompts() -> list[dict]:
     return [one, three, {"prompt": "The quick brown fox"}, other_image, dict(one)]
 
 
-@pytest.mark.parametrize("budget", [8, 256])
-def test_qwen2_vl_matches_transformers(budget, tiny_tokenizer_dir, tmp_path: Path):
-    path = make_tiny_qwen2_vl(tmp_path / "qwen2_vl", tiny_tokenizer_dir)
+@pytest.mark.parametrize(("version", "budget"), [("2", 8), ("2", 256), ("2.5", 8)])
+def test_qwen2_vl_matches_transformers(version, budget, tiny_tokenizer_dir, tmp_path: Path):
+    path = make_tiny_qwen2_vl(tmp_path / "qwen2_vl", tiny_tokenizer_dir, version)
     prompts = _prompts()
     expected = hf_vlm_greedy(path, prompts, MAX_TOKENS)
     assert expected[0] != expected[3]  # the image decides the output
@@ -52,3 +52,23 @@ def test_mrope_positions_follow_the_grid():
     assert positions[:, 2:8].tolist() == [[2] * 6, [2, 2, 2, 3, 3, 3], [2, 3, 4, 2, 3, 4]]
     assert positions[:, 8].tolist() == [5, 5, 5]  # 2 + max(2, 3)
     assert delta == 6 - 9 and np.all(positions >= 0)
+
+
+@pytest.mark.parametrize("version", ["2", "2.5"])
+def test_vision_tower_equals_transformers(version, tiny_tokenizer_dir, tmp_path: Path):
+    """The tower alone (2.5: windows and full blocks), two images in one pass."""
+    import torch
+    from transformers import AutoImageProcessor, AutoModelForImageTextToText
+
+    path = make_tiny_qwen2_vl(tmp_path / "qwen2_vl", tiny_tokenizer_dir, version)
+    inputs = AutoImageProcessor.from_pretrained(path)(
+        images=[random_image(2), random_image(3, (64, 30))], return_tensors="pt")
+    theirs = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        expected = theirs.model.visual(inputs["pixel_values"], inputs["image_grid_thw"])
+    llm = LLM(str(path), dtype="float32", max_model_len=256)
+    ours = llm.llm_engine.engine_core.engine_core.executor.worker.model_runner.model
+    grids = [tuple(g) for g in inputs["image_grid_thw"].tolist()]
+    with torch.no_grad():
+        got = ours.visual(inputs["pixel_values"], grids)
+    torch.testing.assert_close(got, expected.pooler_output, rtol=1e-5, atol=1e-5)

@@ -119,7 +119,7 @@ def hf_vlm_greedy(
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
     model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32).eval()
-    is_qwen2_vl = model.config.model_type == "qwen2_vl"
+    is_qwen2_vl = model.config.model_type in ("qwen2_vl", "qwen2_5_vl")
     processor = None if is_qwen2_vl else AutoProcessor.from_pretrained(model_dir)
     results = []
     for prompt in prompts:
@@ -201,10 +201,17 @@ QWEN2VL_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|vide
 QWEN2VL_IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
 
 
-def make_tiny_qwen2_vl(out_dir: Path, tokenizer_dir: Path) -> Path:
-    """A tiny random Qwen2-VL (4 px patches, 2 x 2 merged: a 40 x 52 image is 30 tokens;
-    M-RoPE over 2 + 3 + 3 frequencies) with its Qwen2VLProcessor."""
-    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+def make_tiny_qwen2_vl(out_dir: Path, tokenizer_dir: Path, version: str = "2") -> Path:
+    """A tiny random Qwen2-VL or Qwen2.5-VL (`version` "2.5": windows of 2 x 2 merged
+    units, one full-attention block of three) with 4 px patches, 2 x 2 merged (a 40 x 52
+    image is 30 tokens), M-RoPE over 2 + 3 + 3 frequencies, and its image processor and
+    tokenizer."""
+    from transformers import (
+        Qwen2_5_VLConfig,
+        Qwen2_5_VLForConditionalGeneration,
+        Qwen2VLConfig,
+        Qwen2VLForConditionalGeneration,
+    )
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
         Qwen2VLImageProcessorPil,
     )
@@ -221,11 +228,18 @@ def make_tiny_qwen2_vl(out_dir: Path, tokenizer_dir: Path) -> Path:
         tie_word_embeddings=False,
         rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 3, 3]},
     )
-    vision = dict(depth=2, embed_dim=32, num_heads=4, mlp_ratio=2, patch_size=4,
-                  spatial_merge_size=2, temporal_patch_size=2, hidden_size=64)
-    config = Qwen2VLConfig(text_config=text, vision_config=vision, initializer_range=0.2, **ids)
+    if version == "2.5":
+        vision = dict(depth=3, hidden_size=32, intermediate_size=64, num_heads=4, patch_size=4,
+                      spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=64,
+                      window_size=16, fullatt_block_indexes=[1])
+        config_class, model_class = Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+    else:
+        vision = dict(depth=2, embed_dim=32, num_heads=4, mlp_ratio=2, patch_size=4,
+                      spatial_merge_size=2, temporal_patch_size=2, hidden_size=64)
+        config_class, model_class = Qwen2VLConfig, Qwen2VLForConditionalGeneration
+    config = config_class(text_config=text, vision_config=vision, initializer_range=0.2, **ids)
     torch.manual_seed(0)
-    model = Qwen2VLForConditionalGeneration(config).to(torch.float32).eval()
+    model = model_class(config).to(torch.float32).eval()
     _randomize(model, skip="merger.mlp")
     with torch.no_grad():  # pixels drive the patches; a wide merger: images move logits
         model.model.visual.patch_embed.proj.weight.normal_(0.0, 1.0)

@@ -129,11 +129,11 @@ class Qwen2VisionBlock(nn.Module):
 class PatchEmbed(nn.Module):
     """Flattened (channels, frames, row, column) patches → embeddings (Conv3d, no bias)."""
 
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: Any, dim: int) -> None:
         super().__init__()
         self.shape = (config.in_channels, config.temporal_patch_size, config.patch_size,
                       config.patch_size)
-        self.proj = nn.Conv3d(config.in_channels, config.embed_dim, kernel_size=self.shape[1:],
+        self.proj = nn.Conv3d(config.in_channels, dim, kernel_size=self.shape[1:],
                               stride=self.shape[1:], bias=False)
 
     def forward(self, patches: torch.Tensor) -> torch.Tensor:
@@ -163,7 +163,7 @@ class Qwen2VisionTower(nn.Module):
     def __init__(self, config: Any, out_dim: int) -> None:
         super().__init__()
         self.merge = config.spatial_merge_size
-        self.patch_embed = PatchEmbed(config)
+        self.patch_embed = PatchEmbed(config, config.embed_dim)
         head_dim = config.embed_dim // config.num_heads
         theta = float((getattr(config, "rope_parameters", None) or {}).get("rope_theta", 1e4))
         self.rotary_pos_emb = VisionRotary(head_dim, theta)

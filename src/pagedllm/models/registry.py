@@ -33,6 +33,9 @@ _MODELS: dict[str, tuple[str, str]] = {
     "Qwen2VLForConditionalGeneration": (
         "pagedllm.models.qwen2_vl", "Qwen2VLForConditionalGeneration"
     ),
+    "Qwen2_5_VLForConditionalGeneration": (
+        "pagedllm.models.qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration"
+    ),
 }
 
 

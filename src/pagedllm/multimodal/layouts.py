@@ -267,6 +267,7 @@ _LAYOUTS: dict[str, type[PromptLayout]] = {
     "LlavaForConditionalGeneration": LlavaLayout,
     "Gemma3ForConditionalGeneration": Gemma3Layout,
     "Qwen2VLForConditionalGeneration": Qwen2VLLayout,
+    "Qwen2_5_VLForConditionalGeneration": Qwen2VLLayout,
 }
 
 
