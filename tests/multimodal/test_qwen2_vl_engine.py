@@ -1,6 +1,7 @@
-"""Qwen2-VL and Qwen2.5-VL (windowed tower) through the engine: greedy float32 tokens equal transformers' with 0, 1 and 3
-images of different sizes per prompt in one batch (M-RoPE positions, the text after an
-image continuing from its grid), chunks splitting images, prefix caching on."""
+"""Qwen2-VL and Qwen2.5-VL (windowed tower) through the engine: greedy float32 tokens
+equal transformers' with 0, 1 and 3 images of different sizes per prompt in one batch
+(M-RoPE positions, the text after an image continuing from its grid), chunks splitting
+images, prefix caching on."""
 
 from __future__ import annotations
 
