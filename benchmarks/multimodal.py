@@ -53,7 +53,14 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import load_average, machine_info, new_parser, write_json  # noqa: E402
+from common import (  # noqa: E402
+    format_stat,
+    load_average,
+    machine_info,
+    new_parser,
+    summarize,
+    write_json,
+)
 
 IMAGE_TOKEN = "<image>"
 IMAGE_SIZE = 224
@@ -450,6 +457,7 @@ def measure_hf(folder: Path, args: argparse.Namespace) -> dict[str, Any]:
             result["ttft_batch"] = {"wall_s": wall, "per_image_s": wall / n}
             print(f"  transformers batch of {n} x max_new_tokens=1: {wall:.2f} s")
         except Exception as error:  # noqa: BLE001 - reported, the rest still runs
+            result.pop("batched", None)
             result["batched_error"] = f"{type(error).__name__}: {error}"
             print(f"  transformers batched generate failed: {result['batched_error']}")
 
@@ -486,69 +494,68 @@ def agreement(ours: list[list[int]], theirs: list[list[int]]) -> dict[str, Any]:
             "first_divergence": first_diff}  # fmt: skip
 
 
+def _rate(record: dict[str, Any]) -> str:
+    """images/s: `median [min-max]` over the passes (one pass: the value)."""
+    passes = record.get("images_per_s_passes") or [record["images_per_s"]]
+    return format_stat(summarize(passes), 2)
+
+
 def print_report(results: dict[str, Any], args: argparse.Namespace) -> None:
-    """The table: each system's numbers and pagedllm's speedup over each peer."""
-    ours = results["pagedllm"]
-    hf = results.get("hf") or {}
-    n = args.num_requests
-    rows: list[tuple[str, str, str]] = []  # (metric, value, speedup column)
+    """The tables: each system's numbers and pagedllm's speedup (above 1: pagedllm faster)."""
+    ours, hf = results["pagedllm"], results.get("hf") or {}
+    n, main = args.num_requests, results["pagedllm"]["throughput"]
+    print(f"\n{f'offline, {n} requests, {args.max_tokens} tokens out':<34} "
+          f"{'images/s':>20} {'output tok/s':>13} {'pagedllm speedup':>17}")  # fmt: skip
+    rows = [("pagedllm (LLM.generate)", main)]
+    rows += [(f"transformers {label}", hf[name])
+             for name, label in (("sequential", "one at a time"), ("batched", f"batch of {n}"))
+             if name in hf]  # fmt: skip
+    for label, record in rows:
+        speedup = "" if record is main else f"{main['images_per_s'] / record['images_per_s']:.2f}x"
+        print(f"{label:<34} {_rate(record):>20} {record['output_tokens_per_s']:>13.1f} "
+              f"{speedup:>17}")  # fmt: skip
+    print(f"pagedllm: the vision encoder took {main['encoder_share']:.0%} of the wall; TTFT in "
+          f"the {n}-request generate mean {main['ttft_mean_s'] * 1000:.0f} ms, max "
+          f"{main['ttft_max_s'] * 1000:.0f} ms (queueing included)")  # fmt: skip
+    if "sequential" in hf:
+        per_request = format_stat(summarize(hf["sequential"]["per_request_s"]), 2)
+        print(f"transformers one at a time: seconds per request {per_request}")
 
-    def rate_row(label: str, value: float, reference: float | None) -> None:
-        speedup = f"{reference / value:.2f}x" if reference else ""  # reference is pagedllm's
-        rows.append((label, f"{value:.2f}", speedup))
-
-    main = ours["throughput"]
-    rows.append((f"pagedllm: {n} requests, images/s", f"{main['images_per_s']:.2f}", ""))
-    rows.append(("pagedllm: output tok/s", f"{main['output_tokens_per_s']:.1f}", ""))
-    rows.append(("pagedllm: vision encoder share of the wall",
-                 f"{main['encoder_s'] / main['wall_s']:.0%}", ""))  # fmt: skip
-    for name, label in (("sequential", "one at a time"), ("batched", f"batch of {n}")):
-        if name in hf:
-            rate_row(f"transformers {label}: images/s", hf[name]["images_per_s"],
-                     main["images_per_s"])  # fmt: skip
-    print()
-    print(f"{'throughput (' + str(args.max_tokens) + ' tokens out)':<48} {'value':>10} "
+    print(f"\n{'time to first token (ms)':<34} {'pagedllm':>20} {'transformers':>13} "
           f"{'pagedllm speedup':>17}")  # fmt: skip
-    for metric, value, speedup in rows:
-        print(f"{metric:<48} {value:>10} {speedup:>17}")
-
-    print()
-    print(f"{'time to first token (ms)':<48} {'pagedllm':>10} {'transformers':>13} "
-          f"{'speedup':>8}")  # fmt: skip
-    ttft_rows = [("one image alone", ours["ttft_single"]["median_s"],
-                  hf.get("ttft_single", {}).get("median_s"))]  # fmt: skip
-    ttft_rows.append((f"per image, {n} at once (wall / {n})", ours["ttft_batch"]["per_image_s"],
-                      hf.get("ttft_batch", {}).get("per_image_s")))  # fmt: skip
+    single_ours, single_hf = ours["ttft_single"], hf.get("ttft_single")
+    ttft_rows = [
+        (f"one image alone (median of {args.ttft_repeats})", single_ours["median_s"],
+         single_hf["median_s"] if single_hf else None),
+        ("one image alone (min)", single_ours["min_s"], single_hf["min_s"] if single_hf else None),
+        (f"per image, {n} at once (wall / {n})", ours["ttft_batch"]["per_image_s"],
+         hf["ttft_batch"]["per_image_s"] if "ttft_batch" in hf else None),
+    ]  # fmt: skip
     for label, mine, theirs in ttft_rows:
         other = f"{theirs * 1000:.0f}" if theirs else "-"
         speedup = f"{theirs / mine:.2f}x" if theirs else ""
-        print(f"{label:<48} {mine * 1000:>10.0f} {other:>13} {speedup:>8}")
-    if main["ttft_mean_s"] is not None:
-        print(f"pagedllm TTFT in the {n}-request generate: mean {main['ttft_mean_s'] * 1000:.0f}"
-              f" ms, max {main['ttft_max_s'] * 1000:.0f} ms (queueing included)")
+        print(f"{label:<34} {mine * 1000:>20.0f} {other:>13} {speedup:>17}")
 
     cache = ours["encoder_cache"]
-    print()
-    print(f"encoder cache ({n} requests, {args.max_tokens} tokens out; cache "
-          f"{ours['encoder_cache_rows']} rows = "
-          f"{ours['encoder_cache_rows'] // results['checkpoint']['image_tokens']} images)")
-    for name in ("distinct", "shared"):
+    rows_cached = ours["encoder_cache_rows"]
+    print(f"\nencoder cache, pagedllm ({n} requests, {args.max_tokens} tokens out; the cache "
+          f"holds {rows_cached} rows = "
+          f"{rows_cached // results['checkpoint']['image_tokens']} images)")  # fmt: skip
+    for name, label in (("distinct", f"{n} distinct images"), ("shared", "one image in all")):
         c = cache[name]
-        label = "32 distinct images" if name == "distinct" else "one image in every request"
-        print(f"  {label.replace('32', str(n)):<34} {c['wall_s']:7.2f} s, encoder ran "
-              f"{c['encoded_items']:3d} items in {c['encoder_calls']:3d} calls "
-              f"({c['encoder_s']:.1f} s) "
-              f"(requests carry {c['images_in_requests']}, {c['unique_images']} unique)")
-    print(f"  shared image speedup: {cache['speedup']:.2f}x")
+        print(f"  {label:<20} {c['wall_s']:7.2f} s; encoder ran on {c['encoded_items']:3d} "
+              f"items in {c['encoder_calls']:2d} calls, {c['encoder_s']:5.1f} s "
+              f"({c['unique_images']} unique of {c['images_in_requests']})")  # fmt: skip
+    print(f"  shared image: {cache['speedup']:.2f}x faster")
 
     if hf:
         print()
         for name, check in results["agreement"].items():
-            prompt_note = "same" if check["same_prompt_ids"] else "DIFFERENT"
+            note = "same" if check["same_prompt_ids"] else "DIFFERENT"
+            where = (f"; the others first differ at token {check['first_divergence']}"
+                     if check["first_divergence"] else "")  # fmt: skip
             print(f"greedy tokens vs transformers {name}: {check['identical']}/{check['total']} "
-                  f"requests identical (prompt token ids: {prompt_note})"
-                  + (f"; first divergence at {check['first_divergence']}"
-                     if check["first_divergence"] else ""))  # fmt: skip
+                  f"requests identical (prompt token ids: {note}){where}")  # fmt: skip
         best = max(hf[k]["images_per_s"] for k in ("sequential", "batched") if k in hf)
         ratio = main["images_per_s"] / best
         verdict = "met" if ratio >= 2.0 else "NOT met"

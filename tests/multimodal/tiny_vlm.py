@@ -277,3 +277,43 @@ def _qwen2_vl_inputs(model_dir: Path, prompt: str, images: list | None) -> dict:
     image_id = AutoTokenizer.from_pretrained(model_dir).convert_tokens_to_ids("<|image_pad|>")
     inputs["mm_token_type_ids"] = (inputs["input_ids"] == image_id).int()
     return inputs
+
+
+IDEFICS3_TOKENS = ["<fake_token_around_image>", "<image>", "<global-img>"]
+
+
+def make_tiny_idefics3(out_dir: Path, tokenizer_dir: Path, splitting: bool = True) -> Path:
+    """A tiny random Idefics3 (SmolVLM's architecture): 32 px crops of 8 px patches, pixel
+    shuffle by 2 (4 tokens a crop), images split into up to 2 x 2 tiles plus the global
+    view; Llama text; its Idefics3Processor."""
+    from transformers import (
+        Idefics3Config,
+        Idefics3ForConditionalGeneration,
+        Idefics3Processor,
+        Idefics3VisionConfig,
+    )
+    from transformers.models.idefics3.image_processing_pil_idefics3 import (
+        Idefics3ImageProcessorPil,
+    )
+
+    tokenizer = _tokenizer_with(tokenizer_dir, IDEFICS3_TOKENS)
+    vision = Idefics3VisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                  num_attention_heads=4, image_size=32, patch_size=8)
+    config = Idefics3Config(
+        vision_config=vision, text_config=_text_config(tokenizer, "llama"), scale_factor=2,
+        image_token_id=tokenizer.convert_tokens_to_ids("<image>"), initializer_range=0.2,
+    )
+    torch.manual_seed(0)
+    model = Idefics3ForConditionalGeneration(config).to(torch.float32).eval()
+    _randomize(model, skip="modality_projection")
+    with torch.no_grad():  # pixels drive the patches; a wide projection: images move logits
+        model.model.vision_model.embeddings.patch_embedding.weight.normal_(0.0, 1.0)
+        model.model.connector.modality_projection.proj.weight.mul_(8.0)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    image_processor = Idefics3ImageProcessorPil(
+        size={"longest_edge": 64}, max_image_size={"longest_edge": 32},
+        do_image_splitting=splitting,
+    )
+    Idefics3Processor(image_processor=image_processor, tokenizer=tokenizer,
+                      image_seq_len=4).save_pretrained(out_dir)
+    return out_dir

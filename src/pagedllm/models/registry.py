@@ -33,6 +33,9 @@ _MODELS: dict[str, tuple[str, str]] = {
     "Qwen2VLForConditionalGeneration": (
         "pagedllm.models.qwen2_vl", "Qwen2VLForConditionalGeneration"
     ),
+    "Idefics3ForConditionalGeneration": (
+        "pagedllm.models.idefics3", "Idefics3ForConditionalGeneration"
+    ),
     "Qwen2_5_VLForConditionalGeneration": (
         "pagedllm.models.qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration"
     ),

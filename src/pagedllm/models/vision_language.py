@@ -27,6 +27,7 @@ from pagedllm.models.spec import DecoderSpec
 # Checkpoint prefixes → ours, longest first.
 _TEXT_PREFIXES = (
     ("model.language_model.", "model."),
+    ("model.text_model.", "model."),
     ("language_model.model.", "model."),
     ("language_model.lm_head.", "lm_head."),
     ("language_model.", "model."),

@@ -263,11 +263,64 @@ class Qwen2VLLayout(PromptLayout):
         return [(offset, size, None) for offset, size in sized_runs(input_ids, token_id, sizes)]
 
 
+class Idefics3Layout(PromptLayout):
+    """Idefics3 / SmolVLM: `<image>` becomes, per crop, row/column tags (text) and
+    `image_seq_len` image tokens, the global view's run last (after `<global-img>`);
+    pixel_values holds every image's crops one after another."""
+
+    @staticmethod
+    def max_tokens_per_item(hf_config: Any) -> int:
+        """The processor's default split: up to 4 x 4 tiles and the global view, each
+        (image_size / patch_size / scale_factor)² tokens."""
+        vision = hf_config.vision_config
+        per_crop = (vision.image_size // vision.patch_size // hf_config.scale_factor) ** 2
+        return 17 * per_crop
+
+    def placeholder(self, modality: str) -> str:
+        """The processor's image token (`<image>`)."""
+        return str(self.hf_processor.image_token)
+
+    def _image_runs(self, input_ids: list[int]) -> list[list[tuple[int, int]]]:
+        """The image-token runs, grouped by image: an image ends with its global view."""
+        tokenizer = self.hf_processor.tokenizer
+        global_id = tokenizer.convert_tokens_to_ids("<global-img>")
+        images: list[list[tuple[int, int]]] = [[]]
+        for offset, length in token_runs(input_ids, int(self.hf_config.image_token_id)):
+            images[-1].append((offset, length))
+            if offset > 0 and input_ids[offset - 1] == global_id:
+                images.append([])
+        return [runs for runs in images if runs]
+
+    def item_inputs(
+        self, modality: str, outputs: Mapping[str, torch.Tensor], count: int
+    ) -> list[dict[str, torch.Tensor]]:
+        """Each image's crops (their count read from the prompt's runs)."""
+        mask = outputs.get("pixel_attention_mask")
+        if mask is not None and not bool(mask.all()):
+            raise ValueError("Idefics3 crops padded inside an image are not supported.")
+        crops = outputs["pixel_values"][0]
+        sizes = [len(runs) for runs in self._image_runs(outputs["input_ids"][0].tolist())]
+        return [{"pixel_values": part} for part in crops[: sum(sizes)].split(sizes)]
+
+    def spans(
+        self, modality: str, input_ids: list[int], count: int,
+        outputs: Mapping[str, torch.Tensor],
+    ) -> list[tuple[int, int, list[bool] | None]]:
+        """From each image's first run to its last; tags between runs are text."""
+        token_id = int(self.hf_config.image_token_id)
+        spans: list[tuple[int, int, list[bool] | None]] = []
+        for runs in self._image_runs(input_ids):
+            start, end = runs[0][0], runs[-1][0] + runs[-1][1]
+            spans.append((start, end - start, [t == token_id for t in input_ids[start:end]]))
+        return spans
+
+
 _LAYOUTS: dict[str, type[PromptLayout]] = {
     "LlavaForConditionalGeneration": LlavaLayout,
     "Gemma3ForConditionalGeneration": Gemma3Layout,
     "Qwen2VLForConditionalGeneration": Qwen2VLLayout,
     "Qwen2_5_VLForConditionalGeneration": Qwen2VLLayout,
+    "Idefics3ForConditionalGeneration": Idefics3Layout,
 }
 
 
