@@ -16,16 +16,20 @@ engine's encoder cache unless the pass is about it; prefix caching is off (`--pr
 turns it on). Model loading is excluded from every time.
 
 - pagedllm: `LLM(folder, dtype="float32")`, an untimed warm-up, then `LLM.generate` over all
-  requests at once: images/s = requests / wall, output tok/s, and each request's TTFT from
-  its metrics (queueing included). TTFT per image: all requests with `max_tokens=1`, wall /
-  requests; single-image TTFT: one request alone with `max_tokens=1` (median of 3).
+  requests at once (`--num-iters` passes, median [min-max]): images/s = requests / wall,
+  output tok/s, each request's TTFT from its metrics (queueing included), and the share of
+  the wall spent in the vision encoder. TTFT per image: all requests with `max_tokens=1`,
+  wall / requests; single-image TTFT: one request alone with `max_tokens=1`
+  (`--ttft-repeats` passes: median and min, the min being the least disturbed by other load).
 - transformers: `AutoModelForImageTextToText` and `AutoProcessor` from the same folder,
-  float32, greedy `generate` with `min_new_tokens = max_new_tokens` (no EOS stop): one
-  request at a time (its usual use) and all at once (left padding); single-image TTFT is
-  `generate` with `max_new_tokens=1` (median of 3), TTFT per image the batched one / requests.
+  float32, greedy `generate` with `min_new_tokens = max_new_tokens` (no EOS stop), its
+  processor's time included: one request at a time (its usual use; once) and all at once
+  (left padding; `--num-iters` passes); single-image TTFT is `generate` with
+  `max_new_tokens=1`, TTFT per image the batched one / requests.
 - Encoder cache: the same questions with one image shared by every request vs distinct
-  images, on pagedllm: wall times, and how many items the vision encoder ran on (the model's
-  `encode`, wrapped to count) against the images the requests carry.
+  images, on pagedllm: wall times, and how many items the vision encoder ran on and for how
+  long (the model's `encode`, wrapped to count and time) against the images the requests
+  carry.
 - Agreement: pagedllm's greedy tokens against transformers' (one at a time and batched) on
   the same requests, and whether both fed the model the same prompt token ids.
 
