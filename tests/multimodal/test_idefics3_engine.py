@@ -9,35 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from pagedllm import LLM, SamplingParams
-
-from .tiny_vlm import hf_vlm_greedy, make_tiny_idefics3, random_image
-
-MAX_TOKENS = 8
-
-
-def _prompts() -> list[dict]:
-    one = {"prompt": "Describe <image> please", "multi_modal_data": {"image": random_image(1)}}
-    three = {
-        "prompt": "<image> and <image> then <image> end",
-        "multi_modal_data": {"image": [random_image(2), random_image(3, (64, 30)),
-                                       random_image(1, (20, 16))]},
-    }
-    other_image = {"prompt": one["prompt"], "multi_modal_data": {"image": random_image(4)}}
-    return [one, three, {"prompt": "The quick brown fox"}, other_image, dict(one)]
+from .tiny_vlm import check_engine_matches_transformers, make_tiny_idefics3
 
 
 @pytest.mark.parametrize(("splitting", "budget"), [(True, 8), (False, 512)])
 def test_idefics3_matches_transformers(splitting, budget, tiny_tokenizer_dir, tmp_path: Path):
     path = make_tiny_idefics3(tmp_path / "idefics3", tiny_tokenizer_dir, splitting)
-    prompts = _prompts()
-    expected = hf_vlm_greedy(path, prompts, MAX_TOKENS)
-    assert expected[0] != expected[3]  # the image decides the output
-    llm = LLM(str(path), dtype="float32", max_model_len=512, block_size=4,
-              max_num_batched_tokens=budget, enable_prefix_caching=True)
-    outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS),
-                           use_tqdm=False)
-    assert [list(o.outputs[0].token_ids) for o in outputs] == expected
-    scheduler = llm.llm_engine.engine_core.engine_core.scheduler
-    assert scheduler.make_stats().prefix_cache_hits > 0
-    assert not scheduler.encoder.cache.users
+    check_engine_matches_transformers(path, "<image>", max_model_len=512,
+                                      max_num_batched_tokens=budget)

@@ -10,40 +10,22 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pagedllm import LLM, SamplingParams
+from pagedllm import LLM
 from pagedllm.models.qwen2_vl import mrope_positions
 
-from .tiny_vlm import QWEN2VL_IMAGE, hf_vlm_greedy, make_tiny_qwen2_vl, random_image
-
-MAX_TOKENS = 8
-IMG = QWEN2VL_IMAGE
-
-
-def _prompts() -> list[dict]:
-    one = {"prompt": f"Describe {IMG} please", "multi_modal_data": {"image": random_image(1)}}
-    three = {
-        "prompt": f"{IMG} and {IMG}{IMG} end",
-        "multi_modal_data": {"image": [random_image(2), random_image(3, (64, 30)),
-                                       random_image(1, (24, 24))]},
-    }
-    other_image = {"prompt": one["prompt"], "multi_modal_data": {"image": random_image(4)}}
-    return [one, three, {"prompt": "The quick brown fox"}, other_image, dict(one)]
+from .tiny_vlm import (
+    QWEN2VL_IMAGE,
+    check_engine_matches_transformers,
+    make_tiny_qwen2_vl,
+    random_image,
+)
 
 
 @pytest.mark.parametrize(("version", "budget"), [("2", 8), ("2", 256), ("2.5", 8)])
 def test_qwen2_vl_matches_transformers(version, budget, tiny_tokenizer_dir, tmp_path: Path):
     path = make_tiny_qwen2_vl(tmp_path / "qwen2_vl", tiny_tokenizer_dir, version)
-    prompts = _prompts()
-    expected = hf_vlm_greedy(path, prompts, MAX_TOKENS)
-    assert expected[0] != expected[3]  # the image decides the output
-    llm = LLM(str(path), dtype="float32", max_model_len=256, block_size=4,
-              max_num_batched_tokens=budget, enable_prefix_caching=True)
-    outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS),
-                           use_tqdm=False)
-    assert [list(o.outputs[0].token_ids) for o in outputs] == expected
-    scheduler = llm.llm_engine.engine_core.engine_core.scheduler
-    assert scheduler.make_stats().prefix_cache_hits > 0
-    assert not scheduler.encoder.cache.users
+    check_engine_matches_transformers(path, QWEN2VL_IMAGE, max_model_len=256,
+                                      max_num_batched_tokens=budget)
 
 
 def test_mrope_positions_follow_the_grid():

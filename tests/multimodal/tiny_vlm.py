@@ -317,3 +317,41 @@ def make_tiny_idefics3(out_dir: Path, tokenizer_dir: Path, splitting: bool = Tru
     Idefics3Processor(image_processor=image_processor, tokenizer=tokenizer,
                       image_seq_len=4).save_pretrained(out_dir)
     return out_dir
+
+
+def image_prompts(placeholder: str) -> list[dict]:
+    """One image; three (two sizes, one repeated from the first prompt); text only; the
+    first prompt's text with another image; the first prompt again (a prefix-cache hit)."""
+    one = {"prompt": f"Describe {placeholder} please",
+           "multi_modal_data": {"image": random_image(1)}}
+    three = {
+        "prompt": f"{placeholder} and {placeholder} then {placeholder} end",
+        "multi_modal_data": {"image": [random_image(2), random_image(3, (64, 30)),
+                                       random_image(1)]},
+    }
+    other_image = {"prompt": one["prompt"], "multi_modal_data": {"image": random_image(4)}}
+    return [one, three, {"prompt": "The quick brown fox"}, other_image, dict(one)]
+
+
+def check_engine_matches_transformers(
+    model_dir: Path, placeholder: str, max_tokens: int = 8, **llm_args: Any
+) -> Any:
+    """`image_prompts` through the engine (float32, 4-token blocks, prefix caching on, the
+    caller's `llm_args`) give transformers' greedy tokens, the images decide the outputs,
+    the repeated prompt hits the prefix cache, and nothing stays held; returns the LLM."""
+    from pagedllm import LLM, SamplingParams
+
+    prompts = image_prompts(placeholder)
+    expected = hf_vlm_greedy(model_dir, prompts, max_tokens)
+    assert expected[0] != expected[3]  # the image decides the output
+    llm = LLM(str(model_dir), dtype="float32", block_size=4, enable_prefix_caching=True,
+              **llm_args)
+    outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens),
+                           use_tqdm=False)
+    assert [list(o.outputs[0].token_ids) for o in outputs] == expected
+    scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+    assert scheduler.make_stats().prefix_cache_hits > 0
+    assert not scheduler.encoder.cache.users
+    manager = scheduler.kv_cache_manager
+    assert manager.get_num_free_blocks() == manager.num_usable_blocks
+    return llm
