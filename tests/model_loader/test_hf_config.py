@@ -126,17 +126,22 @@ def test_registry_names_and_errors() -> None:
     assert supported_architectures() == [
         "GPT2LMHeadModel",
         "Gemma3ForCausalLM",
+        "Gemma3ForConditionalGeneration",
+        "Idefics3ForConditionalGeneration",
         "LlamaForCausalLM",
+        "LlavaForConditionalGeneration",
         "MistralForCausalLM",
         "MixtralForCausalLM",
         "OPTForCausalLM",
         "Phi3ForCausalLM",
         "Qwen2ForCausalLM",
         "Qwen2MoeForCausalLM",
+        "Qwen2VLForConditionalGeneration",
+        "Qwen2_5_VLForConditionalGeneration",
         "Qwen3ForCausalLM",
         "Qwen3MoeForCausalLM",
     ]
-    with pytest.raises(ValueError, match="GPT2LMHeadModel, Gemma3ForCausalLM, LlamaForCausalLM"):
+    with pytest.raises(ValueError, match="GPT2LMHeadModel, Gemma3ForCausalLM, Gemma3ForConditionalGeneration"):
         ModelRegistry().resolve("GPTNeoXForCausalLM")
 
 

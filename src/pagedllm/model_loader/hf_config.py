@@ -14,22 +14,8 @@ from transformers import AutoConfig, PretrainedConfig
 
 from pagedllm.config import SUPPORTED_DTYPES
 from pagedllm.model_loader.gguf_cache import config_folder
+from pagedllm.models.registry import MODEL_TYPE_TO_ARCHITECTURE
 from pagedllm.platform import get_platform
-
-# GGUF configs carry no `architectures`; transformers' model_type names the family instead.
-_MODEL_TYPE_TO_ARCHITECTURE = {
-    "llama": "LlamaForCausalLM",
-    "mistral": "MistralForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-    "qwen3": "Qwen3ForCausalLM",
-    "gemma3_text": "Gemma3ForCausalLM",
-    "phi3": "Phi3ForCausalLM",
-    "gpt2": "GPT2LMHeadModel",
-    "opt": "OPTForCausalLM",
-    "mixtral": "MixtralForCausalLM",
-    "qwen2_moe": "Qwen2MoeForCausalLM",
-    "qwen3_moe": "Qwen3MoeForCausalLM",
-}
 
 # Config attributes that bound the context length, by the names different families use.
 _MAX_LEN_KEYS = (
@@ -59,12 +45,12 @@ def get_architecture(hf_config: PretrainedConfig) -> str:
     if architectures:
         return str(architectures[0])
     model_type = getattr(hf_config, "model_type", None)
-    if model_type in _MODEL_TYPE_TO_ARCHITECTURE:
-        return _MODEL_TYPE_TO_ARCHITECTURE[model_type]
+    if model_type in MODEL_TYPE_TO_ARCHITECTURE:
+        return MODEL_TYPE_TO_ARCHITECTURE[model_type]
     raise ValueError(
         f"Cannot tell the architecture of this checkpoint (model_type={model_type!r}, no "
         f"`architectures` in its config). Known model types: "
-        f"{', '.join(sorted(_MODEL_TYPE_TO_ARCHITECTURE))}."
+        f"{', '.join(sorted(MODEL_TYPE_TO_ARCHITECTURE))}."
     )
 
 

@@ -42,15 +42,20 @@ _MODELS: dict[str, tuple[str, str]] = {
 }
 
 
-# A vision-language model's text config → the architecture of its text model (nested
-# configs rarely name `architectures`).
-_TEXT_MODEL_TYPES: dict[str, str] = {
+# transformers' model_type → the causal LM architecture, for configs that name no
+# `architectures`: GGUF configs, and a vision-language model's nested text config.
+MODEL_TYPE_TO_ARCHITECTURE: dict[str, str] = {
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "gemma3_text": "Gemma3ForCausalLM",
     "phi3": "Phi3ForCausalLM",
+    "gpt2": "GPT2LMHeadModel",
+    "opt": "OPTForCausalLM",
+    "mixtral": "MixtralForCausalLM",
+    "qwen2_moe": "Qwen2MoeForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
 }
 
 
@@ -61,12 +66,12 @@ def text_architecture(text_config: Any) -> str:
         ValueError: for a text model not built here.
     """
     model_type = getattr(text_config, "model_type", None)
-    if model_type not in _TEXT_MODEL_TYPES:
+    if model_type not in MODEL_TYPE_TO_ARCHITECTURE:
         raise ValueError(
             f"Text model type {model_type!r} of this vision-language model is not supported "
-            f"(supported: {', '.join(sorted(_TEXT_MODEL_TYPES))})."
+            f"(supported: {', '.join(sorted(MODEL_TYPE_TO_ARCHITECTURE))})."
         )
-    return _TEXT_MODEL_TYPES[model_type]
+    return MODEL_TYPE_TO_ARCHITECTURE[model_type]
 
 
 class ModelRegistry:
