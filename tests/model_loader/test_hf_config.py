@@ -141,7 +141,7 @@ def test_registry_names_and_errors() -> None:
         "Qwen3ForCausalLM",
         "Qwen3MoeForCausalLM",
     ]
-    with pytest.raises(ValueError, match="GPT2LMHeadModel, Gemma3ForCausalLM, Gemma3ForConditionalGeneration"):
+    with pytest.raises(ValueError, match="GPT2LMHeadModel, Gemma3ForCausalLM, Gemma3ForCond"):
         ModelRegistry().resolve("GPTNeoXForCausalLM")
 
 
