@@ -91,3 +91,19 @@ def test_prefix_cache_keys_follow_the_image():
     assert same_a[0] == other[0] == text[0]  # before the image: plain text
     assert same_a[1] != other[1] and same_a[1] != text[1]  # from its first block on
     assert same_a[3] != other[3]  # chained: blocks after it differ too
+
+
+def test_without_chunked_prefill_a_cut_prompt_waits():
+    """The encoder budget fits "a" only: chunked, the chunk stops before "b"; unchunked,
+    the prompt waits whole for a step with room for both."""
+    from pagedllm.core.admission import Candidate, EncoderInputs, Verdict
+    from pagedllm.core.step_plan import StepPlan
+
+    encoder = EncoderScheduler(compute_budget=12, cache_size=64)
+    items = [feature("a", 0, 10), feature("b", 12, 10)]
+    data = RequestData(list(range(3, 27)), SamplingParams(max_tokens=1), mm_features=items)
+    for chunked, verdict, count in ((True, Verdict.ADMIT, 12), (False, Verdict.STOP, 24)):
+        candidate = Candidate(Request("r", data), 0, num_new_tokens=24)
+        check = EncoderInputs(encoder, chunked=chunked)
+        assert check.check(candidate, StepPlan(token_budget=64)) is verdict
+        assert candidate.num_new_tokens == count

@@ -157,10 +157,13 @@ class TokenBudget(AdmissionCheck):
 class EncoderInputs(AdmissionCheck):
     """A request with images computes only as far as the encoder's budget and cache
     allow this step (multimodal/encoder_cache.py): its chunk stops before the first item
-    that does not fit, and the items it reads are planned (committed once it runs)."""
+    that does not fit, and the items it reads are planned (committed once it runs). Without
+    chunked prefill (or for a `whole` candidate) a cut chunk waits for the next step
+    instead."""
 
-    def __init__(self, encoder: EncoderScheduler) -> None:
+    def __init__(self, encoder: EncoderScheduler, chunked: bool = True) -> None:
         self.encoder = encoder
+        self.chunked = chunked
 
     def check(self, candidate: Candidate, plan: StepPlan) -> Verdict:
         """STOP when not one token fits; else the cut count and the plan go on the
@@ -172,6 +175,10 @@ class EncoderInputs(AdmissionCheck):
             request.request_id, request.mm_features, candidate.num_computed_tokens,
             candidate.num_new_tokens,
         )
+        if encoder_plan.num_new_tokens < candidate.num_new_tokens and (
+            candidate.whole or not self.chunked
+        ):
+            return Verdict.STOP
         candidate.num_new_tokens = encoder_plan.num_new_tokens
         candidate.encoder_plan = encoder_plan
         return Verdict.ADMIT if encoder_plan.num_new_tokens > 0 else Verdict.STOP

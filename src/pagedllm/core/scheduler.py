@@ -158,7 +158,9 @@ class Scheduler:
         self.token_budget = TokenBudget(self.scheduler_config)
         self.capacity_checks: list[AdmissionCheck] = [self.token_budget]
         if self.encoder is not None:
-            self.capacity_checks.append(EncoderInputs(self.encoder))
+            self.capacity_checks.append(
+                EncoderInputs(self.encoder, self.scheduler_config.enable_chunked_prefill)
+            )
         self.capacity_checks.append(
             KVBlocks(self.kv_cache_manager, self.has_kv_cache, self._lookahead)
         )
