@@ -132,13 +132,11 @@ class Scheduler:
         # Steps in flight (several at once): id(SchedulerOutput) -> request id -> its
         # preemption count when scheduled; a request preempted since then drops the output.
         self._in_flight: dict[int, dict[str, int]] = {}
-        # A vision-language model's encoder: its budget per step and its cache's entries.
-        self.encoder: EncoderScheduler | None = None
-        if scheduler_config.encoder_cache_size > 0:
-            self.encoder = EncoderScheduler(
-                scheduler_config.max_num_encoder_input_tokens,
-                scheduler_config.encoder_cache_size,
-            )
+        # A vision-language model's encoder: its budget per step and its cache's entries
+        # (a text-only model's has none, and refuses requests with images).
+        self.encoder = EncoderScheduler(
+            scheduler_config.max_num_encoder_input_tokens, scheduler_config.encoder_cache_size
+        )
         self.preemption = Preemption(
             scheduler_config, self.kv_cache_manager, self.swap_manager, self.waiting,
             self.swapped, self._forget_preempted,
@@ -156,14 +154,11 @@ class Scheduler:
             self.eligibility.append(self.lora_slots)
         self.eligibility.append(GrammarReady())
         self.token_budget = TokenBudget(self.scheduler_config)
-        self.capacity_checks: list[AdmissionCheck] = [self.token_budget]
-        if self.encoder is not None:
-            self.capacity_checks.append(
-                EncoderInputs(self.encoder, self.scheduler_config.enable_chunked_prefill)
-            )
-        self.capacity_checks.append(
-            KVBlocks(self.kv_cache_manager, self.has_kv_cache, self._lookahead)
-        )
+        self.capacity_checks: list[AdmissionCheck] = [
+            self.token_budget,
+            EncoderInputs(self.encoder, self.scheduler_config.enable_chunked_prefill),
+            KVBlocks(self.kv_cache_manager, self.has_kv_cache, self._lookahead),
+        ]
         manager = self.kv_cache_manager
         self.waiting_admission = WaitingAdmission(self.waiting, self.swapped, manager)
         self.swapped_admission = SwappedAdmission(
@@ -196,11 +191,7 @@ class Scheduler:
                 f"tokens, more than max_model_len={self.max_model_len}."
             )
         check_ever_fits(request, self.scheduler_config, self.kv_cache_manager, self.has_kv_cache)
-        if request.mm_features:
-            if self.encoder is None:
-                raise ValueError(f"Request {request.request_id!r} has images or video; this "
-                                 "model reads text only.")
-            self.encoder.check_fits(request.request_id, request.mm_features)
+        self.encoder.check_fits(request.request_id, request.mm_features)
         request.status = RequestStatus.WAITING
         self.requests[request.request_id] = request
         if request.is_pooling:
@@ -247,8 +238,7 @@ class Scheduler:
         del self.requests[request.request_id]
         self.trimmed_tables.pop(request.request_id, None)
         self.finished_request_ids.add(request.request_id)
-        if self.encoder is not None:
-            self.encoder.release_all(request.request_id, request.mm_features)
+        self.encoder.release_all(request.request_id, request.mm_features)
 
     def _remove_from_running(self, requests: list[Request]) -> None:
         # By identity: Request compares by value, which would walk token lists.
@@ -264,8 +254,7 @@ class Scheduler:
         `update_from_output` only has to append sampled tokens.
         """
         plan = StepPlan(token_budget=self.scheduler_config.max_num_batched_tokens)
-        if self.encoder is not None:
-            self.encoder.start_step()
+        self.encoder.start_step()
         self._admit(self.pooling, plan)
         self.running = self.waiting.order_running(self.running)
         self.preemption.for_waiting(plan, self.running, lambda head: self._can_admit(head, plan))
@@ -311,7 +300,7 @@ class Scheduler:
         """An admitted request runs this step (and takes its seat)."""
         request = queue.pop()
         queue.on_admit(candidate, plan)
-        if candidate.encoder_plan is not None and self.encoder is not None:
+        if candidate.encoder_plan is not None:
             self.encoder.commit(request.request_id, request.mm_features,
                                 candidate.num_computed_tokens, candidate.encoder_plan)
         request.status = RequestStatus.RUNNING
@@ -338,7 +327,7 @@ class Scheduler:
                 request, plan.token_budget, request.num_computed_tokens
             )
             encoder_plan = None
-            if self.encoder is not None and request.mm_features and num_new_tokens:
+            if request.mm_features and num_new_tokens:
                 encoder_plan = self.encoder.plan(request.request_id, request.mm_features,
                                                  request.num_computed_tokens, num_new_tokens)
                 num_new_tokens = encoder_plan.num_new_tokens
@@ -360,7 +349,7 @@ class Scheduler:
             if new_block_ids is None:
                 # It preempted itself; being the tail, no running request is left after it.
                 break
-            if encoder_plan is not None and self.encoder is not None:
+            if encoder_plan is not None:
                 self.encoder.commit(request.request_id, request.mm_features,
                                     request.num_computed_tokens, encoder_plan)
             plan.add(request, num_new_tokens, new_block_ids, is_new=False, spec_token_ids=drafts)
@@ -381,8 +370,7 @@ class Scheduler:
         """The worker must drop a preempted request's state: it comes back as a new one."""
         self.finished_request_ids.add(request.request_id)
         self.trimmed_tables.pop(request.request_id, None)
-        if self.encoder is not None:
-            self.encoder.release_all(request.request_id, request.mm_features)
+        self.encoder.release_all(request.request_id, request.mm_features)
 
     @property
     def num_preemptions(self) -> int:
@@ -396,9 +384,8 @@ class Scheduler:
             self.send_token_ids,
         )
         self.finished_request_ids = set()
-        if self.encoder is not None:
-            output.scheduled_encoder_inputs = self.encoder.scheduled
-            output.free_encoder_mm_hashes = self.encoder.cache.take_freed()
+        output.scheduled_encoder_inputs = self.encoder.scheduled
+        output.free_encoder_mm_hashes = self.encoder.cache.take_freed()
         if self.num_concurrent_batches > 1:
             self._in_flight[id(output)] = {
                 request.request_id: request.num_preemptions
@@ -411,7 +398,7 @@ class Scheduler:
             self.num_computed_prompt_tokens += max(
                 0, min(request.num_computed_tokens, num_prompt) - min(start, num_prompt)
             )
-            if self.encoder is not None and request.mm_features:
+            if request.mm_features:
                 # Items computed past are released; the runner uses them in this step
                 # still (an eviction reaches it with a later step).
                 self.encoder.release_consumed(request.request_id, request.mm_features,

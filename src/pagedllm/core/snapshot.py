@@ -30,10 +30,7 @@ def scheduler_stats(scheduler: Scheduler) -> SchedulerStats:
         num_swapped_reqs=scheduler.num_swapped,
         kv_cache_usage=manager.usage,
         cpu_kv_cache_usage=scheduler.swap_manager.usage,
-        encoder_cache_usage=(
-            scheduler.encoder.cache.num_used_rows / scheduler.encoder.cache.cache_size
-            if scheduler.encoder is not None else 0.0
-        ),
+        encoder_cache_usage=scheduler.encoder.cache.usage,
         prefix_cache_queries=manager.prefix_cache_queries,
         prefix_cache_hits=manager.prefix_cache_hits,
         num_preemptions=scheduler.num_preemptions,

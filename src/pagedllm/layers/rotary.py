@@ -185,10 +185,15 @@ class RotaryEmbedding(nn.Module):
         # Identity, not equality: holding the tensor keeps its id from being reused.
         if last is not None and last[0] is positions and last[1] == dtype:
             return last[2], last[3]
-        cos_sin = self.cos_sin_cache.index_select(0, positions)  # [T, rotary_dim]
-        cos_sin = cos_sin.to(dtype).unsqueeze(1)  # [T, 1, rotary_dim]
-        cos, sin = cos_sin.chunk(2, dim=-1)  # each [T, 1, rotary_dim / 2]
+        cos, sin = self._lookup(positions)
+        cos, sin = cos.to(dtype).unsqueeze(1), sin.to(dtype).unsqueeze(1)
         self._last = (positions, dtype, cos, sin)
+        return cos, sin
+
+    def _lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The table's cos and sin rows of `positions` [T]: each [T, rotary_dim / 2]."""
+        cos_sin = self.cos_sin_cache.index_select(0, positions)  # [T, rotary_dim]
+        cos, sin = cos_sin.chunk(2, dim=-1)
         return cos, sin
 
     def extra_repr(self) -> str:
@@ -221,21 +226,15 @@ class MRotaryEmbedding(RotaryEmbedding):
         """As RotaryEmbedding, with positions [T] or [3, T]."""
         if positions.dim() == 1:
             return super().forward_adjacent(positions, qk, num_q_heads)
-        cos, sin = self._mrope_cos_sin(positions, qk.dtype)
+        cos, sin = self._cos_sin(positions, qk.dtype)
         heads = self._rotate(qk, cos, sin).view(qk.shape[0], -1, self.head_size)
         return heads[:, :num_q_heads], heads[:, num_q_heads:]
 
-    def _mrope_cos_sin(
-        self, positions: torch.Tensor, dtype: torch.dtype
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each [T, 1, rotary_dim / 2]: frequency i at the position of its axis."""
-        last = self._last
-        if last is not None and last[0] is positions and last[1] == dtype:
-            return last[2], last[3]
+    def _lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Positions [T] as RoPE; [3, T]: frequency i at the position of its axis."""
+        if positions.dim() == 1:
+            return super()._lookup(positions)
         tables = self.cos_sin_cache[positions]  # [3, T, rotary_dim]
         half = self.rotary_dim // 2
         index = self.axis_of_freq.view(1, 1, half).expand(1, positions.shape[1], half)
-        cos = tables[..., :half].gather(0, index)[0].to(dtype).unsqueeze(1)
-        sin = tables[..., half:].gather(0, index)[0].to(dtype).unsqueeze(1)
-        self._last = (positions, dtype, cos, sin)
-        return cos, sin
+        return tables[..., :half].gather(0, index)[0], tables[..., half:].gather(0, index)[0]

@@ -49,6 +49,12 @@ class EncoderCacheManager:
         return sum(self.sizes[identifier] for identifier in self.users)
 
     @property
+    def usage(self) -> float:
+        """Share of the cache held by entries some request needs, in [0, 1] (0 with no
+        cache)."""
+        return self.num_used_rows / self.cache_size if self.cache_size else 0.0
+
+    @property
     def num_free_rows(self) -> int:
         """Rows free now or held by unused entries (evictable)."""
         return self.cache_size - self.num_used_rows
@@ -110,7 +116,9 @@ class EncoderPlan:
 
 
 class EncoderScheduler:
-    """Plans each step's encoder work within its budget and the cache's space.
+    """Plans each step's encoder work within its budget and the cache's space. A model
+    without an encoder gets one with no budget and no cache: its requests carry no items,
+    so every call is a no-op, and one with items is refused (`check_fits`).
 
     Args:
         compute_budget: rows the encoder may produce in one step.
@@ -133,8 +141,12 @@ class EncoderScheduler:
         """Refuse a request with an item larger than the cache or the step's budget.
 
         Raises:
-            ValueError: naming the item and the limit.
+            ValueError: naming the item and the limit (a model without an encoder: any
+                item).
         """
+        if features and self.cache.cache_size == 0:
+            raise ValueError(f"Request {request_id!r} has images or video; this model reads "
+                             "text only.")
         limit = min(self.compute_budget, self.cache.cache_size)
         for index, feature in enumerate(features):
             if feature.num_embeds > limit:
