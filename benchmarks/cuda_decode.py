@@ -88,6 +88,25 @@ def kv_bytes_per_token(model_config: Any, cache_dtype_bytes: int) -> int:
     return 2 * hf.num_hidden_layers * kv_heads * head_dim * cache_dtype_bytes
 
 
+def kernels_per_token(engine: Any, prompt: Any, tokens: int = 16) -> float | None:
+    """GPU operations (kernels, copies) one decoded token launches, read by torch's
+    profiler: a pass of 1 + `tokens` tokens less a pass of 1, over `tokens` (prefill and
+    first token cancel out). None where the profiler cannot see the device."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    def count(max_tokens: int) -> int:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            run_engine_pass(engine, [prompt], max_tokens)
+        return sum(1 for event in prof.events() if event.device_type == DeviceType.CUDA)
+
+    try:
+        return (count(1 + tokens) - count(1)) / tokens
+    except RuntimeError as error:  # no CUPTI
+        print(f"kernels per token not measured: {error}")
+        return None
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     import torch
@@ -108,6 +127,7 @@ def main(argv: list[str] | None = None) -> None:
         times = [t for t, n in record.steps if n]
         timings.extend(b - a for a, b in zip(times, times[1:], strict=False))
     per_token = statistics.median(timings)
+    kernels = kernels_per_token(engine, prompt)
     bandwidth = measure_bandwidth(args.bandwidth_gib)
     weights = weight_bytes_per_step(worker.model)
     cache_bytes = worker.kv_caches[0].element_size()
@@ -127,13 +147,15 @@ def main(argv: list[str] | None = None) -> None:
         "bandwidth_gb_s": bandwidth / 1e9,
         "floor_ms": floor * 1e3,
         "fraction_of_roofline": floor / per_token,
+        "kernels_per_token": kernels,
         "machine": machine_info(),
     }
     print(
         f"{result['gpu']}: {result['ms_per_token']:.3f} ms/token at batch 1 "
         f"({result['tokens_per_s']:.0f} tok/s, graphs={result['cuda_graphs']}); reads "
         f"{(weights + kv) / 1e6:.1f} MB/step at {bandwidth / 1e9:.0f} GB/s = floor "
-        f"{floor * 1e3:.3f} ms: {result['fraction_of_roofline']:.0%} of the roofline"
+        f"{floor * 1e3:.3f} ms: {result['fraction_of_roofline']:.0%} of the roofline; "
+        f"{kernels if kernels is None else round(kernels)} GPU operations per token"
     )
     if args.output_json:
         write_json(args.output_json, {"config": vars(args), "result": result})

@@ -55,6 +55,11 @@ def test_group_matmul_matches_the_dense_weight(kind: str, num_tokens: int,
             + 1e-3).all()
 
 
+# A bounded KV cache: by default a tiny model's cache takes 90% of an 80 GB card, about 18
+# million 4 KB blocks, and building that many block objects took minutes on an H100.
+KV_CACHE_BYTES = 256 * 2**20
+
+
 @pytest.mark.parametrize("arch", ["qwen3", "gemma3", "mistral_window"])
 def test_engine_float32_is_token_exact(arch: str, prompts, tiny_tokenizer_dir: Path,
                                        tmp_path: Path) -> None:
@@ -70,7 +75,7 @@ def test_cuda_graphs_on_and_off_give_the_same_tokens(tiny_llama_dir: Path, dtype
     results = []
     for eager in (True, False):
         llm = LLM(str(tiny_llama_dir), dtype=dtype, enforce_eager=eager, max_num_seqs=16,
-                  max_model_len=256)
+                  max_model_len=256, kv_cache_memory_bytes=KV_CACHE_BYTES)
         graphs = llm.llm_engine.engine_core.engine_core.executor.worker.model_runner.decode_step
         assert (graphs is None) == eager
         outputs = llm.generate(batch, params, use_tqdm=False)
@@ -81,7 +86,8 @@ def test_cuda_graphs_on_and_off_give_the_same_tokens(tiny_llama_dir: Path, dtype
 
 
 def test_a_replay_never_waits_on_the_host(tiny_llama_dir: Path) -> None:
-    llm = LLM(str(tiny_llama_dir), dtype="bfloat16", max_num_seqs=8, max_model_len=256)
+    llm = LLM(str(tiny_llama_dir), dtype="bfloat16", max_num_seqs=8, max_model_len=256,
+              kv_cache_memory_bytes=KV_CACHE_BYTES)
     graphs = llm.llm_engine.engine_core.engine_core.executor.worker.model_runner.decode_step
     assert graphs is not None
     table = np.array([[1, 2], [3, 4], [5, 6]])
@@ -103,7 +109,8 @@ def test_default_model_runs_its_4bit_codes_and_agrees_with_float32() -> None:
     params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
     tokens = {}
     for dtype in ("bfloat16", "float32"):
-        llm = LLM(str(default_gguf_path()), dtype=dtype, max_model_len=512)
+        llm = LLM(str(default_gguf_path()), dtype=dtype, max_model_len=512,
+                  kv_cache_memory_bytes=KV_CACHE_BYTES)
         assert llm.llm_engine.engine_config.model_config.quantization == "int4"
         model = llm.llm_engine.engine_core.engine_core.executor.worker.model
         qkv = model.model.layers[0].self_attn.qkv_proj

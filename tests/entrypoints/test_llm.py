@@ -212,3 +212,18 @@ def test_bad_engine_arguments(tiny_llama_dir):
         LLM(str(tiny_llama_dir), dtype="float32", num_gpu_blocks_override=3, block_size=4)
     with pytest.raises(ValueError, match="(?i)download|local"):
         LLM("some-org/some-model-that-is-not-on-disk")
+
+
+def test_a_dropped_llm_is_collected(tiny_llama_dir):
+    """Nothing global keeps an engine alive once the user drops it: its KV cache (on a GPU,
+    most of the card) comes back at the next collection, so a second LLM in the process
+    gets the memory."""
+    import gc
+    import weakref
+
+    llm = LLM(str(tiny_llama_dir), max_model_len=128)
+    llm.generate(["hello"], SamplingParams(max_tokens=2), use_tqdm=False)
+    worker = weakref.ref(llm.llm_engine.engine_core.engine_core.executor.worker)
+    del llm
+    gc.collect()
+    assert worker() is None

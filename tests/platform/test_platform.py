@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import types
 
 import pytest
@@ -102,3 +103,29 @@ def test_cuda_choices(monkeypatch):
     monkeypatch.setattr(CudaPlatform, "runs_triton", lambda self: False)
     assert platform.attention_backend(torch.bfloat16) == "torch_grouped"
     assert not platform.runs_gguf_codes()
+
+
+def test_cuda_kv_budget_frees_dropped_engines_first(monkeypatch):
+    """An engine dropped earlier in the process but kept alive by a reference cycle (its KV
+    cache, its graph pools) must not count as memory used by others: on an H100 the second
+    LLM of a test got a budget of 0 blocks until the budget collected garbage first."""
+    total = 80 * 2**30
+    held = {"bytes": 0}
+
+    class DroppedEngine:
+        def __init__(self) -> None:
+            self.cycle = self
+            held["bytes"] += 70 * 2**30
+
+        def __del__(self) -> None:
+            held["bytes"] -= 70 * 2**30
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (total - held["bytes"], total))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    gc.disable()  # no automatic collection between the drop and the budget
+    try:
+        DroppedEngine()
+        assert held["bytes"] > 0  # still alive: only the cycle collector frees it
+        assert CudaPlatform().kv_cache_budget_bytes(0.9) == int(total * 0.9)
+    finally:
+        gc.enable()

@@ -3,6 +3,8 @@ decode steps, swap preemption, pinned host staging, NCCL between ranks."""
 
 from __future__ import annotations
 
+import gc
+
 import torch
 
 from pagedllm.platform.interface import Platform
@@ -40,7 +42,14 @@ class CudaPlatform(Platform):
         return "swap"
 
     def kv_cache_budget_bytes(self, gpu_memory_utilization: float) -> int:
-        """The share of the GPU's memory the engine may use, less what others hold."""
+        """The share of the GPU's memory the engine may use, less what others hold.
+
+        An engine dropped earlier in this process (a test's, a benchmark's) can still hold
+        its KV cache and graph pools through reference cycles, and torch's allocator keeps
+        freed blocks cached: both are released first, or they count as used by others.
+        """
+        gc.collect()
+        torch.cuda.empty_cache()
         free, total = torch.cuda.mem_get_info()
         used_by_others = total - free
         return max(int(total * gpu_memory_utilization) - used_by_others, 0)
