@@ -123,11 +123,18 @@ def hf_vlm_greedy(
     processor = None if is_qwen2_vl else AutoProcessor.from_pretrained(model_dir)
     results = []
     for prompt in prompts:
-        images = (prompt.get("multi_modal_data") or {}).get("image")
+        data = prompt.get("multi_modal_data") or {}
+        images = data.get("image")
         if images is not None and not isinstance(images, list):
             images = [images]
+        videos = data.get("video")
+        if videos is not None and not isinstance(videos[0], list):
+            videos = [videos]  # one video: a list of frames
         if processor is None:
-            inputs = _qwen2_vl_inputs(model_dir, prompt["prompt"], images)
+            inputs = _qwen2_vl_inputs(model_dir, prompt["prompt"], images, videos,
+                                      prompt.get("mm_processor_kwargs"))
+            if model.config.model_type == "qwen2_vl":  # its positions step by one
+                inputs.pop("second_per_grid_ts", None)
         else:
             inputs = processor(text=[prompt["prompt"]], images=images or None,
                                return_tensors="pt")
@@ -257,25 +264,42 @@ def make_tiny_qwen2_vl(out_dir: Path, tokenizer_dir: Path, version: str = "2") -
     return out_dir
 
 
-def _qwen2_vl_inputs(model_dir: Path, prompt: str, images: list | None) -> dict:
+def _qwen2_vl_inputs(model_dir: Path, prompt: str, images: list | None,
+                     videos: list | None = None, options: dict | None = None) -> dict:
     """Qwen2VLProcessor's outputs, made from its image processor and tokenizer: each
-    `<|image_pad|>` repeated once per 2 x 2 merged patches of its image."""
+    `<|image_pad|>` (`<|video_pad|>`) repeated once per 2 x 2 merged patches of its item.
+    Videos are cut by pagedllm's QwenVideoProcessor (transformers' video processor needs
+    torchvision, which cannot load here; test_video.py checks the cut against
+    transformers' image processor and its video layout)."""
     from transformers import AutoImageProcessor, AutoTokenizer
 
+    from pagedllm.multimodal.video import QwenVideoProcessor
+
     image_processor = AutoImageProcessor.from_pretrained(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
     inputs: dict = {}
-    if images:
-        inputs = dict(image_processor(images=images, return_tensors="pt"))
-        counts = (inputs["image_grid_thw"].prod(-1) // 4).tolist()
-        pieces = prompt.split("<|image_pad|>")
+    for token, grid_key, items, process in (
+        ("<|image_pad|>", "image_grid_thw", images,
+         lambda values: dict(image_processor(images=values, return_tensors="pt"))),
+        ("<|video_pad|>", "video_grid_thw", videos,
+         lambda values: QwenVideoProcessor(image_processor)(values, **(options or {}))),
+    ):
+        if not items:
+            continue
+        outputs = process(items)
+        inputs.update(outputs)
+        counts = (outputs[grid_key].prod(-1) // 4).tolist()
+        pieces = prompt.split(token)
         prompt = pieces[0] + "".join(
-            "<|image_pad|>" * n + piece for n, piece in zip(counts, pieces[1:], strict=True)
+            token * n + piece for n, piece in zip(counts, pieces[1:], strict=True)
         )
-    ids = AutoTokenizer.from_pretrained(model_dir)(prompt)["input_ids"]
-    inputs["input_ids"] = torch.tensor([ids])
+    inputs["input_ids"] = torch.tensor([tokenizer(prompt)["input_ids"]])
     inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
-    image_id = AutoTokenizer.from_pretrained(model_dir).convert_tokens_to_ids("<|image_pad|>")
-    inputs["mm_token_type_ids"] = (inputs["input_ids"] == image_id).int()
+    ids = inputs["input_ids"]
+    inputs["mm_token_type_ids"] = (
+        (ids == tokenizer.convert_tokens_to_ids("<|image_pad|>")).int()
+        + 2 * (ids == tokenizer.convert_tokens_to_ids("<|video_pad|>")).int()
+    )
     return inputs
 
 
@@ -333,15 +357,39 @@ def image_prompts(placeholder: str) -> list[dict]:
     return [one, three, {"prompt": "The quick brown fox"}, other_image, dict(one)]
 
 
+def random_video(seed: int, num_frames: int, size: tuple[int, int] = (40, 52)) -> list:
+    """`num_frames` distinct random frames of one size."""
+    return [random_image(seed * 100 + i, size) for i in range(num_frames)]
+
+
+def video_prompts() -> list[dict]:
+    """Qwen2-VL prompts with video: one video of 4 frames; an image then a video of 3
+    frames (an odd count: the last frame repeated) of another size; text only; the first
+    prompt's text with another video; the first prompt again (a prefix-cache hit). The
+    first is at 1 frame a second (Qwen2.5-VL: temporal positions 8 apart), the others at
+    the default 24."""
+    video = "<|vision_start|><|video_pad|><|vision_end|>"
+    one = {"prompt": f"Watch {video} now", "multi_modal_data": {"video": random_video(1, 4)},
+           "mm_processor_kwargs": {"fps": 1.0}}
+    mixed = {
+        "prompt": f"{QWEN2VL_IMAGE} then {video} end",
+        "multi_modal_data": {"image": random_image(2), "video": random_video(3, 3, (64, 30))},
+    }
+    other_video = {"prompt": one["prompt"], "multi_modal_data": {"video": random_video(4, 4)}}
+    return [one, mixed, {"prompt": "The quick brown fox"}, other_video, dict(one)]
+
+
 def check_engine_matches_transformers(
-    model_dir: Path, placeholder: str, max_tokens: int = 8, **llm_args: Any
+    model_dir: Path, placeholder: str, max_tokens: int = 8,
+    prompts: list[dict] | None = None, **llm_args: Any,
 ) -> Any:
-    """`image_prompts` through the engine (float32, 4-token blocks, prefix caching on, the
-    caller's `llm_args`) give transformers' greedy tokens, the images decide the outputs,
-    the repeated prompt hits the prefix cache, and nothing stays held; returns the LLM."""
+    """`prompts` (default: `image_prompts`) through the engine (float32, 4-token blocks,
+    prefix caching on, the caller's `llm_args`) give transformers' greedy tokens, the
+    items decide the outputs, the repeated prompt hits the prefix cache, and nothing stays
+    held; returns the LLM."""
     from pagedllm import LLM, SamplingParams
 
-    prompts = image_prompts(placeholder)
+    prompts = prompts or image_prompts(placeholder)
     expected = hf_vlm_greedy(model_dir, prompts, max_tokens)
     assert expected[0] != expected[3]  # the image decides the output
     llm = LLM(str(model_dir), dtype="float32", block_size=4, enable_prefix_caching=True,

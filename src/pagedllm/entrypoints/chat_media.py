@@ -142,11 +142,8 @@ def _load(value: Any, kind: str, where: str, connector: MediaConnector) -> Any:
     url = value.get("url") if isinstance(value, Mapping) else value
     if not isinstance(url, str):
         raise ValueError(f"{where} must be {{'url': ...}} or a URL string.")
-    if kind == "video_url":
-        raise ValueError(f"{where}: reading videos from URLs is not built (pass frames as "
-                         "multi_modal_data={'video': [...]} offline).")
     try:
-        return connector.load_image(url)
+        return connector.load_video(url) if kind == "video_url" else connector.load_image(url)
     except ValueError as error:
         raise ValueError(f"{where}: {error}") from None
 

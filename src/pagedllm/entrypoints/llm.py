@@ -23,7 +23,7 @@ from pagedllm.entrypoints.chat_utils import conversation_for_template
 from pagedllm.entrypoints.llm_pooling import PoolingMethods
 from pagedllm.lora.request import LoRARequest
 from pagedllm.metrics.reader import Metric
-from pagedllm.multimodal.media import MediaConnector
+from pagedllm.multimodal.media import MediaConnector, video_num_frames
 from pagedllm.outputs import RequestOutput
 from pagedllm.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 from pagedllm.tokenizer.tokenizer import apply_chat_template
@@ -64,8 +64,9 @@ class LLM(PoolingMethods):
             generation), pooler_config (PoolerConfig or dict: pooling_type, normalize,
             softmax, dimensions), enforce_eager (True: no CUDA graphs for decode steps),
             limit_mm_per_prompt ({"image": N}), mm_processor_kwargs), and for `chat`'s
-            image URLs allowed_local_media_path (file:// below it) and
-            allowed_media_domains (http(s) hosts).
+            image and video URLs allowed_local_media_path (file:// below it),
+            allowed_media_domains (http(s) hosts) and media_io_kwargs ({"video":
+            {"num_frames": N}}).
     """
 
     def __init__(
@@ -85,6 +86,7 @@ class LLM(PoolingMethods):
         self._media = MediaConnector(
             kwargs.pop("allowed_local_media_path", "") or "",
             kwargs.pop("allowed_media_domains", None),
+            video_num_frames=video_num_frames(kwargs.pop("media_io_kwargs", None)),
         )
         engine_args = EngineArgs(
             model=model,

@@ -17,6 +17,7 @@ from pagedllm.models.qwen2_vl import (
     Qwen2VisionAttention,
     Qwen2VLForConditionalGeneration,
     VisionRotary,
+    mrope_positions,
     patch_positions,
 )
 from pagedllm.models.spec import activation_of
@@ -139,9 +140,22 @@ class Qwen25VisionTower(nn.Module):
 
 
 class Qwen2_5_VLForConditionalGeneration(Qwen2VLForConditionalGeneration):  # noqa: N801
-    """HF `Qwen2_5_VLForConditionalGeneration` (images) over the paged KV cache."""
+    """HF `Qwen2_5_VLForConditionalGeneration` (images and video) over the paged KV
+    cache."""
 
     def __init__(self, hf_config: Any) -> None:
         super(Qwen2VLForConditionalGeneration, self).__init__(hf_config)
         self.merge = hf_config.vision_config.spatial_merge_size
         self.visual = Qwen25VisionTower(hf_config.vision_config)  # type: ignore[assignment]
+        self.tokens_per_second = float(getattr(hf_config.vision_config, "tokens_per_second", 1))
+
+    def mrope_positions(
+        self, num_prompt_tokens: int, items: list[tuple[int, tuple[int, int, int], float | None]]
+    ) -> tuple[np.ndarray, int]:
+        """As Qwen2-VL's, but a video's temporal positions step by tokens_per_second x its
+        seconds per temporal patch (absolute time)."""
+        return mrope_positions(num_prompt_tokens, [
+            (offset, grid, 1.0 if seconds is None
+             else float(np.float32(self.tokens_per_second) * np.float32(seconds)))
+            for offset, grid, seconds in items
+        ], self.merge)

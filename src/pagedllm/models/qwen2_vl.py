@@ -219,29 +219,34 @@ class Qwen2VLForConditionalGeneration(VisionLanguageModel):
         return list(tokens.split(sizes))
 
     def mrope_positions(
-        self, num_prompt_tokens: int, items: list[tuple[int, tuple[int, int, int]]]
+        self, num_prompt_tokens: int, items: list[tuple[int, tuple[int, int, int], float | None]]
     ) -> tuple[np.ndarray, int]:
         """The prompt's [3, P] positions and the delta of the tokens after it, from each
-        item's (offset, (t, h, w) grid) in prompt order (transformers' get_rope_index)."""
-        return mrope_positions(num_prompt_tokens, items, self.merge)
+        item's (offset, (t, h, w) grid, a video's seconds per temporal patch) in prompt
+        order (transformers' get_rope_index). Qwen2-VL's temporal positions step by one."""
+        return mrope_positions(
+            num_prompt_tokens, [(offset, grid, 1.0) for offset, grid, _ in items], self.merge
+        )
 
 
 def mrope_positions(
-    num_prompt_tokens: int, items: list[tuple[int, tuple[int, int, int]]], merge: int
+    num_prompt_tokens: int, items: list[tuple[int, tuple[int, int, int], float]], merge: int
 ) -> tuple[np.ndarray, int]:
-    """Text tokens: three equal positions counting on; an item's tokens: (start + t,
-    start + row, start + column) of its merged grid; after it text resumes at start +
-    max(rows, columns). The delta is the last position + 1 - P (later tokens: index +
-    delta on all three axes)."""
+    """Text tokens: three equal positions counting on; an item's tokens: (start +
+    floor(t x interval), start + row, start + column) of its merged grid, the interval
+    being its temporal step (1, or Qwen2.5-VL's for a video; float32 as transformers
+    computes it); after it text resumes at start + max(rows, columns). The delta is the
+    last position + 1 - P (later tokens: index + delta on all three axes)."""
     parts = []
     cursor = 0  # the prompt index reached
     position = 0  # the next text position
-    for offset, (t, h, w) in items:
+    for offset, (t, h, w), interval in items:
         if offset > cursor:
             parts.append(np.tile(np.arange(position, position + offset - cursor), (3, 1)))
             position += offset - cursor
         rows, cols = h // merge, w // merge
-        grid_t, grid_h, grid_w = np.meshgrid(np.arange(t), np.arange(rows), np.arange(cols),
+        steps = (np.arange(t, dtype=np.float32) * np.float32(interval)).astype(np.int64)
+        grid_t, grid_h, grid_w = np.meshgrid(steps, np.arange(rows), np.arange(cols),
                                              indexing="ij")
         parts.append(np.stack([grid_t.reshape(-1), grid_h.reshape(-1), grid_w.reshape(-1)])
                      + position)

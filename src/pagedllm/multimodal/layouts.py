@@ -171,29 +171,45 @@ def sized_runs(input_ids: list[int], token_id: int, sizes: list[int]) -> list[tu
     return spans
 
 
-class ImageTokenExpander:
-    """transformers' image processor and tokenizer, and the prompt replacement of a
-    processor whose class cannot be built here (Qwen2-VL's needs torchvision for its video
-    processor): each image token becomes `count(outputs, i)` of itself."""
+class TokenExpander:
+    """transformers' image processor (and a video processor), the tokenizer, and the prompt
+    replacement of a processor whose class cannot be built here (Qwen2-VL's needs
+    torchvision for its video processor): the i-th placeholder token of a modality becomes
+    `count(outputs, i)` of itself.
 
-    def __init__(self, image_processor: Any, tokenizer: Any, image_token: str,
-                 count: Any) -> None:
-        self.image_processor = image_processor
+    Args:
+        tokenizer: the checkpoint's tokenizer.
+        parts: processor argument ("images", "videos") → (its processor, its placeholder
+            token, the count of item i's tokens from the processor's outputs).
+        video_only_kwargs: options only the video processor takes (`fps`).
+    """
+
+    def __init__(self, tokenizer: Any, parts: dict[str, tuple[Any, str, Any]],
+                 video_only_kwargs: tuple[str, ...] = ("fps",)) -> None:
         self.tokenizer = tokenizer
-        self.image_token = image_token
-        self.count = count
+        self.parts = parts
+        self.video_only_kwargs = video_only_kwargs
+        self.image_token = parts["images"][1]
+        self.video_token = parts["videos"][1] if "videos" in parts else None
 
-    def __call__(self, text: list[str], images: Any = None, return_tensors: str = "pt",
+    def __call__(self, text: list[str], return_tensors: str = "pt",
                  add_special_tokens: bool = True, **kwargs: Any) -> dict[str, Any]:
-        """input_ids and the image processor's outputs, as the processor would give them."""
+        """input_ids and the processors' outputs, as the processor would give them."""
+        items = {name: kwargs.pop(name) for name in self.parts if name in kwargs}
+        video_kwargs = {k: kwargs.pop(k) for k in self.video_only_kwargs if k in kwargs}
         outputs: dict[str, Any] = {}
         prompt = text[0]
-        if images:
-            outputs.update(self.image_processor(images=images, return_tensors="pt", **kwargs))
-            pieces = prompt.split(self.image_token)
+        for name, values in items.items():
+            if not values:
+                continue
+            processor, token, count = self.parts[name]
+            options = {**kwargs, **(video_kwargs if name == "videos" else {})}
+            produced = processor(values, **options) if name == "videos" else processor(
+                images=values, return_tensors="pt", **options)
+            outputs.update(produced)
+            pieces = prompt.split(token)
             prompt = pieces[0] + "".join(
-                self.image_token * self.count(outputs, i) + piece
-                for i, piece in enumerate(pieces[1:])
+                token * count(produced, i) + piece for i, piece in enumerate(pieces[1:])
             )
         ids = self.tokenizer(prompt, add_special_tokens=add_special_tokens)["input_ids"]
         outputs["input_ids"] = torch.tensor([ids])
@@ -201,11 +217,14 @@ class ImageTokenExpander:
 
 
 class Qwen2VLLayout(PromptLayout):
-    """Qwen2-VL: each `<|image_pad|>` (between `<|vision_start|>` and `<|vision_end|>`)
-    becomes one token per 2 x 2 merged patches of the image's grid; pixel_values holds
-    every image's patches one after another, image_grid_thw each image's (t, h, w)."""
+    """Qwen2-VL: each `<|image_pad|>` (`<|video_pad|>`), between `<|vision_start|>` and
+    `<|vision_end|>`, becomes one token per 2 x 2 merged patches of the item's grid;
+    pixel_values (pixel_values_videos) holds every item's patches one after another,
+    image_grid_thw (video_grid_thw) each item's (t, h, w)."""
 
-    _KEYS = {"image": ("pixel_values", "image_grid_thw", "image_token_id")}
+    modalities = {"image": "images", "video": "videos"}
+    _KEYS = {"image": ("pixel_values", "image_grid_thw", "image_token_id"),
+             "video": ("pixel_values_videos", "video_grid_thw", "video_token_id")}
 
     @staticmethod
     def max_tokens_per_item(hf_config: Any) -> int:
@@ -214,29 +233,40 @@ class Qwen2VLLayout(PromptLayout):
         return 12845056 // (14 * 14) // 4
 
     @staticmethod
-    def fallback_processor(model_dir: str) -> ImageTokenExpander:
+    def fallback_processor(model_dir: str) -> TokenExpander:
         """Without torchvision (Qwen2VLProcessor's video half needs it): the image
-        processor and the tokenizer, and the processor's replacement of `<|image_pad|>`
-        by one token per merged patch."""
+        processor, video frames cut by multimodal/video.py over it, the tokenizer, and the
+        processor's replacement of `<|image_pad|>` / `<|video_pad|>` by one token per
+        merged patch."""
         from transformers import AutoImageProcessor, AutoTokenizer
+
+        from pagedllm.multimodal.video import QwenVideoProcessor
 
         image_processor = AutoImageProcessor.from_pretrained(model_dir)
         merge = int(image_processor.merge_size)
 
-        def count(outputs: Mapping[str, torch.Tensor], index: int) -> int:
-            return int(outputs["image_grid_thw"][index].prod()) // (merge * merge)
+        def counter(grid_key: str) -> Any:
+            def count(outputs: Mapping[str, torch.Tensor], index: int) -> int:
+                return int(outputs[grid_key][index].prod()) // (merge * merge)
+            return count
 
-        return ImageTokenExpander(
-            image_processor, AutoTokenizer.from_pretrained(model_dir), "<|image_pad|>", count
-        )
+        return TokenExpander(AutoTokenizer.from_pretrained(model_dir), {
+            "images": (image_processor, "<|image_pad|>", counter("image_grid_thw")),
+            "videos": (QwenVideoProcessor(image_processor), "<|video_pad|>",
+                       counter("video_grid_thw")),
+        })
+
+    def _token(self, modality: str) -> str:
+        return str(self.hf_processor.image_token if modality == "image"
+                   else self.hf_processor.video_token)
 
     def placeholder(self, modality: str) -> str:
-        """The vision block the chat template writes for an image."""
-        return f"<|vision_start|>{self.hf_processor.image_token}<|vision_end|>"
+        """The vision block the chat template writes for an image or a video."""
+        return f"<|vision_start|>{self._token(modality)}<|vision_end|>"
 
     def count_placeholders(self, prompt: str, modality: str) -> int:
-        """`<|image_pad|>` tokens in the prompt."""
-        return prompt.count(str(self.hf_processor.image_token))
+        """`<|image_pad|>` (`<|video_pad|>`) tokens in the prompt."""
+        return prompt.count(self._token(modality))
 
     def _grids(self, modality: str, outputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
         return outputs[self._KEYS[modality][1]].reshape(-1, 3)
@@ -244,18 +274,25 @@ class Qwen2VLLayout(PromptLayout):
     def item_inputs(
         self, modality: str, outputs: Mapping[str, torch.Tensor], count: int
     ) -> list[dict[str, torch.Tensor]]:
-        """Each image's patches and grid."""
+        """Each item's patches and grid (a video's: its seconds per temporal patch too,
+        Qwen2.5-VL's temporal positions)."""
         pixel_key, grid_key, _ = self._KEYS[modality]
         grids = self._grids(modality, outputs)
         sizes = [int(t * h * w) for t, h, w in grids.tolist()]
         patches = outputs[pixel_key].split(sizes)
-        return [{pixel_key: patches[i], grid_key: grids[i : i + 1]} for i in range(count)]
+        items = [{pixel_key: patches[i], grid_key: grids[i : i + 1]} for i in range(count)]
+        seconds = outputs.get("second_per_grid_ts") if modality == "video" else None
+        if seconds is not None:
+            seconds = torch.as_tensor(seconds, dtype=torch.float32).reshape(-1)
+            for i, item in enumerate(items):
+                item["second_per_grid_ts"] = seconds[i : i + 1]
+        return items
 
     def spans(
         self, modality: str, input_ids: list[int], count: int,
         outputs: Mapping[str, torch.Tensor],
     ) -> list[tuple[int, int, list[bool] | None]]:
-        """Runs of pad tokens, one per image, sized by its grid."""
+        """Runs of pad tokens, one per item, sized by its grid."""
         merge = self.hf_config.vision_config.spatial_merge_size
         grids = self._grids(modality, outputs)
         sizes = [int(t * h * w) // (merge * merge) for t, h, w in grids.tolist()]

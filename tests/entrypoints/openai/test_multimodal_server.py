@@ -1,7 +1,7 @@
 """A vision-language model behind `pagedllm serve`, driven with the openai client as a vLLM
 user would: image_url parts (data:, http(s), file://), streamed and not, /tokenize counting
 image tokens, and every bad image input answered 400 naming the part while the server
-keeps serving and holds nothing once idle."""
+keeps serving and holds nothing once idle; video_url parts on a Qwen2.5-VL server."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import httpx
 import openai
 import pytest
 
-from ...multimodal.tiny_vlm import make_tiny_llava, random_image
+from ...multimodal.tiny_vlm import make_tiny_llava, make_tiny_qwen2_vl, random_image, random_video
 from .conftest import API_KEY, RunningServer, free_port, metric, start_server, stop_server
 
 MODEL = "tiny-llava"
@@ -34,8 +34,19 @@ def _data_url(image) -> str:
     return "data:image/png;base64," + base64.b64encode(_png(image)).decode()
 
 
+def _gif(frames) -> bytes:
+    buffer = io.BytesIO()
+    frames[0].save(buffer, format="GIF", save_all=True, append_images=frames[1:],
+                   duration=250, loop=0)
+    return buffer.getvalue()
+
+
+CLIP = random_video(11, 6)  # a 6-frame animated GIF: /clip.gif
+
+
 class _MediaHandler(http.server.BaseHTTPRequestHandler):
-    """/cat.png, /slow.png (answers after 3 s), /big.png (over the cap), else 404."""
+    """/cat.png, /slow.png (answers after 3 s), /big.png (over the cap), /clip.gif (a
+    video), else 404."""
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
         if self.path == "/slow.png":
@@ -44,6 +55,8 @@ class _MediaHandler(http.server.BaseHTTPRequestHandler):
             body = _png(random_image(5))
         elif self.path == "/big.png":
             body = b"\x89PNG" + b"0" * 300_000
+        elif self.path == "/clip.gif":
+            body = _gif(CLIP)
         else:
             self.send_error(404)
             return
@@ -179,3 +192,66 @@ def test_text_only_model_answers_400_for_an_image(server):
             messages=_messages(_image(_data_url(random_image(5)))),
         )
     assert "messages.0.content.0.image_url" in error.value.response.json()["error"]["message"]
+
+
+VIDEO_MODEL = "tiny-qwen2.5-vl"
+
+
+@pytest.fixture(scope="module")
+def video_server(tmp_path_factory, tiny_tokenizer_dir) -> Iterator[RunningServer]:
+    """Qwen2.5-VL, at most one video a prompt, videos sampled to 4 frames."""
+    tmp = tmp_path_factory.mktemp("video_server")
+    path = make_tiny_qwen2_vl(tmp / "qwen2_5_vl", tiny_tokenizer_dir, "2.5")
+    running = start_server(
+        [str(path), "--dtype", "float32", "--max-model-len", "512", "--api-key", API_KEY,
+         "--served-model-name", VIDEO_MODEL,
+         "--limit-mm-per-prompt", '{"image": 1, "video": 1}',
+         "--media-io-kwargs", '{"video": {"num_frames": 4}}',
+         "--allowed-media-domains", "127.0.0.1"],
+        tmp / "server.log",
+    )
+    yield running
+    stop_server(running)
+
+
+def _video(url: str) -> dict:
+    return {"type": "video_url", "video_url": {"url": url}}
+
+
+def test_video_url_by_data_and_http_url(video_server, media_url):
+    """The same GIF as a data: URL and over http gives one answer, streamed and not;
+    /tokenize counts its tokens (6 frames sampled to 4: 2 temporal patches of 6 x 5
+    merged patches); a video that cannot be decoded, or one too many, is a 400 naming the
+    part, and the server keeps serving and holds nothing once idle."""
+    with openai.OpenAI(base_url=video_server.url_v1, api_key=API_KEY, max_retries=0) as c:
+        def chat(*parts, **kw):
+            return c.chat.completions.create(model=VIDEO_MODEL, messages=_messages(*parts),
+                                             max_tokens=6, temperature=0.0, **kw)
+
+        data_url = "data:image/gif;base64," + base64.b64encode(_gif(CLIP)).decode()
+        answer = chat(_video(data_url)).choices[0].message.content
+        assert answer and chat(_video(f"{media_url}/clip.gif")).choices[0].message.content \
+            == answer
+        stream = chat(_video(data_url), stream=True)
+        assert "".join(chunk.choices[0].delta.content or "" for chunk in stream
+                       if chunk.choices) == answer
+        headers = {"Authorization": f"Bearer {API_KEY}"}
+        text_only = [{"role": "user", "content": [{"type": "text", "text": "What is it?"}]}]
+        counts = [
+            httpx.post(f"{video_server.base_url}/tokenize", headers=headers, timeout=60,
+                       json={"model": VIDEO_MODEL, "messages": messages}).json()["count"]
+            for messages in (text_only, _messages(_video(data_url)))
+        ]
+        vision_start_end, newline = 2, 1
+        assert counts[1] - counts[0] == 2 * 6 * 5 + vision_start_end + newline
+        for parts, match in [
+            ((_video("data:video/mp4;base64," + base64.b64encode(b"x" * 64).decode()),),
+             r"messages.0.content.0.video_url: .*cannot be decoded"),
+            ((_video(data_url), _video(data_url)), r"At most 1 video\(s\)"),
+        ]:
+            with pytest.raises(openai.BadRequestError, match=match):
+                chat(*parts)
+        assert chat(_video(data_url)).choices[0].message.content == answer  # still serving
+    text = httpx.get(f"{video_server.base_url}/metrics", timeout=30).text
+    assert metric(text, "pagedllm:kv_cache_usage_perc") == 0.0
+    assert metric(text, "pagedllm:encoder_cache_usage_perc") == 0.0

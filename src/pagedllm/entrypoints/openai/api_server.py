@@ -63,7 +63,7 @@ from pagedllm.entrypoints.openai.serving_pooling import OpenAIServingPooling
 from pagedllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
 from pagedllm.logger import init_logger
 from pagedllm.model_loader.source import DEFAULT_MODEL
-from pagedllm.multimodal.media import MediaConnector
+from pagedllm.multimodal.media import MediaConnector, video_num_frames
 
 logger = init_logger(__name__)
 router = APIRouter()
@@ -259,7 +259,8 @@ def build_app(engine: AsyncLLM, server_args: ServerArgs, model: str | None = Non
         exclude_tools_when_tool_choice_none=server_args.exclude_tools_when_tool_choice_none,
         grammar_backend=engine.engine_config.structured_outputs_config.resolved_backend,
         media=MediaConnector(server_args.allowed_local_media_path,
-                             server_args.allowed_media_domains),
+                             server_args.allowed_media_domains,
+                             video_num_frames=video_num_frames(server_args.media_io_kwargs)),
     )
     state = app.state
     state.engine = engine

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from pagedllm import envs
 from pagedllm.entrypoints.openai.served_models import parse_lora_modules
+from pagedllm.multimodal.media import video_num_frames
 from pagedllm.tool_calling import get_tool_parser
 
 
@@ -64,9 +65,13 @@ class ServerArgs:
         "security risk on a shared machine)."))
     allowed_media_domains: list[str] | None = field(default=None, metadata=_help(
         "The only hosts http(s) image URLs may name (default: any)."))
+    media_io_kwargs: str | None = field(default=None, metadata=_help(
+        "Options of media loading, as JSON: {\"video\": {\"num_frames\": N}} keeps at most N "
+        "frames of a video_url's video, spread evenly (default 32)."))
 
     def __post_init__(self) -> None:
         parse_lora_modules(self.lora_modules)  # ValueError naming a malformed entry
+        video_num_frames(self.media_io_kwargs)  # ValueError naming a bad option
         if self.tool_call_parser is not None:
             get_tool_parser(self.tool_call_parser)  # ValueError naming the known ones
         if self.enable_auto_tool_choice and self.tool_call_parser is None:

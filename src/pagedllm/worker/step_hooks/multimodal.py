@@ -43,7 +43,7 @@ class MultiModalHook(StepHook):
     def add_request(self, state: CachedRequestState, new: NewRequestData) -> None:
         """An M-RoPE model's request with images: its positions, computed once."""
         if self.uses_mrope and state.mm_features:
-            items = [(f.offset, _grid(f)) for f in state.mm_features]
+            items = [(f.offset, _grid(f), _seconds_per_grid(f)) for f in state.mm_features]
             self.mrope[state.request_id] = self.model.mrope_positions(  # type: ignore[attr-defined]
                 state.num_prompt_tokens, items
             )
@@ -157,6 +157,13 @@ def _grid(feature: MultiModalFeature) -> tuple[int, int, int]:
     key = "image_grid_thw" if feature.modality == "image" else "video_grid_thw"
     t, h, w = (int(v) for v in from_tensor_data(feature.data[key]).reshape(3).tolist())
     return t, h, w
+
+
+def _seconds_per_grid(feature: MultiModalFeature) -> float | None:
+    """A video's seconds per temporal patch (Qwen2.5-VL's temporal positions); None for an
+    image or a video without it."""
+    seconds = feature.data.get("second_per_grid_ts")
+    return None if seconds is None else float(from_tensor_data(seconds).reshape(-1)[0])
 
 
 def _overlapping(
