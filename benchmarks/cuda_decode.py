@@ -37,6 +37,7 @@ from common import (
     run_engine_pass,
     write_json,
 )
+from step_bytes import weight_bytes
 
 
 def measure_bandwidth(gib: float) -> float:
@@ -58,26 +59,9 @@ def measure_bandwidth(gib: float) -> float:
 
 
 def weight_bytes_per_step(model: Any) -> int:
-    """Bytes a decode step reads of the weights: a module's quantized copy as stored when it
-    has one (its dense weight is then read only for a few refined logits), else its
-    parameters; the embedding table only where the LM head reads it densely."""
-    total = 0
-    skipped: set[int] = set()
-    head = getattr(model, "lm_head", None)
-    for module in model.modules():
-        quantized = getattr(module, "quantized", None)
-        if quantized is not None:
-            total += quantized.nbytes()
-            skipped.update(id(p) for p in module.parameters(recurse=False))
-    if head is not None and getattr(head, "quantized", None) is None:
-        total += head.weight.numel() * head.weight.element_size()
-    skipped.add(id(model.model.embed_tokens.weight))
-    if head is not None:
-        skipped.add(id(head.weight))
-    for param in {id(p): p for p in model.parameters()}.values():
-        if id(param) not in skipped:
-            total += param.numel() * param.element_size()
-    return total
+    """Bytes a decode step reads of the weights (step_bytes.py: each layer's quantized copy
+    as stored where it has one, else its weight; the LM head; norms and biases)."""
+    return sum(weight_bytes(model).values())
 
 
 def kv_bytes_per_token(model_config: Any, cache_dtype_bytes: int) -> int:

@@ -11,6 +11,11 @@ Prompt tokens/s is the batch's prompt tokens / the last TTFT (for B = 1: input_l
 Prefix caching is off by default so every pass prefills its prompts in full.
 Reported: median [min-max] of `--num-iters` passes.
 
+At B = 1 it also prints the fraction of the memory floor reached: the bytes the engine's
+decode step reads at the pass's mean context (input_len + output_len / 2; step_bytes.py:
+its 4-bit groups with their scales, the LM head a greedy step reads, the KV cache in its
+dtype) over the machine's read bandwidth (a 1 GiB float32 sum), against the measured TPOT.
+
 `--compare hf,llamacpp` also measures one request at a time (B = 1) on the same prompts with
 transformers (`generate` with max_new_tokens=1 for TTFT, then a full `generate`:
 decode tok/s = (output_len - 1) / (total - TTFT)) and llama.cpp (llama-cpp-python's low-level
@@ -64,6 +69,7 @@ from llamacpp_peer import (
     require_gguf,
     settings_from_args,
 )
+from step_bytes import decode_step_bytes, measure_read_bandwidth
 
 METRICS = (
     "ttft_mean_ms",
@@ -451,7 +457,26 @@ def measure_engine(
     print(f"engine ready in {setup_s:.1f} s; {args.input_len} in / {args.output_len} out")
     results = [measure(llm.llm_engine, tokenizer, b, args) for b in args.batch_sizes]
     print_report(results)
+    for result in results:
+        if result["batch_size"] == 1:
+            result["roofline"] = floor_fraction(llm, result, args)
     return results, setup_s
+
+
+def floor_fraction(llm: Any, result: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """The batch-1 decode step's memory floor (step_bytes.py) and the fraction of it the
+    measured median TPOT reaches; printed."""
+    context = args.input_len + args.output_len // 2
+    step = decode_step_bytes(llm, context)
+    bandwidth = measure_read_bandwidth()
+    floor_ms = step["total"] / bandwidth * 1e3
+    tpot = result["summary"]["tpot_ms"]["median"]
+    print(f"batch-1 decode floor: {step['total'] / 1e6:.1f} MB a step at {context} positions "
+          f"(weights {(step['total'] - step['kv']) / 1e6:.1f}, KV {step['kv'] / 1e6:.2f}) / "
+          f"{bandwidth / 1e9:.1f} GB/s read = {floor_ms:.2f} ms; measured TPOT {tpot:.2f} ms: "
+          f"{floor_ms / tpot:.0%} of the floor")  # fmt: skip
+    return {"step_bytes": step, "bandwidth_gb_s": bandwidth / 1e9, "context": context,
+            "floor_ms": floor_ms, "tpot_ms": tpot, "fraction": floor_ms / tpot}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -5,10 +5,15 @@ Measures (torch, `--threads` threads, best of `--repeats`): memory read bandwidt
 2048x2048x2048 product and the model-shaped [2048,576]x[576,1536] one. From the model's config
 (transformers AutoConfig; the default GGUF unless --model) it derives FLOPs per token:
 2 x non-embedding parameters, plus 2 x hidden x vocab for the LM head per sampled token
-(attention score FLOPs are left out), and the bytes of weights one decode step reads (all
-parameters x 2 bytes in bf16). Floors use the best bf16 matmul rate measured:
+(attention score FLOPs are left out). The bytes one decode step reads are the engine's own
+(step_bytes.py: the engine loaded in its default mode, or `--dtype` / `--quantization`; the
+4-bit groups with their scales, the LM head as a greedy step reads it, norms, and the KV
+cache at `--context-len` positions per request in its own dtype), with all parameters x 2
+bytes in bf16 printed beside them for comparison. Floors use the best bf16 matmul rate
+measured:
 
-- compute floor time = FLOPs / rate; decode memory floor per step = weight bytes / bandwidth;
+- compute floor time = FLOPs / rate; decode memory floor per step = (weights + batch x KV)
+  bytes / bandwidth;
 - a result's fraction = floor time / measured time (1.0 = at the roofline).
 
     python benchmarks/roofline.py
@@ -26,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from common import locate_model, machine_info, new_parser, write_json
+from step_bytes import decode_step_bytes
 
 MATMUL_SHAPES = ((2048, 2048, 2048), (2048, 576, 1536))
 
@@ -88,6 +94,18 @@ def model_costs(model: str | None) -> dict[str, float]:
     }
 
 
+def engine_step_bytes(args: argparse.Namespace) -> dict[str, int]:
+    """The engine's batch-1 decode step bytes at `--context-len` (step_bytes.py), and the KV
+    bytes of one position."""
+    from pagedllm import LLM
+
+    llm = LLM(locate_model(args.model).path, dtype=args.dtype, quantization=args.quantization)
+    parts = decode_step_bytes(llm, args.context_len)
+    parts["kv_per_position"] = parts["kv"] // max(args.context_len, 1)
+    llm.llm_engine.shutdown()
+    return parts
+
+
 def throughput_fractions(path: str, costs: dict[str, float], rate: float) -> list[str]:
     """Lines: each throughput.py result's elapsed time against its compute floor."""
     data = json.loads(Path(path).read_text(encoding="utf-8"))
@@ -113,6 +131,7 @@ def latency_fractions(
     """Lines: each latency.py batch size's TTFT and decode speed against their floors."""
     data = json.loads(Path(path).read_text(encoding="utf-8"))
     input_len = data["config"]["input_len"]
+    context = input_len + data["config"]["output_len"] / 2  # the mean over a pass
     lines = []
     for result in data["results"]:
         b = result["batch_size"]
@@ -122,7 +141,8 @@ def latency_fractions(
         prefill += b * costs["flops_per_sampled_token"]
         ttft_floor_ms = prefill / (rate * 1e9) * 1e3
         step_compute = b * costs["flops_per_sampled_token"] / (rate * 1e9)
-        step_memory = costs["decode_weight_bytes_bf16"] / (bandwidth * 1e9)
+        step_bytes = costs["decode_weight_bytes"] + b * costs["kv_bytes_per_position"] * context
+        step_memory = step_bytes / (bandwidth * 1e9)
         floor_tps = b / max(step_compute, step_memory)
         bound = "memory" if step_memory >= step_compute else "compute"
         ttft = s["ttft_max_ms"]["median"]
@@ -144,6 +164,11 @@ def build_parser() -> argparse.ArgumentParser:
     add("--threads", type=int, default=2, help="torch threads for the measurements")
     add("--repeats", type=int, default=5, help="timed repetitions; the best is kept")
     add("--bandwidth-gib", type=float, default=1.0, help="size of the tensor summed, GiB")
+    add("--dtype", default="auto", help="the engine's dtype for the step bytes")
+    add("--quantization", default=None, help="the engine's quantization for the step bytes")
+    add("--context-len", type=int, default=192,
+        help="context positions of the decode step's KV read (latency.py's default 128 "
+        "in + 128 out has a mean of 192)")
     add("--throughput-json", default=None, metavar="PATH", help="a throughput.py result")
     add("--latency-json", default=None, metavar="PATH", help="a latency.py result")
     add("--output-json", default=None, metavar="PATH", help="write the measured rates here")
@@ -166,7 +191,11 @@ def main(argv: list[str] | None = None) -> None:
             rates[f"{dtype} [{m},{k}]x[{k},{n}]"] = rate
             print(f"torch.mm {dtype:<8} [{m},{k}]x[{k},{n}]: {rate:7.1f} GFLOP/s")
     peak = max(v for key, v in rates.items() if key.startswith("bfloat16"))
-    costs = model_costs(args.model)
+    costs: dict[str, Any] = dict(model_costs(args.model))
+    step = engine_step_bytes(args)
+    costs["decode_weight_bytes"] = step["linear"] + step["head"] + step["other"]
+    costs["kv_bytes_per_position"] = step["kv_per_position"]
+    costs["engine_step_bytes"] = step
     print(
         f"model: {costs['non_embedding_params'] / 1e6:.1f} M non-embedding params, "
         f"{costs['total_params'] / 1e6:.1f} M total; "
@@ -177,8 +206,15 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"floors (bf16 rate {peak:.0f} GFLOP/s): compute "
         f"{peak * 1e9 / costs['flops_per_sampled_token']:.0f} sampled tok/s, "
-        f"{peak * 1e9 / costs['flops_per_prompt_token']:.0f} prompt tok/s; decode memory "
-        f"{costs['decode_weight_bytes_bf16'] / bandwidth / 1e6:.2f} ms per step"
+        f"{peak * 1e9 / costs['flops_per_prompt_token']:.0f} prompt tok/s"
+    )
+    print(
+        f"the engine's batch-1 decode step at {args.context_len} positions reads "
+        f"{step['total'] / 1e6:.1f} MB (linear layers {step['linear'] / 1e6:.1f}, LM head "
+        f"{step['head'] / 1e6:.1f}, norms and biases {step['other'] / 1e6:.2f}, KV "
+        f"{step['kv'] / 1e6:.2f}): floor {step['total'] / bandwidth / 1e6:.2f} ms per step = "
+        f"{bandwidth * 1e9 / step['total']:.0f} tok/s (all weights in bf16 would be "
+        f"{costs['decode_weight_bytes_bf16'] / bandwidth / 1e6:.2f} ms)"
     )
     lines: list[str] = []
     if args.throughput_json:

@@ -1,0 +1,55 @@
+"""benchmarks/step_bytes.py counts what a decode step reads: on a tiny float32 Llama every
+linear layer's dense weight, the LM head, the norms, and the KV cache of the context; on
+int4 weights the 4-bit groups with their scales (0.75 bytes a weight), not a dense copy."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import torch
+
+from pagedllm import LLM
+
+
+def _step_bytes_module():
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "step_bytes.py"
+    spec = importlib.util.spec_from_file_location("pagedllm_benchmark_step_bytes", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_float32_step_reads_every_weight_and_the_kv(tiny_llama_dir):
+    step_bytes = _step_bytes_module()
+    llm = LLM(str(tiny_llama_dir), dtype="float32", max_model_len=128)
+    model = llm.llm_engine.engine_core.engine_core.executor.worker.model
+    config = llm.llm_engine.engine_config.model_config.hf_config
+    linear = sum(p.numel() * 4 for name, p in model.named_parameters()
+                 if name.endswith("proj.weight"))
+    norms = sum(p.numel() * 4 for name, p in model.named_parameters() if "norm" in name)
+    head_dim = config.hidden_size // config.num_attention_heads
+    kv = 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * 4
+    parts = step_bytes.decode_step_bytes(llm, context_len=10)
+    assert parts["linear"] == linear
+    assert parts["head"] == config.vocab_size * config.hidden_size * 4
+    assert parts["other"] == norms
+    assert parts["kv"] == 10 * kv
+    assert parts["total"] == linear + parts["head"] + norms + 10 * kv
+
+
+def test_int4_step_reads_the_groups_not_a_dense_copy(tiny_llama_dir):
+    step_bytes = _step_bytes_module()
+    llm = LLM(str(tiny_llama_dir), dtype="bfloat16", quantization="int4", max_model_len=128)
+    model = llm.llm_engine.engine_core.engine_core.executor.worker.model
+    c = llm.llm_engine.engine_config.model_config.hf_config
+    kv_width = c.num_key_value_heads * (c.hidden_size // c.num_attention_heads)
+    weights = c.num_hidden_layers * (2 * c.hidden_size * (c.hidden_size + kv_width)
+                                     + 3 * c.hidden_size * c.intermediate_size)
+    parts = step_bytes.weight_bytes(model)
+    # 4-bit codes and a float32 scale and minimum per 32 weights.
+    assert parts["linear"] == weights * 3 // 4
+    assert parts["linear"] < weights * torch.bfloat16.itemsize
