@@ -394,7 +394,8 @@ HF_DTYPES = ("bfloat16", "float32", "float16", "auto")
 
 
 def add_weight_args(group: argparse._ArgumentGroup | argparse.ArgumentParser) -> None:
-    """pagedllm's --quantization and --keep-dense-weights, as the engine names them."""
+    """pagedllm's --quantization, --keep-dense-weights and --kv-cache-dtype, as the engine
+    names them."""
     group.add_argument(
         "--quantization",
         default=None,
@@ -407,6 +408,12 @@ def add_weight_args(group: argparse._ArgumentGroup | argparse.ArgumentParser) ->
         action=argparse.BooleanOptionalAction,
         default=True,
         help="with --quantization, keep the dense weights for steps of > 8 tokens",
+    )
+    group.add_argument(
+        "--kv-cache-dtype",
+        default=None,
+        choices=("auto", "int8"),
+        help="the engine's KV cache dtype (default: the engine's choice)",
     )
 
 

@@ -452,6 +452,7 @@ def measure_engine(
         enable_prefix_caching=args.prefix_caching,
         quantization=args.quantization,
         keep_dense_weights=args.keep_dense_weights,
+        **({"kv_cache_dtype": args.kv_cache_dtype} if args.kv_cache_dtype else {}),
     )
     setup_s = time.perf_counter() - start
     print(f"engine ready in {setup_s:.1f} s; {args.input_len} in / {args.output_len} out")

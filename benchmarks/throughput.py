@@ -128,6 +128,7 @@ class EngineRunner:
             "max_num_seqs": args.max_num_seqs,
             "max_num_batched_tokens": args.max_num_batched_tokens,
             "quantization": args.quantization,
+            "kv_cache_dtype": args.kv_cache_dtype,
         }
         kwargs = {k: v for k, v in limits.items() if v is not None}
         kwargs["keep_dense_weights"] = args.keep_dense_weights
@@ -138,7 +139,7 @@ class EngineRunner:
             f", {args.quantization}{'+dense' if args.keep_dense_weights else ''})"
             if args.quantization
             else ")"
-        )
+        ) + (f" kv={args.kv_cache_dtype}" if args.kv_cache_dtype else "")
         start = time.perf_counter()
         self.llm = LLM(model=location.path, dtype=args.dtype, seed=args.seed, **kwargs)
         self.setup_s = time.perf_counter() - start

@@ -49,13 +49,13 @@ VECTOR_VARIANTS = [v.name for v in runnable_variants(detect()) if v.simd]
 MAX_PERPLEXITY_REL_DIFF = 0.02  # |perplexity / float32 perplexity - 1|
 
 # (dtype, quantization, kv_cache_dtype): quantization None means dense weights,
-# kv_cache_dtype None the engine's choice (int8 with quantized weights on CPU, else the
-# dtype). bfloat16 + int4 + int8 KV is the engine's default for the default (Q4_1) GGUF.
+# kv_cache_dtype None the engine's choice (the model's dtype). bfloat16 + int4 + a bfloat16
+# KV cache is the engine's default for the default (Q4_1) GGUF.
 MODES = [
     pytest.param("bfloat16", None, None, id="bfloat16"),
-    pytest.param("bfloat16", "int4", None, id="default-bfloat16-int4-kv-int8"),
-    pytest.param("bfloat16", "int4", "auto", id="bfloat16-int4-kv-bfloat16"),
-    pytest.param("bfloat16", "int8", None, id="bfloat16-int8-kv-int8"),
+    pytest.param("bfloat16", "int4", None, id="default-bfloat16-int4-kv-bfloat16"),
+    pytest.param("bfloat16", "int4", "int8", id="bfloat16-int4-kv-int8"),
+    pytest.param("bfloat16", "int8", None, id="bfloat16-int8"),
     pytest.param("bfloat16", None, "int8", id="bfloat16-kv-int8"),
 ]
 

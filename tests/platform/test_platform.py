@@ -78,9 +78,6 @@ def test_bf16_speed_follows_the_cpu(monkeypatch, native, byte_dot, quantization,
 def test_cpu_defaults(monkeypatch):
     platform = CpuPlatform()
     assert platform.default_preemption_mode == "recompute"
-    assert platform.int8_kv_cache_by_default("bfloat16", "int4")
-    assert not platform.int8_kv_cache_by_default("float32", "int4")
-    assert not platform.int8_kv_cache_by_default("bfloat16", "int8")
     assert platform.runs_checkpoint_codes("bfloat16") and platform.runs_gguf_codes()
     monkeypatch.setattr(CpuPlatform, "plan", _plan(True))
     assert platform.ngram_batch_limit("bfloat16") == 32

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 from pagedllm.config import (
     CHECKPOINT_QUANTIZATIONS,
     DISTRIBUTED_EXECUTOR_BACKENDS,
-    KV_INT8_GROUP,
     QUANTIZATION_CHOICES,
     SUPPORTED_DTYPES,
     CacheConfig,
@@ -121,7 +120,7 @@ class EngineArgs:
                 gpu_memory_utilization=self.gpu_memory_utilization,
                 enable_prefix_caching=self.enable_prefix_caching,
                 swap_space=self.swap_space,
-                cache_dtype=self._resolve_kv_cache_dtype(model_config, device),
+                cache_dtype=self._resolve_kv_cache_dtype(),
             ),
             scheduler_config=SchedulerConfig(
                 max_num_seqs=self.max_num_seqs,
@@ -373,25 +372,19 @@ class EngineArgs:
             )
         return config
 
-    def _resolve_kv_cache_dtype(self, model_config: ModelConfig, device: str) -> str:
-        """The user's KV cache format, else int8 where the weights already run 4-bit on CPU
-        (the speed-first default of a 4-bit GGUF), else the model's dtype ("auto").
+    def _resolve_kv_cache_dtype(self) -> str:
+        """The user's KV cache format, else the model's dtype ("auto"), as vLLM's default.
 
-        An int8 cache halves the KV memory and the bytes a decode step reads; with 4-bit
-        weights its measured next-token agreement with float32 equals the bf16 cache's
-        (BENCHMARKS.md). With 8-bit weights (int8, fp8) it costs about half a point of
-        agreement (a W8A8 checkpoint: 96.6% against 97.1%), so those keep the model's
-        dtype. float32 models keep a float32 cache, so the token-exact path is unchanged.
+        The rule: an int8 cache becomes a default only where it is measured to keep the
+        model's agreement and to be faster. On the default model (bf16 + int4 weights,
+        2026-11-26, BENCHMARKS.md "The KV cache's default") it is neither: the bf16 cache
+        agrees with float32 on 97.3% / 98.2% of next tokens (chat / natural text) against
+        the int8 cache's 97.3% / 97.5%, and since the one-call decode stack reads both,
+        decode is as fast (192 positions) or faster (1,900 positions: 9.7 against 12.3 ms a
+        token); int8 halves the cache's memory, so it stays one `kv_cache_dtype="int8"`
+        away.
         """
-        if self.kv_cache_dtype is not None:
-            return self.kv_cache_dtype
-        hf = model_config.text_config
-        head_size = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
-        fits = head_size % KV_INT8_GROUP == 0  # the int8 format scales groups of its values
-        wanted = get_platform(device).int8_kv_cache_by_default(
-            model_config.dtype, model_config.quantization
-        )
-        return "int8" if wanted and fits else "auto"
+        return self.kv_cache_dtype if self.kv_cache_dtype is not None else "auto"
 
     def _resolve_dtype_and_quantization(
         self, hf_config: Any, model_dir: str, gguf_file: str | None,

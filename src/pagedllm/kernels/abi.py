@@ -39,13 +39,13 @@ class StackDims(ctypes.Structure):
         (name, _I64)
         for name in (
             "num_layers", "hidden", "num_heads", "num_kv_heads", "head_size", "intermediate",
-            "rot_dim", "num_blocks", "block_size", "max_blocks",
+            "rot_dim", "num_blocks", "block_size", "max_blocks", "kv_bf16",
         )
     ] + [("eps", _F32), ("scale", _F32)]
 
 
 class StackLayer(ctypes.Structure):
-    """kernels.h StackLayer: one decoder layer's norms, W4A8 matrices and int8 KV cache."""
+    """kernels.h StackLayer: one decoder layer's norms, W4A8 matrices and KV cache."""
 
     _fields_ = [
         (name, _PTR)

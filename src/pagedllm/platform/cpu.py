@@ -173,11 +173,6 @@ class CpuPlatform(Platform):
         """Recompute: host and device pools are the same memory here."""
         return "recompute"
 
-    def int8_kv_cache_by_default(self, dtype: str, quantization: str | None) -> bool:
-        """Where the weights already run 4-bit in a reduced precision (the default model):
-        half the KV bytes, measured agreement equal to the bf16 cache's."""
-        return quantization == "int4" and dtype != "float32"
-
     def ngram_batch_limit(self, dtype: str) -> int | None:
         """32 running requests for bfloat16 with native bf16 matmuls."""
         if dtype == "bfloat16" and self.plan.native_bf16:

@@ -156,11 +156,6 @@ class Platform(ABC):
     def default_preemption_mode(self) -> str:
         """"swap" where device memory is scarce and host copies cheap, else "recompute"."""
 
-    def int8_kv_cache_by_default(self, dtype: str, quantization: str | None) -> bool:
-        """Whether the KV cache defaults to int8 for a `dtype` model of these weights."""
-        del dtype, quantization
-        return False
-
     def ngram_batch_limit(self, dtype: str) -> int | None:
         """The most running requests that still get n-gram drafts (None: the config's
         default)."""

@@ -33,10 +33,12 @@ def _model(llm: LLM):
     return _runner(llm).model
 
 
-@pytest.fixture(scope="module")
-def llm(tiny_llama_dir) -> LLM:
-    """The CPU default for a quantized checkpoint: bfloat16, int4 (W4A8) and int8 KV."""
-    return LLM(str(tiny_llama_dir), dtype="bfloat16", quantization="int4", max_model_len=256)
+@pytest.fixture(scope="module", params=["int8", "auto"], ids=["int8_kv", "bf16_kv"])
+def llm(request, tiny_llama_dir) -> LLM:
+    """A quantized checkpoint on CPU: bfloat16, int4 (W4A8), an int8 or a bfloat16 KV
+    cache (the stack reads both)."""
+    return LLM(str(tiny_llama_dir), dtype="bfloat16", quantization="int4", max_model_len=256,
+               kv_cache_dtype=request.param)
 
 
 def _generate(llm: LLM, prompts: list[list[int]]) -> list[tuple[list[int], list[float]]]:

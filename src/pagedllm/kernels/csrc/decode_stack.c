@@ -9,7 +9,7 @@
  *
  *   x = rms_norm(hidden + residual)          residual += hidden (float32)
  *   qkv = x @ Wqkv^T, RoPE on q and k        (int4 weights x int8 activations)
- *   store k, v in the int8 cache             attention over the paged cache
+ *   store k, v in the cache (int8 or bf16)   attention over the paged cache
  *   hidden = attn @ Wo^T
  *   x = rms_norm(hidden + residual)          residual += hidden
  *   hidden = (silu(x @ Wgate^T) * (x @ Wup^T)) @ Wdown^T
@@ -22,6 +22,7 @@
  */
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "kernels.h"
 
@@ -33,6 +34,20 @@ static int add_lora(const StackLoRAStep *lora, int64_t l, int which, int64_t K, 
     if (m->a == NULL) return 0;
     return lora_add_bf16(lora->num, K, N, x, x_stride, out, out_stride, lora->order,
                          lora->order_slots, m->subs, m->sub_offsets, lora->rank, m->a, m->b);
+}
+
+/* A bfloat16 cache's writer: each token's K and V rows (kv_size values each, V right after
+ * K in its qkv row, rows `stride` apart) copied into their slots, as the Python layers'
+ * store does (the K half of the cache, then the V half: paged_attention.c's layout). */
+static void store_bf16_rows(const PagedDims *d, uint16_t *kv_cache, const uint16_t *kv,
+                            int64_t stride, const int64_t *slots, int64_t T) {
+    const int64_t kv_size = d->num_kv_heads * d->head_size;
+    uint16_t *values = kv_cache + d->num_blocks * d->block_size * kv_size;
+    for (int64_t t = 0; t < T; t++) {
+        memcpy(kv_cache + slots[t] * kv_size, kv + t * stride, sizeof(uint16_t) * kv_size);
+        memcpy(values + slots[t] * kv_size, kv + t * stride + kv_size,
+               sizeof(uint16_t) * kv_size);
+    }
 }
 
 /* hidden [T, hidden] bfloat16: the embeddings in, the last layer's MLP output out;
@@ -61,13 +76,18 @@ int decode_stack_bf16(const StackDims *d, const StackLayer *layers, int64_t T,
         failed |= add_lora(lora, l, 0, H, qkv_size, x, H, qkv, qkv_size);
         rope_neox_bf16(T, d->num_heads + d->num_kv_heads, D, d->rot_dim, qkv, qkv_size,
                        positions, cos_sin);
-        store_int8_bf16(&paged, L->kv_cache, qkv + q_size, qkv + q_size + kv_size, qkv_size,
-                        qkv_size, slots, T, 0);
         for (int64_t t = 0; t < T; t++) /* the kernel takes dense query rows */
             for (int64_t i = 0; i < q_size; i++) query[t * q_size + i] = qkv[t * qkv_size + i];
-        failed |= paged_decode_bf16_int8(&paged, query, attn, (const char *)L->kv_cache,
-                                         block_tables, seq_lens, token_rows, T, max_seq_len,
-                                         d->scale);
+        if (d->kv_bf16) {
+            store_bf16_rows(&paged, (uint16_t *)L->kv_cache, qkv + q_size, qkv_size, slots, T);
+            failed |= paged_decode_bf16(&paged, query, attn, L->kv_cache, block_tables,
+                                        seq_lens, token_rows, T, max_seq_len, d->scale);
+        } else {
+            store_int8_bf16(&paged, (int8_t *)L->kv_cache, qkv + q_size,
+                            qkv + q_size + kv_size, qkv_size, qkv_size, slots, T, 0);
+            failed |= paged_decode_bf16_int8(&paged, query, attn, L->kv_cache, block_tables,
+                                             seq_lens, token_rows, T, max_seq_len, d->scale);
+        }
         failed |= w4a8_matmul_bf16(T, H, q_size, attn, q_size, L->o, L->o_dm, hidden, H);
         failed |= add_lora(lora, l, 1, q_size, H, attn, q_size, hidden, H);
         add_rms_norm_bf16(T, H, hidden, H, residual, 1, L->post_norm, x, d->eps);

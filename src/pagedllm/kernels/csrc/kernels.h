@@ -87,15 +87,16 @@ PAGEDLLM_API int lora_add_bf16(int64_t num, int64_t K, int64_t N, const uint16_t
 typedef struct {
     int64_t num_layers, hidden, num_heads, num_kv_heads, head_size, intermediate, rot_dim;
     int64_t num_blocks, block_size, max_blocks; /* the paged KV cache of every layer */
+    int64_t kv_bf16; /* its rows: bfloat16 when non-zero, else int8 codes with scales */
     float eps, scale;
 } StackDims;
 
-/* One decoder layer: its norms' weights, its four W4A8 matrices and its int8 KV cache. */
+/* One decoder layer: its norms' weights, its four W4A8 matrices and its KV cache. */
 typedef struct {
     const uint16_t *input_norm, *post_norm;
     const uint8_t *qkv, *o, *gate_up, *down; /* int4 codes, two per byte */
     const float *qkv_dm, *o_dm, *gate_up_dm, *down_dm; /* their scales and minimums */
-    int8_t *kv_cache;
+    char *kv_cache; /* paged_attention.c's layout, in StackDims.kv_bf16's format */
 } StackLayer;
 
 /* LoRA adapter slots of one matrix (lora.c's layout; a == NULL: none on this matrix). */

@@ -124,8 +124,8 @@ def _decoder(model: nn.Module) -> DecoderModel | None:
 
 
 def serves_model(model: nn.Module) -> bool:
-    """Whether the stack can run `model`'s decode steps (given int8 caches and the C
-    library): a causal LM over a DecoderModel whose layers all qualify."""
+    """Whether the stack can run `model`'s decode steps (given int8 or bfloat16 caches and
+    the C library): a causal LM over a DecoderModel whose layers all qualify."""
     decoder = _decoder(model)
     return decoder is not None and _qualifies(decoder)
 
@@ -170,6 +170,7 @@ class CpuDecodeStack(DecodeStep):
             rot_dim=self.rotary.cos_sin_cache.shape[1],
             num_blocks=num_blocks,
             block_size=block_size,
+            kv_bf16=int(kv_caches[0].dtype == torch.bfloat16),
             eps=first.input_layernorm.eps,
             scale=attn.scale,
         )
@@ -181,12 +182,14 @@ class CpuDecodeStack(DecodeStep):
     @classmethod
     def build(cls, model: nn.Module, kv_caches: list[torch.Tensor]) -> CpuDecodeStack | None:
         """The stack for `model` (a causal LM over a DecoderModel), or None: it needs
-        bfloat16 Llama-style layers with W4A8 matrices, int8 KV caches of every layer, and
-        the C library's fused ops and attention kernels."""
+        bfloat16 Llama-style layers with W4A8 matrices, int8 or bfloat16 KV caches of every
+        layer, and the C library's fused ops and attention kernels."""
         decoder = _decoder(model)
         if decoder is None or not _qualifies(decoder):
             return None
-        if len(kv_caches) != len(decoder.layers) or kv_caches[0].dtype != torch.int8:
+        if len(kv_caches) != len(decoder.layers) or kv_caches[0].dtype not in (
+            torch.int8, torch.bfloat16
+        ):
             return None
         library = _library()
         return None if library is None else cls(decoder, kv_caches, library)
