@@ -7,8 +7,11 @@ pass on the same folder is the reference the engine is compared with.
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -251,3 +254,15 @@ def tiny_cross_encoder_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         tmp_path_factory.mktemp("tiny_cross_encoder"), "BertForSequenceClassification",
         num_labels=1,
     )  # fmt: skip
+
+
+def load_benchmark(name: str) -> ModuleType:
+    """benchmarks/<name>.py, imported from its path (benchmarks/ is not a package), under a
+    name of its own; registered before it runs so its dataclasses resolve their module."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"pagedllm_benchmark_{name}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module

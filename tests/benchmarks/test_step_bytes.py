@@ -4,27 +4,14 @@ int4 weights the 4-bit groups with their scales (0.75 bytes a weight), not a den
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import torch
 
 from pagedllm import LLM
-
-
-def _step_bytes_module():
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "step_bytes.py"
-    spec = importlib.util.spec_from_file_location("pagedllm_benchmark_step_bytes", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+from tests.conftest import load_benchmark
 
 
 def test_float32_step_reads_every_weight_and_the_kv(tiny_llama_dir):
-    step_bytes = _step_bytes_module()
+    step_bytes = load_benchmark("step_bytes")
     llm = LLM(str(tiny_llama_dir), dtype="float32", max_model_len=128)
     model = llm.llm_engine.engine_core.engine_core.executor.worker.model
     config = llm.llm_engine.engine_config.model_config.hf_config
@@ -42,7 +29,7 @@ def test_float32_step_reads_every_weight_and_the_kv(tiny_llama_dir):
 
 
 def test_int4_step_reads_the_groups_not_a_dense_copy(tiny_llama_dir):
-    step_bytes = _step_bytes_module()
+    step_bytes = load_benchmark("step_bytes")
     llm = LLM(str(tiny_llama_dir), dtype="bfloat16", quantization="int4", max_model_len=128)
     model = llm.llm_engine.engine_core.engine_core.executor.worker.model
     c = llm.llm_engine.engine_config.model_config.hf_config

@@ -20,9 +20,6 @@ loglikelihoods (lm-eval's sums) as close to float32 as llama.cpp's on the same G
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -32,7 +29,7 @@ from pagedllm import kernels
 from pagedllm.kernels.variants import runnable_variants
 from pagedllm.platform import cpu_platform
 from pagedllm.platform.cpu_features import detect
-from tests.conftest import default_gguf_path
+from tests.conftest import default_gguf_path, load_benchmark
 
 GGUF = default_gguf_path()
 pytestmark = [
@@ -60,21 +57,9 @@ MODES = [
 ]
 
 
-def _load_accuracy_benchmark() -> ModuleType:
-    """benchmarks/accuracy.py, imported from its path (benchmarks/ is not a package)."""
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "accuracy.py"
-    spec = importlib.util.spec_from_file_location("pagedllm_benchmark_accuracy", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    # Registered before running, so its dataclasses can resolve their own module.
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def accuracy() -> ModuleType:
-    return _load_accuracy_benchmark()
+    return load_benchmark("accuracy")
 
 
 @pytest.fixture(scope="module")
