@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import pytest
 
-from pagedllm import LLM, SamplingParams
+from pagedllm import LLM, SamplingParams, kernels
+from pagedllm.kernels.variants import runnable_variants
 from pagedllm.layers import cpu_ops
 from pagedllm.layers.quantization import W4A8Weight
+from pagedllm.platform import cpu_platform
+from pagedllm.platform.cpu_features import detect
 from pagedllm.worker.decode_step import cpu_stack
 from pagedllm.worker.decode_step.cpu_stack import CpuDecodeStack
 
@@ -92,6 +95,29 @@ def test_stack_output_is_bit_identical_to_the_python_layers(llm, stack_calls, pr
     finally:
         runner.decode_step = stack
     assert with_stack == without
+
+
+# The stack runs on the vector variants (the scalar build leaves quantized steps to torch).
+VARIANTS = [v.name for v in runnable_variants(detect()) if v.simd]
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["int8", "auto"])
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_every_kernel_variant_gives_the_layer_loops_output(
+    tiny_llama_dir, stack_calls, variant, kv_cache_dtype
+):
+    """On each vector variant this CPU runs (AVX-512, AVX2...), with either cache, the
+    stack still agrees bit for bit with the Python layers of the same variant."""
+    with cpu_platform().use_kernels(kernels.load_variant(variant)):
+        llm = LLM(str(tiny_llama_dir), dtype="bfloat16", quantization="int4",
+                  max_model_len=256, kv_cache_dtype=kv_cache_dtype)
+        runner = _runner(llm)
+        stack = runner.decode_step
+        assert isinstance(stack, CpuDecodeStack)
+        with_stack = _generate(llm, PROMPTS[:2])
+        assert stack_calls
+        runner.decode_step = None
+        assert _generate(llm, PROMPTS[:2]) == with_stack
 
 
 def test_prefills_and_mixed_steps_run_the_python_layers(tiny_llama_dir, stack_calls):
