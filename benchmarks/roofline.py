@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from common import locate_model, machine_info, new_parser, write_json
-from step_bytes import decode_step_bytes
+from step_bytes import decode_step_bytes, measure_read_bandwidth
 
 MATMUL_SHAPES = ((2048, 2048, 2048), (2048, 576, 1536))
 
@@ -45,15 +45,6 @@ def best_time(fn: Callable[[], Any], repeats: int) -> float:
         fn()
         times.append(time.perf_counter() - start)
     return min(times)
-
-
-def measure_bandwidth(gib: float, repeats: int) -> float:
-    """Read bandwidth in GB/s: bytes of a float32 tensor / best time to sum it."""
-    import torch
-
-    x = torch.ones(int(gib * 2**30) // 4, dtype=torch.float32)
-    seconds = best_time(lambda: x.sum(), repeats)
-    return x.numel() * 4 / seconds / 1e9
 
 
 def measure_matmul(m: int, k: int, n: int, dtype: str, repeats: int) -> float:
@@ -182,7 +173,7 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     torch.set_num_threads(args.threads)
     machine = machine_info()
-    bandwidth = measure_bandwidth(args.bandwidth_gib, args.repeats)
+    bandwidth = measure_read_bandwidth(args.bandwidth_gib, args.repeats) / 1e9
     print(f"memory read bandwidth ({args.bandwidth_gib:g} GiB fp32 sum): {bandwidth:.1f} GB/s")
     rates: dict[str, float] = {}
     for m, k, n in MATMUL_SHAPES:

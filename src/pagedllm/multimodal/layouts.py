@@ -204,8 +204,7 @@ class TokenExpander:
                 continue
             processor, token, count = self.parts[name]
             options = {**kwargs, **(video_kwargs if name == "videos" else {})}
-            produced = processor(values, **options) if name == "videos" else processor(
-                images=values, return_tensors="pt", **options)
+            produced = processor(**{name: values}, return_tensors="pt", **options)
             outputs.update(produced)
             pieces = prompt.split(token)
             prompt = pieces[0] + "".join(

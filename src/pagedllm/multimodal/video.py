@@ -63,8 +63,10 @@ class QwenVideoProcessor:
         self._frames_processor.patchify = _unpatched
 
     def __call__(self, videos: Sequence[Any], fps: float | None = None,
-                 **kwargs: Any) -> dict[str, torch.Tensor]:
-        """Every video's patches, one after another, and its grid and seconds per grid."""
+                 return_tensors: str = "pt", **kwargs: Any) -> dict[str, torch.Tensor]:
+        """Every video's patches, one after another, and its grid and seconds per grid
+        (torch tensors whatever `return_tensors` says: it is taken as transformers'
+        processors take it)."""
         patches, grids, seconds = [], [], []
         for video in videos:
             rate = getattr(video, "fps", None) or fps or DEFAULT_FPS
