@@ -98,3 +98,31 @@ def test_killed_worker_fails_the_core_process(tiny_llama_dir):
     finally:
         engine.shutdown()
     assert _gone([core_pid, *workers])
+
+
+def test_an_engine_left_open_at_exit_reports_no_failure(tiny_llama_dir) -> None:
+    """A script that ends without shutting its tensor-parallel engine down exits quietly:
+    the workers leaving with the interpreter (multiprocessing stops them at exit) is no
+    "worker is gone" failure. The script's first exit hook runs last and gives the
+    executor's receiver thread time to see the stopped workers."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(
+        f"""
+        import atexit, time
+        atexit.register(time.sleep, 1.0)
+        from pagedllm.engine.arg_utils import EngineArgs
+        from pagedllm.engine.llm_engine import LLMEngine
+        engine = LLMEngine.from_engine_args(EngineArgs(model={str(tiny_llama_dir)!r}, **{ARGS!r}))
+        print("built", flush=True)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert "built" in done.stdout
+    assert "worker is gone" not in done.stderr
+    assert "Logging error" not in done.stderr

@@ -76,10 +76,9 @@ def test_default_mode_keeps_each_tensor_format_and_agrees_with_float32() -> None
     from pagedllm.layers.quantization import SplitWeight, W4A8Weight, W8A8Weight
     from pagedllm.model_loader.gguf import group_codes, read_tensor_data
     from pagedllm.model_loader.gguf_cache import load_index
+    from tests.conftest import load_benchmark
 
-    from .test_default_model_accuracy import _load_accuracy_benchmark
-
-    accuracy = _load_accuracy_benchmark()
+    accuracy = load_benchmark("accuracy")
     reference_llm = accuracy.make_llm(str(GEMMA), accuracy.Mode("float32"), seed=0)
     chat, reference_scores = accuracy.build_chat_set(reference_llm)
     del reference_llm

@@ -10,6 +10,8 @@ fraction of a second. Subclasses start, watch and stop the workers.
 
 from __future__ import annotations
 
+import atexit
+import multiprocessing.util  # noqa: F401  (its exit hook must register before ours)
 import threading
 import time
 from abc import abstractmethod
@@ -43,6 +45,12 @@ _SUBSCRIBE_TIMEOUT_MS = 60_000
 # After a worker reports a failure: how long to look for a dead peer, the likelier cause
 # (a rank blocked in a collective fails when its peer dies).
 _FAILURE_GRACE_S = 1.0
+
+# Set when the interpreter exits: the workers of an engine nobody shut down then leave with
+# it (multiprocessing stops its children at exit), which is no failure to report. Registered
+# after multiprocessing's own exit hook (imported above), so it runs first.
+_INTERPRETER_EXITING = threading.Event()
+atexit.register(_INTERPRETER_EXITING.set)
 
 
 class WorkerFailedError(RuntimeError):
@@ -176,7 +184,7 @@ class DistributedExecutor(Executor):
             response = self.channels.receive(_POLL_MS)
             if response is None:
                 dead = self._dead_workers()
-                if dead and not self._closing:
+                if dead and not self._closing and not _INTERPRETER_EXITING.is_set():
                     self._fail(_describe(dead))
                     return
             elif response.kind == FATAL:
