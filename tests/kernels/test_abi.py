@@ -56,20 +56,23 @@ def test_abi_declares_every_header_function_with_its_types():
         assert declared[name] == types, name
 
 
-@pytest.mark.parametrize("struct", [abi.PagedDims, abi.StackDims, abi.StackLayer, abi.StackLoRA,
-                                    abi.StackLoRAStep])
+@pytest.mark.parametrize("struct", [
+    abi.PagedDims, abi.StackDims, abi.StackWeight, abi.StackMatrix, abi.StackLayer,
+    abi.StackGroup, abi.StackLoRA, abi.StackLoRAStep,
+])
 def test_structs_have_the_header_fields_in_order(struct):
     name = struct.__name__
     body = re.search(r"typedef struct \{([^{}]*)\} " + name + ";", HEADER).group(1)  # type: ignore[union-attr]
     body = re.sub(r"/\*.*?\*/", "", body, flags=re.S)
     fields = []
     for declaration in body.split(";"):
-        words = declaration.replace("*", " ").replace(",", " ").split()
+        words = re.sub(r"\[\d+\]", "", declaration).replace("*", " ").replace(",", " ").split()
         if words:
             # "int64_t a, b" / "const uint16_t *a, *b": the names follow the type words.
             fields += [w for w in words if w not in ("const", "int64_t", "int32_t", "uint16_t",
                                                       "uint8_t", "int8_t", "float",
-                                                      "StackLoRA", "char")]
+                                                      "StackLoRA", "StackWeight",
+                                                      "StackMatrix", "char")]
     assert [f for f, _ in struct._fields_] == fields
 
 

@@ -33,27 +33,51 @@ class PagedDims(ctypes.Structure):
 
 
 class StackDims(ctypes.Structure):
-    """kernels.h StackDims: the decoder stack's shapes and its KV caches' geometry."""
+    """kernels.h StackDims: the decoder stack's shapes, its KV caches' geometry and its
+    gated MLP's activation (STACK_SILU / STACK_GELU_TANH)."""
 
     _fields_ = [
         (name, _I64)
         for name in (
             "num_layers", "hidden", "num_heads", "num_kv_heads", "head_size", "intermediate",
-            "rot_dim", "num_blocks", "block_size", "max_blocks", "kv_bf16",
+            "num_blocks", "block_size", "kv_bf16", "activation",
         )
     ] + [("eps", _F32), ("scale", _F32)]
 
 
+STACK_SILU, STACK_GELU_TANH = 0, 1
+
+
+class StackWeight(ctypes.Structure):
+    """kernels.h StackWeight: one byte dot-product weight (codes NULL: none), 4 or 8 bits."""
+
+    _fields_ = [("codes", _PTR), ("scales", _PTR), ("bits", _I64)]
+
+
+class StackMatrix(ctypes.Structure):
+    """kernels.h StackMatrix: one weight or two summed (a split GGUF format), and a bias."""
+
+    _fields_ = [("parts", StackWeight * 2), ("bias", _PTR)]
+
+
 class StackLayer(ctypes.Structure):
-    """kernels.h StackLayer: one decoder layer's norms, W4A8 matrices and KV cache."""
+    """kernels.h StackLayer: one decoder layer's norms, matrices, RoPE table, window, KV
+    cache group and KV cache (a NULL norm: the layer has none)."""
 
     _fields_ = [
-        (name, _PTR)
-        for name in (
-            "input_norm", "post_norm", "qkv", "o", "gate_up", "down",
-            "qkv_dm", "o_dm", "gate_up_dm", "down_dm", "kv_cache",
-        )
+        *((name, _PTR) for name in (
+            "input_norm", "post_attn_norm", "pre_ffn_norm", "post_ffn_norm", "q_norm", "k_norm",
+        )),
+        *((name, StackMatrix) for name in ("qkv", "o", "gate_up", "down")),
+        ("cos_sin", _PTR), ("rot_dim", _I64), ("window", _I64), ("group", _I64),
+        ("kv_cache", _PTR),
     ]
+
+
+class StackGroup(ctypes.Structure):
+    """kernels.h StackGroup: one KV cache group's slots and block tables for a step."""
+
+    _fields_ = [("slots", _PTR), ("block_tables", _PTR), ("max_blocks", _I64)]
 
 
 class StackLoRA(ctypes.Structure):
@@ -103,6 +127,8 @@ FUNCTIONS: tuple[Function, ...] = (
     Function("add_rms_norm_bf16", (_I64, _I64, _PTR, _I64, _PTR, _I32, _PTR, _PTR, _F32), None),
     # silu_and_mul_bf16(T, d, x, x_stride, out)
     Function("silu_and_mul_bf16", (_I64, _I64, _PTR, _I64, _PTR), None),
+    # gelu_tanh_and_mul_bf16(T, d, x, x_stride, out)
+    Function("gelu_tanh_and_mul_bf16", (_I64, _I64, _PTR, _I64, _PTR), None),
     # rope_neox_bf16(T, heads, head_size, rot_dim, x, x_stride, positions, cos_sin)
     Function("rope_neox_bf16", (_I64, _I64, _I64, _I64, _PTR, _I64, _PTR, _PTR), None),
     Function("w4a8_matmul_bf16", _BYTE_DOT_ARGS, ctypes.c_int),
@@ -114,11 +140,11 @@ FUNCTIONS: tuple[Function, ...] = (
         (_I64, _I64, _I64, _PTR, _I64, _PTR, _I64, _PTR, _PTR, _I64, _PTR, _I64, _PTR, _PTR),
         ctypes.c_int,
     ),
-    # decode_stack_bf16(dims, layers, T, hidden, residual, positions, cos_sin, slots,
-    # block_tables, seq_lens, token_rows, max_seq_len, lora)
+    # decode_stack_bf16(dims, layers, T, hidden, residual, positions, groups, seq_lens,
+    # token_rows, max_seq_len, lora)
     Function(
         "decode_stack_bf16",
-        (_PTR, _PTR, _I64, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _I64, _PTR),
+        (_PTR, _PTR, _I64, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _I64, _PTR),
         ctypes.c_int,
     ),
 )

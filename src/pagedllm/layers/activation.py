@@ -46,6 +46,8 @@ class ActivationAndMul(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Split the fused gate_up output in halves and combine them."""
+        if self.activation == "gelu_tanh" and cpu_ops.serves(x):
+            return cpu_ops.gelu_tanh_and_mul(x)
         gate, up = x.chunk(2, dim=-1)  # each [..., d]
         return apply_activation(self.activation, gate) * up
 

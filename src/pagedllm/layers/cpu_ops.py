@@ -2,7 +2,7 @@
 and the int4/int8 x int8 matmul (csrc/w4a8.c, see quantization.W4A8Weight).
 
 A decode step of a small model on CPU is dominated by per-op overhead: RMSNorm with its
-residual add is a dozen torch ops, RoPE seven, SiLU-and-mul three, each a few microseconds
+residual add is a dozen torch ops, RoPE seven, SiLU- or GELU-and-mul three, each a few microseconds
 of dispatch for a few thousand values. These run as one C call each, reproducing the torch
 chains' bfloat16 roundings. They serve bfloat16 on CPU only; float32 (the token-exact
 reference path) and every other case keep the torch ops. PAGEDLLM_FUSED_OPS=torch switches
@@ -71,12 +71,19 @@ def add_rms_norm(
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """x [T, 2d] (gate | up) bfloat16 → silu(gate) * up [T, d]."""
+    return _gated("silu_and_mul_bf16", x)
+
+
+def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """x [T, 2d] (gate | up) bfloat16 → gelu_tanh(gate) * up [T, d] (GeGLU)."""
+    return _gated("gelu_tanh_and_mul_bf16", x)
+
+
+def _gated(function: str, x: torch.Tensor) -> torch.Tensor:
     library = _fused_lib()
     num_tokens, width = x.shape
     out = torch.empty(num_tokens, width // 2, dtype=torch.bfloat16)
-    library.silu_and_mul_bf16(
-        num_tokens, width // 2, pointer(x), x.stride(0), pointer(out),
-    )
+    getattr(library, function)(num_tokens, width // 2, pointer(x), x.stride(0), pointer(out))
     return out
 
 

@@ -86,10 +86,10 @@ class ModelRunner:
         self.kv_cache_groups = kv_cache_groups or (
             KVCacheGroupSpec(tuple(range(len(kv_caches)))),
         )
-        self._group_of_layer = [0] * len(kv_caches)
+        self.group_of_layer = [0] * len(kv_caches)
         for group_id, group in enumerate(self.kv_cache_groups):
             for layer_index in group.layer_indices:
-                self._group_of_layer[layer_index] = group_id
+                self.group_of_layer[layer_index] = group_id
         self.model_forward = make_model_forward(model, pp_group, activation_dtype, device)
         self.sampling = SamplingPipeline(cast("CausalLM", model), device, self.is_driver)
         # Registered by the worker at load (worker/step_hooks/), called in this order.
@@ -251,7 +251,8 @@ class ModelRunner:
         if fast_path is None or not bool((rows.query_lens == 1).all()):
             return None
         batch = DecodeBatch(
-            inputs.input_ids, inputs.positions, inputs.slot_mapping, rows.block_tables[0]
+            inputs.input_ids, inputs.positions, inputs.slot_mapping, rows.block_tables[0],
+            tuple(zip(inputs.slot_mappings[1:], rows.block_tables[1:], strict=True)),
         )
         return batch if fast_path.serves(batch) else None
 
@@ -274,7 +275,7 @@ class ModelRunner:
             group_metadata.append(backend.build_metadata(group_common, self.block_size))
         layer_metadata = None
         if len(group_metadata) > 1:
-            layer_metadata = [group_metadata[g] for g in self._group_of_layer]
+            layer_metadata = [group_metadata[g] for g in self.group_of_layer]
         return ForwardContext(backend, group_metadata[0], self.kv_caches, layer_metadata)
 
     def _common_metadata(

@@ -129,7 +129,8 @@ class Worker:
         if kind == "cuda_graphs":
             return self._capture_decode_graphs()
         if kind == "cpu_stack" and self._cpu_stack_applies():
-            return CpuDecodeStack.build(self.model, self.model_runner.kv_caches)
+            runner = self.model_runner
+            return CpuDecodeStack.build(self.model, runner.kv_caches, runner.group_of_layer)
         return None
 
     def _cpu_stack_applies(self) -> bool:
@@ -140,7 +141,6 @@ class Worker:
             get_world_group().world_size == 1
             and isinstance(self.backend, CpuPagedBackend)
             and self.config.model_config.runner == "generate"
-            and len(self.kv_cache_spec.groups) == 1
         )
 
     def _decode_graphs_off_reason(self) -> str | None:

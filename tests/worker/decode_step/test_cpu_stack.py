@@ -7,6 +7,9 @@ run without it (same engine, same weights) must agree bit for bit: tokens and lo
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import pytest
 
 from pagedllm import LLM, SamplingParams, kernels
@@ -134,12 +137,72 @@ def test_prefills_and_mixed_steps_run_the_python_layers(tiny_llama_dir, stack_ca
     assert calls and max(calls) <= len(PROMPTS)
 
 
-def test_models_outside_its_scope_run_without_it(tiny_llama_dir, tiny_qwen2_dir):
+def test_models_outside_its_scope_run_without_it(tiny_llama_dir, tiny_arch_checkpoint):
     float32 = LLM(str(tiny_llama_dir), dtype="float32", quantization="int4", max_model_len=128)
+    # Weight-only int8 (torch's kernel): not a byte dot-product weight.
     int8 = LLM(str(tiny_llama_dir), dtype="bfloat16", quantization="int8", max_model_len=128)
-    biased = LLM(str(tiny_qwen2_dir), dtype="bfloat16", quantization="int4", max_model_len=128)
-    for llm in (float32, int8, biased):
+    gpt2 = LLM(str(tiny_arch_checkpoint("gpt2")), dtype="bfloat16", quantization="int4",
+               max_model_len=128)  # LayerNorm and a plain MLP: not in the C loop
+    for llm in (float32, int8, gpt2):
         assert _runner(llm).decode_step is None
+
+
+def _check_against_the_layer_loop(llm: LLM, stack_calls: list[int]) -> None:
+    """The stack runs the batched decode steps, and the same requests without it give the
+    same tokens and logprobs."""
+    runner = _runner(llm)
+    stack = runner.decode_step
+    assert isinstance(stack, CpuDecodeStack)
+    with_stack = _generate(llm, PROMPTS)
+    assert stack_calls and max(stack_calls) == len(PROMPTS)
+    runner.decode_step = None
+    try:
+        assert _generate(llm, PROMPTS) == with_stack
+    finally:
+        runner.decode_step = stack
+
+
+@pytest.fixture(scope="module")
+def tiny_arch_checkpoint(tiny_tokenizer_dir, tmp_path_factory):
+    """A tiny random checkpoint of an architecture (tests/models' configs), with the tiny
+    tokenizer, made on first use."""
+    from transformers import AutoTokenizer, Qwen2Config
+
+    from tests.models.test_model_parity import _COMMON, arch_config, save_random
+
+    made: dict[str, Path] = {}
+
+    def make(arch: str) -> Path:
+        if arch not in made:
+            vocab_size = len(AutoTokenizer.from_pretrained(tiny_tokenizer_dir))
+            if arch == "qwen2":  # save_random makes its q/k/v biases non-zero
+                config = Qwen2Config(**{**_COMMON, "vocab_size": vocab_size})
+            else:
+                config = arch_config(arch, vocab_size=vocab_size)
+            path = save_random(tmp_path_factory.mktemp(f"stack_{arch}"), config)
+            for name in Path(tiny_tokenizer_dir).iterdir():
+                shutil.copy(name, path / name.name)
+            made[arch] = path
+        return made[arch]
+
+    return make
+
+
+# Each adds what the C loop must do beyond Llama's layer: Qwen2 q/k/v biases, Qwen3 per-head
+# q/k norms, Gemma 3 (1 + w) and sandwich norms, q/k norms, GeGLU, two RoPE tables and three
+# KV cache groups (two 6-token windows, one global), Mistral a window in one group.
+ARCHITECTURES = [("qwen2", "auto"), ("qwen3", "auto"), ("gemma3", "auto"), ("gemma3", "int8"),
+                 ("mistral_window", "int8")]
+
+
+@pytest.mark.parametrize("arch, kv_cache_dtype", ARCHITECTURES)
+def test_every_served_architecture_gives_the_layer_loops_output(
+    tiny_arch_checkpoint, stack_calls, arch, kv_cache_dtype
+):
+    """Tokens and logprobs equal with and without the stack, batched, past the windows."""
+    llm = LLM(str(tiny_arch_checkpoint(arch)), dtype="bfloat16", quantization="int4",
+              max_model_len=256, kv_cache_dtype=kv_cache_dtype)
+    _check_against_the_layer_loop(llm, stack_calls)
 
 
 def test_switched_off_by_environment(monkeypatch, tiny_llama_dir):

@@ -54,6 +54,24 @@ void silu_and_mul_bf16(int64_t T, int64_t d, const uint16_t *x, int64_t x_stride
     }
 }
 
+/* x [T, 2d] (gate | up) → out [T, d] = gelu_tanh(gate) * up (GeGLU: Gemma's
+ * gelu_pytorch_tanh), torch's formula 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))). */
+void gelu_tanh_and_mul_bf16(int64_t T, int64_t d, const uint16_t *x, int64_t x_stride,
+                            uint16_t *out) {
+    const float beta = 0.7978845608028654f, kappa = 0.044715f;
+#pragma omp parallel for if (T >= PARALLEL_ROWS)
+    for (int64_t t = 0; t < T; t++) {
+        const uint16_t *gate = x + t * x_stride, *up = gate + d;
+        uint16_t *o = out + t * d;
+        for (int64_t j = 0; j < d; j++) {
+            const float g = bf16_to_float(gate[j]);
+            const float inner = beta * (g + kappa * g * g * g);
+            const float gelu = 0.5f * g * (1.f + tanhf(inner));
+            o[j] = float_to_bf16(round_bf16(gelu) * bf16_to_float(up[j]));
+        }
+    }
+}
+
 /* Neox-style RoPE in place on x [T, heads, head_size] (tokens x_stride apart, heads
  * head_size apart): the first rot_dim / 2 dims of a head pair with the next rot_dim / 2.
  * cos_sin [max_position, rot_dim] float32 holds (cos | sin) per position. */

@@ -1,21 +1,28 @@
 /*
- * A Llama-style decoder stack for decode-only steps on CPU (any number of requests), in one C call.
+ * A decoder stack for decode-only steps on CPU (any number of requests), in one C call.
  *
  * At one token per step a small model's layer is a dozen tiny ops; called one by one from
  * Python, their dispatch costs more than their work. This loop runs the same kernels the
  * Python layers call (cpu_ops.c, w4a8.c, paged_attention.c: this file is linked with them), in
  * the same order on the same buffers, so its result is bit-identical to the layer-by-layer
- * path with the same weights. Per layer:
+ * path with the same weights. Per layer (models/common.py's DecoderLayer; [..] where the
+ * layer has it):
  *
  *   x = rms_norm(hidden + residual)          residual += hidden (float32)
- *   qkv = x @ Wqkv^T, RoPE on q and k        (int4 weights x int8 activations)
- *   store k, v in the cache (int8 or bf16)   attention over the paged cache
- *   hidden = attn @ Wo^T
+ *   qkv = x @ Wqkv^T [+ bias]                (int4 / int8 weights x int8 activations)
+ *   [q, k = per-head rms_norm(q), (k)]       RoPE on q and k with the layer's table
+ *   store k, v in the cache (int8 or bf16)   attention over the paged cache [in a window]
+ *   hidden = attn @ Wo^T [+ bias]
  *   x = rms_norm(hidden + residual)          residual += hidden
- *   hidden = (silu(x @ Wgate^T) * (x @ Wup^T)) @ Wdown^T
+ *     [sandwich: x = rms_norm(rms_norm(hidden) + residual) with the pre-MLP norm]
+ *   hidden = (act(x @ Wgate^T) * (x @ Wup^T)) @ Wdown^T      act: SiLU or GELU (tanh)
+ *     [sandwich: hidden = rms_norm(hidden)]
  *
- * With a LoRA step (`lora` not NULL), each matrix's output then gets its tokens' adapter
- * deltas (lora.c), as the Python layers add them after their base matmul.
+ * A matrix is one W4A8 or W8A8 weight, or two summed (a GGUF format split in two, as
+ * quantization.SplitWeight), plus its bias. With a LoRA step (`lora` not NULL), each
+ * matrix's output then gets its tokens' adapter deltas (lora.c), as the Python layers add
+ * them after their base matmul and bias. Each layer reads its KV cache group's block table
+ * and slots (a hybrid model's sliding and global layers keep different tables).
  *
  * The caller applies the final norm. Returns 0, or non-zero when a kernel refused its
  * shapes or a buffer could not be allocated (the caller then runs the Python layers).
@@ -24,7 +31,39 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bf16.h"
 #include "kernels.h"
+
+/* out [T, N] (rows out_stride apart) += rows of `add` (dense [T, N]), rounded to bfloat16
+ * as torch's bfloat16 add. */
+static void add_rows(int64_t T, int64_t N, uint16_t *out, int64_t out_stride,
+                     const uint16_t *add, int64_t add_stride) {
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t j = 0; j < N; j++) {
+            uint16_t *o = out + t * out_stride + j;
+            *o = float_to_bf16(bf16_to_float(*o) + bf16_to_float(add[t * add_stride + j]));
+        }
+}
+
+static int part_matmul(const StackWeight *w, int64_t T, int64_t N, int64_t K,
+                       const uint16_t *x, int64_t x_stride, uint16_t *out, int64_t out_stride) {
+    if (w->bits == 4)
+        return w4a8_matmul_bf16(T, N, K, x, x_stride, w->codes, w->scales, out, out_stride);
+    return w8a8_matmul_bf16(T, N, K, x, x_stride, w->codes, w->scales, out, out_stride);
+}
+
+/* out [T, N] = x @ W^T (+ the second part's product) (+ bias), each sum rounded as the
+ * Python layer's bfloat16 adds; `scratch` holds [T, N] for the second part. */
+static int matmul(const StackMatrix *m, int64_t T, int64_t N, int64_t K, const uint16_t *x,
+                  int64_t x_stride, uint16_t *out, int64_t out_stride, uint16_t *scratch) {
+    int failed = part_matmul(&m->parts[0], T, N, K, x, x_stride, out, out_stride);
+    if (m->parts[1].codes != NULL) {
+        failed |= part_matmul(&m->parts[1], T, N, K, x, x_stride, scratch, N);
+        add_rows(T, N, out, out_stride, scratch, N);
+    }
+    if (m->bias != NULL) add_rows(T, N, out, out_stride, m->bias, 0);
+    return failed;
+}
 
 /* Matrix `which` (0 qkv, 1 o, 2 gate_up, 3 down) of layer l: out += its LoRA deltas. */
 static int add_lora(const StackLoRAStep *lora, int64_t l, int which, int64_t K, int64_t N,
@@ -36,68 +75,136 @@ static int add_lora(const StackLoRAStep *lora, int64_t l, int which, int64_t K, 
                          lora->order_slots, m->subs, m->sub_offsets, lora->rank, m->a, m->b);
 }
 
-/* A bfloat16 cache's writer: each token's K and V rows (kv_size values each, V right after
- * K in its qkv row, rows `stride` apart) copied into their slots, as the Python layers'
- * store does (the K half of the cache, then the V half: paged_attention.c's layout). */
-static void store_bf16_rows(const PagedDims *d, uint16_t *kv_cache, const uint16_t *kv,
-                            int64_t stride, const int64_t *slots, int64_t T) {
+/* A bfloat16 cache's writer: each token's K and V rows (kv_size values each) copied into
+ * their slots, as the Python layers' store does (the K half of the cache, then the V half:
+ * paged_attention.c's layout). */
+static void store_bf16_rows(const PagedDims *d, uint16_t *kv_cache, const uint16_t *key,
+                            int64_t key_stride, const uint16_t *value, int64_t value_stride,
+                            const int64_t *slots, int64_t T) {
     const int64_t kv_size = d->num_kv_heads * d->head_size;
     uint16_t *values = kv_cache + d->num_blocks * d->block_size * kv_size;
     for (int64_t t = 0; t < T; t++) {
-        memcpy(kv_cache + slots[t] * kv_size, kv + t * stride, sizeof(uint16_t) * kv_size);
-        memcpy(values + slots[t] * kv_size, kv + t * stride + kv_size,
+        memcpy(kv_cache + slots[t] * kv_size, key + t * key_stride, sizeof(uint16_t) * kv_size);
+        memcpy(values + slots[t] * kv_size, value + t * value_stride,
                sizeof(uint16_t) * kv_size);
     }
 }
 
+/* q and k of each token normalised per head (the Python layer's q_norm / k_norm over
+ * [T * heads, head_size] rows), side by side in qk [T, (Hq + Hkv) * D]. */
+static void norm_heads(const StackDims *d, const StackLayer *L, int64_t T, const uint16_t *qkv,
+                       int64_t qkv_size, uint16_t *qk, float *scratch) {
+    const int64_t D = d->head_size, q_size = d->num_heads * D;
+    const int64_t qk_size = q_size + d->num_kv_heads * D;
+    for (int64_t t = 0; t < T; t++) {
+        const uint16_t *row = qkv + t * qkv_size;
+        add_rms_norm_bf16(d->num_heads, D, row, D, scratch, 0, L->q_norm, qk + t * qk_size,
+                          d->eps);
+        add_rms_norm_bf16(d->num_kv_heads, D, row + q_size, D, scratch, 0, L->k_norm,
+                          qk + t * qk_size + q_size, d->eps);
+    }
+}
+
+/* The scratch buffers of one step, carved from one allocation. */
+typedef struct {
+    uint16_t *x, *qkv, *qk, *query, *attn, *gate_up, *act, *tmp, *part;
+    float *norm;
+} Buffers;
+
+static void *buffers_alloc(const StackDims *d, int64_t T, Buffers *b) {
+    const int64_t H = d->hidden, D = d->head_size, I = d->intermediate;
+    const int64_t q_size = d->num_heads * D, kv_size = d->num_kv_heads * D;
+    const int64_t qkv_size = q_size + 2 * kv_size;
+    int64_t widest = qkv_size > 2 * I ? qkv_size : 2 * I;
+    if (H > widest) widest = H;
+    const int64_t halves = T * (H + qkv_size + (q_size + kv_size) + 2 * q_size + 3 * I + H +
+                                widest);
+    const int64_t floats = T * H + (d->num_heads > d->num_kv_heads ? q_size : kv_size);
+    char *base = malloc(sizeof(uint16_t) * halves + sizeof(float) * floats);
+    if (base == NULL) return NULL;
+    b->x = (uint16_t *)base;
+    b->qkv = b->x + T * H;
+    b->qk = b->qkv + T * qkv_size;
+    b->query = b->qk + T * (q_size + kv_size);
+    b->attn = b->query + T * q_size;
+    b->gate_up = b->attn + T * q_size;
+    b->act = b->gate_up + T * 2 * I;
+    b->tmp = b->act + T * I;
+    b->part = b->tmp + T * H;
+    b->norm = (float *)(base + sizeof(uint16_t) * halves);
+    return base;
+}
+
 /* hidden [T, hidden] bfloat16: the embeddings in, the last layer's MLP output out;
- * residual [T, hidden] float32 out. positions and slots [T] int64; block_tables
- * [T, max_blocks], seq_lens [T] and token_rows [T] int32: token t is request t's query. */
+ * residual [T, hidden] float32 out. positions [T] int64; seq_lens and token_rows [T]
+ * int32: token t is request t's query; groups: each KV cache group's slots and tables. */
 int decode_stack_bf16(const StackDims *d, const StackLayer *layers, int64_t T,
                       uint16_t *hidden, float *residual, const int64_t *positions,
-                      const float *cos_sin, const int64_t *slots,
-                      const int32_t *block_tables, const int32_t *seq_lens,
+                      const StackGroup *groups, const int32_t *seq_lens,
                       const int32_t *token_rows, int64_t max_seq_len,
                       const StackLoRAStep *lora) {
     const int64_t H = d->hidden, D = d->head_size, I = d->intermediate;
     const int64_t q_size = d->num_heads * D, kv_size = d->num_kv_heads * D;
     const int64_t qkv_size = q_size + 2 * kv_size;
-    const PagedDims paged = {d->num_blocks, d->block_size, d->num_kv_heads,
-                             d->num_heads, D, d->max_blocks, 0};
-    uint16_t *x = malloc(sizeof(uint16_t) * T * (H + qkv_size + 2 * q_size + 3 * I));
-    if (x == NULL) return 2;
-    uint16_t *qkv = x + T * H, *query = qkv + T * qkv_size, *attn = query + T * q_size;
-    uint16_t *gate_up = attn + T * q_size, *act = gate_up + T * 2 * I;
+    Buffers b;
+    void *base = buffers_alloc(d, T, &b);
+    if (base == NULL) return 2;
+    float *head_norm = b.norm + T * H; /* a token's heads' statistics (norm_heads) */
     int failed = 0;
     for (int64_t l = 0; l < d->num_layers && !failed; l++) {
         const StackLayer *L = layers + l;
-        add_rms_norm_bf16(T, H, hidden, H, residual, l > 0, L->input_norm, x, d->eps);
-        failed |= w4a8_matmul_bf16(T, qkv_size, H, x, H, L->qkv, L->qkv_dm, qkv, qkv_size);
-        failed |= add_lora(lora, l, 0, H, qkv_size, x, H, qkv, qkv_size);
-        rope_neox_bf16(T, d->num_heads + d->num_kv_heads, D, d->rot_dim, qkv, qkv_size,
-                       positions, cos_sin);
+        const StackGroup *G = groups + L->group;
+        const PagedDims paged = {d->num_blocks, d->block_size, d->num_kv_heads,
+                                 d->num_heads, D, G->max_blocks, L->window};
+        add_rms_norm_bf16(T, H, hidden, H, residual, l > 0, L->input_norm, b.x, d->eps);
+        failed |= matmul(&L->qkv, T, qkv_size, H, b.x, H, b.qkv, qkv_size, b.part);
+        failed |= add_lora(lora, l, 0, H, qkv_size, b.x, H, b.qkv, qkv_size);
+        uint16_t *qk = b.qkv; /* q and k side by side, rows qk_stride apart */
+        int64_t qk_stride = qkv_size;
+        if (L->q_norm != NULL) {
+            norm_heads(d, L, T, b.qkv, qkv_size, b.qk, head_norm);
+            qk = b.qk;
+            qk_stride = q_size + kv_size;
+        }
+        if (L->cos_sin != NULL)
+            rope_neox_bf16(T, d->num_heads + d->num_kv_heads, D, L->rot_dim, qk, qk_stride,
+                           positions, L->cos_sin);
         for (int64_t t = 0; t < T; t++) /* the kernel takes dense query rows */
-            for (int64_t i = 0; i < q_size; i++) query[t * q_size + i] = qkv[t * qkv_size + i];
+            memcpy(b.query + t * q_size, qk + t * qk_stride, sizeof(uint16_t) * q_size);
+        uint16_t *key = qk + q_size, *value = b.qkv + q_size + kv_size;
         if (d->kv_bf16) {
-            store_bf16_rows(&paged, (uint16_t *)L->kv_cache, qkv + q_size, qkv_size, slots, T);
-            failed |= paged_decode_bf16(&paged, query, attn, L->kv_cache, block_tables,
+            store_bf16_rows(&paged, (uint16_t *)L->kv_cache, key, qk_stride, value, qkv_size,
+                            G->slots, T);
+            failed |= paged_decode_bf16(&paged, b.query, b.attn, L->kv_cache, G->block_tables,
                                         seq_lens, token_rows, T, max_seq_len, d->scale);
         } else {
-            store_int8_bf16(&paged, (int8_t *)L->kv_cache, qkv + q_size,
-                            qkv + q_size + kv_size, qkv_size, qkv_size, slots, T, 0);
-            failed |= paged_decode_bf16_int8(&paged, query, attn, L->kv_cache, block_tables,
-                                             seq_lens, token_rows, T, max_seq_len, d->scale);
+            store_int8_bf16(&paged, (int8_t *)L->kv_cache, key, value, qk_stride, qkv_size,
+                            G->slots, T, 0);
+            failed |= paged_decode_bf16_int8(&paged, b.query, b.attn, L->kv_cache,
+                                             G->block_tables, seq_lens, token_rows, T,
+                                             max_seq_len, d->scale);
         }
-        failed |= w4a8_matmul_bf16(T, H, q_size, attn, q_size, L->o, L->o_dm, hidden, H);
-        failed |= add_lora(lora, l, 1, q_size, H, attn, q_size, hidden, H);
-        add_rms_norm_bf16(T, H, hidden, H, residual, 1, L->post_norm, x, d->eps);
-        failed |= w4a8_matmul_bf16(T, 2 * I, H, x, H, L->gate_up, L->gate_up_dm, gate_up,
-                                   2 * I);
-        failed |= add_lora(lora, l, 2, H, 2 * I, x, H, gate_up, 2 * I);
-        silu_and_mul_bf16(T, I, gate_up, 2 * I, act);
-        failed |= w4a8_matmul_bf16(T, H, I, act, I, L->down, L->down_dm, hidden, H);
-        failed |= add_lora(lora, l, 3, I, H, act, I, hidden, H);
+        failed |= matmul(&L->o, T, H, q_size, b.attn, q_size, hidden, H, b.part);
+        failed |= add_lora(lora, l, 1, q_size, H, b.attn, q_size, hidden, H);
+        const int sandwich = L->pre_ffn_norm != NULL;
+        if (sandwich) {
+            add_rms_norm_bf16(T, H, hidden, H, b.norm, 0, L->post_attn_norm, b.tmp, d->eps);
+            add_rms_norm_bf16(T, H, b.tmp, H, residual, 1, L->pre_ffn_norm, b.x, d->eps);
+        } else {
+            add_rms_norm_bf16(T, H, hidden, H, residual, 1, L->post_attn_norm, b.x, d->eps);
+        }
+        failed |= matmul(&L->gate_up, T, 2 * I, H, b.x, H, b.gate_up, 2 * I, b.part);
+        failed |= add_lora(lora, l, 2, H, 2 * I, b.x, H, b.gate_up, 2 * I);
+        if (d->activation == STACK_GELU_TANH)
+            gelu_tanh_and_mul_bf16(T, I, b.gate_up, 2 * I, b.act);
+        else
+            silu_and_mul_bf16(T, I, b.gate_up, 2 * I, b.act);
+        uint16_t *mlp_out = sandwich ? b.tmp : hidden;
+        failed |= matmul(&L->down, T, H, I, b.act, I, mlp_out, H, b.part);
+        failed |= add_lora(lora, l, 3, I, H, b.act, I, mlp_out, H);
+        if (sandwich)
+            add_rms_norm_bf16(T, H, b.tmp, H, b.norm, 0, L->post_ffn_norm, hidden, d->eps);
     }
-    free(x);
+    free(base);
     return failed;
 }

@@ -62,6 +62,8 @@ PAGEDLLM_API void add_rms_norm_bf16(int64_t T, int64_t H, const uint16_t *x, int
                                     const uint16_t *weight, uint16_t *out, float eps);
 PAGEDLLM_API void silu_and_mul_bf16(int64_t T, int64_t d, const uint16_t *x, int64_t x_stride,
                                     uint16_t *out);
+PAGEDLLM_API void gelu_tanh_and_mul_bf16(int64_t T, int64_t d, const uint16_t *x,
+                                         int64_t x_stride, uint16_t *out);
 PAGEDLLM_API void rope_neox_bf16(int64_t T, int64_t heads, int64_t head_size, int64_t rot_dim,
                                  uint16_t *x, int64_t x_stride, const int64_t *positions,
                                  const float *cos_sin);
@@ -83,23 +85,48 @@ PAGEDLLM_API int lora_add_bf16(int64_t num, int64_t K, int64_t N, const uint16_t
                                const int64_t *sub_offsets, int64_t R, const uint16_t *A,
                                const uint16_t *B);
 
-/* decode_stack.c: a Llama-style decoder stack for decode-only steps, in one call. */
+/* decode_stack.c: a decoder stack (every DecoderSpec layer but MoE, LayerNorm and plain
+ * MLPs) for decode-only steps, in one call. */
 typedef struct {
-    int64_t num_layers, hidden, num_heads, num_kv_heads, head_size, intermediate, rot_dim;
-    int64_t num_blocks, block_size, max_blocks; /* the paged KV cache of every layer */
+    int64_t num_layers, hidden, num_heads, num_kv_heads, head_size, intermediate;
+    int64_t num_blocks, block_size; /* the paged KV cache of every layer */
     int64_t kv_bf16; /* its rows: bfloat16 when non-zero, else int8 codes with scales */
+    int64_t activation; /* the gated MLP's: STACK_SILU or STACK_GELU_TANH */
     float eps, scale;
 } StackDims;
 
-/* One decoder layer: its norms' weights, its four W4A8 matrices and its KV cache. */
+#define STACK_SILU 0
+#define STACK_GELU_TANH 1
+
 typedef struct {
-    const uint16_t *input_norm, *post_norm;
-    const uint8_t *qkv, *o, *gate_up, *down; /* int4 codes, two per byte */
-    const float *qkv_dm, *o_dm, *gate_up_dm, *down_dm; /* their scales and minimums */
+    const uint8_t *codes; /* NULL: no such part */
+    const float *scales; /* with the minimums for 4-bit codes */
+    int64_t bits; /* 4: the w4a8 layout (two codes per byte), 8: the w8a8 layout */
+} StackWeight;
+
+typedef struct {
+    StackWeight parts[2]; /* a split GGUF weight sums two; parts[1].codes NULL otherwise */
+    const uint16_t *bias; /* NULL: none */
+} StackMatrix;
+
+typedef struct {
+    /* post_attn_norm: before the MLP, or with sandwich norms (pre_ffn_norm not NULL) on the
+     * attention's output, pre_ffn_norm before the MLP and post_ffn_norm on its output. */
+    const uint16_t *input_norm, *post_attn_norm, *pre_ffn_norm, *post_ffn_norm;
+    const uint16_t *q_norm, *k_norm; /* per-head RMSNorm of q and k, or NULL */
+    StackMatrix qkv, o, gate_up, down;
+    const float *cos_sin; /* this layer's RoPE table [positions, rot_dim], (cos | sin) */
+    int64_t rot_dim, window; /* window: 0 for full attention */
+    int64_t group; /* its KV cache group (block table and slots) */
     char *kv_cache; /* paged_attention.c's layout, in StackDims.kv_bf16's format */
 } StackLayer;
 
-/* LoRA adapter slots of one matrix (lora.c's layout; a == NULL: none on this matrix). */
+typedef struct {
+    const int64_t *slots; /* [T] */
+    const int32_t *block_tables; /* [T, max_blocks] */
+    int64_t max_blocks;
+} StackGroup;
+
 typedef struct {
     const uint16_t *a, *b;
     const int64_t *sub_offsets;
@@ -116,8 +143,7 @@ typedef struct {
 
 PAGEDLLM_API int decode_stack_bf16(const StackDims *d, const StackLayer *layers, int64_t T,
                                    uint16_t *hidden, float *residual, const int64_t *positions,
-                                   const float *cos_sin, const int64_t *slots,
-                                   const int32_t *block_tables, const int32_t *seq_lens,
+                                   const StackGroup *groups, const int32_t *seq_lens,
                                    const int32_t *token_rows, int64_t max_seq_len,
                                    const StackLoRAStep *lora);
 

@@ -24,14 +24,22 @@ class DecodeBatch:
     decode, or one verified position of speculative decoding), as host arrays.
 
     Attributes:
-        input_ids / positions / slot_mapping: [n] int64.
-        block_table: [n, max_blocks] the row's blocks (KV cache group 0, the only one).
+        input_ids / positions / slot_mapping: [n] int64 (slots: of KV cache group 0).
+        block_table: [n, max_blocks] the row's blocks in KV cache group 0.
+        more_groups: (slot_mapping, block_table) of each further group (a hybrid model's
+            sliding-window layers keep their own table), in group order.
     """
 
     input_ids: np.ndarray
     positions: np.ndarray
     slot_mapping: np.ndarray
     block_table: np.ndarray
+    more_groups: tuple[tuple[np.ndarray, np.ndarray], ...] = ()
+
+    @property
+    def groups(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """(slot_mapping, block_table) of every KV cache group, group 0 first."""
+        return [(self.slot_mapping, self.block_table), *self.more_groups]
 
     @property
     def num_rows(self) -> int:

@@ -1,0 +1,164 @@
+"""Which decoder layers the C decode stack runs, and their tables of pointers for it.
+
+csrc/decode_stack.c runs models/common.py's DecoderLayer with its variants: q/k/v and
+output biases (Qwen2), per-head q/k RMSNorm (Qwen3, Gemma 3), (1 + w) norms (Gemma: the
+loader already stored 1 + w), sandwich norms (Gemma 3), a SiLU- or GELU (tanh)-gated MLP,
+a RoPE table per layer (Gemma 3's local and global bases) over all or part of each head,
+sliding windows, and each layer's KV cache group. Every matrix must be a byte dot-product
+weight (W4A8, W8A8, or two summed: a split GGUF format) for the stack to take the step.
+Not in C yet (those models run the Python layers): LayerNorm and plain MLPs (GPT-2, OPT),
+MoE layers, M-RoPE (Qwen2-VL), weights in other formats (dense, GPTQ act-order...).
+"""
+
+from __future__ import annotations
+
+from typing import cast
+
+import torch
+from torch import nn
+
+from pagedllm.kernels.abi import (
+    STACK_GELU_TANH,
+    STACK_SILU,
+    StackLayer,
+    StackMatrix,
+    StackWeight,
+)
+from pagedllm.layers.activation import ActivationAndMul, SiluAndMul
+from pagedllm.layers.layernorm import OnePlusRMSNorm, RMSNorm
+from pagedllm.layers.linear import Linear
+from pagedllm.layers.mlp import GatedMLP
+from pagedllm.layers.quantization import CrossoverMethod, SplitWeight, W4A8Weight, W8A8Weight
+from pagedllm.layers.rotary import RotaryEmbedding
+from pagedllm.models.common import DecoderAttention, DecoderLayer
+
+ByteDotWeight = W4A8Weight | W8A8Weight
+
+
+def byte_dot_parts(linear: Linear) -> tuple[list[ByteDotWeight], int | None] | None:
+    """The weights whose products sum to the layer's matmul on the steps the stack takes,
+    and the largest step they serve (None: every step; a crossover sends larger ones to a
+    dense weight); None when the layer runs something else."""
+    method = linear.method.base_method()
+    limit = None
+    if isinstance(method, CrossoverMethod):
+        limit = method.max_tokens
+        method = method.small
+    if isinstance(method, (W4A8Weight, W8A8Weight)):
+        return [method], limit
+    if isinstance(method, SplitWeight):
+        return [method.first, method.second], limit
+    return None
+
+
+def matrices(layer: DecoderLayer) -> tuple[Linear, Linear, Linear, Linear]:
+    """A stack layer's qkv, o, gate_up and down projections."""
+    mlp = cast(GatedMLP, layer.mlp)
+    return layer.self_attn.qkv_proj, layer.self_attn.o_proj, mlp.gate_up_proj, mlp.down_proj
+
+
+def norms(layer: DecoderLayer) -> list[nn.Module]:
+    """Every RMSNorm the layer applies (q/k norms included)."""
+    attn = layer.self_attn
+    found = [layer.input_layernorm, layer.post_attention_layernorm]
+    if layer.sandwich:
+        found += [layer.pre_feedforward_layernorm, layer.post_feedforward_layernorm]
+    if attn.q_norm is not None and attn.k_norm is not None:
+        found += [attn.q_norm, attn.k_norm]
+    return found
+
+
+def activation_of(layer: DecoderLayer) -> int | None:
+    """The gated MLP's activation as StackDims takes it, or None when the C loop has none."""
+    act = getattr(layer.mlp, "act_fn", None)
+    if type(act) is SiluAndMul:
+        return STACK_SILU
+    if type(act) is ActivationAndMul and act.activation == "gelu_tanh":
+        return STACK_GELU_TANH
+    return None
+
+
+def stack_layer(layer: nn.Module) -> bool:
+    """True when csrc/decode_stack.c implements `layer` (see the module docstring)."""
+    if type(layer) is not DecoderLayer:
+        return False
+    attn, rotary = layer.self_attn, layer.self_attn.rotary_emb
+    return (
+        type(attn) is DecoderAttention
+        and type(layer.mlp) is GatedMLP
+        and activation_of(layer) is not None
+        and type(rotary) is RotaryEmbedding
+        and rotary.cos_sin_cache.dtype == torch.float32
+        and rotary.head_size == attn.attn.head_size
+        and all(type(n) in (RMSNorm, OnePlusRMSNorm) for n in norms(layer))
+        and all(cast(RMSNorm, n).weight.dtype == torch.bfloat16 for n in norms(layer))
+        and all(_bf16_bias(linear) and byte_dot_parts(linear) is not None
+                for linear in matrices(layer))
+    )
+
+
+def _bf16_bias(linear: Linear) -> bool:
+    return linear.bias is None or linear.bias.dtype == torch.bfloat16
+
+
+def shared_shape(layers: list[DecoderLayer]) -> bool:
+    """Whether the layers share what StackDims holds once: heads, sizes, norm epsilon,
+    softmax scale and activation."""
+
+    def shape(layer: DecoderLayer) -> tuple[object, ...]:
+        attn = layer.self_attn.attn
+        return (attn.num_heads, attn.num_kv_heads, attn.head_size, attn.scale,
+                matrices(layer)[3].input_size, activation_of(layer))
+
+    epsilons = {cast(RMSNorm, n).eps for layer in layers for n in norms(layer)}
+    return len({shape(layer) for layer in layers}) == 1 and len(epsilons) == 1
+
+
+def max_quantized_tokens(layers: list[DecoderLayer]) -> int | None:
+    """The largest step every matrix runs on its byte dot-product weights (None: any)."""
+    limits = [
+        found[1]
+        for layer in layers
+        for linear in matrices(layer)
+        if (found := byte_dot_parts(linear)) is not None and found[1] is not None
+    ]
+    return min(limits) if limits else None
+
+
+def _weight(weight: ByteDotWeight) -> StackWeight:
+    if isinstance(weight, W4A8Weight):
+        return StackWeight(weight.packed.data_ptr(), weight.scales_and_mins.data_ptr(), 4)
+    return StackWeight(weight.codes.data_ptr(), weight.scales.data_ptr(), 8)
+
+
+def _matrix(linear: Linear) -> StackMatrix:
+    found = byte_dot_parts(linear)
+    assert found is not None, "a stack layer's matrices are byte dot-product weights"
+    parts = [_weight(part) for part in found[0]]
+    matrix = StackMatrix()
+    for index, part in enumerate(parts):
+        matrix.parts[index] = part
+    matrix.bias = None if linear.bias is None else linear.bias.data_ptr()
+    return matrix
+
+
+def _pointer(norm: nn.Module | None) -> int | None:
+    return None if norm is None else cast(RMSNorm, norm).weight.data_ptr()
+
+
+def fill_layer(entry: StackLayer, layer: DecoderLayer, kv_cache: torch.Tensor, group: int) -> None:
+    """Write `layer`'s pointers and settings into its table entry."""
+    attn = layer.self_attn
+    entry.input_norm = _pointer(layer.input_layernorm)
+    entry.post_attn_norm = _pointer(layer.post_attention_layernorm)
+    if layer.sandwich:
+        entry.pre_ffn_norm = _pointer(layer.pre_feedforward_layernorm)
+        entry.post_ffn_norm = _pointer(layer.post_feedforward_layernorm)
+    entry.q_norm, entry.k_norm = _pointer(attn.q_norm), _pointer(attn.k_norm)
+    entry.qkv, entry.o, entry.gate_up, entry.down = (_matrix(m) for m in matrices(layer))
+    rotary = cast(RotaryEmbedding, attn.rotary_emb)
+    entry.cos_sin = rotary.cos_sin_cache.data_ptr()
+    entry.rot_dim = rotary.cos_sin_cache.shape[1]
+    entry.window = attn.attn.sliding_window or 0
+    entry.group = group
+    entry.kv_cache = kv_cache.data_ptr()
