@@ -101,3 +101,29 @@ def test_default_mode_keeps_each_tensor_format_and_agrees_with_float32() -> None
     result = accuracy.compare(accuracy.score(llm, chat), reference_scores, near_tie=0.1)
     summary = {k: round(v, 4) if isinstance(v, float) else v for k, v in result.items()}
     assert result["agreement"] >= MIN_AGREEMENT, summary
+
+
+def test_the_c_decode_stack_runs_the_file_bit_for_bit() -> None:
+    """The default engine runs Gemma 3's decode steps in the one-call C stack (sandwich and
+    q/k norms, GeGLU, local and global RoPE, 512-token windows in their own KV cache groups,
+    Q4_K / Q5_0 / Q8_0 / Q6_K tensors in their own formats) and gives the tokens and logprobs
+    of the Python layer loop."""
+    from pagedllm.worker.decode_step.cpu_stack import CpuDecodeStack
+
+    llm = LLM(str(GEMMA), max_model_len=1024)
+    runner = llm.llm_engine.engine_core.engine_core.executor.worker.model_runner
+    stack = runner.decode_step
+    # 15 sliding layers and 3 global ones: five sliding KV cache groups and a global one.
+    assert isinstance(stack, CpuDecodeStack) and stack.num_groups == 6
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, logprobs=2)
+
+    def generate() -> list[tuple[list[int], list[float]]]:
+        outputs = llm.chat(CHATS[:3], params, use_tqdm=False)
+        return [
+            (list(c.token_ids), [e[t].logprob for e, t in zip(c.logprobs, c.token_ids)])
+            for c in (o.outputs[0] for o in outputs)
+        ]
+
+    with_stack = generate()
+    runner.decode_step = None
+    assert generate() == with_stack
