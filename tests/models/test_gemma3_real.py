@@ -119,9 +119,11 @@ def test_the_c_decode_stack_runs_the_file_bit_for_bit() -> None:
 
     def generate() -> list[tuple[list[int], list[float]]]:
         outputs = llm.chat(CHATS[:3], params, use_tqdm=False)
+        completions = [o.outputs[0] for o in outputs]
         return [
-            (list(c.token_ids), [e[t].logprob for e, t in zip(c.logprobs, c.token_ids, strict=True)])
-            for c in (o.outputs[0] for o in outputs)
+            (list(c.token_ids),
+             [e[t].logprob for e, t in zip(c.logprobs, c.token_ids, strict=True)])
+            for c in completions
         ]
 
     with_stack = generate()
