@@ -16,8 +16,14 @@ Model execution is forward + logits + sampling; the rest is engine overhead. Rep
 phase: total seconds and share of the summed step wall time, for `--num-iters` passes after
 a warm-up, median and range.
 
+`--single-stream` times the decode steps of one request instead: each step's wall time
+split into the time inside the C kernels (every call into the kernel library: the decode
+stack, the LM head's matmul, ...) and the time outside them (scheduler, input preparation,
+torch ops, sampling, output processing, Python), median over the steps.
+
     python benchmarks/step_breakdown.py
     python benchmarks/step_breakdown.py --num-prompts 16 --output-len 32 --output-json out.json
+    python benchmarks/step_breakdown.py --single-stream --output-len 256
 """
 
 from __future__ import annotations
@@ -105,6 +111,89 @@ def instrument(llm: Any, timer: PhaseTimer) -> Callable[[], Any]:
     return llm.llm_engine.step
 
 
+class KernelClock:
+    """Time spent inside the kernel library's C functions (every declared one, wrapped on
+    the loaded library object, which every caller looks its functions up on)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._originals: dict[str, Any] = {}
+        self._lib: Any = None
+
+    def install(self) -> bool:
+        """Wrap the functions; False when no kernel library is loaded here."""
+        from pagedllm.kernels.abi import FUNCTIONS
+        from pagedllm.platform import cpu_platform
+
+        library = cpu_platform().kernel_library()
+        if library is None:
+            return False
+        self._lib = library.lib
+        for function in FUNCTIONS:
+            original = getattr(self._lib, function.name)
+            self._originals[function.name] = original
+            setattr(self._lib, function.name, self._timed(original))
+        return True
+
+    def uninstall(self) -> None:
+        """Put the library's own functions back."""
+        for name, original in self._originals.items():
+            setattr(self._lib, name, original)
+        self._originals.clear()
+
+    def _timed(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        clock = self
+
+        def timed(*args: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return function(*args)
+            finally:
+                clock.seconds += time.perf_counter() - start
+
+        return timed
+
+
+def single_stream_pass(llm: Any, clock: KernelClock, prompt: list[int], output_len: int
+                       ) -> list[tuple[float, float]]:
+    """One request's steps after its prefill: (step wall s, s inside kernels) each."""
+    from pagedllm import SamplingParams
+
+    engine = llm.llm_engine
+    params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=output_len)
+    engine.add_request(f"ss-{time.monotonic_ns()}", {"prompt_token_ids": prompt}, params)
+    steps = []
+    while engine.has_unfinished_requests():
+        clock.seconds = 0.0
+        start = time.perf_counter()
+        engine.step()
+        steps.append((time.perf_counter() - start, clock.seconds))
+    return steps[1:]  # the first step is the prefill
+
+
+def report_single_stream(llm: Any, prompt: list[int], output_len: int, num_iters: int
+                         ) -> dict[str, Any]:
+    """Print and return the decode steps' median wall, kernel and outside times."""
+    import statistics
+
+    clock = KernelClock()
+    if not clock.install():
+        raise SystemExit("No kernel library here: nothing runs in C kernels.")
+    single_stream_pass(llm, clock, prompt, 16)  # warm-up
+    steps = []
+    for _ in range(num_iters):
+        llm.reset_prefix_cache()
+        steps += single_stream_pass(llm, clock, prompt, output_len)
+    wall = statistics.median(w for w, _ in steps)
+    kernels = statistics.median(k for _, k in steps)
+    outside = statistics.median(w - k for w, k in steps)
+    print(f"single stream, {len(prompt)}-token prompt, {len(steps)} decode steps:")
+    print(f"  step {wall * 1e3:.3f} ms (median)   in kernels {kernels * 1e3:.3f} ms   "
+          f"outside {outside * 1e3:.3f} ms = {outside / wall * 100:.1f}% of the step")
+    return {"steps": len(steps), "step_ms": wall * 1e3, "kernel_ms": kernels * 1e3,
+            "outside_ms": outside * 1e3, "outside_share": outside / wall}
+
+
 def timed_pass(
     llm: Any, step: Callable[[], Any], timer: PhaseTimer, prompts: list[list[int]], output_len: int
 ) -> dict[str, Any]:
@@ -148,6 +237,11 @@ def main() -> None:
         "--quantization", default=None, help="engine quantization (default: the checkpoint's)"
     )
     parser.add_argument("--seed", type=int, default=0, help="prompt seed (default: 0)")
+    parser.add_argument("--kv-cache-dtype", default="auto", help="KV cache dtype (auto)")
+    parser.add_argument(
+        "--single-stream", action="store_true",
+        help="time one request's decode steps: inside the C kernels vs outside them",
+    )
     parser.add_argument("--output-json", default=None, metavar="PATH", help="write results here")
     args = parser.parse_args()
 
@@ -157,7 +251,14 @@ def main() -> None:
     prompts = make_prompts(
         load_tokenizer(location), args.num_prompts, args.min_len, args.max_len, seed=args.seed
     )
-    llm = LLM(model=location.path, dtype=args.dtype, quantization=args.quantization)
+    llm = LLM(model=location.path, dtype=args.dtype, quantization=args.quantization,
+              kv_cache_dtype=args.kv_cache_dtype)
+    if args.single_stream:
+        result = report_single_stream(llm, prompts[0], args.output_len, args.num_iters)
+        if args.output_json:
+            write_json(args.output_json, {"config": vars(args), "machine": machine_info(),
+                                          "load_average": load_average(), "single": result})
+        return
     # Warm-up (untimed, distinct prompts so the timed passes get no prefix-cache hits).
     timer = PhaseTimer()
     step = instrument(llm, timer)

@@ -1,0 +1,31 @@
+"""benchmarks/step_breakdown.py --single-stream splits a decode step's wall time into the
+time inside the C kernels and the time outside them: on a tiny int4 Llama (the decode
+stack's path) the kernels are timed, and the two parts add up to the step."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from pagedllm import LLM
+from pagedllm.layers import cpu_ops
+from tests.conftest import load_benchmark
+
+
+@pytest.mark.skipif(not cpu_ops.w4a8_available(), reason="no C compiler")
+def test_single_stream_splits_each_step(tiny_llama_dir, monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    breakdown = load_benchmark("step_breakdown")
+    llm = LLM(str(tiny_llama_dir), dtype="bfloat16", quantization="int4", max_model_len=128)
+    clock = breakdown.KernelClock()
+    try:
+        assert clock.install()
+        steps = breakdown.single_stream_pass(llm, clock, [5, 17, 42, 8], output_len=6)
+    finally:
+        clock.uninstall()
+        sys.modules.pop("common", None)
+    assert len(steps) == 5  # six tokens: the prefill's, then five decode steps
+    for wall, kernels in steps:
+        assert 0 < kernels < wall  # the decode stack ran in C, and Python around it
