@@ -306,6 +306,25 @@ def top1_and_margin(position: dict[int, Any], scored_token: int) -> tuple[int, f
     return top1, best - max(others) if others else math.inf
 
 
+def truncate_chat_set(
+    chat: TextSet, scores: PositionScores, num_scored: int
+) -> tuple[TextSet, PositionScores]:
+    """The chat set with each answer cut to its first `num_scored` tokens, and the
+    reference's scores of those positions: what `build_chat_set(llm, num_scored)` gives
+    from the same greedy reference (its first tokens do not depend on how many follow)."""
+    texts: list[list[int]] = []
+    cut = PositionScores()
+    start = 0
+    for ids, first in zip(chat.token_ids, chat.first_scored, strict=True):
+        texts.append(ids[: first + num_scored])
+        keep = slice(start, start + min(num_scored, len(ids) - first))
+        cut.top1 += scores.top1[keep]
+        cut.actual_logprob += scores.actual_logprob[keep]
+        cut.margin += scores.margin[keep]
+        start += len(ids) - first
+    return TextSet(chat.name, texts, list(chat.first_scored)), cut
+
+
 def score(llm: Any, text_set: TextSet) -> PositionScores:
     """Teacher-force every text of the set through the engine and read the scored positions."""
     from pagedllm import SamplingParams

