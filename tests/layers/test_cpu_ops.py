@@ -13,7 +13,7 @@ import torch
 
 from pagedllm.layers import cpu_ops
 from pagedllm.layers.activation import ActivationAndMul, SiluAndMul
-from pagedllm.layers.layernorm import RMSNorm
+from pagedllm.layers.layernorm import LayerNorm, RMSNorm
 from pagedllm.layers.rotary import RotaryEmbedding
 
 pytestmark = pytest.mark.skipif(
@@ -76,6 +76,33 @@ def test_silu_and_mul(num_tokens, torch_ops):
     with torch_ops:
         want = SiluAndMul()(x)
     _assert_same_up_to_rounding(out, want)
+
+
+@pytest.mark.parametrize("num_tokens", [1, 7, 64])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_add_layer_norm(num_tokens, with_residual, torch_ops):
+    """GPT-2 / OPT's LayerNorm with its bias and the residual add, as one C call."""
+    gen = torch.Generator().manual_seed(num_tokens + 100)
+    norm = LayerNorm(576, eps=1e-5)
+    norm.weight.data = (torch.rand(576, generator=gen) + 0.5).bfloat16()
+    assert norm.bias is not None
+    norm.bias.data = torch.randn(576, generator=gen).bfloat16()
+    x = (torch.randn(num_tokens, 576, generator=gen) + 0.3).bfloat16()
+    residual = torch.randn(num_tokens, 576, generator=gen) * 4 if with_residual else None
+    out, new_residual = norm(x, None if residual is None else residual.clone())
+    with torch_ops:
+        want, want_residual = norm(x, residual)
+    _assert_same_up_to_rounding(out, want)
+    torch.testing.assert_close(new_residual, want_residual, atol=0, rtol=0)
+
+
+def test_plain_mlp_activations(torch_ops):
+    """GPT-2's gelu_new and OPT's ReLU between fc1 and fc2, as one C call each."""
+    x = (torch.randn(9, 384, generator=torch.Generator().manual_seed(8)) * 3).bfloat16()
+    assert torch.equal(cpu_ops.activation("relu", x), torch.relu(x))
+    out = cpu_ops.activation("gelu_tanh", x)
+    want = torch.nn.functional.gelu(x, approximate="tanh")
+    torch.testing.assert_close(out.float(), want.float(), rtol=2 * BF16_STEP, atol=1e-5)
 
 
 @pytest.mark.parametrize("num_tokens", [1, 40])

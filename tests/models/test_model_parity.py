@@ -346,9 +346,10 @@ def test_moe_experts_run_on_the_quantized_kernels(arch, tiny_arch_dirs, tmp_path
 
 # Which architectures the one-call C decode stack serves once int4 on bfloat16 (the rest run
 # the Python layers; worker/decode_step/cpu_stack_layers.py says what the C loop lacks:
-# GPT-2 and OPT their LayerNorms and plain MLPs, the MoE models their experts).
+# the MoE models their experts).
 _DECODE_STACK_SERVES = {
     "llama", "llama3", "llama_variant", "qwen2", "qwen3", "gemma3", "mistral_window", "phi3",
+    "gpt2", "opt",
 }
 
 

@@ -33,19 +33,20 @@ class PagedDims(ctypes.Structure):
 
 
 class StackDims(ctypes.Structure):
-    """kernels.h StackDims: the decoder stack's shapes, its KV caches' geometry and its
-    gated MLP's activation (STACK_SILU / STACK_GELU_TANH)."""
+    """kernels.h StackDims: the decoder stack's shapes, its KV caches' geometry, its MLP
+    (gated or plain, and the activation: STACK_SILU / STACK_GELU_TANH / STACK_RELU) and
+    norm kind (RMSNorm or LayerNorm)."""
 
     _fields_ = [
         (name, _I64)
         for name in (
             "num_layers", "hidden", "num_heads", "num_kv_heads", "head_size", "intermediate",
-            "num_blocks", "block_size", "kv_bf16", "activation",
+            "num_blocks", "block_size", "kv_bf16", "activation", "gated", "layer_norm",
         )
     ] + [("eps", _F32), ("scale", _F32)]
 
 
-STACK_SILU, STACK_GELU_TANH = 0, 1
+STACK_SILU, STACK_GELU_TANH, STACK_RELU = 0, 1, 2
 
 
 class StackWeight(ctypes.Structure):
@@ -66,7 +67,8 @@ class StackLayer(ctypes.Structure):
 
     _fields_ = [
         *((name, _PTR) for name in (
-            "input_norm", "post_attn_norm", "pre_ffn_norm", "post_ffn_norm", "q_norm", "k_norm",
+            "input_norm", "post_attn_norm", "pre_ffn_norm", "post_ffn_norm",
+            "input_norm_bias", "post_attn_norm_bias", "q_norm", "k_norm",
         )),
         *((name, StackMatrix) for name in ("qkv", "o", "gate_up", "down")),
         ("cos_sin", _PTR), ("rot_dim", _I64), ("window", _I64), ("group", _I64),
@@ -127,6 +129,13 @@ FUNCTIONS: tuple[Function, ...] = (
     Function("add_rms_norm_bf16", (_I64, _I64, _PTR, _I64, _PTR, _I32, _PTR, _PTR, _F32), None),
     # silu_and_mul_bf16(T, d, x, x_stride, out)
     Function("silu_and_mul_bf16", (_I64, _I64, _PTR, _I64, _PTR), None),
+    # add_layer_norm_bf16(T, H, x, x_stride, residual, has_residual, weight, bias, out, eps)
+    Function(
+        "add_layer_norm_bf16",
+        (_I64, _I64, _PTR, _I64, _PTR, _I32, _PTR, _PTR, _PTR, _F32), None,
+    ),
+    # activation_bf16(kind, T, d, x, x_stride, out)
+    Function("activation_bf16", (_I64, _I64, _I64, _PTR, _I64, _PTR), None),
     # gelu_tanh_and_mul_bf16(T, d, x, x_stride, out)
     Function("gelu_tanh_and_mul_bf16", (_I64, _I64, _PTR, _I64, _PTR), None),
     # rope_neox_bf16(T, heads, head_size, rot_dim, x, x_stride, positions, cos_sin)

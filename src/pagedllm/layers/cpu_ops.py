@@ -69,6 +69,42 @@ def add_rms_norm(
     return out, residual
 
 
+def add_layer_norm(
+    x: torch.Tensor,  # [T, H] bfloat16
+    residual: torch.Tensor | None,  # [T, H] float32, updated in place
+    weight: torch.Tensor,  # [H] bfloat16
+    bias: torch.Tensor | None,  # [H] bfloat16
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(layer_norm(x + residual) * weight + bias in bfloat16, x + residual in float32)."""
+    library = _fused_lib()
+    num_tokens, hidden = x.shape
+    has_residual = residual is not None
+    if residual is None:
+        residual = torch.empty(num_tokens, hidden, dtype=torch.float32)
+    out = torch.empty(num_tokens, hidden, dtype=torch.bfloat16)
+    library.add_layer_norm_bf16(
+        num_tokens, hidden, pointer(x), x.stride(0), pointer(residual), has_residual,
+        pointer(weight), None if bias is None else pointer(bias), pointer(out), eps,
+    )
+    return out, residual
+
+
+# The plain activations activation_bf16 computes (kernels.h's STACK_* codes).
+PLAIN_ACTIVATIONS = {"gelu_tanh": 1, "relu": 2}
+
+
+def activation(name: str, x: torch.Tensor) -> torch.Tensor:
+    """x [T, d] bfloat16 → act(x) for `name` in PLAIN_ACTIVATIONS."""
+    library = _fused_lib()
+    num_tokens, width = x.shape
+    out = torch.empty(num_tokens, width, dtype=torch.bfloat16)
+    library.activation_bf16(
+        PLAIN_ACTIVATIONS[name], num_tokens, width, pointer(x), x.stride(0), pointer(out)
+    )
+    return out
+
+
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """x [T, 2d] (gate | up) bfloat16 → silu(gate) * up [T, d]."""
     return _gated("silu_and_mul_bf16", x)

@@ -83,7 +83,13 @@ class LayerNorm(nn.Module):
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(layer_norm(x + residual) in the model dtype, x + residual in float32)."""
+        """(layer_norm(x + residual) in the model dtype, x + residual in float32). On CPU in
+        bfloat16 one fused C call does it (as RMSNorm's), updating `residual` in place."""
+        bias_ok = self.bias is None or self.bias.dtype == torch.bfloat16
+        if cpu_ops.serves(x) and self.weight.dtype == torch.bfloat16 and bias_ok and (
+            residual is None or (residual.is_contiguous() and residual.dtype == torch.float32)
+        ):
+            return cpu_ops.add_layer_norm(x, residual, self.weight, self.bias, self.eps)
         x32 = x.float() if residual is None else residual + x
         bias = None if self.bias is None else self.bias.float()
         normed = F.layer_norm(x32, (self.hidden_size,), self.weight.float(), bias, self.eps)

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from pagedllm.distributed.parallel_state import GroupCoordinator
+from pagedllm.layers import cpu_ops
 from pagedllm.layers.activation import apply_activation, gated_activation
 from pagedllm.layers.linear import Linear
 from pagedllm.layers.parallel_linear import MergedColumnParallelLinear, RowParallelLinear
@@ -50,4 +51,7 @@ class PlainMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """[T, hidden] → [T, hidden]."""
-        return self.fc2(apply_activation(self.activation, self.fc1(x)))
+        hidden = self.fc1(x)
+        if self.activation in cpu_ops.PLAIN_ACTIVATIONS and cpu_ops.serves(hidden):
+            return self.fc2(cpu_ops.activation(self.activation, hidden))  # one C call
+        return self.fc2(apply_activation(self.activation, hidden))

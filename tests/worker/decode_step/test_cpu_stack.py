@@ -141,9 +141,9 @@ def test_models_outside_its_scope_run_without_it(tiny_llama_dir, tiny_arch_check
     float32 = LLM(str(tiny_llama_dir), dtype="float32", quantization="int4", max_model_len=128)
     # Weight-only int8 (torch's kernel): not a byte dot-product weight.
     int8 = LLM(str(tiny_llama_dir), dtype="bfloat16", quantization="int8", max_model_len=128)
-    gpt2 = LLM(str(tiny_arch_checkpoint("gpt2")), dtype="bfloat16", quantization="int4",
-               max_model_len=128)  # LayerNorm and a plain MLP: not in the C loop
-    for llm in (float32, int8, gpt2):
+    moe = LLM(str(tiny_arch_checkpoint("qwen2_moe")), dtype="bfloat16", quantization="int4",
+              max_model_len=128)  # experts: not in the C loop
+    for llm in (float32, int8, moe):
         assert _runner(llm).decode_step is None
 
 
@@ -190,9 +190,10 @@ def tiny_arch_checkpoint(tiny_tokenizer_dir, tmp_path_factory):
 
 # Each adds what the C loop must do beyond Llama's layer: Qwen2 q/k/v biases, Qwen3 per-head
 # q/k norms, Gemma 3 (1 + w) and sandwich norms, q/k norms, GeGLU, two RoPE tables and three
-# KV cache groups (two 6-token windows, one global), Mistral a window in one group.
+# KV cache groups (two 6-token windows, one global), Mistral a window in one group, GPT-2
+# LayerNorms with biases, learned positions and a plain GELU MLP, OPT the same with ReLU.
 ARCHITECTURES = [("qwen2", "auto"), ("qwen3", "auto"), ("gemma3", "auto"), ("gemma3", "int8"),
-                 ("mistral_window", "int8")]
+                 ("mistral_window", "int8"), ("gpt2", "auto"), ("opt", "int8")]
 
 
 @pytest.mark.parametrize("arch, kv_cache_dtype", ARCHITECTURES)

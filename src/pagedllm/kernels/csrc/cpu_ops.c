@@ -18,6 +18,12 @@
 
 #define PARALLEL_ROWS 32
 
+/* torch's tanh approximation of GELU: 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))). */
+static inline float gelu_tanh(float g) {
+    const float beta = 0.7978845608028654f, kappa = 0.044715f;
+    return 0.5f * g * (1.f + tanhf(beta * (g + kappa * g * g * g)));
+}
+
 /* residual [T, H] float32 becomes x + residual (x itself when has_residual is 0); out [T, H]
  * = weight * bf16(residual / sqrt(mean(residual^2) + eps)), rounded to bfloat16. */
 void add_rms_norm_bf16(int64_t T, int64_t H, const uint16_t *x, int64_t x_stride,
@@ -40,6 +46,47 @@ void add_rms_norm_bf16(int64_t T, int64_t H, const uint16_t *x, int64_t x_stride
     }
 }
 
+/* As add_rms_norm_bf16 for LayerNorm (GPT-2, OPT): out = bf16((residual - mean) / sqrt(var +
+ * eps) * weight + bias), statistics over the row in float32; `bias` may be NULL. */
+void add_layer_norm_bf16(int64_t T, int64_t H, const uint16_t *x, int64_t x_stride,
+                         float *residual, int32_t has_residual, const uint16_t *weight,
+                         const uint16_t *bias, uint16_t *out, float eps) {
+#pragma omp parallel for if (T >= PARALLEL_ROWS)
+    for (int64_t t = 0; t < T; t++) {
+        const uint16_t *xt = x + t * x_stride;
+        float *r = residual + t * H;
+        float sum = 0.f;
+        for (int64_t j = 0; j < H; j++) {
+            r[j] = bf16_to_float(xt[j]) + (has_residual ? r[j] : 0.f);
+            sum += r[j];
+        }
+        const float mean = sum / (float)H;
+        float squares = 0.f;
+        for (int64_t j = 0; j < H; j++) squares += (r[j] - mean) * (r[j] - mean);
+        const float inv = 1.f / sqrtf(squares / (float)H + eps);
+        uint16_t *o = out + t * H;
+        for (int64_t j = 0; j < H; j++) {
+            const float b = bias == NULL ? 0.f : bf16_to_float(bias[j]);
+            o[j] = float_to_bf16((r[j] - mean) * inv * bf16_to_float(weight[j]) + b);
+        }
+    }
+}
+
+/* out [T, d] = act(x) of a plain MLP's hidden rows (x_stride apart): STACK_GELU_TANH
+ * (GPT-2's gelu_new) or STACK_RELU (OPT). */
+void activation_bf16(int64_t kind, int64_t T, int64_t d, const uint16_t *x, int64_t x_stride,
+                     uint16_t *out) {
+#pragma omp parallel for if (T >= PARALLEL_ROWS)
+    for (int64_t t = 0; t < T; t++) {
+        const uint16_t *xt = x + t * x_stride;
+        uint16_t *o = out + t * d;
+        for (int64_t j = 0; j < d; j++) {
+            const float v = bf16_to_float(xt[j]);
+            o[j] = kind == STACK_RELU ? (v > 0.f ? xt[j] : 0) : float_to_bf16(gelu_tanh(v));
+        }
+    }
+}
+
 /* x [T, 2d] (gate | up, rows x_stride apart) → out [T, d] = silu(gate) * up. */
 void silu_and_mul_bf16(int64_t T, int64_t d, const uint16_t *x, int64_t x_stride,
                        uint16_t *out) {
@@ -58,17 +105,13 @@ void silu_and_mul_bf16(int64_t T, int64_t d, const uint16_t *x, int64_t x_stride
  * gelu_pytorch_tanh), torch's formula 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))). */
 void gelu_tanh_and_mul_bf16(int64_t T, int64_t d, const uint16_t *x, int64_t x_stride,
                             uint16_t *out) {
-    const float beta = 0.7978845608028654f, kappa = 0.044715f;
 #pragma omp parallel for if (T >= PARALLEL_ROWS)
     for (int64_t t = 0; t < T; t++) {
         const uint16_t *gate = x + t * x_stride, *up = gate + d;
         uint16_t *o = out + t * d;
-        for (int64_t j = 0; j < d; j++) {
-            const float g = bf16_to_float(gate[j]);
-            const float inner = beta * (g + kappa * g * g * g);
-            const float gelu = 0.5f * g * (1.f + tanhf(inner));
-            o[j] = float_to_bf16(round_bf16(gelu) * bf16_to_float(up[j]));
-        }
+        for (int64_t j = 0; j < d; j++)
+            o[j] = float_to_bf16(round_bf16(gelu_tanh(bf16_to_float(gate[j]))) *
+                                 bf16_to_float(up[j]));
     }
 }
 

@@ -8,16 +8,18 @@
  * path with the same weights. Per layer (models/common.py's DecoderLayer; [..] where the
  * layer has it):
  *
- *   x = rms_norm(hidden + residual)          residual += hidden (float32)
+ *   x = norm(hidden + residual)              residual += hidden (float32)
  *   qkv = x @ Wqkv^T [+ bias]                (int4 / int8 weights x int8 activations)
- *   [q, k = per-head rms_norm(q), (k)]       RoPE on q and k with the layer's table
+ *   [q, k = per-head rms_norm(q), (k)]       [RoPE on q and k with the layer's table]
  *   store k, v in the cache (int8 or bf16)   attention over the paged cache [in a window]
  *   hidden = attn @ Wo^T [+ bias]
- *   x = rms_norm(hidden + residual)          residual += hidden
- *     [sandwich: x = rms_norm(rms_norm(hidden) + residual) with the pre-MLP norm]
+ *   x = norm(hidden + residual)              residual += hidden
+ *     [sandwich: x = norm(norm(hidden) + residual) with the pre-MLP norm]
  *   hidden = (act(x @ Wgate^T) * (x @ Wup^T)) @ Wdown^T      act: SiLU or GELU (tanh)
- *     [sandwich: hidden = rms_norm(hidden)]
+ *     [plain MLP: hidden = act(x @ W1^T + b1) @ W2^T + b2    act: GELU (tanh) or ReLU]
+ *     [sandwich: hidden = norm(hidden)]
  *
+ * norm: RMSNorm, or LayerNorm with its bias (GPT-2, OPT: StackDims.layer_norm).
  * A matrix is one W4A8 or W8A8 weight, or two summed (a GGUF format split in two, as
  * quantization.SplitWeight), plus its bias. With a LoRA step (`lora` not NULL), each
  * matrix's output then gets its tokens' adapter deltas (lora.c), as the Python layers add
@@ -105,6 +107,30 @@ static void norm_heads(const StackDims *d, const StackLayer *L, int64_t T, const
     }
 }
 
+/* out = norm(x (+ residual)) of the model's kind, updating the float32 residual. */
+static void norm(const StackDims *d, int64_t T, const uint16_t *x, float *residual,
+                 int32_t has_residual, const uint16_t *weight, const uint16_t *bias,
+                 uint16_t *out) {
+    if (d->layer_norm)
+        add_layer_norm_bf16(T, d->hidden, x, d->hidden, residual, has_residual, weight, bias,
+                            out, d->eps);
+    else
+        add_rms_norm_bf16(T, d->hidden, x, d->hidden, residual, has_residual, weight, out,
+                          d->eps);
+}
+
+/* The MLP's activation: act(gate) * up of gate_up [T, 2I], or act(h) of a plain MLP's
+ * hidden h [T, I]; into out [T, I]. */
+static void activate(const StackDims *d, int64_t T, const uint16_t *gate_up, uint16_t *out) {
+    const int64_t I = d->intermediate;
+    if (!d->gated)
+        activation_bf16(d->activation, T, I, gate_up, I, out);
+    else if (d->activation == STACK_GELU_TANH)
+        gelu_tanh_and_mul_bf16(T, I, gate_up, 2 * I, out);
+    else
+        silu_and_mul_bf16(T, I, gate_up, 2 * I, out);
+}
+
 /* The scratch buffers of one step, carved from one allocation. */
 typedef struct {
     uint16_t *x, *qkv, *qk, *query, *attn, *gate_up, *act, *tmp, *part;
@@ -156,7 +182,7 @@ int decode_stack_bf16(const StackDims *d, const StackLayer *layers, int64_t T,
         const StackGroup *G = groups + L->group;
         const PagedDims paged = {d->num_blocks, d->block_size, d->num_kv_heads,
                                  d->num_heads, D, G->max_blocks, L->window};
-        add_rms_norm_bf16(T, H, hidden, H, residual, l > 0, L->input_norm, b.x, d->eps);
+        norm(d, T, hidden, residual, l > 0, L->input_norm, L->input_norm_bias, b.x);
         failed |= matmul(&L->qkv, T, qkv_size, H, b.x, H, b.qkv, qkv_size, b.part);
         failed |= add_lora(lora, l, 0, H, qkv_size, b.x, H, b.qkv, qkv_size);
         uint16_t *qk = b.qkv; /* q and k side by side, rows qk_stride apart */
@@ -188,22 +214,19 @@ int decode_stack_bf16(const StackDims *d, const StackLayer *layers, int64_t T,
         failed |= add_lora(lora, l, 1, q_size, H, b.attn, q_size, hidden, H);
         const int sandwich = L->pre_ffn_norm != NULL;
         if (sandwich) {
-            add_rms_norm_bf16(T, H, hidden, H, b.norm, 0, L->post_attn_norm, b.tmp, d->eps);
-            add_rms_norm_bf16(T, H, b.tmp, H, residual, 1, L->pre_ffn_norm, b.x, d->eps);
+            norm(d, T, hidden, b.norm, 0, L->post_attn_norm, NULL, b.tmp);
+            norm(d, T, b.tmp, residual, 1, L->pre_ffn_norm, NULL, b.x);
         } else {
-            add_rms_norm_bf16(T, H, hidden, H, residual, 1, L->post_attn_norm, b.x, d->eps);
+            norm(d, T, hidden, residual, 1, L->post_attn_norm, L->post_attn_norm_bias, b.x);
         }
-        failed |= matmul(&L->gate_up, T, 2 * I, H, b.x, H, b.gate_up, 2 * I, b.part);
-        failed |= add_lora(lora, l, 2, H, 2 * I, b.x, H, b.gate_up, 2 * I);
-        if (d->activation == STACK_GELU_TANH)
-            gelu_tanh_and_mul_bf16(T, I, b.gate_up, 2 * I, b.act);
-        else
-            silu_and_mul_bf16(T, I, b.gate_up, 2 * I, b.act);
+        const int64_t up_size = d->gated ? 2 * I : I;
+        failed |= matmul(&L->gate_up, T, up_size, H, b.x, H, b.gate_up, up_size, b.part);
+        failed |= add_lora(lora, l, 2, H, up_size, b.x, H, b.gate_up, up_size);
+        activate(d, T, b.gate_up, b.act);
         uint16_t *mlp_out = sandwich ? b.tmp : hidden;
         failed |= matmul(&L->down, T, H, I, b.act, I, mlp_out, H, b.part);
         failed |= add_lora(lora, l, 3, I, H, b.act, I, mlp_out, H);
-        if (sandwich)
-            add_rms_norm_bf16(T, H, b.tmp, H, b.norm, 0, L->post_ffn_norm, hidden, d->eps);
+        if (sandwich) norm(d, T, b.tmp, b.norm, 0, L->post_ffn_norm, NULL, hidden);
     }
     free(base);
     return failed;

@@ -22,6 +22,11 @@ typedef struct {
     int64_t num_blocks, block_size, num_kv_heads, num_heads, head_size, max_blocks, window;
 } PagedDims;
 
+/* Activations (activation_bf16, StackDims.activation). */
+#define STACK_SILU 0
+#define STACK_GELU_TANH 1
+#define STACK_RELU 2
+
 /* Decode attention: one query row per request (token_rows), context read from the cache.
  * Four entry points by (query dtype, cache format); returns non-zero when out of memory. */
 #define DECLARE_DECODE(NAME, T)                                                              \
@@ -62,6 +67,12 @@ PAGEDLLM_API void add_rms_norm_bf16(int64_t T, int64_t H, const uint16_t *x, int
                                     const uint16_t *weight, uint16_t *out, float eps);
 PAGEDLLM_API void silu_and_mul_bf16(int64_t T, int64_t d, const uint16_t *x, int64_t x_stride,
                                     uint16_t *out);
+PAGEDLLM_API void add_layer_norm_bf16(int64_t T, int64_t H, const uint16_t *x, int64_t x_stride,
+                                      float *residual, int32_t has_residual,
+                                      const uint16_t *weight, const uint16_t *bias,
+                                      uint16_t *out, float eps);
+PAGEDLLM_API void activation_bf16(int64_t kind, int64_t T, int64_t d, const uint16_t *x,
+                                  int64_t x_stride, uint16_t *out);
 PAGEDLLM_API void gelu_tanh_and_mul_bf16(int64_t T, int64_t d, const uint16_t *x,
                                          int64_t x_stride, uint16_t *out);
 PAGEDLLM_API void rope_neox_bf16(int64_t T, int64_t heads, int64_t head_size, int64_t rot_dim,
@@ -85,18 +96,18 @@ PAGEDLLM_API int lora_add_bf16(int64_t num, int64_t K, int64_t N, const uint16_t
                                const int64_t *sub_offsets, int64_t R, const uint16_t *A,
                                const uint16_t *B);
 
-/* decode_stack.c: a decoder stack (every DecoderSpec layer but MoE, LayerNorm and plain
- * MLPs) for decode-only steps, in one call. */
+/* decode_stack.c: a decoder stack (every DecoderSpec layer but MoE) for decode-only steps,
+ * in one call. */
 typedef struct {
     int64_t num_layers, hidden, num_heads, num_kv_heads, head_size, intermediate;
     int64_t num_blocks, block_size; /* the paged KV cache of every layer */
     int64_t kv_bf16; /* its rows: bfloat16 when non-zero, else int8 codes with scales */
-    int64_t activation; /* the gated MLP's: STACK_SILU or STACK_GELU_TANH */
+    int64_t activation; /* gated: STACK_SILU or STACK_GELU_TANH; plain: GELU_TANH or RELU */
+    int64_t gated; /* 1: act(gate) * up (gate_up [2 I]); 0: a plain MLP (fc1 [I] in gate_up) */
+    int64_t layer_norm; /* 1: LayerNorm (with the norms' biases), 0: RMSNorm */
     float eps, scale;
 } StackDims;
 
-#define STACK_SILU 0
-#define STACK_GELU_TANH 1
 
 typedef struct {
     const uint8_t *codes; /* NULL: no such part */
@@ -113,9 +124,11 @@ typedef struct {
     /* post_attn_norm: before the MLP, or with sandwich norms (pre_ffn_norm not NULL) on the
      * attention's output, pre_ffn_norm before the MLP and post_ffn_norm on its output. */
     const uint16_t *input_norm, *post_attn_norm, *pre_ffn_norm, *post_ffn_norm;
+    const uint16_t *input_norm_bias, *post_attn_norm_bias; /* LayerNorm's, or NULL */
     const uint16_t *q_norm, *k_norm; /* per-head RMSNorm of q and k, or NULL */
     StackMatrix qkv, o, gate_up, down;
-    const float *cos_sin; /* this layer's RoPE table [positions, rot_dim], (cos | sin) */
+    const float *cos_sin; /* this layer's RoPE table [positions, rot_dim], (cos | sin), or
+                           * NULL (learned positions: nothing to rotate) */
     int64_t rot_dim, window; /* window: 0 for full attention */
     int64_t group; /* its KV cache group (block table and slots) */
     char *kv_cache; /* paged_attention.c's layout, in StackDims.kv_bf16's format */

@@ -8,7 +8,8 @@ steps made only of decodes (one token per row, any number of rows) run the embed
 lookup, every layer in one C loop over the same kernels the Python layers call, in the
 same order, and the final norm: the result is bit-identical to the model's forward
 (tested), only the dispatch is gone. cpu_stack_layers.py says which layers qualify
-(Llama, Mistral, Phi-3, Qwen2, Qwen3, Gemma 3 and their windowed and hybrid variants).
+(Llama, Mistral, Phi-3, Qwen2, Qwen3, Gemma 3 and their windowed and hybrid variants,
+GPT-2, OPT).
 Where the layers keep dense weights for large steps (CPUs with matrix units,
 layers/quantization/crossover.py), the stack takes only the steps small enough for the
 byte dot-product weights.
@@ -31,6 +32,7 @@ from torch import nn
 
 from pagedllm.kernels import pointer
 from pagedllm.kernels.abi import StackDims, StackGroup, StackLayer, StackLoRA, StackLoRAStep
+from pagedllm.layers.mlp import GatedMLP
 from pagedllm.lora.layers import LoRALinearMethod, LoRALinearSlots
 from pagedllm.models.common import DecoderLayer, DecoderModel
 from pagedllm.platform import cpu_platform
@@ -38,6 +40,7 @@ from pagedllm.worker.decode_step.base import DecodeBatch, DecodeStep
 from pagedllm.worker.decode_step.cpu_stack_layers import (
     activation_of,
     fill_layer,
+    is_layer_norm,
     matrices,
     max_quantized_tokens,
     shared_shape,
@@ -69,9 +72,15 @@ def serves_model(model: nn.Module) -> bool:
 
 
 def _qualifies(decoder: DecoderModel) -> bool:
-    """Every layer one the C loop implements, all of one shape (cpu_stack_layers.py)."""
+    """Every layer one the C loop implements, all of one shape (cpu_stack_layers.py); layers
+    without RoPE only where the embedding adds learned positions."""
     layers = list(decoder.layers)
     if not layers or not all(stack_layer(layer) for layer in layers):
+        return False
+    unrotated = any(
+        cast(DecoderLayer, layer).self_attn.rotary_emb is None for layer in layers
+    )
+    if unrotated and decoder.embed_positions is None:
         return False
     return shared_shape(cast("list[DecoderLayer]", layers))
 
@@ -108,6 +117,8 @@ class CpuDecodeStack(DecodeStep):
             block_size=block_size,
             kv_bf16=int(kv_caches[0].dtype == torch.bfloat16),
             activation=activation,
+            gated=int(isinstance(first.mlp, GatedMLP)),
+            layer_norm=int(is_layer_norm(first)),
             eps=first.input_layernorm.eps,
             scale=attn.scale,
         )

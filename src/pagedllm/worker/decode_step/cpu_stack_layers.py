@@ -2,12 +2,13 @@
 
 csrc/decode_stack.c runs models/common.py's DecoderLayer with its variants: q/k/v and
 output biases (Qwen2), per-head q/k RMSNorm (Qwen3, Gemma 3), (1 + w) norms (Gemma: the
-loader already stored 1 + w), sandwich norms (Gemma 3), a SiLU- or GELU (tanh)-gated MLP,
-a RoPE table per layer (Gemma 3's local and global bases) over all or part of each head,
-sliding windows, and each layer's KV cache group. Every matrix must be a byte dot-product
-weight (W4A8, W8A8, or two summed: a split GGUF format) for the stack to take the step.
-Not in C yet (those models run the Python layers): LayerNorm and plain MLPs (GPT-2, OPT),
-MoE layers, M-RoPE (Qwen2-VL), weights in other formats (dense, GPTQ act-order...).
+loader already stored 1 + w), sandwich norms (Gemma 3), LayerNorm with biases and a plain
+GELU (tanh) or ReLU MLP (GPT-2, OPT; their learned positions are added by the embedding),
+a SiLU- or GELU (tanh)-gated MLP, a RoPE table per layer (Gemma 3's local and global
+bases) over all or part of each head, sliding windows, and each layer's KV cache group.
+Every matrix must be a byte dot-product weight (W4A8, W8A8, or two summed: a split GGUF
+format) for the stack to take the step. Not in C yet (those models run the Python
+layers): MoE layers, M-RoPE (Qwen2-VL), weights in other formats (dense, GPTQ act-order...).
 """
 
 from __future__ import annotations
@@ -19,15 +20,16 @@ from torch import nn
 
 from pagedllm.kernels.abi import (
     STACK_GELU_TANH,
+    STACK_RELU,
     STACK_SILU,
     StackLayer,
     StackMatrix,
     StackWeight,
 )
 from pagedllm.layers.activation import ActivationAndMul, SiluAndMul
-from pagedllm.layers.layernorm import OnePlusRMSNorm, RMSNorm
+from pagedllm.layers.layernorm import LayerNorm, OnePlusRMSNorm, RMSNorm
 from pagedllm.layers.linear import Linear
-from pagedllm.layers.mlp import GatedMLP
+from pagedllm.layers.mlp import GatedMLP, PlainMLP
 from pagedllm.layers.quantization import CrossoverMethod, SplitWeight, W4A8Weight, W8A8Weight
 from pagedllm.layers.rotary import RotaryEmbedding
 from pagedllm.models.common import DecoderAttention, DecoderLayer
@@ -52,9 +54,12 @@ def byte_dot_parts(linear: Linear) -> tuple[list[ByteDotWeight], int | None] | N
 
 
 def matrices(layer: DecoderLayer) -> tuple[Linear, Linear, Linear, Linear]:
-    """A stack layer's qkv, o, gate_up and down projections."""
-    mlp = cast(GatedMLP, layer.mlp)
-    return layer.self_attn.qkv_proj, layer.self_attn.o_proj, mlp.gate_up_proj, mlp.down_proj
+    """A stack layer's qkv, o, gate_up (a plain MLP's fc1) and down (fc2) projections."""
+    attn, mlp = layer.self_attn, layer.mlp
+    if isinstance(mlp, PlainMLP):
+        return attn.qkv_proj, attn.o_proj, mlp.fc1, mlp.fc2
+    mlp = cast(GatedMLP, mlp)
+    return attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj
 
 
 def norms(layer: DecoderLayer) -> list[nn.Module]:
@@ -69,8 +74,11 @@ def norms(layer: DecoderLayer) -> list[nn.Module]:
 
 
 def activation_of(layer: DecoderLayer) -> int | None:
-    """The gated MLP's activation as StackDims takes it, or None when the C loop has none."""
-    act = getattr(layer.mlp, "act_fn", None)
+    """The MLP's activation as StackDims takes it, or None when the C loop has none."""
+    mlp = layer.mlp
+    if type(mlp) is PlainMLP:
+        return {"gelu_tanh": STACK_GELU_TANH, "relu": STACK_RELU}.get(mlp.activation)
+    act = getattr(mlp, "act_fn", None)
     if type(act) is SiluAndMul:
         return STACK_SILU
     if type(act) is ActivationAndMul and act.activation == "gelu_tanh":
@@ -78,23 +86,54 @@ def activation_of(layer: DecoderLayer) -> int | None:
     return None
 
 
+def is_layer_norm(layer: DecoderLayer) -> bool:
+    """Whether the layer's norms are LayerNorms (else RMSNorms)."""
+    return type(layer.input_layernorm) is LayerNorm
+
+
+def _norm_ok(norm: nn.Module, layer_norm: bool) -> bool:
+    """A norm the C loop computes: all RMSNorm, or all LayerNorm (bias or none), bfloat16."""
+    if layer_norm:
+        bias = cast(LayerNorm, norm).bias
+        return type(norm) is LayerNorm and (bias is None or bias.dtype == torch.bfloat16) and (
+            cast(LayerNorm, norm).weight.dtype == torch.bfloat16
+        )
+    return type(norm) in (RMSNorm, OnePlusRMSNorm) and (
+        cast(RMSNorm, norm).weight.dtype == torch.bfloat16
+    )
+
+
 def stack_layer(layer: nn.Module) -> bool:
-    """True when csrc/decode_stack.c implements `layer` (see the module docstring)."""
+    """True when csrc/decode_stack.c implements `layer` (see the module docstring); a layer
+    without RoPE qualifies where its model adds learned positions (see `_qualifies`)."""
     if type(layer) is not DecoderLayer:
         return False
     attn, rotary = layer.self_attn, layer.self_attn.rotary_emb
+    layer_norm = is_layer_norm(layer)
     return (
         type(attn) is DecoderAttention
-        and type(layer.mlp) is GatedMLP
+        and type(layer.mlp) in (GatedMLP, PlainMLP)
         and activation_of(layer) is not None
-        and type(rotary) is RotaryEmbedding
-        and rotary.cos_sin_cache.dtype == torch.float32
-        and rotary.head_size == attn.attn.head_size
-        and all(type(n) in (RMSNorm, OnePlusRMSNorm) for n in norms(layer))
-        and all(cast(RMSNorm, n).weight.dtype == torch.bfloat16 for n in norms(layer))
+        and (rotary is None or _rotary_ok(rotary, attn.attn.head_size))
+        and not (layer_norm and (layer.sandwich or attn.q_norm is not None))
+        and all(_norm_ok(n, layer_norm) for n in norms(layer) if n not in _head_norms(layer))
+        and all(_norm_ok(n, False) for n in _head_norms(layer))
         and all(_bf16_bias(linear) and byte_dot_parts(linear) is not None
                 for linear in matrices(layer))
     )
+
+
+def _rotary_ok(rotary: nn.Module, head_size: int) -> bool:
+    return (
+        type(rotary) is RotaryEmbedding
+        and rotary.cos_sin_cache.dtype == torch.float32
+        and rotary.head_size == head_size
+    )
+
+
+def _head_norms(layer: DecoderLayer) -> list[nn.Module]:
+    attn = layer.self_attn
+    return [] if attn.q_norm is None else [attn.q_norm, cast(nn.Module, attn.k_norm)]
 
 
 def _bf16_bias(linear: Linear) -> bool:
@@ -108,9 +147,10 @@ def shared_shape(layers: list[DecoderLayer]) -> bool:
     def shape(layer: DecoderLayer) -> tuple[object, ...]:
         attn = layer.self_attn.attn
         return (attn.num_heads, attn.num_kv_heads, attn.head_size, attn.scale,
-                matrices(layer)[3].input_size, activation_of(layer))
+                matrices(layer)[3].input_size, activation_of(layer), type(layer.mlp),
+                is_layer_norm(layer))
 
-    epsilons = {cast(RMSNorm, n).eps for layer in layers for n in norms(layer)}
+    epsilons = {getattr(n, "eps", None) for layer in layers for n in norms(layer)}
     return len({shape(layer) for layer in layers}) == 1 and len(epsilons) == 1
 
 
@@ -146,19 +186,28 @@ def _pointer(norm: nn.Module | None) -> int | None:
     return None if norm is None else cast(RMSNorm, norm).weight.data_ptr()
 
 
+def _bias_pointer(norm: nn.Module) -> int | None:
+    bias = cast(LayerNorm, norm).bias
+    return None if bias is None else bias.data_ptr()
+
+
 def fill_layer(entry: StackLayer, layer: DecoderLayer, kv_cache: torch.Tensor, group: int) -> None:
     """Write `layer`'s pointers and settings into its table entry."""
     attn = layer.self_attn
     entry.input_norm = _pointer(layer.input_layernorm)
     entry.post_attn_norm = _pointer(layer.post_attention_layernorm)
+    if is_layer_norm(layer):
+        entry.input_norm_bias = _bias_pointer(layer.input_layernorm)
+        entry.post_attn_norm_bias = _bias_pointer(layer.post_attention_layernorm)
     if layer.sandwich:
         entry.pre_ffn_norm = _pointer(layer.pre_feedforward_layernorm)
         entry.post_ffn_norm = _pointer(layer.post_feedforward_layernorm)
     entry.q_norm, entry.k_norm = _pointer(attn.q_norm), _pointer(attn.k_norm)
     entry.qkv, entry.o, entry.gate_up, entry.down = (_matrix(m) for m in matrices(layer))
-    rotary = cast(RotaryEmbedding, attn.rotary_emb)
-    entry.cos_sin = rotary.cos_sin_cache.data_ptr()
-    entry.rot_dim = rotary.cos_sin_cache.shape[1]
+    rotary = attn.rotary_emb
+    if rotary is not None:  # else learned positions: nothing to rotate (cos_sin NULL)
+        entry.cos_sin = rotary.cos_sin_cache.data_ptr()
+        entry.rot_dim = rotary.cos_sin_cache.shape[1]
     entry.window = attn.attn.sliding_window or 0
     entry.group = group
     entry.kv_cache = kv_cache.data_ptr()
