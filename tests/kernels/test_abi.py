@@ -57,7 +57,7 @@ def test_abi_declares_every_header_function_with_its_types():
 
 
 @pytest.mark.parametrize("struct", [
-    abi.PagedDims, abi.StackDims, abi.StackWeight, abi.StackMatrix, abi.StackLayer,
+    abi.PagedDims, abi.StackDims, abi.StackWeight, abi.StackMatrix, abi.StackMoE, abi.StackLayer,
     abi.StackGroup, abi.StackLoRA, abi.StackLoRAStep,
 ])
 def test_structs_have_the_header_fields_in_order(struct):
@@ -72,7 +72,7 @@ def test_structs_have_the_header_fields_in_order(struct):
             fields += [w for w in words if w not in ("const", "int64_t", "int32_t", "uint16_t",
                                                       "uint8_t", "int8_t", "float",
                                                       "StackLoRA", "StackWeight",
-                                                      "StackMatrix", "char")]
+                                                      "StackMatrix", "StackMoE", "char")]
     assert [f for f, _ in struct._fields_] == fields
 
 

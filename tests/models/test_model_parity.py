@@ -345,12 +345,10 @@ def test_moe_experts_run_on_the_quantized_kernels(arch, tiny_arch_dirs, tmp_path
 
 
 # Which architectures the one-call C decode stack serves once int4 on bfloat16 (the rest run
-# the Python layers; worker/decode_step/cpu_stack_layers.py says what the C loop lacks:
-# the MoE models their experts).
-_DECODE_STACK_SERVES = {
-    "llama", "llama3", "llama_variant", "qwen2", "qwen3", "gemma3", "mistral_window", "phi3",
-    "gpt2", "opt",
-}
+# the Python layers; worker/decode_step/cpu_stack_layers.py says what the C loop takes):
+# all but the tiny Qwen2-MoE, whose 48-wide shared expert is no multiple of the 32-value
+# groups (its down projection stays dense; tests/worker/decode_step runs a 64-wide one).
+_DECODE_STACK_SERVES = set(MODELS) - {"qwen2_moe"}
 
 
 @pytest.mark.parametrize("arch", MODELS)

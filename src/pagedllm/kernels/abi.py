@@ -61,6 +61,19 @@ class StackMatrix(ctypes.Structure):
     _fields_ = [("parts", StackWeight * 2), ("bias", _PTR)]
 
 
+class StackMoE(ctypes.Structure):
+    """kernels.h StackMoE: a sparse MLP's router, experts (arrays of StackMatrix) and
+    shared expert with its gate."""
+
+    _fields_ = [
+        *((name, _I64) for name in (
+            "num_experts", "top_k", "renormalize", "intermediate", "shared_intermediate",
+        )),
+        ("router", _PTR), ("gate_up", _PTR), ("down", _PTR),
+        ("shared_gate_up", StackMatrix), ("shared_down", StackMatrix), ("shared_gate", _PTR),
+    ]
+
+
 class StackLayer(ctypes.Structure):
     """kernels.h StackLayer: one decoder layer's norms, matrices, RoPE table, window, KV
     cache group and KV cache (a NULL norm: the layer has none)."""
@@ -71,7 +84,7 @@ class StackLayer(ctypes.Structure):
             "input_norm_bias", "post_attn_norm_bias", "q_norm", "k_norm",
         )),
         *((name, StackMatrix) for name in ("qkv", "o", "gate_up", "down")),
-        ("cos_sin", _PTR), ("rot_dim", _I64), ("window", _I64), ("group", _I64),
+        ("moe", _PTR), ("cos_sin", _PTR), ("rot_dim", _I64), ("window", _I64), ("group", _I64),
         ("kv_cache", _PTR),
     ]
 
@@ -149,6 +162,8 @@ FUNCTIONS: tuple[Function, ...] = (
         (_I64, _I64, _I64, _PTR, _I64, _PTR, _I64, _PTR, _PTR, _I64, _PTR, _I64, _PTR, _PTR),
         ctypes.c_int,
     ),
+    # moe_bf16(moe, T, hidden, activation, x, out): 0, or non-zero on failure.
+    Function("moe_bf16", (_PTR, _I64, _I64, _I64, _PTR, _PTR), ctypes.c_int),
     # decode_stack_bf16(dims, layers, T, hidden, residual, positions, groups, seq_lens,
     # token_rows, max_seq_len, lora)
     Function(

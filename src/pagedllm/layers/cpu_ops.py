@@ -11,6 +11,7 @@ them off.
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any
 
 import torch
@@ -102,6 +103,20 @@ def activation(name: str, x: torch.Tensor) -> torch.Tensor:
     library.activation_bf16(
         PLAIN_ACTIVATIONS[name], num_tokens, width, pointer(x), x.stride(0), pointer(out)
     )
+    return out
+
+
+def moe(table: Any, activation: int, x: torch.Tensor) -> torch.Tensor:
+    """A sparse MLP (csrc/moe.c) of x [T, hidden] bfloat16 with the weights `table` (a
+    kernels.abi.StackMoE) points to → [T, hidden]."""
+    library = _fused_lib()
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    failed = library.moe_bf16(
+        ctypes.byref(table), x.shape[0], x.shape[1], activation, pointer(x), pointer(out)
+    )
+    if failed:
+        raise RuntimeError(f"moe_bf16 failed (code {failed}).")
     return out
 
 

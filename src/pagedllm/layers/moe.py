@@ -25,9 +25,17 @@ from pagedllm.distributed.parallel_state import (
     single_rank_group,
 )
 from pagedllm.distributed.sharding import vocab_shard
+from pagedllm.layers import cpu_ops
+from pagedllm.layers.cpu_tables import MoETable, moe_table
 from pagedllm.layers.linear import Linear
 from pagedllm.layers.missing import MissingLayer
 from pagedllm.layers.mlp import GatedMLP
+
+# Steps of at most this many rows run the whole layer in one C call (csrc/moe.c) when the
+# weights allow (bfloat16 on CPU, byte dot-product experts, one rank): its router runs in
+# float32 C loops, cheaper than torch's calls for a few rows, not for a long prefill. The
+# decode stack takes MoE models' steps only up to this size, so both paths agree.
+MOE_KERNEL_MAX_ROWS = 64
 
 
 class RouterLinear(Linear):
@@ -84,6 +92,21 @@ class FusedMoE(nn.Module):
             )
             self.shared_expert_gate = RouterLinear(hidden_size, 1)
 
+    def kernel_table(self) -> MoETable | None:
+        """This layer's table for csrc/moe.c (built once, on first use: after the weights
+        took their final form), or None where the C kernel cannot run it."""
+        if not hasattr(self, "_kernel_table"):
+            self._kernel_table = moe_table(self)
+        return self._kernel_table
+
+    def _kernel_serves(self, x: torch.Tensor) -> MoETable | None:
+        if not cpu_ops.serves(x) or x.shape[0] > MOE_KERNEL_MAX_ROWS:
+            return None
+        table = self.kernel_table()
+        if table is None or (table.max_tokens is not None and x.shape[0] > table.max_tokens):
+            return None
+        return table
+
     def holds_expert(self, expert: int) -> bool:
         """True when this rank holds (a slice of) `expert`."""
         return expert in self.local_experts
@@ -98,7 +121,10 @@ class FusedMoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """[T, hidden] → [T, hidden]: the routed experts' outputs, weighted and summed
-        (plus the gated shared expert's)."""
+        (plus the gated shared expert's); a small bfloat16 step on CPU in one C call."""
+        table = self._kernel_serves(x)
+        if table is not None:
+            return cpu_ops.moe(table.table, table.activation, x)
         out = self._routed(x)
         if self.shared_expert is not None and self.shared_expert_gate is not None:
             out += self.shared_expert(x) * torch.sigmoid(self.shared_expert_gate(x))

@@ -17,6 +17,7 @@
  *     [sandwich: x = norm(norm(hidden) + residual) with the pre-MLP norm]
  *   hidden = (act(x @ Wgate^T) * (x @ Wup^T)) @ Wdown^T      act: SiLU or GELU (tanh)
  *     [plain MLP: hidden = act(x @ W1^T + b1) @ W2^T + b2    act: GELU (tanh) or ReLU]
+ *     [experts: hidden = moe_bf16(x), the routed experts' MLPs (moe.c)]
  *     [sandwich: hidden = norm(hidden)]
  *
  * norm: RMSNorm, or LayerNorm with its bias (GPT-2, OPT: StackDims.layer_norm).
@@ -56,7 +57,7 @@ static int part_matmul(const StackWeight *w, int64_t T, int64_t N, int64_t K,
 
 /* out [T, N] = x @ W^T (+ the second part's product) (+ bias), each sum rounded as the
  * Python layer's bfloat16 adds; `scratch` holds [T, N] for the second part. */
-static int matmul(const StackMatrix *m, int64_t T, int64_t N, int64_t K, const uint16_t *x,
+int stack_matmul(const StackMatrix *m, int64_t T, int64_t N, int64_t K, const uint16_t *x,
                   int64_t x_stride, uint16_t *out, int64_t out_stride, uint16_t *scratch) {
     int failed = part_matmul(&m->parts[0], T, N, K, x, x_stride, out, out_stride);
     if (m->parts[1].codes != NULL) {
@@ -183,7 +184,7 @@ int decode_stack_bf16(const StackDims *d, const StackLayer *layers, int64_t T,
         const PagedDims paged = {d->num_blocks, d->block_size, d->num_kv_heads,
                                  d->num_heads, D, G->max_blocks, L->window};
         norm(d, T, hidden, residual, l > 0, L->input_norm, L->input_norm_bias, b.x);
-        failed |= matmul(&L->qkv, T, qkv_size, H, b.x, H, b.qkv, qkv_size, b.part);
+        failed |= stack_matmul(&L->qkv, T, qkv_size, H, b.x, H, b.qkv, qkv_size, b.part);
         failed |= add_lora(lora, l, 0, H, qkv_size, b.x, H, b.qkv, qkv_size);
         uint16_t *qk = b.qkv; /* q and k side by side, rows qk_stride apart */
         int64_t qk_stride = qkv_size;
@@ -210,7 +211,7 @@ int decode_stack_bf16(const StackDims *d, const StackLayer *layers, int64_t T,
                                              G->block_tables, seq_lens, token_rows, T,
                                              max_seq_len, d->scale);
         }
-        failed |= matmul(&L->o, T, H, q_size, b.attn, q_size, hidden, H, b.part);
+        failed |= stack_matmul(&L->o, T, H, q_size, b.attn, q_size, hidden, H, b.part);
         failed |= add_lora(lora, l, 1, q_size, H, b.attn, q_size, hidden, H);
         const int sandwich = L->pre_ffn_norm != NULL;
         if (sandwich) {
@@ -219,13 +220,18 @@ int decode_stack_bf16(const StackDims *d, const StackLayer *layers, int64_t T,
         } else {
             norm(d, T, hidden, residual, 1, L->post_attn_norm, L->post_attn_norm_bias, b.x);
         }
-        const int64_t up_size = d->gated ? 2 * I : I;
-        failed |= matmul(&L->gate_up, T, up_size, H, b.x, H, b.gate_up, up_size, b.part);
-        failed |= add_lora(lora, l, 2, H, up_size, b.x, H, b.gate_up, up_size);
-        activate(d, T, b.gate_up, b.act);
         uint16_t *mlp_out = sandwich ? b.tmp : hidden;
-        failed |= matmul(&L->down, T, H, I, b.act, I, mlp_out, H, b.part);
-        failed |= add_lora(lora, l, 3, I, H, b.act, I, mlp_out, H);
+        if (L->moe != NULL) {
+            failed |= moe_bf16(L->moe, T, H, d->activation, b.x, mlp_out);
+        } else {
+            const int64_t up_size = d->gated ? 2 * I : I;
+            failed |= stack_matmul(&L->gate_up, T, up_size, H, b.x, H, b.gate_up, up_size,
+                                   b.part);
+            failed |= add_lora(lora, l, 2, H, up_size, b.x, H, b.gate_up, up_size);
+            activate(d, T, b.gate_up, b.act);
+            failed |= stack_matmul(&L->down, T, H, I, b.act, I, mlp_out, H, b.part);
+            failed |= add_lora(lora, l, 3, I, H, b.act, I, mlp_out, H);
+        }
         if (sandwich) norm(d, T, b.tmp, b.norm, 0, L->post_ffn_norm, NULL, hidden);
     }
     free(base);

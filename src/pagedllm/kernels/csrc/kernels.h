@@ -120,13 +120,24 @@ typedef struct {
     const uint16_t *bias; /* NULL: none */
 } StackMatrix;
 
+/* A sparse MLP's weights (moe.c): the router, each expert's two matrices, the shared
+ * expert (Qwen2-MoE; its gate_up codes NULL: none) and its sigmoid gate. */
+typedef struct {
+    int64_t num_experts, top_k, renormalize, intermediate, shared_intermediate;
+    const uint16_t *router; /* [num_experts, hidden] bfloat16, dense */
+    const StackMatrix *gate_up, *down; /* [num_experts] each */
+    StackMatrix shared_gate_up, shared_down;
+    const uint16_t *shared_gate; /* [hidden] bfloat16 */
+} StackMoE;
+
 typedef struct {
     /* post_attn_norm: before the MLP, or with sandwich norms (pre_ffn_norm not NULL) on the
      * attention's output, pre_ffn_norm before the MLP and post_ffn_norm on its output. */
     const uint16_t *input_norm, *post_attn_norm, *pre_ffn_norm, *post_ffn_norm;
     const uint16_t *input_norm_bias, *post_attn_norm_bias; /* LayerNorm's, or NULL */
     const uint16_t *q_norm, *k_norm; /* per-head RMSNorm of q and k, or NULL */
-    StackMatrix qkv, o, gate_up, down;
+    StackMatrix qkv, o, gate_up, down; /* gate_up and down unused where moe is set */
+    const StackMoE *moe; /* the layer's experts, or NULL for a dense MLP */
     const float *cos_sin; /* this layer's RoPE table [positions, rot_dim], (cos | sin), or
                            * NULL (learned positions: nothing to rotate) */
     int64_t rot_dim, window; /* window: 0 for full attention */
@@ -153,6 +164,17 @@ typedef struct {
     const int32_t *order, *order_slots;
     const StackLoRA *matrices;
 } StackLoRAStep;
+
+/* moe.c: out [T, hidden] = the sparse MLP of x [T, hidden] (all bfloat16): softmax routing
+ * in float32, top-k (renormalised when asked), each chosen expert's gated MLP (activation as
+ * StackDims.activation), their outputs weighted and summed in float32, plus the gated shared
+ * expert; 0, or non-zero when a kernel refused or memory ran out. */
+PAGEDLLM_API int moe_bf16(const StackMoE *m, int64_t T, int64_t hidden, int64_t activation,
+                          const uint16_t *x, uint16_t *out);
+
+/* decode_stack.c's matmul of a StackMatrix (for moe.c): out [T, N] = x @ W^T (+ bias). */
+int stack_matmul(const StackMatrix *m, int64_t T, int64_t N, int64_t K, const uint16_t *x,
+                 int64_t x_stride, uint16_t *out, int64_t out_stride, uint16_t *scratch);
 
 PAGEDLLM_API int decode_stack_bf16(const StackDims *d, const StackLayer *layers, int64_t T,
                                    uint16_t *hidden, float *residual, const int64_t *positions,

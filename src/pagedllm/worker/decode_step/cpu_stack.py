@@ -32,17 +32,18 @@ from torch import nn
 
 from pagedllm.kernels import pointer
 from pagedllm.kernels.abi import StackDims, StackGroup, StackLayer, StackLoRA, StackLoRAStep
-from pagedllm.layers.mlp import GatedMLP
 from pagedllm.lora.layers import LoRALinearMethod, LoRALinearSlots
 from pagedllm.models.common import DecoderLayer, DecoderModel
 from pagedllm.platform import cpu_platform
 from pagedllm.worker.decode_step.base import DecodeBatch, DecodeStep
 from pagedllm.worker.decode_step.cpu_stack_layers import (
     activation_of,
+    dense_mlp,
     fill_layer,
     is_layer_norm,
     matrices,
     max_quantized_tokens,
+    moe_of,
     shared_shape,
     stack_layer,
 )
@@ -106,18 +107,19 @@ class CpuDecodeStack(DecodeStep):
         _, num_blocks, block_size, _, _ = kv_caches[0].shape
         activation = activation_of(first)
         assert activation is not None
+        intermediate, gated = dense_mlp(self.layers)
         self.dims = StackDims(
             num_layers=len(self.layers),
             hidden=first.input_layernorm.hidden_size,
             num_heads=attn.num_heads,
             num_kv_heads=attn.num_kv_heads,
             head_size=attn.head_size,
-            intermediate=matrices(first)[3].input_size,
+            intermediate=intermediate,
             num_blocks=num_blocks,
             block_size=block_size,
             kv_bf16=int(kv_caches[0].dtype == torch.bfloat16),
             activation=activation,
-            gated=int(isinstance(first.mlp, GatedMLP)),
+            gated=int(gated),
             layer_norm=int(is_layer_norm(first)),
             eps=first.input_layernorm.eps,
             scale=attn.scale,
@@ -148,6 +150,10 @@ class CpuDecodeStack(DecodeStep):
         ):
             return None
         groups = list(group_of_layer) if group_of_layer is not None else [0] * len(kv_caches)
+        layers = cast("list[DecoderLayer]", list(decoder.layers))
+        has_moe = any(moe_of(layer) is not None for layer in layers)
+        if has_moe and isinstance(matrices(layers[0])[0].method, LoRALinearMethod):
+            return None  # adapters' slots are the dense matrices' (the C loop's four)
         library = _library()
         return None if library is None else cls(decoder, kv_caches, groups, library)
 

@@ -7,59 +7,50 @@ GELU (tanh) or ReLU MLP (GPT-2, OPT; their learned positions are added by the em
 a SiLU- or GELU (tanh)-gated MLP, a RoPE table per layer (Gemma 3's local and global
 bases) over all or part of each head, sliding windows, and each layer's KV cache group.
 Every matrix must be a byte dot-product weight (W4A8, W8A8, or two summed: a split GGUF
-format) for the stack to take the step. Not in C yet (those models run the Python
-layers): MoE layers, M-RoPE (Qwen2-VL), weights in other formats (dense, GPTQ act-order...).
+format) for the stack to take the step. MoE layers (Mixtral, Qwen2-MoE, Qwen3-MoE) run
+csrc/moe.c, which their Python layer also calls for such steps. Not in C (those models run
+the Python layers): M-RoPE (Qwen2-VL), weights in other formats (dense, act-order GPTQ...),
+LoRA on a MoE model.
 """
 
 from __future__ import annotations
 
+import ctypes
 from typing import cast
 
 import torch
 from torch import nn
 
-from pagedllm.kernels.abi import (
-    STACK_GELU_TANH,
-    STACK_RELU,
-    STACK_SILU,
-    StackLayer,
-    StackMatrix,
-    StackWeight,
+from pagedllm.kernels.abi import STACK_GELU_TANH, STACK_RELU, StackLayer
+from pagedllm.layers.cpu_tables import (
+    MoETable,
+    byte_dot_parts,
+    gated_activation_code,
+    stack_matrix,
 )
-from pagedllm.layers.activation import ActivationAndMul, SiluAndMul
 from pagedllm.layers.layernorm import LayerNorm, OnePlusRMSNorm, RMSNorm
 from pagedllm.layers.linear import Linear
 from pagedllm.layers.mlp import GatedMLP, PlainMLP
-from pagedllm.layers.quantization import CrossoverMethod, SplitWeight, W4A8Weight, W8A8Weight
+from pagedllm.layers.moe import MOE_KERNEL_MAX_ROWS, FusedMoE
 from pagedllm.layers.rotary import RotaryEmbedding
 from pagedllm.models.common import DecoderAttention, DecoderLayer
 
-ByteDotWeight = W4A8Weight | W8A8Weight
 
-
-def byte_dot_parts(linear: Linear) -> tuple[list[ByteDotWeight], int | None] | None:
-    """The weights whose products sum to the layer's matmul on the steps the stack takes,
-    and the largest step they serve (None: every step; a crossover sends larger ones to a
-    dense weight); None when the layer runs something else."""
-    method = linear.method.base_method()
-    limit = None
-    if isinstance(method, CrossoverMethod):
-        limit = method.max_tokens
-        method = method.small
-    if isinstance(method, (W4A8Weight, W8A8Weight)):
-        return [method], limit
-    if isinstance(method, SplitWeight):
-        return [method.first, method.second], limit
-    return None
-
-
-def matrices(layer: DecoderLayer) -> tuple[Linear, Linear, Linear, Linear]:
-    """A stack layer's qkv, o, gate_up (a plain MLP's fc1) and down (fc2) projections."""
+def matrices(layer: DecoderLayer) -> tuple[Linear, ...]:
+    """A stack layer's qkv and o projections, then its dense MLP's gate_up (a plain MLP's
+    fc1) and down (fc2); a MoE layer's experts are in its table instead (moe_of)."""
     attn, mlp = layer.self_attn, layer.mlp
     if isinstance(mlp, PlainMLP):
         return attn.qkv_proj, attn.o_proj, mlp.fc1, mlp.fc2
-    mlp = cast(GatedMLP, mlp)
-    return attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj
+    if isinstance(mlp, GatedMLP):
+        return attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj
+    return attn.qkv_proj, attn.o_proj
+
+
+def moe_of(layer: DecoderLayer) -> MoETable | None:
+    """A MoE layer's csrc/moe.c table (None: a dense MLP, or experts C cannot run)."""
+    mlp = layer.mlp
+    return mlp.kernel_table() if isinstance(mlp, FusedMoE) else None
 
 
 def norms(layer: DecoderLayer) -> list[nn.Module]:
@@ -78,12 +69,10 @@ def activation_of(layer: DecoderLayer) -> int | None:
     mlp = layer.mlp
     if type(mlp) is PlainMLP:
         return {"gelu_tanh": STACK_GELU_TANH, "relu": STACK_RELU}.get(mlp.activation)
-    act = getattr(mlp, "act_fn", None)
-    if type(act) is SiluAndMul:
-        return STACK_SILU
-    if type(act) is ActivationAndMul and act.activation == "gelu_tanh":
-        return STACK_GELU_TANH
-    return None
+    if type(mlp) is GatedMLP:
+        return gated_activation_code(mlp)
+    table = moe_of(layer)
+    return None if table is None else table.activation
 
 
 def is_layer_norm(layer: DecoderLayer) -> bool:
@@ -112,14 +101,13 @@ def stack_layer(layer: nn.Module) -> bool:
     layer_norm = is_layer_norm(layer)
     return (
         type(attn) is DecoderAttention
-        and type(layer.mlp) in (GatedMLP, PlainMLP)
+        and type(layer.mlp) in (GatedMLP, PlainMLP, FusedMoE)
         and activation_of(layer) is not None
         and (rotary is None or _rotary_ok(rotary, attn.attn.head_size))
         and not (layer_norm and (layer.sandwich or attn.q_norm is not None))
         and all(_norm_ok(n, layer_norm) for n in norms(layer) if n not in _head_norms(layer))
         and all(_norm_ok(n, False) for n in _head_norms(layer))
-        and all(_bf16_bias(linear) and byte_dot_parts(linear) is not None
-                for linear in matrices(layer))
+        and all(stack_matrix(linear) is not None for linear in matrices(layer))
     )
 
 
@@ -136,22 +124,29 @@ def _head_norms(layer: DecoderLayer) -> list[nn.Module]:
     return [] if attn.q_norm is None else [attn.q_norm, cast(nn.Module, attn.k_norm)]
 
 
-def _bf16_bias(linear: Linear) -> bool:
-    return linear.bias is None or linear.bias.dtype == torch.bfloat16
-
-
 def shared_shape(layers: list[DecoderLayer]) -> bool:
-    """Whether the layers share what StackDims holds once: heads, sizes, norm epsilon,
-    softmax scale and activation."""
+    """Whether the layers share what StackDims holds once: heads, norm epsilon, softmax
+    scale, activation, and the dense MLPs' kind and width (MoE layers hold their own)."""
 
     def shape(layer: DecoderLayer) -> tuple[object, ...]:
         attn = layer.self_attn.attn
         return (attn.num_heads, attn.num_kv_heads, attn.head_size, attn.scale,
-                matrices(layer)[3].input_size, activation_of(layer), type(layer.mlp),
-                is_layer_norm(layer))
+                activation_of(layer), is_layer_norm(layer))
 
+    dense = {(type(layer.mlp), matrices(layer)[3].input_size)
+             for layer in layers if len(matrices(layer)) == 4}
     epsilons = {getattr(n, "eps", None) for layer in layers for n in norms(layer)}
-    return len({shape(layer) for layer in layers}) == 1 and len(epsilons) == 1
+    return len({shape(layer) for layer in layers}) == 1 and len(epsilons) == 1 and (
+        len(dense) <= 1
+    )
+
+
+def dense_mlp(layers: list[DecoderLayer]) -> tuple[int, bool]:
+    """(intermediate size, gated) of the dense MLPs ((0, True) when every layer is MoE)."""
+    for layer in layers:
+        if len(matrices(layer)) == 4:
+            return matrices(layer)[3].input_size, isinstance(layer.mlp, GatedMLP)
+    return 0, True
 
 
 def max_quantized_tokens(layers: list[DecoderLayer]) -> int | None:
@@ -162,24 +157,13 @@ def max_quantized_tokens(layers: list[DecoderLayer]) -> int | None:
         for linear in matrices(layer)
         if (found := byte_dot_parts(linear)) is not None and found[1] is not None
     ]
+    for layer in layers:
+        table = moe_of(layer)
+        if table is not None:  # the C kernel serves MoE steps up to a size
+            limits.append(MOE_KERNEL_MAX_ROWS)
+            if table.max_tokens is not None:
+                limits.append(table.max_tokens)
     return min(limits) if limits else None
-
-
-def _weight(weight: ByteDotWeight) -> StackWeight:
-    if isinstance(weight, W4A8Weight):
-        return StackWeight(weight.packed.data_ptr(), weight.scales_and_mins.data_ptr(), 4)
-    return StackWeight(weight.codes.data_ptr(), weight.scales.data_ptr(), 8)
-
-
-def _matrix(linear: Linear) -> StackMatrix:
-    found = byte_dot_parts(linear)
-    assert found is not None, "a stack layer's matrices are byte dot-product weights"
-    parts = [_weight(part) for part in found[0]]
-    matrix = StackMatrix()
-    for index, part in enumerate(parts):
-        matrix.parts[index] = part
-    matrix.bias = None if linear.bias is None else linear.bias.data_ptr()
-    return matrix
 
 
 def _pointer(norm: nn.Module | None) -> int | None:
@@ -203,7 +187,13 @@ def fill_layer(entry: StackLayer, layer: DecoderLayer, kv_cache: torch.Tensor, g
         entry.pre_ffn_norm = _pointer(layer.pre_feedforward_layernorm)
         entry.post_ffn_norm = _pointer(layer.post_feedforward_layernorm)
     entry.q_norm, entry.k_norm = _pointer(attn.q_norm), _pointer(attn.k_norm)
-    entry.qkv, entry.o, entry.gate_up, entry.down = (_matrix(m) for m in matrices(layer))
+    tables = [stack_matrix(m) for m in matrices(layer)]
+    entry.qkv, entry.o = tables[0], tables[1]
+    if len(tables) == 4:
+        entry.gate_up, entry.down = tables[2], tables[3]
+    moe = moe_of(layer)
+    if moe is not None:
+        entry.moe = ctypes.addressof(moe.table)
     rotary = attn.rotary_emb
     if rotary is not None:  # else learned positions: nothing to rotate (cos_sin NULL)
         entry.cos_sin = rotary.cos_sin_cache.data_ptr()
