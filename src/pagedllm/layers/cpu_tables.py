@@ -91,6 +91,8 @@ def moe_table(moe: FusedMoE) -> MoETable | None:
     experts = [e for e in moe.experts if isinstance(e, GatedMLP)]
     if len(experts) != moe.num_experts or moe.tp_group.world_size != 1:
         return None
+    if not 0 < moe.top_k <= moe.num_experts:
+        return None
     activation = gated_activation_code(experts[0])
     shared = moe.shared_expert
     gated = [*experts, *([shared] if shared is not None else [])]

@@ -94,13 +94,14 @@ class FusedMoE(nn.Module):
 
     def kernel_table(self) -> MoETable | None:
         """This layer's table for csrc/moe.c (built once, on first use: after the weights
-        took their final form), or None where the C kernel cannot run it."""
+        took their final form), or None where the C kernel cannot run it. It points into
+        the experts' weights: code that replaces them must drop `_kernel_table`."""
         if not hasattr(self, "_kernel_table"):
             self._kernel_table = moe_table(self)
         return self._kernel_table
 
     def _kernel_serves(self, x: torch.Tensor) -> MoETable | None:
-        if not cpu_ops.serves(x) or x.shape[0] > MOE_KERNEL_MAX_ROWS:
+        if not cpu_ops.serves(x) or not 0 < x.shape[0] <= MOE_KERNEL_MAX_ROWS:
             return None
         table = self.kernel_table()
         if table is None or (table.max_tokens is not None and x.shape[0] > table.max_tokens):

@@ -47,6 +47,7 @@ static void route(const StackMoE *m, const uint16_t *xt, int64_t H, float *probs
         int32_t best = -1;
         for (int64_t e = 0; e < E; e++)
             if (probs[e] >= 0.f && (best < 0 || probs[e] > probs[best])) best = (int32_t)e;
+        if (best < 0) best = (int32_t)(c % E); /* non-finite logits: never index probs[-1] */
         ids[c] = best;
         weights[c] = probs[best] / total;
         chosen += weights[c];
@@ -76,6 +77,7 @@ static int expert(const StackMatrix *gate_up, const StackMatrix *down, int64_t a
 
 int moe_bf16(const StackMoE *m, int64_t T, int64_t H, int64_t activation, const uint16_t *x,
              uint16_t *out) {
+    if (T == 0) return 0;
     const int64_t E = m->num_experts, K = m->top_k;
     const int64_t I = m->intermediate > m->shared_intermediate ? m->intermediate
                                                                 : m->shared_intermediate;
