@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from pagedllm.kernels import pointer
+from pagedllm.kernels.abi import STACK_GELU_TANH, STACK_RELU
 from pagedllm.platform import cpu_platform
 
 
@@ -57,17 +58,7 @@ def add_rms_norm(
     eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(weight * rms_norm(x + residual) in bfloat16, x + residual in float32)."""
-    library = _fused_lib()
-    num_tokens, hidden = x.shape
-    has_residual = residual is not None
-    if residual is None:
-        residual = torch.empty(num_tokens, hidden, dtype=torch.float32)
-    out = torch.empty(num_tokens, hidden, dtype=torch.bfloat16)
-    library.add_rms_norm_bf16(
-        num_tokens, hidden, pointer(x), x.stride(0), pointer(residual), has_residual,
-        pointer(weight), pointer(out), eps,
-    )
-    return out, residual
+    return _add_norm("add_rms_norm_bf16", x, residual, [pointer(weight)], eps)
 
 
 def add_layer_norm(
@@ -78,21 +69,28 @@ def add_layer_norm(
     eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(layer_norm(x + residual) * weight + bias in bfloat16, x + residual in float32)."""
-    library = _fused_lib()
+    params = [pointer(weight), None if bias is None else pointer(bias)]
+    return _add_norm("add_layer_norm_bf16", x, residual, params, eps)
+
+
+def _add_norm(
+    function: str, x: torch.Tensor, residual: torch.Tensor | None, params: list[Any], eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One fused norm call: (normed x + residual in bfloat16, the float32 residual)."""
     num_tokens, hidden = x.shape
     has_residual = residual is not None
     if residual is None:
         residual = torch.empty(num_tokens, hidden, dtype=torch.float32)
     out = torch.empty(num_tokens, hidden, dtype=torch.bfloat16)
-    library.add_layer_norm_bf16(
-        num_tokens, hidden, pointer(x), x.stride(0), pointer(residual), has_residual,
-        pointer(weight), None if bias is None else pointer(bias), pointer(out), eps,
+    getattr(_fused_lib(), function)(
+        num_tokens, hidden, pointer(x), x.stride(0), pointer(residual), has_residual, *params,
+        pointer(out), eps,
     )
     return out, residual
 
 
-# The plain activations activation_bf16 computes (kernels.h's STACK_* codes).
-PLAIN_ACTIVATIONS = {"gelu_tanh": 1, "relu": 2}
+# The plain activations activation_bf16 computes, by kernels.h's codes.
+PLAIN_ACTIVATIONS = {"gelu_tanh": STACK_GELU_TANH, "relu": STACK_RELU}
 
 
 def activation(name: str, x: torch.Tensor) -> torch.Tensor:

@@ -21,7 +21,8 @@ from typing import cast
 import torch
 from torch import nn
 
-from pagedllm.kernels.abi import STACK_GELU_TANH, STACK_RELU, StackLayer
+from pagedllm.kernels.abi import StackLayer
+from pagedllm.layers import cpu_ops
 from pagedllm.layers.cpu_tables import (
     MoETable,
     byte_dot_parts,
@@ -53,22 +54,25 @@ def moe_of(layer: DecoderLayer) -> MoETable | None:
     return mlp.kernel_table() if isinstance(mlp, FusedMoE) else None
 
 
-def norms(layer: DecoderLayer) -> list[nn.Module]:
-    """Every RMSNorm the layer applies (q/k norms included)."""
-    attn = layer.self_attn
+def block_norms(layer: DecoderLayer) -> list[nn.Module]:
+    """The norms on the residual stream: RMSNorm or LayerNorm, as the model's."""
     found = [layer.input_layernorm, layer.post_attention_layernorm]
     if layer.sandwich:
         found += [layer.pre_feedforward_layernorm, layer.post_feedforward_layernorm]
-    if attn.q_norm is not None and attn.k_norm is not None:
-        found += [attn.q_norm, attn.k_norm]
     return found
+
+
+def head_norms(layer: DecoderLayer) -> list[nn.Module]:
+    """The per-head q/k RMSNorms, if the layer has them."""
+    attn = layer.self_attn
+    return [] if attn.q_norm is None else [attn.q_norm, cast(nn.Module, attn.k_norm)]
 
 
 def activation_of(layer: DecoderLayer) -> int | None:
     """The MLP's activation as StackDims takes it, or None when the C loop has none."""
     mlp = layer.mlp
     if type(mlp) is PlainMLP:
-        return {"gelu_tanh": STACK_GELU_TANH, "relu": STACK_RELU}.get(mlp.activation)
+        return cpu_ops.PLAIN_ACTIVATIONS.get(mlp.activation)
     if type(mlp) is GatedMLP:
         return gated_activation_code(mlp)
     table = moe_of(layer)
@@ -105,8 +109,8 @@ def stack_layer(layer: nn.Module) -> bool:
         and activation_of(layer) is not None
         and (rotary is None or _rotary_ok(rotary, attn.attn.head_size))
         and not (layer_norm and (layer.sandwich or attn.q_norm is not None))
-        and all(_norm_ok(n, layer_norm) for n in norms(layer) if n not in _head_norms(layer))
-        and all(_norm_ok(n, False) for n in _head_norms(layer))
+        and all(_norm_ok(n, layer_norm) for n in block_norms(layer))
+        and all(_norm_ok(n, False) for n in head_norms(layer))
         and all(stack_matrix(linear) is not None for linear in matrices(layer))
     )
 
@@ -117,11 +121,6 @@ def _rotary_ok(rotary: nn.Module, head_size: int) -> bool:
         and rotary.cos_sin_cache.dtype == torch.float32
         and rotary.head_size == head_size
     )
-
-
-def _head_norms(layer: DecoderLayer) -> list[nn.Module]:
-    attn = layer.self_attn
-    return [] if attn.q_norm is None else [attn.q_norm, cast(nn.Module, attn.k_norm)]
 
 
 def shared_shape(layers: list[DecoderLayer]) -> bool:
@@ -135,7 +134,8 @@ def shared_shape(layers: list[DecoderLayer]) -> bool:
 
     dense = {(type(layer.mlp), matrices(layer)[3].input_size)
              for layer in layers if len(matrices(layer)) == 4}
-    epsilons = {getattr(n, "eps", None) for layer in layers for n in norms(layer)}
+    epsilons = {getattr(n, "eps", None) for layer in layers
+                for n in (*block_norms(layer), *head_norms(layer))}
     return len({shape(layer) for layer in layers}) == 1 and len(epsilons) == 1 and (
         len(dense) <= 1
     )
