@@ -146,9 +146,12 @@ def test_fused_ops_match_scalar(libraries, variant):
 
     def ops() -> list[torch.Tensor]:
         normed, new_residual = cpu_ops.add_rms_norm(x, residual.clone(), weight, 1e-5)
+        layer_normed, _ = cpu_ops.add_layer_norm(x, residual.clone(), weight, weight, 1e-5)
         rotated = x.clone()
         cpu_ops.rope_neox_(rotated, positions, cos_sin, 64)
-        return [normed, new_residual, cpu_ops.silu_and_mul(gate_up), rotated]
+        return [normed, new_residual, layer_normed, cpu_ops.silu_and_mul(gate_up),
+                cpu_ops.gelu_tanh_and_mul(gate_up), cpu_ops.activation("gelu_tanh", x),
+                cpu_ops.activation("relu", x), rotated]
 
     reference = _run(libraries, "scalar", ops)
     for got, want in zip(_run(libraries, variant, ops), reference, strict=True):

@@ -7,11 +7,16 @@ from __future__ import annotations
 import pytest
 import torch
 
+from pagedllm import kernels
+from pagedllm.kernels.variants import runnable_variants
 from pagedllm.layers import cpu_ops, moe
 from pagedllm.layers.moe import FusedMoE
 from pagedllm.model_loader.loader import process_weights_after_loading
+from pagedllm.platform import cpu_platform
+from pagedllm.platform.cpu_features import detect
 
 pytestmark = pytest.mark.skipif(not cpu_ops.w4a8_available(), reason="no C compiler")
+VARIANTS = [v.name for v in runnable_variants(detect()) if v.simd]
 
 
 def _layer(renormalize: bool, shared: int) -> FusedMoE:
@@ -24,17 +29,20 @@ def _layer(renormalize: bool, shared: int) -> FusedMoE:
     return layer
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize(("renormalize", "shared"), [(True, 0), (False, 64)],
                          ids=["mixtral-like", "qwen2-moe-like"])
 @pytest.mark.parametrize("num_tokens", [1, 5, 40])
-def test_kernel_matches_the_torch_path(renormalize, shared, num_tokens, monkeypatch):
-    layer = _layer(renormalize, shared)
-    x = torch.randn(num_tokens, 64, generator=torch.Generator().manual_seed(num_tokens))
-    x = x.bfloat16()
-    assert layer.kernel_table() is not None
-    got = layer(x)
-    monkeypatch.setattr(moe, "MOE_KERNEL_MAX_ROWS", 0)  # the torch path
-    want = layer(x)
+def test_kernel_matches_the_torch_path(renormalize, shared, num_tokens, variant, monkeypatch):
+    """On every vector kernel variant this CPU runs."""
+    with cpu_platform().use_kernels(kernels.load_variant(variant)):
+        layer = _layer(renormalize, shared)
+        x = torch.randn(num_tokens, 64, generator=torch.Generator().manual_seed(num_tokens))
+        x = x.bfloat16()
+        assert layer.kernel_table() is not None
+        got = layer(x)
+        monkeypatch.setattr(moe, "MOE_KERNEL_MAX_ROWS", 0)  # the torch path
+        want = layer(x)
     torch.testing.assert_close(got.float(), want.float(), rtol=4 * 2**-7, atol=2e-2)
     assert (got == want).float().mean() > 0.6
 

@@ -240,3 +240,17 @@ def test_steps_for_kept_dense_weights_run_the_python_layers(
         assert [_generate(llm, prompts) for prompts in (PROMPTS[:2], MANY_PROMPTS)] == with_stack
     finally:
         runner.decode_step = stack
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "gpt2", "qwen2_moe"])
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_every_kernel_variant_runs_the_other_layer_kinds_as_the_layer_loop(
+    tiny_arch_checkpoint, stack_calls, variant, arch
+):
+    """Sandwich and q/k norms, GeGLU and windows (Gemma 3), LayerNorm and a plain MLP
+    (GPT-2), experts and a shared expert (Qwen2-MoE): on each vector variant this CPU runs,
+    bit for bit as the Python layers of the same variant."""
+    with cpu_platform().use_kernels(kernels.load_variant(variant)):
+        llm = LLM(str(tiny_arch_checkpoint(arch)), dtype="bfloat16", quantization="int4",
+                  max_model_len=256)
+        _check_against_the_layer_loop(llm, stack_calls)
