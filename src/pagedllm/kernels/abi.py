@@ -35,7 +35,7 @@ class PagedDims(ctypes.Structure):
 class StackDims(ctypes.Structure):
     """kernels.h StackDims: the decoder stack's shapes, its KV caches' geometry, its MLP
     (gated or plain, and the activation: STACK_SILU / STACK_GELU_TANH / STACK_RELU) and
-    norm kind (RMSNorm or LayerNorm)."""
+    norm kind (RMSNorm or LayerNorm), and the final norm's weights (NULL: the caller's)."""
 
     _fields_ = [
         (name, _I64)
@@ -43,7 +43,7 @@ class StackDims(ctypes.Structure):
             "num_layers", "hidden", "num_heads", "num_kv_heads", "head_size", "intermediate",
             "num_blocks", "block_size", "kv_bf16", "activation", "gated", "layer_norm",
         )
-    ] + [("eps", _F32), ("scale", _F32)]
+    ] + [("eps", _F32), ("scale", _F32), ("final_norm", _PTR), ("final_norm_bias", _PTR)]
 
 
 STACK_SILU, STACK_GELU_TANH, STACK_RELU = 0, 1, 2
@@ -151,6 +151,8 @@ FUNCTIONS: tuple[Function, ...] = (
     Function("activation_bf16", (_I64, _I64, _I64, _PTR, _I64, _PTR), None),
     # gelu_tanh_and_mul_bf16(T, d, x, x_stride, out)
     Function("gelu_tanh_and_mul_bf16", (_I64, _I64, _PTR, _I64, _PTR), None),
+    # finite_rows_bf16(T, H, x, x_stride, finite): the number of rows with NaN or infinity
+    Function("finite_rows_bf16", (_I64, _I64, _PTR, _I64, _PTR), ctypes.c_int64),
     # rope_neox_bf16(T, heads, head_size, rot_dim, x, x_stride, positions, cos_sin)
     Function("rope_neox_bf16", (_I64, _I64, _I64, _I64, _PTR, _I64, _PTR, _PTR), None),
     Function("w4a8_matmul_bf16", _BYTE_DOT_ARGS, ctypes.c_int),
@@ -164,6 +166,16 @@ FUNCTIONS: tuple[Function, ...] = (
     ),
     # moe_bf16(moe, T, hidden, activation, x, out): 0, or non-zero on failure.
     Function("moe_bf16", (_PTR, _I64, _I64, _I64, _PTR, _PTR), ctypes.c_int),
+    # refine_top_bf16(M, N, K, logits, logits_stride, x, x_stride, weight, k, ids, exact)
+    Function(
+        "refine_top_bf16",
+        (_I64, _I64, _I64, _PTR, _I64, _PTR, _I64, _PTR, _I64, _PTR, _PTR),
+        ctypes.c_int,
+    ),
+    # greedy_head_bf16(head, M, N, K, x, x_stride, weight, k, tokens)
+    Function(
+        "greedy_head_bf16", (_PTR, _I64, _I64, _I64, _PTR, _I64, _PTR, _I64, _PTR), ctypes.c_int
+    ),
     # decode_stack_bf16(dims, layers, T, hidden, residual, positions, groups, seq_lens,
     # token_rows, max_seq_len, lora)
     Function(

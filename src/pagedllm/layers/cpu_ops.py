@@ -151,6 +151,16 @@ def rope_neox_(
     )
 
 
+def finite_rows(x: torch.Tensor) -> torch.Tensor:  # x [T, H] bfloat16 → [T] bool
+    """Which rows of x hold no NaN or infinity (one pass in C; torch's isfinite + all are
+    two ops and a temporary)."""
+    finite = torch.empty(x.shape[0], dtype=torch.bool)
+    if x.shape[0]:
+        _fused_lib().finite_rows_bf16(x.shape[0], x.shape[1], pointer(x), x.stride(0),
+                                      pointer(finite))
+    return finite
+
+
 def w4a8_matmul(
     x: torch.Tensor,  # [T, K] bfloat16, rows dense
     packed: torch.Tensor,  # [panels, K / 32, 256] uint8
@@ -187,3 +197,46 @@ def _byte_dot_matmul(
     if failed:
         raise MemoryError(f"{function}: input size not a multiple of 32, or out of memory")
     return out
+
+
+def refine_top(
+    logits: torch.Tensor,  # [M, N] bfloat16, rows dense
+    hidden: torch.Tensor,  # [M, K] bfloat16, rows dense
+    weight: torch.Tensor,  # [N, K] bfloat16, contiguous
+    k: int,
+) -> tuple[torch.Tensor, torch.Tensor]:  # ([M, k] int64, [M, k] float32)
+    """Each row's top k logits' ids and their float32 logits recomputed from the dense
+    weight (csrc/lm_head.c; ties keep the lower id)."""
+    num_rows, vocab = logits.shape
+    ids = torch.empty(num_rows, k, dtype=torch.int64)
+    exact = torch.empty(num_rows, k, dtype=torch.float32)
+    if num_rows == 0:
+        return ids, exact
+    failed = _fused_lib().refine_top_bf16(
+        num_rows, vocab, hidden.shape[1], pointer(logits), logits.stride(0), pointer(hidden),
+        hidden.stride(0), pointer(weight), k, pointer(ids), pointer(exact),
+    )
+    if failed:
+        raise MemoryError(f"refine_top_bf16: k={k} outside 1..{vocab}, or out of memory")
+    return ids, exact
+
+
+def greedy_head(
+    matrix: Any,  # kernels.abi.StackMatrix of the head's byte dot-product weight [N, K]
+    hidden: torch.Tensor,  # [M, K] bfloat16, rows dense
+    weight: torch.Tensor,  # [N, K] bfloat16, contiguous: the dense head
+    k: int,
+) -> torch.Tensor:  # [M] int64
+    """Each row's greedy token: the head's matmul, its top k refined as `refine_top`, their
+    argmax; one C call (csrc/lm_head.c)."""
+    num_rows = hidden.shape[0]
+    tokens = torch.empty(num_rows, dtype=torch.int64)
+    if num_rows == 0:
+        return tokens
+    failed = _fused_lib().greedy_head_bf16(
+        ctypes.byref(matrix), num_rows, weight.shape[0], weight.shape[1], pointer(hidden),
+        hidden.stride(0), pointer(weight), k, pointer(tokens),
+    )
+    if failed:
+        raise MemoryError(f"greedy_head_bf16 failed (code {failed})")
+    return tokens

@@ -17,7 +17,13 @@ import torch
 from pagedllm.kernels.abi import STACK_GELU_TANH, STACK_SILU, StackMatrix, StackMoE, StackWeight
 from pagedllm.layers.activation import ActivationAndMul, SiluAndMul
 from pagedllm.layers.linear import Linear
-from pagedllm.layers.quantization import CrossoverMethod, SplitWeight, W4A8Weight, W8A8Weight
+from pagedllm.layers.quantization import (
+    CrossoverMethod,
+    LinearMethod,
+    SplitWeight,
+    W4A8Weight,
+    W8A8Weight,
+)
 
 if TYPE_CHECKING:
     from pagedllm.layers.mlp import GatedMLP
@@ -30,7 +36,11 @@ def byte_dot_parts(linear: Linear) -> tuple[list[ByteDotWeight], int | None] | N
     """The weights whose products sum to the layer's matmul on small steps, and the largest
     step they serve (None: every step; a crossover sends larger ones to a dense weight);
     None when the layer runs something else."""
-    method = linear.method.base_method()
+    return method_byte_dot_parts(linear.method.base_method())
+
+
+def method_byte_dot_parts(method: LinearMethod) -> tuple[list[ByteDotWeight], int | None] | None:
+    """byte_dot_parts of a bare linear method (an LM head's, which is no Linear)."""
     limit = None
     if isinstance(method, CrossoverMethod):
         limit = method.max_tokens
@@ -48,10 +58,16 @@ def stack_matrix(linear: Linear) -> StackMatrix | None:
     found = byte_dot_parts(linear)
     if found is None or (linear.bias is not None and linear.bias.dtype != torch.bfloat16):
         return None
-    matrix = StackMatrix()
-    for index, part in enumerate(found[0]):
-        matrix.parts[index] = _weight(part)
+    matrix = parts_matrix(found[0])
     matrix.bias = None if linear.bias is None else linear.bias.data_ptr()
+    return matrix
+
+
+def parts_matrix(parts: list[ByteDotWeight]) -> StackMatrix:
+    """The table of one or two byte dot-product weights summed (no bias)."""
+    matrix = StackMatrix()
+    for index, part in enumerate(parts):
+        matrix.parts[index] = _weight(part)
     return matrix
 
 

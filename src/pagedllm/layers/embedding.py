@@ -11,6 +11,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pagedllm.kernels.abi import StackMatrix
+from pagedllm.layers import cpu_ops
+from pagedllm.layers.cpu_tables import method_byte_dot_parts, parts_matrix
 from pagedllm.layers.linear import default_weight_loader
 from pagedllm.layers.quantization import (
     DenseMethod,
@@ -60,6 +63,9 @@ class LMHead(nn.Module):
         # only need each row's argmax (None: the same method serves those).
         self.method: LinearMethod = DenseMethod(self.weight)
         self.shortlist: LinearMethod | None = None
+        # The C greedy tail's table of the ranking weight, built on first use (the method
+        # it points into, its table, the largest step it serves or None: every step).
+        self._greedy_table: tuple[LinearMethod, StackMatrix | None, int | None] | None = None
 
     def process_weights_after_loading(
         self, quantization: str | None = None, keep_dense: bool = True
@@ -98,15 +104,18 @@ class LMHead(nn.Module):
         logits = self._raw_logits(hidden_states, ranking_only)
         if logits.dtype == torch.float32 and self.method.is_dense:
             return logits
-        logits = logits.float()
         candidates, exact = self._refine_top_candidates(hidden_states, logits)
-        return logits.scatter_(1, candidates, exact)
+        return logits.float().scatter_(1, candidates, exact)
 
     def greedy_tokens(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """[N, embedding_dim] → [N] int64: the argmax of `forward(..., ranking_only=True)`,
         taken among the refined top candidates straight from the model-dtype logits: no
         [N, vocab] float32 copy, scatter or second pass over the vocabulary (for a 262k
-        vocabulary those cost more than the matmul itself)."""
+        vocabulary those cost more than the matmul itself). Where the ranking weight is a
+        byte dot-product one, the whole tail is one C call (csrc/lm_head.c)."""
+        matrix = self._greedy_kernel(hidden_states)
+        if matrix is not None:
+            return cpu_ops.greedy_head(matrix, hidden_states, self.weight, REFINED_CANDIDATES)
         logits = self._raw_logits(hidden_states, ranking_only=True)
         if logits.dtype == torch.float32 and self.method.is_dense:
             return logits.argmax(dim=-1)
@@ -118,11 +127,47 @@ class LMHead(nn.Module):
         method = self.shortlist if ranking_only and self.shortlist is not None else self.method
         return method.apply(hidden_states, None)
 
+    def _ranking_method(self) -> LinearMethod:
+        return self.shortlist if self.shortlist is not None else self.method
+
+    def _greedy_kernel(self, hidden: torch.Tensor) -> StackMatrix | None:
+        """The ranking weight's table when the C greedy tail serves this step: bfloat16
+        rows and dense head on the host, a byte dot-product weight for this step size."""
+        if not (self._refines_in_c(hidden) and self.num_embeddings >= REFINED_CANDIDATES):
+            return None
+        method = self._ranking_method()
+        if self._greedy_table is None or self._greedy_table[0] is not method:
+            found = method_byte_dot_parts(method.base_method())
+            rows = self.weight.shape[0]
+            if found is not None and any(part.out_features != rows for part in found[0]):
+                found = None  # the C tail reads the dense weight's rows as the vocabulary
+            table = None if found is None else parts_matrix(found[0])
+            self._greedy_table = (method, table, None if found is None else found[1])
+        _, table, limit = self._greedy_table
+        return table if limit is None or hidden.shape[0] <= limit else None
+
+    def _refines_in_c(self, hidden: torch.Tensor) -> bool:
+        """Whether csrc/lm_head.c can refine: bfloat16 hidden rows and dense weight on the
+        host (the fused ops on)."""
+        weight = self.weight
+        return (
+            cpu_ops.serves(hidden)
+            and weight.dtype == torch.bfloat16
+            and weight.is_cpu
+            and weight.dim() == 2
+            and weight.is_contiguous()
+        )
+
     def _refine_top_candidates(
         self, hidden: torch.Tensor, logits: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each row's top REFINED_CANDIDATES token ids [N, k] and their float32 logits."""
+        """Each row's top REFINED_CANDIDATES token ids [N, k] and their float32 logits
+        (in one C call where it serves, else torch's top-k, gather and bmm)."""
         k = min(REFINED_CANDIDATES, logits.shape[-1])
+        if logits.dtype == torch.bfloat16 and logits.stride(-1) == 1 and self._refines_in_c(
+            hidden
+        ):
+            return cpu_ops.refine_top(logits, hidden, self.weight, k)
         candidates = logits.topk(k, dim=-1).indices  # [N, k]; bf16 → f32 keeps the order
         rows = self.weight[candidates].float()  # [N, k, embedding_dim]
         exact = torch.bmm(rows, hidden.float().unsqueeze(-1)).squeeze(-1)  # [N, k]

@@ -28,6 +28,17 @@ from pagedllm.sampling_params import SamplingParams
 IndexPairs = tuple[torch.Tensor, torch.Tensor]
 
 
+def adjusts_logits(params: SamplingParams) -> bool:
+    """Whether a request uses any adjustment of this module (allowed tokens, bad words,
+    bias, penalties); LogitsProcessors.build returns None for steps where none does."""
+    return bool(
+        params.allowed_token_ids
+        or params.bad_words_token_ids
+        or params.logit_bias
+        or params.has_penalties
+    )
+
+
 @dataclass
 class PenaltyTensors:
     """Penalties of the R rows that use any, as tensors.
@@ -82,6 +93,7 @@ class LogitsProcessors:
             num_prompt_tokens: per row, how many of `token_ids` are the prompt.
             device: where the logits live.
         """
+        # (None whenever no row `adjusts_logits`.)
         uses_history = [p.has_penalties or bool(p.bad_words_token_ids) for p in params]
         if any(uses_history):
             assert token_ids is not None and num_prompt_tokens is not None

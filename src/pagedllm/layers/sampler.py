@@ -165,6 +165,19 @@ class SamplingMetadata:
         )
 
 
+def min_tokens_banned(params: SamplingParams, num_output_tokens: int, eos_token_id: int | None
+                      ) -> set[int]:
+    """The tokens a request may not sample at output position `num_output_tokens` because
+    they would end it before its min_tokens (empty from min_tokens on)."""
+    if num_output_tokens >= params.min_tokens:
+        return set()
+    banned = set(params.stop_token_ids or ())
+    # With ignore_eos the EOS token does not stop the request, so it need not be banned.
+    if eos_token_id is not None and not params.ignore_eos:
+        banned.add(eos_token_id)
+    return banned
+
+
 def _build_min_tokens_mask(
     params: list[SamplingParams],
     num_output_tokens: list[int],
@@ -177,12 +190,7 @@ def _build_min_tokens_mask(
     for i, (p, num_out, eos) in enumerate(
         zip(params, num_output_tokens, eos_token_ids, strict=True)
     ):
-        if num_out >= p.min_tokens:
-            continue
-        banned = set(p.stop_token_ids or ())
-        # With ignore_eos the EOS token does not stop the request, so it need not be banned.
-        if eos is not None and not p.ignore_eos:
-            banned.add(eos)
+        banned = min_tokens_banned(p, num_out, eos)
         rows.extend([i] * len(banned))
         token_ids.extend(banned)
     if not rows:

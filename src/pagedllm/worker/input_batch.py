@@ -116,7 +116,9 @@ class StepInputs:
     def logits_indices(self) -> np.ndarray:
         """Positions in the flattened batch whose logits are sampled: the last token of
         every sampled row, preceded by one position per draft it verifies."""
-        ends = self.query_start_loc[1:][self.sample_rows]
+        ends = self.query_start_loc[1:]
+        if len(self.sample_rows) != len(ends):  # (else every row, in order)
+            ends = ends[self.sample_rows]
         if not self.has_drafts:
             return ends - 1
         counts = np.array([len(d) + 1 for d in self.draft_token_ids], dtype=np.int64)

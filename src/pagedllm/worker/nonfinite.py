@@ -12,17 +12,21 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from pagedllm.layers import cpu_ops
+
 
 def finite_rows(values: torch.Tensor) -> torch.Tensor:
     """[rows] bool: which rows of [rows, d] `values` hold no NaN or infinity (no host sync:
     a caller about to copy its tokens to the host reads this after them)."""
+    if cpu_ops.serves(values):  # bfloat16 on the host: one C pass
+        return cpu_ops.finite_rows(values)
     return torch.isfinite(values).all(dim=-1)
 
 
 def nonfinite_rows(finite: torch.Tensor) -> list[int]:
     """The indices of the False rows of `finite` (one host sync; the common all-finite case
     reads a single value)."""
-    if bool(finite.all()):
+    if bool(finite.numpy().all() if finite.is_cpu else finite.all()):
         return []
     return (~finite).nonzero().flatten().tolist()
 

@@ -24,7 +24,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from pagedllm.layers.logits_processors import adjusts_logits
 from pagedllm.layers.logprobs import compute_token_logprobs
+from pagedllm.layers.sampler import min_tokens_banned
 from pagedllm.spec_decode.rejection_sampler import DraftLayout, RejectionSampler, accept_greedy
 from pagedllm.spec_decode.verify import build_verify_metadata
 from pagedllm.structured_output.bitmask import apply_grammar_bitmask
@@ -80,25 +82,27 @@ class SamplingPipeline:
         states = [step.states[row] for row in inputs.sample_rows]
         drafts = inputs.draft_token_ids
         layout = DraftLayout.build(drafts)
+        constrained = step.scheduler_output.structured_output_request_ids
+        rows_hidden = _sample_rows_hidden(step, hidden_states)
+        finite = finite_rows(rows_hidden)
+        if not constrained and all(_only_argmax(s) for s in states):
+            # No sampling metadata needed: the LM head picks each row's argmax directly.
+            tokens = self.model.compute_greedy_tokens(rows_hidden).tolist()
+            return SampleResult(accept_greedy(layout, tokens), {}, _failed(finite, layout))
         metadata = build_verify_metadata(
             [s.sampling_params for s in states], [s.num_output_tokens for s in states],
             [s.eos_token_id for s in states], [s.token_ids for s in states],
             [s.num_prompt_tokens for s in states], drafts, self.device,
         )
-        constrained = step.scheduler_output.structured_output_request_ids
-        # Plain greedy rows without logprobs use nothing but the argmax. (A grammar may
-        # forbid every shortlisted candidate: constrained steps need all logits.)
+        # Plain greedy rows without logprobs use nothing but the argmax, here under a
+        # min_tokens mask. (A grammar may forbid every shortlisted candidate: constrained
+        # steps need all logits.)
         argmax_only = (
             metadata.all_greedy
             and metadata.logits_processors is None
             and not constrained
             and all(s.sampling_params.logprobs is None for s in states)
         )
-        rows_hidden = hidden_states[step.to_device(inputs.logits_indices)]
-        finite = finite_rows(rows_hidden)
-        if argmax_only and metadata.min_tokens_mask is None:
-            tokens = self.model.compute_greedy_tokens(rows_hidden).tolist()
-            return SampleResult(accept_greedy(layout, tokens), {}, _failed(finite, layout))
         # Rows whose forward went non-finite get zero logits on the device (no host sync
         # before sampling): finite values keep the sampler's math sound; their requests
         # fail (read after the tokens' copy).
@@ -138,6 +142,29 @@ class SamplingPipeline:
                 p[torch.arange(len(request_drafts)), torch.tensor(request_drafts)] = 1.0
             rows.append(p[: len(request_drafts)].float())  # the scheduler may cut drafts
         return torch.cat(rows)
+
+
+def _only_argmax(state: CachedRequestState) -> bool:
+    """Whether a request's rows this step need nothing but their argmax: greedy, without
+    logprobs or logits adjustments, past its min_tokens (at its first row this step, so at
+    every later one)."""
+    params = state.sampling_params
+    return (
+        params.is_greedy
+        and params.logprobs is None
+        and not adjusts_logits(params)
+        and not min_tokens_banned(params, state.num_output_tokens, state.eos_token_id)
+    )
+
+
+def _sample_rows_hidden(step: RunnerStep, hidden_states: torch.Tensor) -> torch.Tensor:
+    """The hidden states of the rows to sample ([rows, hidden]): all of them, in order,
+    at a decode step (no copy), else the selected ones."""
+    indices = step.inputs.logits_indices  # strictly increasing
+    count = len(indices)
+    if count == hidden_states.shape[0] and (count == 0 or indices[-1] == count - 1):
+        return hidden_states  # so 0, 1, ..., count - 1
+    return hidden_states[step.to_device(indices)]
 
 
 def _failed(finite: torch.Tensor, layout: DraftLayout) -> list[int]:

@@ -151,6 +151,7 @@ def _check_against_the_layer_loop(llm: LLM, stack_calls: list[int]) -> None:
     runner = _runner(llm)
     stack = runner.decode_step
     assert isinstance(stack, CpuDecodeStack)
+    assert stack.dims.final_norm  # the model's final norm runs in the same call
     with_stack = _generate(llm, PROMPTS)
     assert stack_calls and max(stack_calls) == len(PROMPTS)
     runner.decode_step = None

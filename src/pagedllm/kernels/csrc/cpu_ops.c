@@ -136,3 +136,19 @@ void rope_neox_bf16(int64_t T, int64_t heads, int64_t head_size, int64_t rot_dim
         }
     }
 }
+
+/* finite[t] = 1 when row t of x [T, H] (rows x_stride apart) holds no NaN or infinity, else
+ * 0; returns how many rows do. The exponent bits are tested (-ffast-math would fold isfinite
+ * away): all ones is an infinity or a NaN. */
+int64_t finite_rows_bf16(int64_t T, int64_t H, const uint16_t *x, int64_t x_stride,
+                         uint8_t *finite) {
+    int64_t bad = 0;
+    for (int64_t t = 0; t < T; t++) {
+        const uint16_t *xt = x + t * x_stride;
+        int special = 0;
+        for (int64_t j = 0; j < H; j++) special |= (xt[j] & 0x7F80) == 0x7F80;
+        finite[t] = (uint8_t)!special;
+        bad += special;
+    }
+    return bad;
+}

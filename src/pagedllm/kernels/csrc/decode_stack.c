@@ -27,7 +27,8 @@
  * them after their base matmul and bias. Each layer reads its KV cache group's block table
  * and slots (a hybrid model's sliding and global layers keep different tables).
  *
- * The caller applies the final norm. Returns 0, or non-zero when a kernel refused its
+ * The model's final norm follows where StackDims.final_norm is set (else the caller
+ * applies it). Returns 0, or non-zero when a kernel refused its
  * shapes or a buffer could not be allocated (the caller then runs the Python layers).
  */
 #include <stdint.h>
@@ -162,8 +163,8 @@ static void *buffers_alloc(const StackDims *d, int64_t T, Buffers *b) {
     return base;
 }
 
-/* hidden [T, hidden] bfloat16: the embeddings in, the last layer's MLP output out;
- * residual [T, hidden] float32 out. positions [T] int64; seq_lens and token_rows [T]
+/* hidden [T, hidden] bfloat16: the embeddings in, the last layer's output out (through the
+ * final norm where StackDims.final_norm is set); residual [T, hidden] float32 out. positions [T] int64; seq_lens and token_rows [T]
  * int32: token t is request t's query; groups: each KV cache group's slots and tables. */
 int decode_stack_bf16(const StackDims *d, const StackLayer *layers, int64_t T,
                       uint16_t *hidden, float *residual, const int64_t *positions,
@@ -233,6 +234,10 @@ int decode_stack_bf16(const StackDims *d, const StackLayer *layers, int64_t T,
             failed |= add_lora(lora, l, 3, I, H, b.act, I, mlp_out, H);
         }
         if (sandwich) norm(d, T, b.tmp, b.norm, 0, L->post_ffn_norm, NULL, hidden);
+    }
+    if (d->final_norm != NULL) { /* hidden = norm(hidden + residual), residual updated */
+        norm(d, T, hidden, residual, 1, d->final_norm, d->final_norm_bias, b.x);
+        memcpy(hidden, b.x, sizeof(uint16_t) * (size_t)(T * H));
     }
     free(base);
     return failed;

@@ -75,6 +75,8 @@ PAGEDLLM_API void activation_bf16(int64_t kind, int64_t T, int64_t d, const uint
                                   int64_t x_stride, uint16_t *out);
 PAGEDLLM_API void gelu_tanh_and_mul_bf16(int64_t T, int64_t d, const uint16_t *x,
                                          int64_t x_stride, uint16_t *out);
+PAGEDLLM_API int64_t finite_rows_bf16(int64_t T, int64_t H, const uint16_t *x,
+                                      int64_t x_stride, uint8_t *finite);
 PAGEDLLM_API void rope_neox_bf16(int64_t T, int64_t heads, int64_t head_size, int64_t rot_dim,
                                  uint16_t *x, int64_t x_stride, const int64_t *positions,
                                  const float *cos_sin);
@@ -106,6 +108,9 @@ typedef struct {
     int64_t gated; /* 1: act(gate) * up (gate_up [2 I]); 0: a plain MLP (fc1 [I] in gate_up) */
     int64_t layer_norm; /* 1: LayerNorm (with the norms' biases), 0: RMSNorm */
     float eps, scale;
+    /* the model's final norm (its kind and eps as the layers'), applied to the last layer's
+     * output when not NULL; its bias (LayerNorm) may be NULL */
+    const uint16_t *final_norm, *final_norm_bias;
 } StackDims;
 
 
@@ -175,6 +180,18 @@ PAGEDLLM_API int moe_bf16(const StackMoE *m, int64_t T, int64_t hidden, int64_t 
 /* decode_stack.c's matmul of a StackMatrix (for moe.c): out [T, N] = x @ W^T (+ bias). */
 int stack_matmul(const StackMatrix *m, int64_t T, int64_t N, int64_t K, const uint16_t *x,
                  int64_t x_stride, uint16_t *out, int64_t out_stride, uint16_t *scratch);
+
+/* lm_head.c: the LM head's greedy tail. refine_top_bf16: each row's top k logits (of
+ * [M, N] bfloat16, rows logits_stride apart) as ids [M, k] and their float32 logits exact
+ * [M, k] recomputed from the dense weight [N, K] and x [M, K] (bfloat16). greedy_head_bf16:
+ * the head's matmul (x @ head^T), the same refinement, and each row's argmax into tokens [M].
+ * Both return 1 when k is not in 1..N, 2 when out of memory (greedy: or the matmul's code). */
+PAGEDLLM_API int refine_top_bf16(int64_t M, int64_t N, int64_t K, const uint16_t *logits,
+                                 int64_t logits_stride, const uint16_t *x, int64_t x_stride,
+                                 const uint16_t *weight, int64_t k, int64_t *ids, float *exact);
+PAGEDLLM_API int greedy_head_bf16(const StackMatrix *head, int64_t M, int64_t N, int64_t K,
+                                  const uint16_t *x, int64_t x_stride, const uint16_t *weight,
+                                  int64_t k, int64_t *tokens);
 
 PAGEDLLM_API int decode_stack_bf16(const StackDims *d, const StackLayer *layers, int64_t T,
                                    uint16_t *hidden, float *residual, const int64_t *positions,

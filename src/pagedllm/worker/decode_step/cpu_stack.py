@@ -37,6 +37,7 @@ from pagedllm.models.common import DecoderLayer, DecoderModel
 from pagedllm.platform import cpu_platform
 from pagedllm.worker.decode_step.base import DecodeBatch, DecodeStep
 from pagedllm.worker.decode_step.cpu_stack_layers import (
+    final_norm_pointers,
     activation_of,
     dense_mlp,
     fill_layer,
@@ -124,6 +125,9 @@ class CpuDecodeStack(DecodeStep):
             eps=first.input_layernorm.eps,
             scale=attn.scale,
         )
+        self.dims.final_norm, self.dims.final_norm_bias = final_norm_pointers(
+            decoder.norm, first
+        )
         self.table = (StackLayer * len(self.layers))()
         for entry, layer, kv_cache, group in zip(
             self.table, self.layers, kv_caches, group_of_layer, strict=True
@@ -193,7 +197,8 @@ class CpuDecodeStack(DecodeStep):
         del keep_alive
         if failed:
             raise RuntimeError(f"The CPU decode stack failed (code {failed}).")
-        hidden, _ = self.decoder.norm(hidden, residual)
+        if not self.dims.final_norm:  # (else applied in the call)
+            hidden, _ = self.decoder.norm(hidden, residual)
         return hidden
 
     # LoRA: the layers' adapter slots (lora/layers.py) feed the same C kernel the Python

@@ -166,6 +166,18 @@ def max_quantized_tokens(layers: list[DecoderLayer]) -> int | None:
     return min(limits) if limits else None
 
 
+def final_norm_pointers(norm: nn.Module | None, layer: DecoderLayer) -> tuple[int | None,
+                                                                           int | None]:
+    """The model's final norm as StackDims takes it (weight, bias), or (None, None) when the
+    C loop cannot apply it (another kind or eps than the layers'): the caller then does."""
+    layer_norm = is_layer_norm(layer)
+    if norm is None or not _norm_ok(norm, layer_norm):
+        return None, None
+    if cast(RMSNorm, norm).eps != cast(RMSNorm, layer.input_layernorm).eps:
+        return None, None
+    return _pointer(norm), _bias_pointer(norm) if layer_norm else None
+
+
 def _pointer(norm: nn.Module | None) -> int | None:
     return None if norm is None else cast(RMSNorm, norm).weight.data_ptr()
 
