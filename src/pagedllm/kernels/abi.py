@@ -38,12 +38,12 @@ class StackDims(ctypes.Structure):
     norm kind (RMSNorm or LayerNorm), and the final norm's weights (NULL: the caller's)."""
 
     _fields_ = [
-        (name, _I64)
-        for name in (
+        *((name, _I64) for name in (
             "num_layers", "hidden", "num_heads", "num_kv_heads", "head_size", "intermediate",
             "num_blocks", "block_size", "kv_bf16", "activation", "gated", "layer_norm",
-        )
-    ] + [("eps", _F32), ("scale", _F32), ("final_norm", _PTR), ("final_norm_bias", _PTR)]
+        )),
+        ("eps", _F32), ("scale", _F32), ("final_norm", _PTR), ("final_norm_bias", _PTR),
+    ]
 
 
 STACK_SILU, STACK_GELU_TANH, STACK_RELU = 0, 1, 2

@@ -37,10 +37,10 @@ from pagedllm.models.common import DecoderLayer, DecoderModel
 from pagedllm.platform import cpu_platform
 from pagedllm.worker.decode_step.base import DecodeBatch, DecodeStep
 from pagedllm.worker.decode_step.cpu_stack_layers import (
-    final_norm_pointers,
     activation_of,
     dense_mlp,
     fill_layer,
+    final_norm_pointers,
     is_layer_norm,
     matrices,
     max_quantized_tokens,
