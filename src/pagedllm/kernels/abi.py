@@ -35,7 +35,8 @@ class PagedDims(ctypes.Structure):
 class StackDims(ctypes.Structure):
     """kernels.h StackDims: the decoder stack's shapes, its KV caches' geometry, its MLP
     (gated or plain, and the activation: STACK_SILU / STACK_GELU_TANH / STACK_RELU) and
-    norm kind (RMSNorm or LayerNorm), and the final norm's weights (NULL: the caller's)."""
+    norm kind (RMSNorm or LayerNorm), the final norm's weights and the token embedding
+    (NULL: the caller's)."""
 
     _fields_ = [
         *((name, _I64) for name in (
@@ -43,6 +44,7 @@ class StackDims(ctypes.Structure):
             "num_blocks", "block_size", "kv_bf16", "activation", "gated", "layer_norm",
         )),
         ("eps", _F32), ("scale", _F32), ("final_norm", _PTR), ("final_norm_bias", _PTR),
+        ("embedding", _PTR), ("vocab_size", _I64),
     ]
 
 
@@ -176,11 +178,11 @@ FUNCTIONS: tuple[Function, ...] = (
     Function(
         "greedy_head_bf16", (_PTR, _I64, _I64, _I64, _PTR, _I64, _PTR, _I64, _PTR), ctypes.c_int
     ),
-    # decode_stack_bf16(dims, layers, T, hidden, residual, positions, groups, seq_lens,
-    # token_rows, max_seq_len, lora)
+    # decode_stack_bf16(dims, layers, T, input_ids, hidden, residual, positions, groups,
+    # seq_lens, token_rows, max_seq_len, lora)
     Function(
         "decode_stack_bf16",
-        (_PTR, _PTR, _I64, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _I64, _PTR),
+        (_PTR, _PTR, _I64, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _I64, _PTR),
         ctypes.c_int,
     ),
 )

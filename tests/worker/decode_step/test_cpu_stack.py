@@ -60,8 +60,24 @@ def _generate(llm: LLM, prompts: list[list[int]]) -> list[tuple[list[int], list[
 
 
 def test_default_quantized_model_gets_the_stack(llm):
-    assert isinstance(_runner(llm).decode_step, CpuDecodeStack)
+    stack = _runner(llm).decode_step
+    assert isinstance(stack, CpuDecodeStack)
     assert isinstance(_model(llm).model.layers[0].mlp.down_proj.quantized, W4A8Weight)
+    # The whole decoder in the call: the embedding lookup and the final norm too.
+    assert stack.dims.embedding and stack.dims.final_norm
+
+
+def test_a_token_id_outside_the_vocabulary_is_refused_before_anything_runs(llm):
+    import numpy as np
+
+    from pagedllm.worker.decode_step.base import DecodeBatch
+
+    stack = _runner(llm).decode_step
+    ids = np.array([stack.dims.vocab_size], dtype=np.int64)
+    batch = DecodeBatch(ids, np.zeros(1, np.int64), np.zeros(1, np.int64),
+                        np.zeros((1, 1), np.int32))
+    with pytest.raises(IndexError, match="outside the vocabulary"):
+        stack.run(batch)
 
 
 @pytest.fixture

@@ -163,17 +163,26 @@ static void *buffers_alloc(const StackDims *d, int64_t T, Buffers *b) {
     return base;
 }
 
-/* hidden [T, hidden] bfloat16: the embeddings in, the last layer's output out (through the
- * final norm where StackDims.final_norm is set); residual [T, hidden] float32 out. positions [T] int64; seq_lens and token_rows [T]
+/* hidden [T, hidden] bfloat16: the embeddings in (or looked up here from input_ids [T] where
+ * StackDims.embedding is set: 3 for an id outside the vocabulary), the last layer's output
+ * out (through the final norm where StackDims.final_norm is set); residual [T, hidden]
+ * float32 out. positions [T] int64; seq_lens and token_rows [T]
  * int32: token t is request t's query; groups: each KV cache group's slots and tables. */
 int decode_stack_bf16(const StackDims *d, const StackLayer *layers, int64_t T,
-                      uint16_t *hidden, float *residual, const int64_t *positions,
+                      const int64_t *input_ids, uint16_t *hidden, float *residual,
+                      const int64_t *positions,
                       const StackGroup *groups, const int32_t *seq_lens,
                       const int32_t *token_rows, int64_t max_seq_len,
                       const StackLoRAStep *lora) {
     const int64_t H = d->hidden, D = d->head_size, I = d->intermediate;
     const int64_t q_size = d->num_heads * D, kv_size = d->num_kv_heads * D;
     const int64_t qkv_size = q_size + 2 * kv_size;
+    if (d->embedding != NULL) { /* the embeddings of input_ids, as torch.embedding */
+        for (int64_t t = 0; t < T; t++)
+            if (input_ids[t] < 0 || input_ids[t] >= d->vocab_size) return 3;
+        for (int64_t t = 0; t < T; t++)
+            memcpy(hidden + t * H, d->embedding + input_ids[t] * H, sizeof(uint16_t) * H);
+    }
     Buffers b;
     void *base = buffers_alloc(d, T, &b);
     if (base == NULL) return 2;

@@ -111,6 +111,10 @@ typedef struct {
     /* the model's final norm (its kind and eps as the layers'), applied to the last layer's
      * output when not NULL; its bias (LayerNorm) may be NULL */
     const uint16_t *final_norm, *final_norm_bias;
+    /* the token embedding [vocab_size, hidden] bfloat16 the call looks its input_ids up in
+     * (a plain lookup: no scale, no learned positions), or NULL: hidden holds them */
+    const uint16_t *embedding;
+    int64_t vocab_size;
 } StackDims;
 
 
@@ -194,7 +198,8 @@ PAGEDLLM_API int greedy_head_bf16(const StackMatrix *head, int64_t M, int64_t N,
                                   int64_t k, int64_t *tokens);
 
 PAGEDLLM_API int decode_stack_bf16(const StackDims *d, const StackLayer *layers, int64_t T,
-                                   uint16_t *hidden, float *residual, const int64_t *positions,
+                                   const int64_t *input_ids, uint16_t *hidden, float *residual,
+                                   const int64_t *positions,
                                    const StackGroup *groups, const int32_t *seq_lens,
                                    const int32_t *token_rows, int64_t max_seq_len,
                                    const StackLoRAStep *lora);

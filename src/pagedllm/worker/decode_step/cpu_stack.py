@@ -45,6 +45,7 @@ from pagedllm.worker.decode_step.cpu_stack_layers import (
     matrices,
     max_quantized_tokens,
     moe_of,
+    plain_embedding,
     shared_shape,
     stack_layer,
 )
@@ -128,6 +129,9 @@ class CpuDecodeStack(DecodeStep):
         self.dims.final_norm, self.dims.final_norm_bias = final_norm_pointers(
             decoder.norm, first
         )
+        table = plain_embedding(decoder)
+        if table is not None:
+            self.dims.embedding, self.dims.vocab_size = table.data_ptr(), table.shape[0]
         self.table = (StackLayer * len(self.layers))()
         for entry, layer, kv_cache, group in zip(
             self.table, self.layers, kv_caches, group_of_layer, strict=True
@@ -180,8 +184,11 @@ class CpuDecodeStack(DecodeStep):
         forward would return them."""
         input_ids = torch.from_numpy(batch.input_ids)
         positions = torch.from_numpy(batch.positions)
-        hidden = self.decoder.embed(input_ids, positions).contiguous()  # [T, hidden], fresh
-        num_tokens = hidden.shape[0]
+        num_tokens = input_ids.shape[0]
+        if self.dims.embedding:  # looked up in the call
+            hidden = torch.empty(num_tokens, self.dims.hidden, dtype=torch.bfloat16)
+        else:
+            hidden = self.decoder.embed(input_ids, positions).contiguous()  # [T, hidden]
         residual = torch.empty(num_tokens, hidden.shape[1], dtype=torch.float32)
         # int32 rows, contiguous, kept alive here for the C call (which reads them).
         seq_lens = torch.from_numpy((batch.positions + 1).astype(np.int32))
@@ -189,12 +196,15 @@ class CpuDecodeStack(DecodeStep):
         groups, keep_alive = _group_table(batch)
         lora_step = self._lora_step()
         failed = self.library.decode_stack_bf16(
-            ctypes.byref(self.dims), self.table, num_tokens, pointer(hidden), pointer(residual),
+            ctypes.byref(self.dims), self.table, num_tokens, pointer(input_ids),
+            pointer(hidden), pointer(residual),
             pointer(positions), groups, pointer(seq_lens), pointer(token_rows),
             int(batch.positions.max()) + 1,
             None if lora_step is None else ctypes.byref(lora_step),
         )
         del keep_alive
+        if failed == 3:
+            raise IndexError("The CPU decode stack: a token id outside the vocabulary.")
         if failed:
             raise RuntimeError(f"The CPU decode stack failed (code {failed}).")
         if not self.dims.final_norm:  # (else applied in the call)

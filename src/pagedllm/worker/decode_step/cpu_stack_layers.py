@@ -33,8 +33,9 @@ from pagedllm.layers.layernorm import LayerNorm, OnePlusRMSNorm, RMSNorm
 from pagedllm.layers.linear import Linear
 from pagedllm.layers.mlp import GatedMLP, PlainMLP
 from pagedllm.layers.moe import MOE_KERNEL_MAX_ROWS, FusedMoE
+from pagedllm.layers.parallel_linear import VocabParallelEmbedding
 from pagedllm.layers.rotary import RotaryEmbedding
-from pagedllm.models.common import DecoderAttention, DecoderLayer
+from pagedllm.models.common import DecoderAttention, DecoderLayer, DecoderModel
 
 
 def matrices(layer: DecoderLayer) -> tuple[Linear, ...]:
@@ -164,6 +165,19 @@ def max_quantized_tokens(layers: list[DecoderLayer]) -> int | None:
             if table.max_tokens is not None:
                 limits.append(table.max_tokens)
     return min(limits) if limits else None
+
+
+def plain_embedding(decoder: DecoderModel) -> torch.Tensor | None:
+    """The token embedding table [vocab, hidden] when the model's embedding is a plain
+    lookup the C loop can do (bfloat16, one rank, no scale, no learned positions)."""
+    embed = decoder.embed_tokens
+    weight = embed.weight
+    if type(embed) is not VocabParallelEmbedding or embed.tp_group.world_size != 1:
+        return None
+    if decoder.embed_scale is not None or decoder.embed_positions is not None:
+        return None
+    plain = weight.dtype == torch.bfloat16 and weight.is_cpu and weight.is_contiguous()
+    return weight if plain else None
 
 
 def final_norm_pointers(norm: nn.Module | None, layer: DecoderLayer) -> tuple[int | None,
