@@ -169,10 +169,24 @@ def build_prompts(args: argparse.Namespace) -> tuple[list[str], Any, dict[str, A
     prompts = [tokenizer.decode(p) for p in ids]
     extra: dict[str, Any] = {}
     if args.ignore_eos:
-        # The same lever for every server: no special token (EOS included) can be sampled,
-        # so every run generates exactly output_len tokens.
+        # Every run generates exactly output_len tokens: no special token (EOS included)
+        # can be sampled, or (--length-lever ignore_eos) EOS does not end a request.
         extra["logit_bias"] = {str(t): -100 for t in sorted(set(tokenizer.all_special_ids))}
     return prompts, tokenizer, extra
+
+
+# Servers that take vLLM's `ignore_eos` field (llama-server: by banning the EOG tokens).
+IGNORE_EOS_SERVERS = ("pagedllm", "llama-server", "offline", "server")
+
+
+def request_extra(kind: str, extra: dict[str, Any], args: argparse.Namespace
+                  ) -> dict[str, Any]:
+    """The extra body for `kind`: with --length-lever ignore_eos, `ignore_eos: true` instead
+    of the logit bias where the server takes it."""
+    if args.ignore_eos and args.length_lever == "ignore_eos" and kind in IGNORE_EOS_SERVERS:
+        return {key: value for key, value in extra.items() if key != "logit_bias"} | {
+            "ignore_eos": True}
+    return extra
 
 
 def model_busy_seconds(base_url: str) -> float | None:
@@ -203,7 +217,7 @@ def offline_run(gguf: str, prompts: list[str], args: argparse.Namespace,
     llm = LLM(model=gguf, max_model_len=args.max_model_len)
     bias = {int(t): v for t, v in extra.get("logit_bias", {}).items()}
     params = SamplingParams(temperature=0.0, max_tokens=args.output_len,
-                            logit_bias=bias or None)
+                            logit_bias=bias or None, ignore_eos=bool(extra.get("ignore_eos")))
     llm.generate(prompts[:2], SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)
     start = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=False)
@@ -257,6 +271,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--length-lever", choices=("logit_bias", "ignore_eos"), default="logit_bias",
+                   help="how --ignore-eos fixes the output length: a -100 bias on every "
+                        "special token (every server), or the ignore_eos field where a "
+                        "server takes it (pagedllm, llama-server; llama-cpp-python: bias)")
     p.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--request-timeout", type=float, default=1800.0)
     p.add_argument("--seed", type=int, default=0)
@@ -284,16 +302,19 @@ def main(argv: list[str] | None = None) -> None:
     if args.base_url:
         for level in levels:
             summaries[name("server", level)] = asyncio.run(_benchmark(
-                args.base_url, args.model, prompts, args, extra, tokenizer, level))
+                args.base_url, args.model, prompts, args, request_extra("server", extra, args),
+                tokenizer, level))
     for kind in (args.launch.split(",") if args.launch else []):
         if kind == "offline":
-            summaries["offline"] = offline_run(args.gguf, prompts, args, extra)
+            summaries["offline"] = offline_run(
+                args.gguf, prompts, args, request_extra(kind, extra, args))
             continue
         process, base_url = start_server(kind, args.gguf, args, Path(args.log_dir))
         try:
             for level in levels:
                 summaries[name(kind, level)] = asyncio.run(
-                    _benchmark(base_url, "bench", prompts, args, extra, tokenizer, level))
+                    _benchmark(base_url, "bench", prompts, args,
+                               request_extra(kind, extra, args), tokenizer, level))
         finally:
             stop_server(process)
     for label, summary in summaries.items():

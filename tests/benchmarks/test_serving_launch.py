@@ -48,3 +48,12 @@ def test_a_missing_llama_server_is_a_clear_error(serving, monkeypatch):
     monkeypatch.setenv("PATH", "")
     with pytest.raises(SystemExit, match="llama-server not found"):
         serving.server_command("llama-server", "m.gguf", 9000, _args(serving))
+
+
+def test_the_length_lever_is_the_ignore_eos_field_where_a_server_takes_it(serving):
+    extra = {"logit_bias": {"2": -100}}
+    args = _args(serving, "--length-lever", "ignore_eos")
+    assert serving.request_extra("llama-server", extra, args) == {"ignore_eos": True}
+    assert serving.request_extra("pagedllm", extra, args) == {"ignore_eos": True}
+    assert serving.request_extra("llamacpp", extra, args) == extra  # llama-cpp-python: bias
+    assert serving.request_extra("pagedllm", extra, _args(serving)) == extra  # the default
