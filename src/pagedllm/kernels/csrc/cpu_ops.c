@@ -87,32 +87,33 @@ void activation_bf16(int64_t kind, int64_t T, int64_t d, const uint16_t *x, int6
     }
 }
 
-/* x [T, 2d] (gate | up, rows x_stride apart) → out [T, d] = silu(gate) * up. */
-void silu_and_mul_bf16(int64_t T, int64_t d, const uint16_t *x, int64_t x_stride,
-                       uint16_t *out) {
+/* x [T, 2d] (gate | up, rows x_stride apart) → out [T, d] = bf16(act(gate)) * up, act
+ * STACK_SILU or STACK_GELU_TANH; inlined with a constant `kind` into each entry point below. */
+static inline void gated_and_mul(int64_t kind, int64_t T, int64_t d, const uint16_t *x,
+                                 int64_t x_stride, uint16_t *out) {
 #pragma omp parallel for if (T >= PARALLEL_ROWS)
     for (int64_t t = 0; t < T; t++) {
         const uint16_t *gate = x + t * x_stride, *up = gate + d;
         uint16_t *o = out + t * d;
         for (int64_t j = 0; j < d; j++) {
             const float g = bf16_to_float(gate[j]);
-            o[j] = float_to_bf16(round_bf16(g / (1.f + expf(-g))) * bf16_to_float(up[j]));
+            const float a = kind == STACK_SILU ? g / (1.f + expf(-g)) : gelu_tanh(g);
+            o[j] = float_to_bf16(round_bf16(a) * bf16_to_float(up[j]));
         }
     }
 }
 
-/* x [T, 2d] (gate | up) → out [T, d] = gelu_tanh(gate) * up (GeGLU: Gemma's
- * gelu_pytorch_tanh), torch's formula 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))). */
+/* out [T, d] = silu(gate) * up. */
+void silu_and_mul_bf16(int64_t T, int64_t d, const uint16_t *x, int64_t x_stride,
+                       uint16_t *out) {
+    gated_and_mul(STACK_SILU, T, d, x, x_stride, out);
+}
+
+/* out [T, d] = gelu_tanh(gate) * up (GeGLU: Gemma's gelu_pytorch_tanh), torch's formula
+ * 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))). */
 void gelu_tanh_and_mul_bf16(int64_t T, int64_t d, const uint16_t *x, int64_t x_stride,
                             uint16_t *out) {
-#pragma omp parallel for if (T >= PARALLEL_ROWS)
-    for (int64_t t = 0; t < T; t++) {
-        const uint16_t *gate = x + t * x_stride, *up = gate + d;
-        uint16_t *o = out + t * d;
-        for (int64_t j = 0; j < d; j++)
-            o[j] = float_to_bf16(round_bf16(gelu_tanh(bf16_to_float(gate[j]))) *
-                                 bf16_to_float(up[j]));
-    }
+    gated_and_mul(STACK_GELU_TANH, T, d, x, x_stride, out);
 }
 
 /* Neox-style RoPE in place on x [T, heads, head_size] (tokens x_stride apart, heads
