@@ -161,18 +161,27 @@ def stop_server(process: subprocess.Popen) -> None:
 # ---------------------------------------------------------------------------------- main
 
 
-def build_prompts(args: argparse.Namespace) -> tuple[list[str], Any, dict[str, Any]]:
-    """Deterministic text prompts of ~input_len tokens, the tokenizer, and the extra body."""
+def build_prompts(args: argparse.Namespace, num_sets: int = 1
+                  ) -> tuple[list[list[str]], list[str], Any, dict[str, Any]]:
+    """`num_sets` sets of deterministic text prompts of ~input_len tokens (one per
+    concurrency level), two warm-up prompts, the tokenizer, and the extra body. Every
+    prompt starts with its own tag ("[set-index] "): the texts are drawn from a pool of
+    sentences, and without it a server's prefix cache would answer the first blocks of some
+    prompts from others' (a later level's from an earlier one's), which not every server
+    does alike."""
     location = locate_model(args.tokenizer or args.gguf)
     tokenizer = load_tokenizer(location)
-    ids = make_prompts(tokenizer, args.num_prompts, args.input_len, args.input_len, args.seed)
-    prompts = [tokenizer.decode(p) for p in ids]
+    sets = [
+        [f"[{i}-{j}] {tokenizer.decode(p)}" for j, p in enumerate(make_prompts(
+            tokenizer, args.num_prompts, args.input_len, args.input_len, args.seed + i))]
+        for i in range(num_sets + 1)
+    ]
     extra: dict[str, Any] = {}
     if args.ignore_eos:
         # Every run generates exactly output_len tokens: no special token (EOS included)
         # can be sampled, or (--length-lever ignore_eos) EOS does not end a request.
         extra["logit_bias"] = {str(t): -100 for t in sorted(set(tokenizer.all_special_ids))}
-    return prompts, tokenizer, extra
+    return sets[:-1], sets[-1][:2], tokenizer, extra
 
 
 # Servers that take vLLM's `ignore_eos` field (llama-server: by banning the EOG tokens).
@@ -208,8 +217,8 @@ def concurrency_levels(args: argparse.Namespace) -> list[int | None]:
     return [int(level) for level in str(args.max_concurrency).split(",")]
 
 
-def offline_run(gguf: str, prompts: list[str], args: argparse.Namespace,
-                extra: dict[str, Any]) -> dict:
+def offline_run(gguf: str, prompts: list[str], warm_prompts: list[str],
+                args: argparse.Namespace, extra: dict[str, Any]) -> dict:
     """The same requests through pagedllm's offline LLM.generate (greedy, the same
     output_len and logit_bias as the server requests): output tokens/s."""
     from pagedllm import LLM, SamplingParams
@@ -218,7 +227,7 @@ def offline_run(gguf: str, prompts: list[str], args: argparse.Namespace,
     bias = {int(t): v for t, v in extra.get("logit_bias", {}).items()}
     params = SamplingParams(temperature=0.0, max_tokens=args.output_len,
                             logit_bias=bias or None, ignore_eos=bool(extra.get("ignore_eos")))
-    llm.generate(prompts[:2], SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)
+    llm.generate(warm_prompts, SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)
     start = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=False)
     duration = time.perf_counter() - start
@@ -229,12 +238,13 @@ def offline_run(gguf: str, prompts: list[str], args: argparse.Namespace,
             "request_throughput": len(outputs) / duration}
 
 
-async def _benchmark(base_url: str, model: str, prompts: list[str], args: argparse.Namespace,
-                     extra: dict[str, Any], tokenizer: Any, concurrency: int | None) -> dict:
+async def _benchmark(base_url: str, model: str, prompts: list[str], warm_prompts: list[str],
+                     args: argparse.Namespace, extra: dict[str, Any], tokenizer: Any,
+                     concurrency: int | None) -> dict:
     if args.warmup:
         warm = argparse.Namespace(**{**vars(args), "output_len": 4,
                                      "request_rate": float("inf")})
-        await run_workload(base_url, model, prompts[:2], warm, extra, 2)
+        await run_workload(base_url, model, warm_prompts, warm, extra, 2)
     busy_before = model_busy_seconds(base_url)
     results, duration = await run_workload(base_url, model, prompts, args, extra, concurrency)
     summary = summarize_run(results, duration, tokenizer)
@@ -291,29 +301,29 @@ def main(argv: list[str] | None = None) -> None:
     """Run the benchmark against --base-url and/or each --launch server."""
     args = parse_args(argv)
     args.gguf = args.gguf or locate_model(None).path
-    prompts, tokenizer, extra = build_prompts(args)
+    levels = concurrency_levels(args)
+    prompt_sets, warm, tokenizer, extra = build_prompts(args, len(levels))
     summaries: dict[str, dict] = {}
     info = machine_info()
-    levels = concurrency_levels(args)
 
     def name(kind: str, level: int | None) -> str:
         return kind if len(levels) == 1 else f"{kind}@{level or 'all'}"
 
     if args.base_url:
-        for level in levels:
+        for level, prompts in zip(levels, prompt_sets, strict=True):
             summaries[name("server", level)] = asyncio.run(_benchmark(
-                args.base_url, args.model, prompts, args, request_extra("server", extra, args),
-                tokenizer, level))
+                args.base_url, args.model, prompts, warm, args,
+                request_extra("server", extra, args), tokenizer, level))
     for kind in (args.launch.split(",") if args.launch else []):
         if kind == "offline":
-            summaries["offline"] = offline_run(
-                args.gguf, prompts, args, request_extra(kind, extra, args))
+            summaries["offline"] = offline_run(  # the first level's requests, fresh engine
+                args.gguf, prompt_sets[0], warm, args, request_extra(kind, extra, args))
             continue
         process, base_url = start_server(kind, args.gguf, args, Path(args.log_dir))
         try:
-            for level in levels:
+            for level, prompts in zip(levels, prompt_sets, strict=True):
                 summaries[name(kind, level)] = asyncio.run(
-                    _benchmark(base_url, "bench", prompts, args,
+                    _benchmark(base_url, "bench", prompts, warm, args,
                                request_extra(kind, extra, args), tokenizer, level))
         finally:
             stop_server(process)

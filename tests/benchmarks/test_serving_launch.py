@@ -57,3 +57,18 @@ def test_the_length_lever_is_the_ignore_eos_field_where_a_server_takes_it(servin
     assert serving.request_extra("pagedllm", extra, args) == {"ignore_eos": True}
     assert serving.request_extra("llamacpp", extra, args) == extra  # llama-cpp-python: bias
     assert serving.request_extra("pagedllm", extra, _args(serving)) == extra  # the default
+
+
+def test_each_concurrency_level_sends_prompts_no_other_level_sent(serving):
+    """A server's prefix cache would otherwise answer a later level's prompts from an
+    earlier level's blocks (and the warm-up's from its own)."""
+    args = _args(serving, "--num-prompts", "6", "--input-len", "16")
+    args.gguf = None
+    sets, warm, tokenizer, extra = serving.build_prompts(args, 2)
+    assert len(sets) == 2 and all(len(prompts) == 6 for prompts in sets)
+    assert len(warm) == 2
+    # No two prompts share even their first tokens (a prefix-cache block's worth).
+    starts = [tuple(tokenizer.encode(p, add_special_tokens=False)[:4])
+              for p in [*sets[0], *sets[1], *warm]]
+    assert len(set(starts)) == len(starts) == 14
+    assert "logit_bias" in extra
