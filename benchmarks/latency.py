@@ -401,6 +401,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=False,
         help="enable the engine's prefix cache (off: every prompt is prefilled in full)",
     )
+    add(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help="the engine's context limit (default: the model's; lower it for models whose "
+        "full context does not fit the KV cache, e.g. Qwen3's 40,960)",
+    )
     add("--output-json", default=None, metavar="PATH", help="write config, machine, timings")
     add(
         "--skip-engine",
@@ -453,6 +460,7 @@ def measure_engine(
         quantization=args.quantization,
         keep_dense_weights=args.keep_dense_weights,
         **({"kv_cache_dtype": args.kv_cache_dtype} if args.kv_cache_dtype else {}),
+        **({"max_model_len": args.max_model_len} if args.max_model_len else {}),
     )
     setup_s = time.perf_counter() - start
     print(f"engine ready in {setup_s:.1f} s; {args.input_len} in / {args.output_len} out")

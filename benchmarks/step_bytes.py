@@ -7,8 +7,8 @@ plain greedy step reads it (the 4-bit shortlist where the engine keeps one, else
 or dense weight; the float32 refinement of the top 8 rows is left out: 8 rows), the other
 parameters a layer reads whole (norms, biases), and the KV cache of `context_len` positions
 in its own dtype (int8 with its scales where the default picks it). The embedding table is
-left out (one row a token), and so are MoE experts beyond the router's top-k (counted whole
-here: an over-estimate for MoE models).
+left out (one row a token); an MoE layer's experts count top_k / num_experts of their bytes
+(one token reads the router's top-k of them; shared experts are read whole).
 
 Used by roofline.py (the floor) and latency.py (the fraction of it a measured step reaches);
 cuda_decode.py counts the GPU path's weights with `weight_bytes`.
@@ -33,6 +33,7 @@ def weight_bytes(model: Any, greedy: bool = True) -> dict[str, int]:
 
     counted: set[int] = set()
     parts = {"linear": 0, "head": 0, "other": 0}
+    share = _expert_shares(model)
     for module in model.modules():
         if isinstance(module, VocabEmbedding):
             counted.update(id(p) for p in module.parameters(recurse=False))
@@ -44,7 +45,7 @@ def weight_bytes(model: Any, greedy: bool = True) -> dict[str, int]:
             chosen = module.shortlist if greedy and module.shortlist is not None else method
             parts["head"] += _step_method(chosen).nbytes()
         else:
-            parts["linear"] += _step_method(method).nbytes()
+            parts["linear"] += round(_step_method(method).nbytes() * share.get(id(module), 1.0))
         # The layer's weight is read through its method; its bias (if any) below.
         weight = getattr(module, "weight", None)
         if weight is not None:
@@ -53,6 +54,18 @@ def weight_bytes(model: Any, greedy: bool = True) -> dict[str, int]:
         if id(param) not in counted:
             parts["other"] += param.numel() * param.element_size()
     return parts
+
+
+def _expert_shares(model: Any) -> dict[int, float]:
+    """{id(linear module): fraction a batch-1 step reads} for every routed expert's layers."""
+    from pagedllm.layers.moe import FusedMoE
+
+    shares: dict[int, float] = {}
+    for moe in model.modules():
+        if isinstance(moe, FusedMoE):
+            for module in moe.experts.modules():
+                shares[id(module)] = moe.top_k / moe.num_experts
+    return shares
 
 
 def kv_bytes_per_position(llm: Any) -> int:

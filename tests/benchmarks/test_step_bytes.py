@@ -40,3 +40,20 @@ def test_int4_step_reads_the_groups_not_a_dense_copy(tiny_llama_dir):
     # 4-bit codes and a float32 scale and minimum per 32 weights.
     assert parts["linear"] == weights * 3 // 4
     assert parts["linear"] < weights * torch.bfloat16.itemsize
+
+
+def test_moe_step_reads_only_the_routed_share_of_the_experts(tmp_path):
+    """A batch-1 MoE step reads top_k of num_experts experts: their bytes count that share
+    (the floor once counted every expert whole, 2.7x too many bytes on Qwen2-MoE)."""
+    from tests.models.test_model_parity import _config, save_random
+
+    step_bytes = load_benchmark("step_bytes")
+    model_dir = save_random(tmp_path / "moe", _config("qwen2_moe"))
+    llm = LLM(str(model_dir), dtype="float32", max_model_len=128)
+    model = llm.llm_engine.engine_core.engine_core.executor.worker.model
+    c = llm.llm_engine.engine_config.model_config.hf_config
+    expert = sum(p.numel() * 4 for name, p in model.named_parameters() if ".experts." in name)
+    rest = sum(p.numel() * 4 for name, p in model.named_parameters()
+               if name.endswith(("proj.weight", "gate.weight")) and ".experts." not in name)
+    parts = step_bytes.weight_bytes(model)
+    assert parts["linear"] == rest + expert * c.num_experts_per_tok // c.num_experts

@@ -403,6 +403,30 @@ def test_stacked_expert_codes_split_per_expert(tmp_path: Path) -> None:
     assert np.abs(third - values[2]).max() < 0.05  # expert 2 is the third slice
 
 
+def test_moe_gguf_with_float32_routers_runs_its_codes(tmp_path: Path) -> None:
+    """llama.cpp keeps MoE routers float32 in a Q4_0 file: the file is still served with
+    its 4-bit codes (it was dequantized whole to bf16, 4x slower decode), and its experts'
+    3D matrices decide the method like any other matrix."""
+    from pagedllm.model_loader.gguf import gguf_weight_quantization
+
+    rng = np.random.default_rng(5)
+
+    def values(*shape: int) -> np.ndarray:
+        return rng.standard_normal(shape).astype(np.float32)
+
+    tensors = {
+        "blk.0.attn_q.weight": (values(64, 64), Q.Q4_0),
+        "blk.0.ffn_gate_inp.weight": (values(4, 64), Q.F32),
+        "blk.0.ffn_gate_inp_shexp.weight": (values(64), Q.F32),
+        "blk.0.ffn_up_exps.weight": (values(4, 32, 64), Q.Q4_0),
+    }
+    path = _write_gguf(tmp_path / "m.gguf", "qwen2moe", tensors)
+    assert gguf_weight_quantization(str(path)) == "int4"
+    tensors["blk.0.ffn_up_exps.weight"] = (values(4, 32, 64), Q.F16)
+    path = _write_gguf(tmp_path / "f.gguf", "qwen2moe", tensors)
+    assert gguf_weight_quantization(str(path)) is None  # float experts: served dense
+
+
 def test_mixtral_gguf_is_llama_with_experts(tmp_path: Path) -> None:
     """llama.cpp writes Mixtral as "llama" with stacked experts and permuted Q/K rows: it
     loads as MixtralForCausalLM with exactly its safetensors checkpoint's parameters."""

@@ -235,6 +235,8 @@ def group_codes(tensor: GgufTensorInfo, data: np.ndarray) -> GroupCodes:
 # types re-quantize to int4 in groups of 32 (Q4_1 exactly), wider ones to int8 per channel.
 _INT4_TYPES = {"Q4_0", "Q4_1", "Q4_K"}
 _INT8_TYPES = {"Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0", "Q8_K"}
+# MoE routers (the experts' and the shared expert's gate): RouterLinear, never quantized.
+_ROUTER_NAMES = frozenset({"ffn_gate_inp", "ffn_gate_inp_shexp"})
 
 
 def gguf_weight_quantization(gguf_path: str) -> str | None:
@@ -243,12 +245,16 @@ def gguf_weight_quantization(gguf_path: str) -> str | None:
     "int4" when all are 4-bit, or when some are and every one is of a type whose codes the
     byte dot-product kernels take as they are (CODE_TYPES: a mixed Q4_K_M file keeps each
     tensor's own format); "int8" when all are quantized and some are wider; None when any
-    is a float type (F32/F16/BF16): such files are served with dense weights.
+    is a float type (F32/F16/BF16): such files are served with dense weights. Experts'
+    stacked 3D matrices count; MoE routers do not (llama.cpp keeps them float32 in every
+    file, and the model runs them as plain float matmuls whatever the method).
     """
     types = {
         tensor.type_name
         for tensor in load_index(gguf_path).tensors
-        if tensor.name.startswith("blk.") and len(tensor.shape) == 2
+        if tensor.name.startswith("blk.")
+        and len(tensor.shape) in (2, 3)
+        and tensor.name.split(".")[2] not in _ROUTER_NAMES
     }
     if types and (types <= _INT4_TYPES or (types <= CODE_TYPES and types & _INT4_TYPES)):
         return "int4"

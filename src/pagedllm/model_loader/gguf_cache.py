@@ -33,7 +33,7 @@ from pagedllm.model_loader.gguf_chat_templates import FALLBACK_CHAT_TEMPLATES
 
 logger = init_logger(__name__)
 
-_FORMAT_VERSION = 3
+_FORMAT_VERSION = 4
 _INDEX_FILE = "gguf_index.json"
 _CHAT_TEMPLATE_KEY = "tokenizer.chat_template"
 # Metadata keys the weight loader reads, by their suffix after "<architecture>.".
@@ -110,7 +110,22 @@ def _convert_config(path: Path, folder: Path) -> None:
         config = _mixtral_config_if_experts(config, path)
     elif config.model_type == "gpt2":
         _complete_gpt2_config(config, path)
+    if config.model_type != "gpt2":
+        _complete_head_dim(config, path)
     config.save_pretrained(folder)
+
+
+def _complete_head_dim(config: Any, path: Path) -> None:
+    """The file's per-head width (`<arch>.attention.key_length`), which transformers'
+    conversion drops for some architectures (Qwen3's config then falls back to its default
+    128, and a file of any other head width fails to load)."""
+    import gguf
+
+    reader = gguf.GGUFReader(path)
+    arch = str(_field(reader, "general.architecture"))
+    key_length = _field(reader, f"{arch}.attention.key_length")
+    if key_length is not None:
+        config.head_dim = int(key_length)
 
 
 def _complete_gpt2_config(config: Any, path: Path) -> None:
