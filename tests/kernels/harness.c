@@ -70,17 +70,26 @@ static void bf16_to_floats(const uint16_t *x, float *out, int64_t n) {
     for (int64_t i = 0; i < n; i++) out[i] = bf16_to_float(x[i]);
 }
 
-static void check_matmul(void *ref, void *var, const char *name, int int8, int64_t M, int64_t N,
+/* kind: 0 int4 codes with float32 scales, 1 int8 codes, 2 int4 codes with float16 scales. */
+static void check_matmul(void *ref, void *var, const char *name, int kind, int64_t M, int64_t N,
                          int64_t K) {
+    const int int8 = kind == 1, half = kind == 2;
     const int64_t panels = (N + 15) / 16, G = K / 32;
     const int64_t code_bytes = panels * G * (int8 ? 512 : 256);
     const int64_t dm_floats = panels * G * (int8 ? 16 : 32);
     uint8_t *codes = malloc(code_bytes);
     float *dm = malloc(sizeof(float) * dm_floats);
+    uint16_t *dm_half = (uint16_t *)dm; /* float16 scales: the first half of the buffer */
     uint16_t *x = malloc(sizeof(uint16_t) * M * K);
     uint16_t *want = calloc(M * N, sizeof(uint16_t)), *got = calloc(M * N, sizeof(uint16_t));
     for (int64_t i = 0; i < code_bytes; i++) codes[i] = (uint8_t)next_u32();
     for (int64_t i = 0; i < dm_floats; i++) dm[i] = uniform(int8 ? 0.001f : -0.05f, 0.05f);
+    if (half) /* float16 bits: either sign, exponents 2^-10 .. 2^-3, any mantissa */
+        for (int64_t i = 0; i < dm_floats; i++) {
+            const uint32_t r = next_u32();
+            dm_half[i] = (uint16_t)(((r & 1u) << 15) | ((5u + (r >> 1) % 8u) << 10) |
+                                    ((r >> 8) & 0x3FFu));
+        }
     for (int64_t i = 0; i < M * K; i++) x[i] = float_to_bf16(uniform(-3.f, 3.f));
     for (int64_t i = 0; i < 32 && i < K; i++) x[i] = 0; /* a group of zeros */
     int status = ((matmul_fn)symbol(ref, name))(M, N, K, x, K, codes, dm, want, N);
@@ -210,6 +219,7 @@ int main(int argc, char **argv) {
     for (int i = 0; i < 5; i++) {
         check_matmul(ref, var, "w4a8_matmul_bf16", 0, tokens[i], 130, 96);
         check_matmul(ref, var, "w8a8_matmul_bf16", 1, tokens[i], 130, 96);
+        check_matmul(ref, var, "w4a8_f16_matmul_bf16", 2, tokens[i], 130, 96);
     }
     check_matmul(ref, var, "w4a8_matmul_bf16", 0, 17, 256, 576);
     check_attention(ref, var, "paged_decode_f32", "paged_prefill_f32", 0, 0);

@@ -17,7 +17,13 @@ from pagedllm.attention import cpu_kernel
 from pagedllm.kernels import build
 from pagedllm.kernels.variants import runnable_variants
 from pagedllm.layers import cpu_ops
-from pagedllm.layers.quantization import quantize_w4a8, quantize_w8a8
+from pagedllm.layers.quantization import (
+    GroupCodes,
+    W4A8Weight,
+    quantize_w4a8,
+    quantize_w8a8,
+    w4a8_from_codes,
+)
 from pagedllm.platform import cpu_platform
 from pagedllm.platform.cpu_features import detect
 
@@ -28,6 +34,19 @@ HOST_VARIANTS = [v.name for v in runnable_variants(detect()) if v.name != "scala
 @pytest.fixture(scope="module")
 def libraries() -> dict[str, kernels.KernelLibrary]:
     return {name: kernels.load_variant(name) for name in ["scalar", *HOST_VARIANTS]}
+
+
+def quantize_q4_1(weight: torch.Tensor) -> W4A8Weight:
+    """Random Q4_1-like codes (float16 scales and minimums, as GGUF stores them) at
+    `weight`'s shape: a W4A8Weight with float16 scales."""
+    rows, cols = weight.shape
+    gen = torch.Generator().manual_seed(rows * cols)
+    codes = torch.randint(0, 16, (rows, cols // 32, 32), generator=gen, dtype=torch.uint8)
+    scales = (torch.rand(rows, cols // 32, generator=gen) * 0.05).half().float()
+    mins = (torch.randn(rows, cols // 32, generator=gen) * 0.2).half().float()
+    packed = w4a8_from_codes(GroupCodes(codes, scales, mins))
+    assert isinstance(packed, W4A8Weight) and packed.scales_and_mins.dtype == torch.float16
+    return packed
 
 
 def _run(libraries, name, fn):
@@ -49,7 +68,8 @@ def test_host_runs_its_best_variant_and_the_ones_below():
 
 @pytest.mark.skipif(not cpu_ops.w4a8_available(), reason="no vector variant here")
 @pytest.mark.parametrize("variant", HOST_VARIANTS)
-@pytest.mark.parametrize("quantizer", [quantize_w4a8, quantize_w8a8], ids=["w4a8", "w8a8"])
+@pytest.mark.parametrize("quantizer", [quantize_w4a8, quantize_w8a8, quantize_q4_1],
+                         ids=["w4a8", "w8a8", "w4a8-f16"])
 @pytest.mark.parametrize(("rows", "cols"), [(130, 64), (48, 96), (256, 576)])
 def test_byte_dot_products_are_bit_identical_to_scalar(libraries, variant, quantizer, rows, cols):
     gen = torch.Generator().manual_seed(rows + cols)

@@ -52,9 +52,10 @@ STACK_SILU, STACK_GELU_TANH, STACK_RELU = 0, 1, 2
 
 
 class StackWeight(ctypes.Structure):
-    """kernels.h StackWeight: one byte dot-product weight (codes NULL: none), 4 or 8 bits."""
+    """kernels.h StackWeight: one byte dot-product weight (codes NULL: none), 4 or 8 bits,
+    its scales float32 or (4 bits only) float16."""
 
-    _fields_ = [("codes", _PTR), ("scales", _PTR), ("bits", _I64)]
+    _fields_ = [("codes", _PTR), ("scales", _PTR), ("bits", _I64), ("scale_bits", _I64)]
 
 
 class StackMatrix(ctypes.Structure):
@@ -128,8 +129,8 @@ _PREFILL_ARGS = (_PTR, _PTR, _I64, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I6
 # store_int8_*(dims, kv_cache, key, value, key_stride, value_stride, slots, num_tokens,
 # write_back).
 _STORE_ARGS = (_PTR, _PTR, _PTR, _PTR, _I64, _I64, _PTR, _I64, _I32)
-# w4a8 / w8a8_matmul_bf16(M, N, K, x, x_stride, qs, dm, out, out_stride): 1 when K % 32,
-# 2 when out of memory.
+# w4a8 / w4a8_f16 / w8a8_matmul_bf16(M, N, K, x, x_stride, qs, dm, out, out_stride): 1 when
+# K % 32, 2 when out of memory.
 _BYTE_DOT_ARGS = (_I64, _I64, _I64, _PTR, _I64, _PTR, _PTR, _PTR, _I64)
 
 FUNCTIONS: tuple[Function, ...] = (
@@ -158,6 +159,7 @@ FUNCTIONS: tuple[Function, ...] = (
     # rope_neox_bf16(T, heads, head_size, rot_dim, x, x_stride, positions, cos_sin)
     Function("rope_neox_bf16", (_I64, _I64, _I64, _I64, _PTR, _I64, _PTR, _PTR), None),
     Function("w4a8_matmul_bf16", _BYTE_DOT_ARGS, ctypes.c_int),
+    Function("w4a8_f16_matmul_bf16", _BYTE_DOT_ARGS, ctypes.c_int),
     Function("w8a8_matmul_bf16", _BYTE_DOT_ARGS, ctypes.c_int),
     # lora_add_bf16(num, K, N, x, x_stride, out, out_stride, order, order_slots, subs,
     # sub_offsets, R, A, B): 2 when out of memory.

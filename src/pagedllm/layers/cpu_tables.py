@@ -73,8 +73,10 @@ def parts_matrix(parts: list[ByteDotWeight]) -> StackMatrix:
 
 def _weight(weight: ByteDotWeight) -> StackWeight:
     if isinstance(weight, W4A8Weight):
-        return StackWeight(weight.packed.data_ptr(), weight.scales_and_mins.data_ptr(), 4)
-    return StackWeight(weight.codes.data_ptr(), weight.scales.data_ptr(), 8)
+        scales = weight.scales_and_mins
+        return StackWeight(weight.packed.data_ptr(), scales.data_ptr(), 4,
+                           8 * scales.element_size())
+    return StackWeight(weight.codes.data_ptr(), weight.scales.data_ptr(), 8, 32)
 
 
 def gated_activation_code(mlp: GatedMLP) -> int | None:

@@ -91,6 +91,31 @@ def test_int8_layout_holds_q8_0_codes():
     assert (error <= 0.5 * row_scales[..., None] * (1 + 2**-6)).all()
 
 
+@pytest.mark.parametrize("num_tokens", [1, 5, 17])
+def test_float16_scales_give_the_float32_scales_products(num_tokens):
+    """GGUF Q4_0 / Q4_1 scales are float16: kept as float16 (0.625 bytes a weight, not
+    0.75), the kernel's products are bit-identical to the same scales in float32; scales a
+    float16 would round stay float32."""
+    from dataclasses import replace
+
+    from pagedllm.layers.quantization import w4a8_from_codes
+
+    gen = torch.Generator().manual_seed(num_tokens)
+    codes = torch.randint(0, 16, (40, 6, 32), generator=gen, dtype=torch.uint8)
+    scales = (torch.rand(40, 6, generator=gen) * 0.05).half().float()
+    weight = w4a8_from_codes(GroupCodes(codes, scales, -8 * scales))  # Q4_0's minimum
+    assert isinstance(weight, W4A8Weight)
+    assert weight.scales_and_mins.dtype == torch.float16
+    as_float32 = replace(weight, scales_and_mins=weight.scales_and_mins.float())
+    assert 2 * weight.scales_and_mins.nbytes == as_float32.scales_and_mins.nbytes
+    x = (torch.randn(num_tokens, 192, generator=gen) * 2).bfloat16()
+    assert torch.equal(weight.matmul(x), as_float32.matmul(x))
+    assert torch.equal(weight.dense(torch.float32), as_float32.dense(torch.float32))
+    rounded = w4a8_from_codes(GroupCodes(codes, scales * (1 + 2**-20), -8 * scales))
+    assert isinstance(rounded, W4A8Weight)
+    assert rounded.scales_and_mins.dtype == torch.float32
+
+
 @pytest.mark.parametrize("quantizer", FORMATS)
 @pytest.mark.parametrize("num_tokens", [1, 3, 16, 17, 70])
 @pytest.mark.parametrize(("rows", "cols"), [(130, 64), (256, 576), (48, 96)])

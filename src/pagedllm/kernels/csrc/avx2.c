@@ -172,10 +172,18 @@ static inline __attribute__((always_inline)) void group_dots(
 #endif
 }
 
+/* 8 scales at dm + i, float16 or float32 by the format (the conversion is exact). */
+static inline __m256 load_scales(const int FMT, const void *dm, int64_t i) {
+    if (FMT == FMT_INT4_F16)
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)dm + i)));
+    return _mm256_loadu_ps((const float *)dm + i);
+}
+
 /* Tokens t .. t + R - 1 times rows 8 * half .. 8 * half + 7 of a panel. */
 static inline __attribute__((always_inline)) void half_tile(
-    const int R, const int INT8, const Q8Activations *a, int64_t t, const uint8_t *codes,
-    const float *dm, uint16_t *out, int64_t out_stride, int lanes, int half) {
+    const int R, const int FMT, const Q8Activations *a, int64_t t, const uint8_t *codes,
+    const void *dm, uint16_t *out, int64_t out_stride, int lanes, int half) {
+    const int INT8 = FMT == FMT_INT8;
     const int64_t group_bytes = INT8 ? 512 : 256, dm_stride = INT8 ? PANEL_ROWS : 2 * PANEL_ROWS;
     __m256 acc[MAX_TILE_TOKENS];
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
@@ -189,9 +197,9 @@ static inline __attribute__((always_inline)) void half_tile(
         }
         __m256i dot0[MAX_TILE_TOKENS], dot1[MAX_TILE_TOKENS];
         group_dots(R, INT8, codes + g * group_bytes, half, xq, sums, dot0, dot1);
-        const __m256 d = _mm256_loadu_ps(dm + g * dm_stride + 8 * half);
+        const __m256 d = load_scales(FMT, dm, g * dm_stride + 8 * half);
         const __m256 m = INT8 ? _mm256_mul_ps(d, _mm256_set1_ps(-128.f))
-                              : _mm256_loadu_ps(dm + g * dm_stride + PANEL_ROWS + 8 * half);
+                              : load_scales(FMT, dm, g * dm_stride + PANEL_ROWS + 8 * half);
         for (int r = 0; r < R; r++) {
             const int64_t row = t + r;
             const float *dx = a->dx + (row * a->G + g) * 2;
@@ -209,14 +217,14 @@ static inline __attribute__((always_inline)) void half_tile(
 }
 
 static inline __attribute__((always_inline)) void tile(
-    const int R, const int INT8, const Q8Activations *a, int64_t t, const uint8_t *codes,
-    const float *dm, uint16_t *out, int64_t out_stride, int lanes) {
-    half_tile(R, INT8, a, t, codes, dm, out, out_stride, lanes, 0);
-    if (lanes > 8) half_tile(R, INT8, a, t, codes, dm, out, out_stride, lanes, 1);
+    const int R, const int FMT, const Q8Activations *a, int64_t t, const uint8_t *codes,
+    const void *dm, uint16_t *out, int64_t out_stride, int lanes) {
+    half_tile(R, FMT, a, t, codes, dm, out, out_stride, lanes, 0);
+    if (lanes > 8) half_tile(R, FMT, a, t, codes, dm, out, out_stride, lanes, 1);
 }
 
-void isa_byte_dot_tile(int int8, const Q8Activations *a, int64_t t, int rows,
-                       const uint8_t *codes, const float *dm, uint16_t *out,
+void isa_byte_dot_tile(int format, const Q8Activations *a, int64_t t, int rows,
+                       const uint8_t *codes, const void *dm, uint16_t *out,
                        int64_t out_stride, int lanes) {
     switch (rows) { ISA_TILE_CASE(4) ISA_TILE_CASE(3) ISA_TILE_CASE(2) ISA_TILE_CASE(1) }
 }

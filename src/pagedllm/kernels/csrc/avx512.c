@@ -57,10 +57,18 @@ static inline void store_bf16x16(uint16_t *dst, __m512 v, int lanes) {
         _mm256_mask_storeu_epi16(dst, (__mmask16)((1u << lanes) - 1), half);
 }
 
-/* R and INT8 are constants at every call site, so each variant is fully unrolled. */
+/* 16 scales at dm + i, float16 or float32 by the format (the conversion is exact). */
+static inline __m512 load_scales(const int FMT, const void *dm, int64_t i) {
+    if (FMT == FMT_INT4_F16)
+        return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)dm + i)));
+    return _mm512_loadu_ps((const float *)dm + i);
+}
+
+/* R and FMT are constants at every call site, so each variant is fully unrolled. */
 static inline __attribute__((always_inline)) void tile(
-    const int R, const int INT8, const Q8Activations *a, int64_t t, const uint8_t *codes,
-    const float *dm, uint16_t *out, int64_t out_stride, int lanes) {
+    const int R, const int FMT, const Q8Activations *a, int64_t t, const uint8_t *codes,
+    const void *dm, uint16_t *out, int64_t out_stride, int lanes) {
+    const int INT8 = FMT == FMT_INT8;
     const __m512i low = _mm512_set1_epi8(0x0F);
     const int64_t group_bytes = INT8 ? 512 : 256, dm_stride = INT8 ? PANEL_ROWS : 2 * PANEL_ROWS;
     __m512 acc[MAX_TILE_TOKENS];
@@ -77,9 +85,9 @@ static inline __attribute__((always_inline)) void tile(
                 w[b + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low);
             }
         }
-        const __m512 d = _mm512_loadu_ps(dm + g * dm_stride);
+        const __m512 d = load_scales(FMT, dm, g * dm_stride);
         const __m512 m = INT8 ? _mm512_mul_ps(d, _mm512_set1_ps(-128.f))
-                              : _mm512_loadu_ps(dm + g * dm_stride + PANEL_ROWS);
+                              : load_scales(FMT, dm, g * dm_stride + PANEL_ROWS);
         for (int r = 0; r < R; r++) {
             const int64_t row = t + r;
             const int8_t *xq = a->xq + row * a->K + g * Q8_GROUP;
@@ -108,8 +116,8 @@ static inline __attribute__((always_inline)) void tile(
     for (int r = 0; r < R; r++) store_bf16x16(out + r * out_stride, acc[r], lanes);
 }
 
-void isa_byte_dot_tile(int int8, const Q8Activations *a, int64_t t, int rows,
-                       const uint8_t *codes, const float *dm, uint16_t *out,
+void isa_byte_dot_tile(int format, const Q8Activations *a, int64_t t, int rows,
+                       const uint8_t *codes, const void *dm, uint16_t *out,
                        int64_t out_stride, int lanes) {
     switch (rows) {
         ISA_TILE_CASE(8) ISA_TILE_CASE(7) ISA_TILE_CASE(6) ISA_TILE_CASE(5)

@@ -22,4 +22,25 @@ static inline uint16_t float_to_bf16(float f) {
 /* f rounded to bfloat16 and back: what a torch op with a bfloat16 result keeps. */
 static inline float round_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
 
+/* IEEE float16 -> float32, exactly (subnormals, infinities and NaN included), for ISAs
+ * without a conversion instruction. */
+static inline float half_to_float(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exponent = (h >> 10) & 0x1Fu;
+    uint32_t mantissa = h & 0x3FFu, bits;
+    if (exponent == 0x1Fu) {
+        bits = sign | 0x7F800000u | (mantissa << 13);
+    } else if (exponent != 0) {
+        bits = sign | ((exponent + 112u) << 23) | (mantissa << 13);
+    } else if (mantissa == 0) {
+        bits = sign;
+    } else { /* subnormal: normalise */
+        uint32_t e = 113u;
+        while (!(mantissa & 0x400u)) { mantissa <<= 1; e--; }
+        bits = sign | (e << 23) | ((mantissa & 0x3FFu) << 13);
+    }
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
 #endif

@@ -80,12 +80,19 @@ static inline void q8_record_group(const Q8Activations *a, int64_t t, int64_t g,
                                 : steps[0] * (float)(sums[0] + sums[1]);
 }
 
+/* The byte dot products' weight formats (isa_byte_dot_tile's `format`; w4a8.c has the
+ * layouts): int4 codes with float32 or float16 (d, m), int8 codes with float32 d. float16
+ * holds every GGUF Q4_0 / Q4_1 scale exactly and reads 0.625 bytes a weight, not 0.75. */
+enum { FMT_INT4 = 0, FMT_INT8 = 1, FMT_INT4_F16 = 2 };
+
 /* A case of isa_byte_dot_tile's switch over `rows`: the ISA's `tile` inlined with R rows and
  * the weight format as constants. */
 #define ISA_TILE_CASE(R)                                                                     \
     case R:                                                                                  \
-        if (int8) tile(R, 1, a, t, codes, dm, out, out_stride, lanes);                       \
-        else tile(R, 0, a, t, codes, dm, out, out_stride, lanes);                            \
+        if (format == FMT_INT8) tile(R, FMT_INT8, a, t, codes, dm, out, out_stride, lanes); \
+        else if (format == FMT_INT4_F16)                                                     \
+            tile(R, FMT_INT4_F16, a, t, codes, dm, out, out_stride, lanes);                  \
+        else tile(R, FMT_INT4, a, t, codes, dm, out, out_stride, lanes);                     \
         break;
 
 /* The variant's name ("scalar", "avx2", ...) and its tile height for the byte dot products. */
@@ -97,11 +104,12 @@ extern const int ISA_TILE_TOKENS;
 void isa_quantize_q8_bf16(const Q8Activations *a, const uint16_t *x, int64_t t, int halves);
 
 /* Tokens t .. t + rows - 1 (rows <= ISA_TILE_TOKENS) times one panel of 16 output rows:
- * int4 codes (int8 == 0: 256 bytes per group, dm = [G][2][16] scales then minimums) or int8
- * codes stored + 128 (int8 == 1: 512 bytes per group, dm = [G][16] scales). Writes the first
- * `lanes` columns of each token's output row (rows out_stride apart) as bfloat16. */
-void isa_byte_dot_tile(int int8, const Q8Activations *a, int64_t t, int rows,
-                       const uint8_t *codes, const float *dm, uint16_t *out,
+ * int4 codes (FMT_INT4 / FMT_INT4_F16: 256 bytes per group, dm = [G][2][16] float32 /
+ * float16 scales then minimums) or int8 codes stored + 128 (FMT_INT8: 512 bytes per group,
+ * dm = [G][16] float32 scales). Writes the first `lanes` columns of each token's output row
+ * (rows out_stride apart) as bfloat16. */
+void isa_byte_dot_tile(int format, const Q8Activations *a, int64_t t, int rows,
+                       const uint8_t *codes, const void *dm, uint16_t *out,
                        int64_t out_stride, int lanes);
 
 /* s[r * s_stride + t] = sum_j q[r * D + j] * tile_t[j * KEY_TILE + t] for r < 4, t < 16:

@@ -86,6 +86,9 @@ PAGEDLLM_API void rope_neox_bf16(int64_t T, int64_t heads, int64_t head_size, in
 PAGEDLLM_API int w4a8_matmul_bf16(int64_t M, int64_t N, int64_t K, const uint16_t *x,
                                   int64_t x_stride, const uint8_t *qs, const float *dm,
                                   uint16_t *out, int64_t out_stride);
+PAGEDLLM_API int w4a8_f16_matmul_bf16(int64_t M, int64_t N, int64_t K, const uint16_t *x,
+                                      int64_t x_stride, const uint8_t *qs, const uint16_t *dm,
+                                      uint16_t *out, int64_t out_stride);
 PAGEDLLM_API int w8a8_matmul_bf16(int64_t M, int64_t N, int64_t K, const uint16_t *x,
                                   int64_t x_stride, const uint8_t *qs, const float *dm,
                                   uint16_t *out, int64_t out_stride);
@@ -120,8 +123,9 @@ typedef struct {
 
 typedef struct {
     const uint8_t *codes; /* NULL: no such part */
-    const float *scales; /* with the minimums for 4-bit codes */
+    const void *scales; /* with the minimums for 4-bit codes */
     int64_t bits; /* 4: the w4a8 layout (two codes per byte), 8: the w8a8 layout */
+    int64_t scale_bits; /* 32: float32 scales; 16: float16 (4-bit codes only) */
 } StackWeight;
 
 typedef struct {

@@ -96,10 +96,18 @@ static inline int32x4_t dot_quad(int32x4_t dot, int8x16_t w, int8x16_t x, int la
 #endif
 }
 
+/* 4 scales at dm + i, float16 or float32 by the format (the conversion is exact). */
+static inline float32x4_t load_scales(const int FMT, const void *dm, int64_t i) {
+    if (FMT == FMT_INT4_F16)
+        return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)dm + i)));
+    return vld1q_f32((const float *)dm + i);
+}
+
 /* Tokens t .. t + R - 1 times rows 4 * chunk .. 4 * chunk + 3 of a panel. */
 static inline __attribute__((always_inline)) void chunk_tile(
-    const int R, const int INT8, const Q8Activations *a, int64_t t, const uint8_t *codes,
-    const float *dm, uint16_t *out, int64_t out_stride, int lanes, int chunk) {
+    const int R, const int FMT, const Q8Activations *a, int64_t t, const uint8_t *codes,
+    const void *dm, uint16_t *out, int64_t out_stride, int lanes, int chunk) {
+    const int INT8 = FMT == FMT_INT8;
     const int64_t group_bytes = INT8 ? 512 : 256, dm_stride = INT8 ? PANEL_ROWS : 2 * PANEL_ROWS;
     float32x4_t acc[MAX_TILE_TOKENS];
     for (int r = 0; r < R; r++) acc[r] = vdupq_n_f32(0.f);
@@ -116,9 +124,9 @@ static inline __attribute__((always_inline)) void chunk_tile(
                 w[b + 4] = vreinterpretq_s8_u8(vshrq_n_u8(raw, 4));
             }
         }
-        const float32x4_t d = vld1q_f32(dm + g * dm_stride + 4 * chunk);
+        const float32x4_t d = load_scales(FMT, dm, g * dm_stride + 4 * chunk);
         const float32x4_t m = INT8 ? vmulq_n_f32(d, -128.f)
-                                   : vld1q_f32(dm + g * dm_stride + PANEL_ROWS + 4 * chunk);
+                                   : load_scales(FMT, dm, g * dm_stride + PANEL_ROWS + 4 * chunk);
         for (int r = 0; r < R; r++) {
             const int64_t row = t + r;
             const int8_t *xq = a->xq + row * a->K + g * Q8_GROUP;
@@ -146,14 +154,14 @@ static inline __attribute__((always_inline)) void chunk_tile(
 }
 
 static inline __attribute__((always_inline)) void tile(
-    const int R, const int INT8, const Q8Activations *a, int64_t t, const uint8_t *codes,
-    const float *dm, uint16_t *out, int64_t out_stride, int lanes) {
+    const int R, const int FMT, const Q8Activations *a, int64_t t, const uint8_t *codes,
+    const void *dm, uint16_t *out, int64_t out_stride, int lanes) {
     for (int chunk = 0; chunk < 4 && 4 * chunk < lanes; chunk++)
-        chunk_tile(R, INT8, a, t, codes, dm, out, out_stride, lanes, chunk);
+        chunk_tile(R, FMT, a, t, codes, dm, out, out_stride, lanes, chunk);
 }
 
-void isa_byte_dot_tile(int int8, const Q8Activations *a, int64_t t, int rows,
-                       const uint8_t *codes, const float *dm, uint16_t *out,
+void isa_byte_dot_tile(int format, const Q8Activations *a, int64_t t, int rows,
+                       const uint8_t *codes, const void *dm, uint16_t *out,
                        int64_t out_stride, int lanes) {
     switch (rows) { ISA_TILE_CASE(4) ISA_TILE_CASE(3) ISA_TILE_CASE(2) ISA_TILE_CASE(1) }
 }

@@ -42,9 +42,16 @@ static inline int code_at(int int8, const uint8_t *group, int lane, int k) {
     return (group[((k % 16) / 4) * 64 + lane * 4 + k % 4] >> (4 * (k / 16))) & 0x0F;
 }
 
-void isa_byte_dot_tile(int int8, const Q8Activations *a, int64_t t, int rows,
-                       const uint8_t *codes, const float *dm, uint16_t *out,
+/* Scale i of dm, float16 or float32 by the format. */
+static inline float scale_at(int format, const void *dm, int64_t i) {
+    if (format == FMT_INT4_F16) return half_to_float(((const uint16_t *)dm)[i]);
+    return ((const float *)dm)[i];
+}
+
+void isa_byte_dot_tile(int format, const Q8Activations *a, int64_t t, int rows,
+                       const uint8_t *codes, const void *dm, uint16_t *out,
                        int64_t out_stride, int lanes) {
+    const int int8 = format == FMT_INT8;
     const int64_t group_bytes = int8 ? 512 : 256, dm_stride = int8 ? PANEL_ROWS : 2 * PANEL_ROWS;
     for (int r = 0; r < rows; r++) {
         const int64_t row = t + r;
@@ -56,8 +63,9 @@ void isa_byte_dot_tile(int int8, const Q8Activations *a, int64_t t, int rows,
                 int32_t dot[2] = {0, 0};
                 for (int k = 0; k < Q8_GROUP; k++)
                     dot[k / Q8_HALF] += code_at(int8, codes + g * group_bytes, lane, k) * xq[k];
-                const float d = dm[g * dm_stride + lane];
-                const float m = int8 ? -128.f * d : dm[g * dm_stride + PANEL_ROWS + lane];
+                const float d = scale_at(format, dm, g * dm_stride + lane);
+                const float m = int8 ? -128.f * d
+                                     : scale_at(format, dm, g * dm_stride + PANEL_ROWS + lane);
                 if (int8) { /* one scale per group */
                     acc[lane] = fmaf((float)(dot[0] + dot[1]), d * dx[0], acc[lane]);
                 } else {

@@ -9,7 +9,9 @@
  * quads: quad j holds inputs 4j..4j+3 of the panel's 16 rows, 64 bytes, row by row.
  *  - int4 (GGUF Q4_1's form, w = d * q + m, q in 0..15): 256 bytes per group, 4 blocks of
  *    64 bytes, block b holding quad b in its low nibbles and quad b + 4 in its high ones;
- *    dm [panels, groups, 2, 16] float32: the 16 rows' scales d, then their minimums m.
+ *    dm [panels, groups, 2, 16] float32: the 16 rows' scales d, then their minimums m;
+ *    or float16 (w4a8_f16_matmul_bf16), when every d and m is a float16 (GGUF Q4_0 / Q4_1
+ *    scales are): 64 bytes of scales a group instead of 128, the same products.
  *  - int8 (GGUF Q8_0's form, w = d * q, q in -127..127): q + 128 (unsigned) as 8 quads,
  *    512 bytes per group; dm [panels, groups, 16] float32: d only, the minimum is -128 d.
  * Activations are quantized per token to int8 with their own step dx, per 16 values for int4
@@ -31,10 +33,13 @@ const char *pagedllm_isa(void) { return ISA_NAME; }
 
 /* out [M, N] bfloat16 (rows out_stride apart) = x [M, K] bfloat16 (rows x_stride apart) @ W^T
  * for W in either layout. Returns 1 when K is not a multiple of 32, 2 when out of memory. */
-static int byte_dot_matmul(int INT8, int64_t M, int64_t N, int64_t K, const uint16_t *x,
-                           int64_t x_stride, const uint8_t *codes, const float *dm,
+static int byte_dot_matmul(int format, int64_t M, int64_t N, int64_t K, const uint16_t *x,
+                           int64_t x_stride, const uint8_t *codes, const void *dm,
                            uint16_t *out, int64_t out_stride) {
     if (K % Q8_GROUP != 0) return 1;
+    const int INT8 = format == FMT_INT8;
+    /* dm's element size: float16 scales are two bytes */
+    const size_t dm_bytes = format == FMT_INT4_F16 ? 2 : 4;
     const int64_t G = K / Q8_GROUP, panels = (N + PANEL_ROWS - 1) / PANEL_ROWS;
     const int64_t group_bytes = INT8 ? 512 : 256, dm_stride = INT8 ? PANEL_ROWS : 2 * PANEL_ROWS;
     /* dx [M, G, 2], c [M, G] and sums [M, G, 2] in one allocation (all 4-byte values) */
@@ -52,8 +57,9 @@ static int byte_dot_matmul(int INT8, int64_t M, int64_t N, int64_t K, const uint
             const int lanes = N - p * PANEL_ROWS < PANEL_ROWS ? (int)(N - p * PANEL_ROWS) : PANEL_ROWS;
             for (int64_t t = 0; t < M; t += ISA_TILE_TOKENS) {
                 const int rows = M - t < ISA_TILE_TOKENS ? (int)(M - t) : ISA_TILE_TOKENS;
-                isa_byte_dot_tile(INT8, &a, t, rows, codes + p * G * group_bytes,
-                                  dm + p * G * dm_stride, out + t * out_stride + p * PANEL_ROWS,
+                isa_byte_dot_tile(format, &a, t, rows, codes + p * G * group_bytes,
+                                  (const char *)dm + p * G * dm_stride * dm_bytes,
+                                  out + t * out_stride + p * PANEL_ROWS,
                                   out_stride, lanes);
             }
         }
@@ -65,10 +71,16 @@ static int byte_dot_matmul(int INT8, int64_t M, int64_t N, int64_t K, const uint
 
 int w4a8_matmul_bf16(int64_t M, int64_t N, int64_t K, const uint16_t *x, int64_t x_stride,
                      const uint8_t *qs, const float *dm, uint16_t *out, int64_t out_stride) {
-    return byte_dot_matmul(0, M, N, K, x, x_stride, qs, dm, out, out_stride);
+    return byte_dot_matmul(FMT_INT4, M, N, K, x, x_stride, qs, dm, out, out_stride);
+}
+
+int w4a8_f16_matmul_bf16(int64_t M, int64_t N, int64_t K, const uint16_t *x, int64_t x_stride,
+                         const uint8_t *qs, const uint16_t *dm, uint16_t *out,
+                         int64_t out_stride) {
+    return byte_dot_matmul(FMT_INT4_F16, M, N, K, x, x_stride, qs, dm, out, out_stride);
 }
 
 int w8a8_matmul_bf16(int64_t M, int64_t N, int64_t K, const uint16_t *x, int64_t x_stride,
                      const uint8_t *qs, const float *dm, uint16_t *out, int64_t out_stride) {
-    return byte_dot_matmul(1, M, N, K, x, x_stride, qs, dm, out, out_stride);
+    return byte_dot_matmul(FMT_INT8, M, N, K, x, x_stride, qs, dm, out, out_stride);
 }

@@ -40,15 +40,17 @@ class W4A8Weight(QuantizedMethod):
 
     Same weight format as Int4Weight (w = d * q + m per group, Q4_1's), stored for the C
     kernels (kernels/csrc/w4a8.c) in panels of 16 output rows, codes as the byte dot-product
-    instructions read them, (d, m) in float32. Activations are quantized to int8 on the fly
-    per token and 16 values (llama.cpp uses 32; half-groups cut the error against float32
-    by a fifth, benchmarks/accuracy.py), so one VNNI instruction does 64 multiply-adds. On
+    instructions read them, (d, m) in float16 where every one is a float16 (GGUF Q4_0 /
+    Q4_1 scales are: 0.625 bytes a weight), else in float32 (0.75). Activations are
+    quantized to int8 on the fly per token and 16 values (llama.cpp uses 32; half-groups
+    cut the error against float32 by a fifth, benchmarks/accuracy.py), so one VNNI
+    instruction does 64 multiply-adds. On
     every ISA with a vector variant it is faster than torch's dense matmul on the same CPU
     (benchmarks/matmul.py), so bfloat16 CPU models keep no dense copy of these matrices.
     """
 
     packed: torch.Tensor  # [panels, in / 32, 256] uint8
-    scales_and_mins: torch.Tensor  # [panels, in / 32, 2, 16] float32: scales, then minimums
+    scales_and_mins: torch.Tensor  # [panels, in / 32, 2, 16] float32 or float16: d, then m
     out_features: int
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
@@ -203,7 +205,14 @@ def w4a8_from_codes(codes: GroupCodes) -> W4A8Weight | SplitWeight:
         chunk = slice(start, start + _QUANTIZE_CHUNK_ROWS)
         _pack_int4(packed, scales_and_mins, start, codes.codes[chunk], codes.scales[chunk],
                    codes.mins[chunk])
-    return W4A8Weight(packed, scales_and_mins, rows)
+    return W4A8Weight(packed, _float16_if_exact(scales_and_mins), rows)
+
+
+def _float16_if_exact(values: torch.Tensor) -> torch.Tensor:
+    """`values` as float16 when that keeps every one exactly (the kernels then read half
+    the scale bytes for the same products), else as they are."""
+    half = values.to(torch.float16)
+    return half if torch.equal(half.float(), values) else values
 
 
 def w8a8_from_codes(codes: GroupCodes) -> W8A8Weight | SplitWeight:
