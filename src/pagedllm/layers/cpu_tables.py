@@ -14,7 +14,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from pagedllm.kernels.abi import STACK_GELU_TANH, STACK_SILU, StackMatrix, StackMoE, StackWeight
+from pagedllm.kernels.abi import (
+    FMT_INT8,
+    STACK_GELU_TANH,
+    STACK_SILU,
+    StackMatrix,
+    StackMoE,
+    StackWeight,
+)
 from pagedllm.layers.activation import ActivationAndMul, SiluAndMul
 from pagedllm.layers.linear import Linear
 from pagedllm.layers.quantization import (
@@ -73,10 +80,9 @@ def parts_matrix(parts: list[ByteDotWeight]) -> StackMatrix:
 
 def _weight(weight: ByteDotWeight) -> StackWeight:
     if isinstance(weight, W4A8Weight):
-        scales = weight.scales_and_mins
-        return StackWeight(weight.packed.data_ptr(), scales.data_ptr(), 4,
-                           8 * scales.element_size())
-    return StackWeight(weight.codes.data_ptr(), weight.scales.data_ptr(), 8, 32)
+        return StackWeight(weight.packed.data_ptr(), weight.scales_and_mins.data_ptr(),
+                           weight.kernel_format())
+    return StackWeight(weight.codes.data_ptr(), weight.scales.data_ptr(), FMT_INT8)
 
 
 def gated_activation_code(mlp: GatedMLP) -> int | None:

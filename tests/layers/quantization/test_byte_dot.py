@@ -92,28 +92,41 @@ def test_int8_layout_holds_q8_0_codes():
 
 
 @pytest.mark.parametrize("num_tokens", [1, 5, 17])
-def test_float16_scales_give_the_float32_scales_products(num_tokens):
-    """GGUF Q4_0 / Q4_1 scales are float16: kept as float16 (0.625 bytes a weight, not
-    0.75), the kernel's products are bit-identical to the same scales in float32; scales a
-    float16 would round stay float32."""
-    from dataclasses import replace
-
+@pytest.mark.parametrize("symmetric", [True, False], ids=["q4_0", "q4_1"])
+def test_float16_scales_give_the_float32_scales_products(num_tokens, symmetric):
+    """GGUF Q4_0 / Q4_1 scales are float16: kept as float16 (Q4_1: 0.625 bytes a weight;
+    Q4_0, whose minimums are all -8 d, the scales alone: 0.5625), the kernel's products are
+    bit-identical to the same scales and minimums in float32; scales a float16 would round
+    stay float32."""
     from pagedllm.layers.quantization import w4a8_from_codes
 
     gen = torch.Generator().manual_seed(num_tokens)
     codes = torch.randint(0, 16, (40, 6, 32), generator=gen, dtype=torch.uint8)
     scales = (torch.rand(40, 6, generator=gen) * 0.05).half().float()
-    weight = w4a8_from_codes(GroupCodes(codes, scales, -8 * scales))  # Q4_0's minimum
-    assert isinstance(weight, W4A8Weight)
+    mins = -8 * scales if symmetric else (torch.randn(40, 6, generator=gen) * 0.2).half().float()
+    weight = w4a8_from_codes(GroupCodes(codes, scales, mins))
+    assert isinstance(weight, W4A8Weight) and weight.symmetric == symmetric
     assert weight.scales_and_mins.dtype == torch.float16
-    as_float32 = replace(weight, scales_and_mins=weight.scales_and_mins.float())
-    assert 2 * weight.scales_and_mins.nbytes == as_float32.scales_and_mins.nbytes
+    as_float32 = W4A8Weight(weight.packed, _float32_layout(scales, mins), 40)
+    assert weight.scales_and_mins.nbytes * (4 if symmetric else 2) == (
+        as_float32.scales_and_mins.nbytes
+    )
     x = (torch.randn(num_tokens, 192, generator=gen) * 2).bfloat16()
     assert torch.equal(weight.matmul(x), as_float32.matmul(x))
     assert torch.equal(weight.dense(torch.float32), as_float32.dense(torch.float32))
-    rounded = w4a8_from_codes(GroupCodes(codes, scales * (1 + 2**-20), -8 * scales))
+    rounded = w4a8_from_codes(GroupCodes(codes, scales * (1 + 2**-20), mins))
     assert isinstance(rounded, W4A8Weight)
-    assert rounded.scales_and_mins.dtype == torch.float32
+    assert rounded.scales_and_mins.dtype == torch.float32 and not rounded.symmetric
+
+
+def _float32_layout(scales: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
+    """Per-row scales and minimums [rows, groups] (rows padded to panels of 16) in the
+    float32 [panels, groups, 2, 16] layout."""
+    rows, groups = scales.shape
+    padded = -(-rows // 16) * 16
+    both = torch.zeros(padded, groups, 2)
+    both[:rows, :, 0], both[:rows, :, 1] = scales, mins
+    return both.view(-1, 16, groups, 2).permute(0, 2, 3, 1).contiguous()
 
 
 @pytest.mark.parametrize("quantizer", FORMATS)

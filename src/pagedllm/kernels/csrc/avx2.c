@@ -174,7 +174,7 @@ static inline __attribute__((always_inline)) void group_dots(
 
 /* 8 scales at dm + i, float16 or float32 by the format (the conversion is exact). */
 static inline __m256 load_scales(const int FMT, const void *dm, int64_t i) {
-    if (FMT == FMT_INT4_F16)
+    if (FMT_HALF_SCALES(FMT))
         return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)dm + i)));
     return _mm256_loadu_ps((const float *)dm + i);
 }
@@ -183,8 +183,8 @@ static inline __m256 load_scales(const int FMT, const void *dm, int64_t i) {
 static inline __attribute__((always_inline)) void half_tile(
     const int R, const int FMT, const Q8Activations *a, int64_t t, const uint8_t *codes,
     const void *dm, uint16_t *out, int64_t out_stride, int lanes, int half) {
-    const int INT8 = FMT == FMT_INT8;
-    const int64_t group_bytes = INT8 ? 512 : 256, dm_stride = INT8 ? PANEL_ROWS : 2 * PANEL_ROWS;
+    const int INT8 = FMT == FMT_INT8, IMPLIED_MIN = FMT_DM_STRIDE(FMT) == PANEL_ROWS;
+    const int64_t group_bytes = INT8 ? 512 : 256, dm_stride = FMT_DM_STRIDE(FMT);
     __m256 acc[MAX_TILE_TOKENS];
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t g = 0; g < a->G; g++) {
@@ -198,8 +198,9 @@ static inline __attribute__((always_inline)) void half_tile(
         __m256i dot0[MAX_TILE_TOKENS], dot1[MAX_TILE_TOKENS];
         group_dots(R, INT8, codes + g * group_bytes, half, xq, sums, dot0, dot1);
         const __m256 d = load_scales(FMT, dm, g * dm_stride + 8 * half);
-        const __m256 m = INT8 ? _mm256_mul_ps(d, _mm256_set1_ps(-128.f))
-                              : load_scales(FMT, dm, g * dm_stride + PANEL_ROWS + 8 * half);
+        const __m256 m = IMPLIED_MIN
+                             ? _mm256_mul_ps(d, _mm256_set1_ps(FMT_MIN_FACTOR(FMT)))
+                             : load_scales(FMT, dm, g * dm_stride + PANEL_ROWS + 8 * half);
         for (int r = 0; r < R; r++) {
             const int64_t row = t + r;
             const float *dx = a->dx + (row * a->G + g) * 2;

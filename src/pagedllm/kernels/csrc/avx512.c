@@ -59,7 +59,7 @@ static inline void store_bf16x16(uint16_t *dst, __m512 v, int lanes) {
 
 /* 16 scales at dm + i, float16 or float32 by the format (the conversion is exact). */
 static inline __m512 load_scales(const int FMT, const void *dm, int64_t i) {
-    if (FMT == FMT_INT4_F16)
+    if (FMT_HALF_SCALES(FMT))
         return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)dm + i)));
     return _mm512_loadu_ps((const float *)dm + i);
 }
@@ -68,9 +68,9 @@ static inline __m512 load_scales(const int FMT, const void *dm, int64_t i) {
 static inline __attribute__((always_inline)) void tile(
     const int R, const int FMT, const Q8Activations *a, int64_t t, const uint8_t *codes,
     const void *dm, uint16_t *out, int64_t out_stride, int lanes) {
-    const int INT8 = FMT == FMT_INT8;
+    const int INT8 = FMT == FMT_INT8, IMPLIED_MIN = FMT_DM_STRIDE(FMT) == PANEL_ROWS;
     const __m512i low = _mm512_set1_epi8(0x0F);
-    const int64_t group_bytes = INT8 ? 512 : 256, dm_stride = INT8 ? PANEL_ROWS : 2 * PANEL_ROWS;
+    const int64_t group_bytes = INT8 ? 512 : 256, dm_stride = FMT_DM_STRIDE(FMT);
     __m512 acc[MAX_TILE_TOKENS];
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t g = 0; g < a->G; g++) {
@@ -86,8 +86,8 @@ static inline __attribute__((always_inline)) void tile(
             }
         }
         const __m512 d = load_scales(FMT, dm, g * dm_stride);
-        const __m512 m = INT8 ? _mm512_mul_ps(d, _mm512_set1_ps(-128.f))
-                              : load_scales(FMT, dm, g * dm_stride + PANEL_ROWS);
+        const __m512 m = IMPLIED_MIN ? _mm512_mul_ps(d, _mm512_set1_ps(FMT_MIN_FACTOR(FMT)))
+                                     : load_scales(FMT, dm, g * dm_stride + PANEL_ROWS);
         for (int r = 0; r < R; r++) {
             const int64_t row = t + r;
             const int8_t *xq = a->xq + row * a->K + g * Q8_GROUP;

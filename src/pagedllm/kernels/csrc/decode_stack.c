@@ -51,11 +51,8 @@ static void add_rows(int64_t T, int64_t N, uint16_t *out, int64_t out_stride,
 
 static int part_matmul(const StackWeight *w, int64_t T, int64_t N, int64_t K,
                        const uint16_t *x, int64_t x_stride, uint16_t *out, int64_t out_stride) {
-    if (w->bits == 4 && w->scale_bits == 16)
-        return w4a8_f16_matmul_bf16(T, N, K, x, x_stride, w->codes, w->scales, out, out_stride);
-    if (w->bits == 4)
-        return w4a8_matmul_bf16(T, N, K, x, x_stride, w->codes, w->scales, out, out_stride);
-    return w8a8_matmul_bf16(T, N, K, x, x_stride, w->codes, w->scales, out, out_stride);
+    return byte_dot_matmul((int)w->format, T, N, K, x, x_stride, w->codes, w->scales, out,
+                           out_stride);
 }
 
 /* out [T, N] = x @ W^T (+ the second part's product) (+ bias), each sum rounded as the

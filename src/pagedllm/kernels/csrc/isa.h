@@ -38,6 +38,8 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "kernels.h" /* the weight formats FMT_* */
+
 /* Inputs per quantization group, and output rows per weight panel of the byte dot-product
  * layouts (an ISA-neutral choice: one AVX-512 vector, two AVX2 vectors, four NEON ones). */
 #define Q8_GROUP 32
@@ -80,10 +82,11 @@ static inline void q8_record_group(const Q8Activations *a, int64_t t, int64_t g,
                                 : steps[0] * (float)(sums[0] + sums[1]);
 }
 
-/* The byte dot products' weight formats (isa_byte_dot_tile's `format`; w4a8.c has the
- * layouts): int4 codes with float32 or float16 (d, m), int8 codes with float32 d. float16
- * holds every GGUF Q4_0 / Q4_1 scale exactly and reads 0.625 bytes a weight, not 0.75. */
-enum { FMT_INT4 = 0, FMT_INT8 = 1, FMT_INT4_F16 = 2 };
+/* Scales a group of a panel holds in dm: d and m for 16 rows, or d alone (m implied). */
+#define FMT_DM_STRIDE(FMT) ((FMT) == FMT_INT8 || (FMT) == FMT_INT4_SYM_F16 ? 16 : 32)
+#define FMT_HALF_SCALES(FMT) ((FMT) == FMT_INT4_F16 || (FMT) == FMT_INT4_SYM_F16)
+/* The implied minimum's factor (m = factor * d) of a format without stored minimums. */
+#define FMT_MIN_FACTOR(FMT) ((FMT) == FMT_INT8 ? -128.f : -8.f)
 
 /* A case of isa_byte_dot_tile's switch over `rows`: the ISA's `tile` inlined with R rows and
  * the weight format as constants. */
@@ -92,6 +95,8 @@ enum { FMT_INT4 = 0, FMT_INT8 = 1, FMT_INT4_F16 = 2 };
         if (format == FMT_INT8) tile(R, FMT_INT8, a, t, codes, dm, out, out_stride, lanes); \
         else if (format == FMT_INT4_F16)                                                     \
             tile(R, FMT_INT4_F16, a, t, codes, dm, out, out_stride, lanes);                  \
+        else if (format == FMT_INT4_SYM_F16)                                                 \
+            tile(R, FMT_INT4_SYM_F16, a, t, codes, dm, out, out_stride, lanes);              \
         else tile(R, FMT_INT4, a, t, codes, dm, out, out_stride, lanes);                     \
         break;
 
@@ -104,9 +109,9 @@ extern const int ISA_TILE_TOKENS;
 void isa_quantize_q8_bf16(const Q8Activations *a, const uint16_t *x, int64_t t, int halves);
 
 /* Tokens t .. t + rows - 1 (rows <= ISA_TILE_TOKENS) times one panel of 16 output rows:
- * int4 codes (FMT_INT4 / FMT_INT4_F16: 256 bytes per group, dm = [G][2][16] float32 /
- * float16 scales then minimums) or int8 codes stored + 128 (FMT_INT8: 512 bytes per group,
- * dm = [G][16] float32 scales). Writes the first `lanes` columns of each token's output row
+ * int4 codes (256 bytes per group; dm = [G][2][16] float32 (FMT_INT4) or float16
+ * (FMT_INT4_F16) scales then minimums, or [G][16] float16 scales (FMT_INT4_SYM_F16, m = -8 d))
+ * or int8 codes stored + 128 (FMT_INT8: 512 bytes per group, dm = [G][16] float32 scales). Writes the first `lanes` columns of each token's output row
  * (rows out_stride apart) as bfloat16. */
 void isa_byte_dot_tile(int format, const Q8Activations *a, int64_t t, int rows,
                        const uint8_t *codes, const void *dm, uint16_t *out,

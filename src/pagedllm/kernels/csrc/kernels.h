@@ -22,6 +22,14 @@ typedef struct {
     int64_t num_blocks, block_size, num_kv_heads, num_heads, head_size, max_blocks, window;
 } PagedDims;
 
+/* The byte dot products' weight formats (StackWeight.format, isa_byte_dot_tile; w4a8.c has
+ * the layouts). float16 holds every GGUF Q4_0 / Q4_1 scale exactly: 0.625 bytes a weight
+ * instead of 0.75, and Q4_0's minimum, always -8 d, need not be stored (0.5625). */
+#define FMT_INT4 0         /* int4 codes, float32 (d, m) */
+#define FMT_INT8 1         /* int8 codes + 128, float32 d (m = -128 d) */
+#define FMT_INT4_F16 2     /* int4 codes, float16 (d, m) */
+#define FMT_INT4_SYM_F16 3 /* int4 codes, float16 d (m = -8 d: Q4_0) */
+
 /* Activations (activation_bf16, StackDims.activation). */
 #define STACK_SILU 0
 #define STACK_GELU_TANH 1
@@ -89,6 +97,13 @@ PAGEDLLM_API int w4a8_matmul_bf16(int64_t M, int64_t N, int64_t K, const uint16_
 PAGEDLLM_API int w4a8_f16_matmul_bf16(int64_t M, int64_t N, int64_t K, const uint16_t *x,
                                       int64_t x_stride, const uint8_t *qs, const uint16_t *dm,
                                       uint16_t *out, int64_t out_stride);
+PAGEDLLM_API int w4a8_sym_f16_matmul_bf16(int64_t M, int64_t N, int64_t K, const uint16_t *x,
+                                          int64_t x_stride, const uint8_t *qs,
+                                          const uint16_t *d, uint16_t *out, int64_t out_stride);
+/* Any format (FMT_*): what the decode stack calls. */
+int byte_dot_matmul(int format, int64_t M, int64_t N, int64_t K, const uint16_t *x,
+                    int64_t x_stride, const uint8_t *codes, const void *dm, uint16_t *out,
+                    int64_t out_stride);
 PAGEDLLM_API int w8a8_matmul_bf16(int64_t M, int64_t N, int64_t K, const uint16_t *x,
                                   int64_t x_stride, const uint8_t *qs, const float *dm,
                                   uint16_t *out, int64_t out_stride);
@@ -123,9 +138,8 @@ typedef struct {
 
 typedef struct {
     const uint8_t *codes; /* NULL: no such part */
-    const void *scales; /* with the minimums for 4-bit codes */
-    int64_t bits; /* 4: the w4a8 layout (two codes per byte), 8: the w8a8 layout */
-    int64_t scale_bits; /* 32: float32 scales; 16: float16 (4-bit codes only) */
+    const void *scales; /* with the minimums, unless the format implies them */
+    int64_t format; /* FMT_* */
 } StackWeight;
 
 typedef struct {

@@ -98,7 +98,7 @@ static inline int32x4_t dot_quad(int32x4_t dot, int8x16_t w, int8x16_t x, int la
 
 /* 4 scales at dm + i, float16 or float32 by the format (the conversion is exact). */
 static inline float32x4_t load_scales(const int FMT, const void *dm, int64_t i) {
-    if (FMT == FMT_INT4_F16)
+    if (FMT_HALF_SCALES(FMT))
         return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)dm + i)));
     return vld1q_f32((const float *)dm + i);
 }
@@ -107,8 +107,8 @@ static inline float32x4_t load_scales(const int FMT, const void *dm, int64_t i) 
 static inline __attribute__((always_inline)) void chunk_tile(
     const int R, const int FMT, const Q8Activations *a, int64_t t, const uint8_t *codes,
     const void *dm, uint16_t *out, int64_t out_stride, int lanes, int chunk) {
-    const int INT8 = FMT == FMT_INT8;
-    const int64_t group_bytes = INT8 ? 512 : 256, dm_stride = INT8 ? PANEL_ROWS : 2 * PANEL_ROWS;
+    const int INT8 = FMT == FMT_INT8, IMPLIED_MIN = FMT_DM_STRIDE(FMT) == PANEL_ROWS;
+    const int64_t group_bytes = INT8 ? 512 : 256, dm_stride = FMT_DM_STRIDE(FMT);
     float32x4_t acc[MAX_TILE_TOKENS];
     for (int r = 0; r < R; r++) acc[r] = vdupq_n_f32(0.f);
     for (int64_t g = 0; g < a->G; g++) {
@@ -125,8 +125,9 @@ static inline __attribute__((always_inline)) void chunk_tile(
             }
         }
         const float32x4_t d = load_scales(FMT, dm, g * dm_stride + 4 * chunk);
-        const float32x4_t m = INT8 ? vmulq_n_f32(d, -128.f)
-                                   : load_scales(FMT, dm, g * dm_stride + PANEL_ROWS + 4 * chunk);
+        const float32x4_t m = IMPLIED_MIN
+                                  ? vmulq_n_f32(d, FMT_MIN_FACTOR(FMT))
+                                  : load_scales(FMT, dm, g * dm_stride + PANEL_ROWS + 4 * chunk);
         for (int r = 0; r < R; r++) {
             const int64_t row = t + r;
             const int8_t *xq = a->xq + row * a->K + g * Q8_GROUP;

@@ -44,15 +44,15 @@ static inline int code_at(int int8, const uint8_t *group, int lane, int k) {
 
 /* Scale i of dm, float16 or float32 by the format. */
 static inline float scale_at(int format, const void *dm, int64_t i) {
-    if (format == FMT_INT4_F16) return half_to_float(((const uint16_t *)dm)[i]);
+    if (FMT_HALF_SCALES(format)) return half_to_float(((const uint16_t *)dm)[i]);
     return ((const float *)dm)[i];
 }
 
 void isa_byte_dot_tile(int format, const Q8Activations *a, int64_t t, int rows,
                        const uint8_t *codes, const void *dm, uint16_t *out,
                        int64_t out_stride, int lanes) {
-    const int int8 = format == FMT_INT8;
-    const int64_t group_bytes = int8 ? 512 : 256, dm_stride = int8 ? PANEL_ROWS : 2 * PANEL_ROWS;
+    const int int8 = format == FMT_INT8, implied_min = FMT_DM_STRIDE(format) == PANEL_ROWS;
+    const int64_t group_bytes = int8 ? 512 : 256, dm_stride = FMT_DM_STRIDE(format);
     for (int r = 0; r < rows; r++) {
         const int64_t row = t + r;
         float acc[PANEL_ROWS] = {0.f};
@@ -64,8 +64,9 @@ void isa_byte_dot_tile(int format, const Q8Activations *a, int64_t t, int rows,
                 for (int k = 0; k < Q8_GROUP; k++)
                     dot[k / Q8_HALF] += code_at(int8, codes + g * group_bytes, lane, k) * xq[k];
                 const float d = scale_at(format, dm, g * dm_stride + lane);
-                const float m = int8 ? -128.f * d
-                                     : scale_at(format, dm, g * dm_stride + PANEL_ROWS + lane);
+                const float m = implied_min
+                                    ? FMT_MIN_FACTOR(format) * d
+                                    : scale_at(format, dm, g * dm_stride + PANEL_ROWS + lane);
                 if (int8) { /* one scale per group */
                     acc[lane] = fmaf((float)(dot[0] + dot[1]), d * dx[0], acc[lane]);
                 } else {

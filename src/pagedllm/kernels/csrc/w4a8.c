@@ -11,7 +11,8 @@
  *    64 bytes, block b holding quad b in its low nibbles and quad b + 4 in its high ones;
  *    dm [panels, groups, 2, 16] float32: the 16 rows' scales d, then their minimums m;
  *    or float16 (w4a8_f16_matmul_bf16), when every d and m is a float16 (GGUF Q4_0 / Q4_1
- *    scales are): 64 bytes of scales a group instead of 128, the same products.
+ *    scales are): 64 bytes of scales a group instead of 128, the same products; or, when
+ *    every m is -8 d (Q4_0), d alone [panels, groups, 16] float16 (w4a8_sym_f16_matmul_bf16).
  *  - int8 (GGUF Q8_0's form, w = d * q, q in -127..127): q + 128 (unsigned) as 8 quads,
  *    512 bytes per group; dm [panels, groups, 16] float32: d only, the minimum is -128 d.
  * Activations are quantized per token to int8 with their own step dx, per 16 values for int4
@@ -33,15 +34,15 @@ const char *pagedllm_isa(void) { return ISA_NAME; }
 
 /* out [M, N] bfloat16 (rows out_stride apart) = x [M, K] bfloat16 (rows x_stride apart) @ W^T
  * for W in either layout. Returns 1 when K is not a multiple of 32, 2 when out of memory. */
-static int byte_dot_matmul(int format, int64_t M, int64_t N, int64_t K, const uint16_t *x,
+int byte_dot_matmul(int format, int64_t M, int64_t N, int64_t K, const uint16_t *x,
                            int64_t x_stride, const uint8_t *codes, const void *dm,
                            uint16_t *out, int64_t out_stride) {
     if (K % Q8_GROUP != 0) return 1;
     const int INT8 = format == FMT_INT8;
     /* dm's element size: float16 scales are two bytes */
-    const size_t dm_bytes = format == FMT_INT4_F16 ? 2 : 4;
+    const size_t dm_bytes = FMT_HALF_SCALES(format) ? 2 : 4;
     const int64_t G = K / Q8_GROUP, panels = (N + PANEL_ROWS - 1) / PANEL_ROWS;
-    const int64_t group_bytes = INT8 ? 512 : 256, dm_stride = INT8 ? PANEL_ROWS : 2 * PANEL_ROWS;
+    const int64_t group_bytes = INT8 ? 512 : 256, dm_stride = FMT_DM_STRIDE(format);
     /* dx [M, G, 2], c [M, G] and sums [M, G, 2] in one allocation (all 4-byte values) */
     Q8Activations a = {K, G, malloc((size_t)(M * K)), malloc(sizeof(float) * (size_t)(5 * M * G)),
                        NULL, NULL};
@@ -78,6 +79,12 @@ int w4a8_f16_matmul_bf16(int64_t M, int64_t N, int64_t K, const uint16_t *x, int
                          const uint8_t *qs, const uint16_t *dm, uint16_t *out,
                          int64_t out_stride) {
     return byte_dot_matmul(FMT_INT4_F16, M, N, K, x, x_stride, qs, dm, out, out_stride);
+}
+
+int w4a8_sym_f16_matmul_bf16(int64_t M, int64_t N, int64_t K, const uint16_t *x,
+                             int64_t x_stride, const uint8_t *qs, const uint16_t *d,
+                             uint16_t *out, int64_t out_stride) {
+    return byte_dot_matmul(FMT_INT4_SYM_F16, M, N, K, x, x_stride, qs, d, out, out_stride);
 }
 
 int w8a8_matmul_bf16(int64_t M, int64_t N, int64_t K, const uint16_t *x, int64_t x_stride,

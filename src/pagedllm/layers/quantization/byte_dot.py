@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from pagedllm.kernels.abi import FMT_INT4, FMT_INT4_F16, FMT_INT4_SYM_F16
 from pagedllm.layers import cpu_ops
 from pagedllm.layers.quantization.base import QuantizedMethod
 from pagedllm.layers.quantization.codes import INT4_GROUP_SIZE, GroupCodes, int4_group_codes
@@ -41,7 +42,8 @@ class W4A8Weight(QuantizedMethod):
     Same weight format as Int4Weight (w = d * q + m per group, Q4_1's), stored for the C
     kernels (kernels/csrc/w4a8.c) in panels of 16 output rows, codes as the byte dot-product
     instructions read them, (d, m) in float16 where every one is a float16 (GGUF Q4_0 /
-    Q4_1 scales are: 0.625 bytes a weight), else in float32 (0.75). Activations are
+    Q4_1 scales are: 0.625 bytes a weight), else in float32 (0.75); where every m is -8 d
+    (Q4_0), the float16 d alone (0.5625 bytes a weight, as llama.cpp's). Activations are
     quantized to int8 on the fly per token and 16 values (llama.cpp uses 32; half-groups
     cut the error against float32 by a fifth, benchmarks/accuracy.py), so one VNNI
     instruction does 64 multiply-adds. On
@@ -50,7 +52,9 @@ class W4A8Weight(QuantizedMethod):
     """
 
     packed: torch.Tensor  # [panels, in / 32, 256] uint8
-    scales_and_mins: torch.Tensor  # [panels, in / 32, 2, 16] float32 or float16: d, then m
+    # [panels, in / 32, 2, 16] float32 or float16: d, then m; or [panels, in / 32, 1, 16]
+    # float16: d alone, m = -8 d (Q4_0's symmetric codes).
+    scales_and_mins: torch.Tensor
     out_features: int
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
@@ -65,9 +69,22 @@ class W4A8Weight(QuantizedMethod):
         blocks = self.packed.view(panels, groups, 4, PANEL_ROWS, 4)
         quads = torch.cat([blocks & 0x0F, blocks >> 4], dim=2)  # [panels, groups, 8, 16, 4]
         codes = _panel_rows(quads, groups).float()  # [rows, groups, 32]
-        scales_and_mins = self.scales_and_mins.permute(0, 3, 2, 1).reshape(-1, 2, groups)
-        scales, mins = scales_and_mins[:, 0, :, None], scales_and_mins[:, 1, :, None]
+        stored = self.scales_and_mins.float().permute(0, 3, 2, 1)
+        scales_and_mins = stored.reshape(-1, stored.shape[2], groups)
+        scales = scales_and_mins[:, 0, :, None]
+        mins = scales * -8.0 if self.symmetric else scales_and_mins[:, 1, :, None]
         return (codes * scales + mins).view(codes.shape[0], -1)[: self.out_features].to(dtype)
+
+    @property
+    def symmetric(self) -> bool:
+        """True when only the scales are stored (every minimum is -8 d)."""
+        return self.scales_and_mins.shape[2] == 1
+
+    def kernel_format(self) -> int:
+        """The kernels' name for this layout (kernels.h FMT_*)."""
+        if self.scales_and_mins.dtype != torch.float16:
+            return FMT_INT4
+        return FMT_INT4_SYM_F16 if self.symmetric else FMT_INT4_F16
 
     def nbytes(self) -> int:
         """Bytes held by this weight."""
@@ -205,14 +222,18 @@ def w4a8_from_codes(codes: GroupCodes) -> W4A8Weight | SplitWeight:
         chunk = slice(start, start + _QUANTIZE_CHUNK_ROWS)
         _pack_int4(packed, scales_and_mins, start, codes.codes[chunk], codes.scales[chunk],
                    codes.mins[chunk])
-    return W4A8Weight(packed, _float16_if_exact(scales_and_mins), rows)
+    return W4A8Weight(packed, _compact_scales(scales_and_mins), rows)
 
 
-def _float16_if_exact(values: torch.Tensor) -> torch.Tensor:
-    """`values` as float16 when that keeps every one exactly (the kernels then read half
-    the scale bytes for the same products), else as they are."""
-    half = values.to(torch.float16)
-    return half if torch.equal(half.float(), values) else values
+def _compact_scales(scales_and_mins: torch.Tensor) -> torch.Tensor:
+    """[panels, groups, 2, 16] float32 scales and minimums as the kernels read the fewest
+    bytes of them for the same products: float16 when that keeps every one exactly, and the
+    scales alone when every minimum is -8 times its scale (Q4_0)."""
+    half = scales_and_mins.to(torch.float16)
+    if not torch.equal(half.float(), scales_and_mins):
+        return scales_and_mins
+    scales, mins = scales_and_mins[:, :, :1], scales_and_mins[:, :, 1:]
+    return half[:, :, :1].contiguous() if torch.equal(mins, scales * -8.0) else half
 
 
 def w8a8_from_codes(codes: GroupCodes) -> W8A8Weight | SplitWeight:
