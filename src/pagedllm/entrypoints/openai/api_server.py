@@ -261,6 +261,7 @@ def build_app(engine: AsyncLLM, server_args: ServerArgs, model: str | None = Non
         media=MediaConnector(server_args.allowed_local_media_path,
                              server_args.allowed_media_domains,
                              video_num_frames=video_num_frames(server_args.media_io_kwargs)),
+        return_tokens_as_token_ids=server_args.return_tokens_as_token_ids,
     )
     state = app.state
     state.engine = engine

@@ -22,7 +22,9 @@ from pagedllm.entrypoints.openai.protocol import (
 PositionLogprobs = dict[int, Any] | None
 
 
-def _token_text(tokenizer: Any, token_id: int, entry: Any) -> str:
+def _token_text(tokenizer: Any, token_id: int, entry: Any, as_token_id: bool = False) -> str:
+    if as_token_id:  # vLLM's return_tokens_as_token_ids: ids survive any detokenization
+        return f"token_id:{token_id}"
     text = getattr(entry, "decoded_token", None)
     if text is None:
         text = tokenizer.decode([token_id])
@@ -48,40 +50,48 @@ def completion_logprobs(
     num_top: int,
     tokenizer: Any,
     initial_offset: int = 0,
+    as_token_ids: bool = False,
 ) -> CompletionLogProbs:
-    """Legacy completions logprobs for `token_ids` (a None position has no logprob)."""
+    """Legacy completions logprobs for `token_ids` (a None position has no logprob). Each
+    position's top_logprobs holds the chosen token first, then the top `num_top` (vLLM's
+    shape: `logprobs: 0` gives the chosen token alone)."""
     result = CompletionLogProbs()
     offset = initial_offset
     for token_id, position in zip(token_ids, logprobs, strict=True):
         if position is None:
-            text = tokenizer.decode([token_id])
+            text = (f"token_id:{token_id}" if as_token_ids
+                    else tokenizer.decode([token_id]))
             result.tokens.append(text)
             result.token_logprobs.append(None)
             result.top_logprobs.append(None)
         else:
             entry = position.get(token_id)
-            text = _token_text(tokenizer, token_id, entry)
+            text = _token_text(tokenizer, token_id, entry, as_token_ids)
             result.tokens.append(text)
             result.token_logprobs.append(_value(entry) if entry is not None else None)
-            result.top_logprobs.append(
-                {_token_text(tokenizer, t, e): _value(e) for t, e in _top(position, num_top)}
-            )
+            chosen = [(token_id, entry)] if entry is not None else []
+            result.top_logprobs.append({
+                _token_text(tokenizer, t, e, as_token_ids): _value(e)
+                for t, e in chosen + _top(position, num_top)
+            })
         result.text_offset.append(offset)
         offset += len(text)
     return result
 
 
 def chat_logprobs(
-    token_ids: Sequence[int], logprobs: Sequence[PositionLogprobs], num_top: int, tokenizer: Any
+    token_ids: Sequence[int], logprobs: Sequence[PositionLogprobs], num_top: int, tokenizer: Any,
+    as_token_ids: bool = False,
 ) -> ChatLogprobs:
     """Chat logprobs for `token_ids`."""
     content = []
     for token_id, position in zip(token_ids, logprobs, strict=True):
         position = position or {}
         entry = position.get(token_id)
-        text = _token_text(tokenizer, token_id, entry)
+        text = _token_text(tokenizer, token_id, entry, as_token_ids)
         top = [
-            TopLogprob(token=(t := _token_text(tokenizer, tid, e)), logprob=_value(e),
+            TopLogprob(token=(t := _token_text(tokenizer, tid, e, as_token_ids)),
+                       logprob=_value(e),
                        bytes=list(t.encode("utf-8")))
             for tid, e in _top(position, num_top)
         ] if num_top else []

@@ -20,6 +20,11 @@ logger = init_logger(__name__)
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
+def _is_none(value: Any) -> bool:
+    """A field left out of the JSON when unset (vLLM's optional extras)."""
+    return value is None
+
+
 def random_uuid() -> str:
     """A random hex id."""
     return uuid.uuid4().hex
@@ -29,8 +34,8 @@ def random_uuid() -> str:
 # Any other value would change the answer (or, for cache_salt, whose prefix cache a request
 # may read), so it is refused with a 400 instead of being ignored like an unknown field.
 UNBUILT_VLLM_FIELDS: dict[str, Any] = {
-    "prompt_embeds": None, "return_tokens_as_token_ids": False, "return_token_ids": False,
-    "return_token_offsets": False, "return_prompt_text": False, "return_mm_kwargs": False,
+    "prompt_embeds": None, "return_token_offsets": False, "return_prompt_text": False,
+    "return_mm_kwargs": False,
     "cache_salt": None, "kv_transfer_params": None, "ec_transfer_params": None,
     "vllm_xargs": None, "repetition_detection": None, "thinking_token_budget": None,
     "stream_interval": 1, "logprob_token_ids": None, "logits_processors": None,
@@ -109,6 +114,10 @@ class SamplingExtras(OpenAIBaseModel):
     guided_decoding_backend: str | None = None
     guided_whitespace_pattern: str | None = None
     structural_tag: str | None = None
+    # vLLM's token-id extras: the prompt's and each choice's token ids in the response, and
+    # logprobs tokens written "token_id:N" (None: the server's --return-tokens-as-token-ids).
+    return_token_ids: bool | None = None
+    return_tokens_as_token_ids: bool | None = None
 
     @model_validator(mode="after")
     def _check_stream_fields(self) -> SamplingExtras:
@@ -303,6 +312,9 @@ class CompletionChoice(BaseModel):
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     prompt_logprobs: list[dict[int, Any] | None] | None = None
+    # return_token_ids: omitted unless asked for (vLLM's shape).
+    prompt_token_ids: list[int] | None = Field(default=None, exclude_if=_is_none)
+    token_ids: list[int] | None = Field(default=None, exclude_if=_is_none)
 
 
 class CompletionResponse(BaseModel):
@@ -392,6 +404,7 @@ class ChatChoice(BaseModel):
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = Field(default=None, exclude_if=_is_none)
 
 
 class ChatStreamChoice(BaseModel):
@@ -402,6 +415,7 @@ class ChatStreamChoice(BaseModel):
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = Field(default=None, exclude_if=_is_none)
 
     @field_serializer("delta")
     def _delta_without_nulls(self, delta: DeltaMessage) -> dict[str, Any]:
@@ -420,6 +434,7 @@ class ChatCompletionResponse(BaseModel):
     usage: UsageInfo
     system_fingerprint: str | None = None
     prompt_logprobs: list[dict[int, Any] | None] | None = None
+    prompt_token_ids: list[int] | None = Field(default=None, exclude_if=_is_none)
 
 
 class ChatCompletionChunk(BaseModel):
@@ -432,6 +447,7 @@ class ChatCompletionChunk(BaseModel):
     choices: list[ChatStreamChoice]
     usage: UsageInfo | None = None
     system_fingerprint: str | None = None
+    prompt_token_ids: list[int] | None = Field(default=None, exclude_if=_is_none)
 
 
 class ModelCard(BaseModel):

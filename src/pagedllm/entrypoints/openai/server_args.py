@@ -69,6 +69,10 @@ class ServerArgs:
         "Options of media loading, as JSON: {\"video\": {\"num_frames\": N}} keeps at most N "
         "frames of a video_url's video, spread evenly (default 32)."))
 
+    return_tokens_as_token_ids: bool = field(default=False, metadata=_help(
+        "Write logprobs tokens as 'token_id:N' (vLLM's flag: ids survive tokens that are not "
+        "valid UTF-8 alone); a request's return_tokens_as_token_ids overrides it."))
+
     def __post_init__(self) -> None:
         parse_lora_modules(self.lora_modules)  # ValueError naming a malformed entry
         video_num_frames(self.media_io_kwargs)  # ValueError naming a bad option

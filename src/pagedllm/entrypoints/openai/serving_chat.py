@@ -149,7 +149,8 @@ class OpenAIServingChat(OpenAIServing):
         if not request.logprobs:
             return None
         entries = align(seq.token_ids, seq.logprobs)
-        return chat_logprobs(seq.token_ids, entries, request.top_logprobs or 0, self.tokenizer)
+        return chat_logprobs(seq.token_ids, entries, request.top_logprobs or 0, self.tokenizer,
+                             as_token_ids=self.config.tokens_as_ids(request))
 
     def _build_response(
         self, request: ChatCompletionRequest, response_id: str, created: int,
@@ -165,6 +166,7 @@ class OpenAIServingChat(OpenAIServing):
                 logprobs=self._logprobs(request, seq),
                 finish_reason=finish_reason(seq.finish_reason, bool(message.tool_calls)),
                 stop_reason=seq.stop_reason,
+                token_ids=list(seq.token_ids) if request.return_token_ids else None,
             ))
         num_generated = sum(len(seq.token_ids) for seq in final.outputs)
         response = ChatCompletionResponse(
@@ -176,6 +178,8 @@ class OpenAIServingChat(OpenAIServing):
         )
         if request.prompt_logprobs is not None and final.prompt_logprobs is not None:
             response.prompt_logprobs = format_prompt_logprobs(final.prompt_logprobs)
+        if request.return_token_ids:
+            response.prompt_token_ids = list(prompt.token_ids)
         return response
 
     def _chunk(
@@ -198,8 +202,11 @@ class OpenAIServingChat(OpenAIServing):
             for index in range(request.n):
                 delta = DeltaMessage(role=role, content="")
                 choice = ChatStreamChoice(index=index, delta=delta)
-                yield sse(self._chunk(self.response_model(request.model), response_id, created,
-                                      choice))
+                first = self._chunk(self.response_model(request.model), response_id, created,
+                                    choice)
+                if request.return_token_ids and index == 0:  # once, on the first chunk
+                    first.prompt_token_ids = list(prompt.token_ids)
+                yield sse(first)
                 if echo:
                     delta = DeltaMessage(content=echo)
                     yield sse(self._chunk(self.response_model(request.model), response_id, created,
@@ -235,14 +242,16 @@ class OpenAIServingChat(OpenAIServing):
         """The chunks' choices for one new piece of `seq`: content, then tool-call pieces;
         logprobs ride on the first, the finish_reason on the last."""
         deltas = _deltas(seq, streamer)
-        has_logprobs = bool(request.logprobs and seq.token_ids)
-        if not (deltas or seq.finish_reason or has_logprobs):
+        carries_ids = bool((request.logprobs or request.return_token_ids) and seq.token_ids)
+        if not (deltas or seq.finish_reason or carries_ids):
             return []  # nothing new yet (text held back by the detokenizer or the parser)
         deltas = deltas or [DeltaMessage(content="")]
         choices = [ChatStreamChoice(index=seq.index, delta=delta) for delta in deltas]
         if request.logprobs:
             logprobs = self._logprobs(request, seq) if seq.token_ids else None
             choices[0].logprobs = logprobs or ChatLogprobs(content=[])
+        if request.return_token_ids:
+            choices[0].token_ids = list(seq.token_ids)
         called = streamer is not None and streamer.called_tools
         choices[-1].finish_reason = finish_reason(seq.finish_reason, called)
         choices[-1].stop_reason = seq.stop_reason

@@ -104,7 +104,11 @@ class OpenAIServingCompletion(OpenAIServing):
     def _choice(
         self, request: CompletionRequest, prompt: TokenizedPrompt, output: RequestOutput,
         seq: CompletionOutput, index: int, echo: bool, echo_only: bool,
+        echo_or_first: bool = True,
     ) -> CompletionChoice:
+        """One choice (or a stream chunk's); `echo_or_first`: it carries the prompt's token
+        ids under return_token_ids (a stream's first chunk of the choice, or the whole
+        answer)."""
         token_ids = [] if echo_only else list(seq.token_ids)
         text = "" if echo_only else seq.text
         logprobs = None if echo_only else align(seq.token_ids, seq.logprobs)
@@ -121,10 +125,14 @@ class OpenAIServingCompletion(OpenAIServing):
         )
         if request.logprobs is not None and logprobs is not None:
             choice.logprobs = completion_logprobs(
-                token_ids, logprobs, request.logprobs, self.tokenizer
+                token_ids, logprobs, request.logprobs, self.tokenizer,
+                as_token_ids=self.config.tokens_as_ids(request),
             )
         if request.prompt_logprobs is not None and output.prompt_logprobs is not None:
             choice.prompt_logprobs = format_prompt_logprobs(output.prompt_logprobs)
+        if request.return_token_ids:
+            choice.prompt_token_ids = list(prompt.token_ids) if echo_or_first else None
+            choice.token_ids = [] if echo_only else list(seq.token_ids)
         return choice
 
     def _build_response(
@@ -153,6 +161,7 @@ class OpenAIServingCompletion(OpenAIServing):
         echo_only: bool,
     ) -> AsyncGenerator[str, None]:
         echoed: set[int] = set()
+        started: set[int] = set()  # choices whose first chunk is out
         num_generated = 0
         num_prompt = sum(len(p.token_ids) for p in prompts)
         cached: dict[int, int] = {}  # prompt index -> its prefix-cache hits
@@ -165,11 +174,14 @@ class OpenAIServingCompletion(OpenAIServing):
                     echo = request.echo and index not in echoed
                     echoed.add(index)
                     num_generated += 0 if echo_only else len(seq.token_ids)
-                    has_logprobs = request.logprobs is not None and seq.token_ids
-                    if not (seq.text or seq.finish_reason or echo or has_logprobs):
+                    carries_ids = (request.logprobs is not None
+                                   or request.return_token_ids) and seq.token_ids
+                    if not (seq.text or seq.finish_reason or echo or carries_ids):
                         continue  # nothing new yet (text held back by the detokenizer)
+                    first = index not in started
+                    started.add(index)
                     choice = self._choice(request, prompts[i], output, seq, index, echo,
-                                          echo_only)
+                                          echo_only, echo_or_first=first)
                     chunk = CompletionResponse(
                         id=response_id, created=created, model=self.response_model(request.model),
                         choices=[choice], system_fingerprint=self.system_fingerprint,

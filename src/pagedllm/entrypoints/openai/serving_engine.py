@@ -47,6 +47,7 @@ class ServingConfig:
         exclude_tools_when_tool_choice_none: keep tools out of the template for "none".
         grammar_backend: the engine's structured-outputs library ("xgrammar", "guidance").
         media: how image URLs of chat messages are read (limits, allowed places).
+        return_tokens_as_token_ids: the default of the request field of that name.
     """
 
     models: ServedModels
@@ -56,6 +57,12 @@ class ServingConfig:
     exclude_tools_when_tool_choice_none: bool = False
     grammar_backend: str = "xgrammar"
     media: MediaConnector = field(default_factory=MediaConnector)
+    return_tokens_as_token_ids: bool = False
+
+    def tokens_as_ids(self, request: Any) -> bool:
+        """Whether `request`'s logprobs tokens are written "token_id:N"."""
+        asked = getattr(request, "return_tokens_as_token_ids", None)
+        return self.return_tokens_as_token_ids if asked is None else bool(asked)
 
 
 @dataclass
