@@ -61,6 +61,8 @@ class ModelConfig:
             name; unlisted: no limit); a vision-language model only.
         mm_processor_kwargs: default options of the model's transformers processor
             (a request's own override them).
+        max_logprobs: most logprobs (sample or prompt) a request may ask for; -1: the whole
+            vocabulary (vLLM's --max-logprobs; a request's -1 counts as the vocabulary).
     """
 
     model: str
@@ -81,6 +83,7 @@ class ModelConfig:
     enforce_eager: bool = False
     limit_mm_per_prompt: dict[str, int] | None = field(default=None, compare=False)
     mm_processor_kwargs: dict[str, Any] | None = field(default=None, compare=False)
+    max_logprobs: int = 20
 
     @property
     def text_config(self) -> Any:

@@ -17,8 +17,6 @@ from pagedllm import envs
 # Below this temperature sampling is greedy, as in vLLM.
 _SAMPLING_EPS = 1e-5
 _MAX_TEMPERATURE_CLAMP = 0.01
-# Most top logprobs a request may ask for, unless it asks for all (-1): vLLM's --max-logprobs.
-MAX_LOGPROBS = 20
 _MAX_LOGIT_BIAS = 100.0
 
 
@@ -106,11 +104,12 @@ class SamplingParams:
 
     Logprobs: `logprobs=k` returns, for every generated token, its own logprob and rank plus
     the k most likely tokens (`prompt_logprobs=k` the same for prompt tokens 2..P; the first
-    has none). -1 means the whole vocabulary; otherwise k <= MAX_LOGPROBS (vLLM's
-    `--max-logprobs` default). They are the model's *raw* distribution, log_softmax of the
-    logits before allowed_token_ids, bad_words, logit_bias, penalties, temperature and
-    top-k/top-p/min-p (vLLM v1's default "raw_logprobs" mode), so they do not depend on how
-    the token was chosen.
+    has none). -1 means the whole vocabulary; the engine refuses a k above its
+    `max_logprobs` (vLLM's `--max-logprobs`, 20 by default; -1 counts as the vocabulary).
+    They are the model's *raw* distribution, log_softmax of the logits before
+    allowed_token_ids, bad_words, logit_bias, penalties, temperature and top-k/top-p/min-p
+    (vLLM v1's default "raw_logprobs" mode), so they do not depend on how the token was
+    chosen.
 
     Penalties and biases apply to the logits before temperature, in vLLM's order:
     allowed_token_ids, bad_words, min_tokens, logit_bias, then repetition_penalty (HF: a seen
@@ -307,16 +306,12 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _verify_num_logprobs(name: str, kind: str, value: int | None) -> None:
+def _verify_num_logprobs(name: str, value: int | None) -> None:
     if value is None:
         return
+    # The engine checks the count against its max_logprobs (input_processor.py).
     if not _is_int(value) or value < -1:
         raise ValueError(f"{name} must be non-negative or -1, got {value!r}.")
-    if value > MAX_LOGPROBS:
-        raise ValueError(
-            f"Requested {kind} logprobs of {value}, which is greater than max allowed: "
-            f"{MAX_LOGPROBS}"
-        )
 
 
 def verify_logprobs_and_penalties(params: SamplingParams) -> None:
@@ -325,8 +320,8 @@ def verify_logprobs_and_penalties(params: SamplingParams) -> None:
     Vocabulary bounds of logit_bias / allowed_token_ids are checked by the input processor,
     which knows the model.
     """
-    _verify_num_logprobs("logprobs", "sample", params.logprobs)
-    _verify_num_logprobs("prompt_logprobs", "prompt", params.prompt_logprobs)
+    _verify_num_logprobs("logprobs", params.logprobs)
+    _verify_num_logprobs("prompt_logprobs", params.prompt_logprobs)
     for name in ("presence_penalty", "frequency_penalty"):
         value = getattr(params, name)
         if not isinstance(value, (int, float)) or not -2.0 <= value <= 2.0:

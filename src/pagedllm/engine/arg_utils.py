@@ -70,6 +70,7 @@ class EngineArgs:
     enforce_eager: bool = False
     seed: int = 0
     max_model_len: int | None = None
+    max_logprobs: int = 20
     block_size: int = 16
     max_num_seqs: int = 256
     max_num_batched_tokens: int | None = None
@@ -466,6 +467,7 @@ class EngineArgs:
             supported_tasks=choice.supported_tasks,
             pooler_config=pooler_config,
             enforce_eager=self.enforce_eager,
+            max_logprobs=self.max_logprobs,
             **self._multimodal_options(architecture),
         )
 

@@ -75,8 +75,10 @@ class InputProcessor:
         grammar_backend: str = "xgrammar",
         end_of_turn_ids: tuple[int, ...] = (),
         mm_processor: MultiModalProcessor | None = None,
+        max_logprobs: int = 20,
     ) -> None:
         self.tokenizer = tokenizer
+        self.max_logprobs = max_logprobs
         self.mm_processor = mm_processor
         self.end_of_turn_ids = end_of_turn_ids
         self.grammar_backend = grammar_backend
@@ -271,6 +273,7 @@ class InputProcessor:
 
     def _resolve_params(self, params: SamplingParams, num_prompt_tokens: int) -> SamplingParams:
         self._check_token_ids_in_vocab(params)
+        self._check_num_logprobs(params)
         params = params.clone()
         if params.bad_words:
             params.bad_words_token_ids = self._tokenize_bad_words(params.bad_words)
@@ -285,6 +288,18 @@ class InputProcessor:
             params.max_tokens = room
             params.min_tokens = min(params.min_tokens, room)
         return params
+
+    def _check_num_logprobs(self, params: SamplingParams) -> None:
+        """vLLM's rule: a request's logprobs and prompt_logprobs (-1: the whole vocabulary)
+        may not exceed max_logprobs (-1: the whole vocabulary)."""
+        limit = self.vocab_size if self.max_logprobs == -1 else self.max_logprobs
+        for kind, value in (("sample", params.logprobs), ("prompt", params.prompt_logprobs)):
+            asked = self.vocab_size if value == -1 else value
+            if asked is not None and asked > limit:
+                raise ValueError(
+                    f"Requested {kind} logprobs of {asked}, which is greater than max "
+                    f"allowed: {limit}"
+                )
 
     def _check_token_ids_in_vocab(self, params: SamplingParams) -> None:
         for name, token_ids in (

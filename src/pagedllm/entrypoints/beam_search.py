@@ -39,7 +39,6 @@ from typing import Any
 from pagedllm.engine.llm_engine import LLMEngine
 from pagedllm.outputs import LogprobsDict
 from pagedllm.sampling_params import (
-    MAX_LOGPROBS,
     BeamSearchParams,
     RequestOutputKind,
     SamplingParams,
@@ -178,8 +177,9 @@ def beam_search(
     step_params = SamplingParams(
         temperature=0.0,
         max_tokens=1,
-        # 2W candidates per beam; beyond the top-k limit, ask for the whole vocabulary.
-        logprobs=2 * width if 2 * width <= MAX_LOGPROBS else -1,
+        # 2W candidates per beam (above the engine's max_logprobs: its ValueError, as
+        # vLLM's; raise max_logprobs for wider beams).
+        logprobs=2 * width,
         ignore_eos=True,
         detokenize=False,
         output_kind=RequestOutputKind.FINAL_ONLY,

@@ -46,6 +46,8 @@ ENGINE_ARG_HELP = {
     "enforce_eager": "Run every step eagerly: no CUDA graphs for decode steps (CUDA only).",
     "seed": "Seed of requests that bring none.",
     "max_model_len": "Longest prompt + output in tokens (default: the model's context length).",
+    "max_logprobs": "Most logprobs (sample or prompt) a request may ask for; -1: the whole "
+                    "vocabulary (a request's -1 asks for it, so it needs -1 here).",
     "block_size": "Tokens per KV-cache block.",
     "max_num_seqs": "Most requests in one engine step.",
     "max_num_batched_tokens": "Token budget of one engine step.",

@@ -23,8 +23,10 @@ from typing import Any
 
 import uvicorn
 from fastapi import APIRouter, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from pagedllm import __version__, envs
@@ -34,6 +36,7 @@ from pagedllm.engine.exceptions import EngineDeadError
 from pagedllm.entrypoints.openai.dashboard import dashboard_router
 from pagedllm.entrypoints.openai.drain import DrainingServer, DrainMiddleware
 from pagedllm.entrypoints.openai.errors import (
+    APIError,
     error_body,
     error_response,
     install_error_handlers,
@@ -45,6 +48,7 @@ from pagedllm.entrypoints.openai.protocol import (
     LoadLoRAAdapterRequest,
     TokenizeRequest,
     UnloadLoRAAdapterRequest,
+    random_uuid,
 )
 from pagedllm.entrypoints.openai.protocol_pooling import (
     ClassificationRequest,
@@ -194,6 +198,38 @@ async def create_rerank(request: RerankRequest, raw_request: Request) -> Respons
     return await _handlers(raw_request).pooling.create_rerank(request, raw_request)
 
 
+# SageMaker's route, which vLLM serves: the request kind is read from the body's fields.
+_INVOCATION_KINDS = (("messages", "chat"), ("prompt", "completion"), ("input", "embedding"))
+
+
+@router.post("/invocations")
+@_answer_errors
+async def invocations(raw_request: Request) -> Response:
+    """SageMaker's single route: a chat (`messages`), completion (`prompt`) or embedding
+    (`input`) request, answered as its own route answers it."""
+    try:
+        body = await raw_request.json()
+    except ValueError:
+        raise APIError("The request body is not valid JSON.") from None
+    kind = next((k for field, k in _INVOCATION_KINDS
+                 if isinstance(body, dict) and field in body), None)
+    if kind is None:
+        raise APIError("/invocations takes a chat (messages), completion (prompt) or "
+                       "embedding (input) request.")
+    handlers = _handlers(raw_request)
+    try:
+        if kind == "chat":
+            chat = ChatCompletionRequest.model_validate(body)
+            return await handlers.chat.create_chat_completion(chat, raw_request)
+        if kind == "completion":
+            completion = CompletionRequest.model_validate(body)
+            return await handlers.completion.create_completion(completion, raw_request)
+        embedding = EmbeddingRequest.model_validate(body)
+        return await handlers.pooling.create_embedding(embedding, raw_request)
+    except ValidationError as error:
+        raise RequestValidationError(error.errors()) from None
+
+
 @router.post("/tokenize")
 @_answer_errors
 async def tokenize(request: TokenizeRequest, raw_request: Request) -> JSONResponse:
@@ -206,6 +242,29 @@ async def tokenize(request: TokenizeRequest, raw_request: Request) -> JSONRespon
 async def detokenize(request: DetokenizeRequest, raw_request: Request) -> JSONResponse:
     """Turn token ids back into text."""
     return JSONResponse(_handlers(raw_request).tokenization.detokenize_request(request))
+
+
+class RequestIdMiddleware:
+    """X-Request-Id on every response (--enable-request-id-headers): the request's own,
+    else a new one (plain ASGI: streams untouched)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        given = dict(scope["headers"]).get(b"x-request-id")
+        request_id = given or random_uuid().encode()
+
+        async def send_with_id(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                headers = [h for h in message.get("headers", []) if h[0] != b"x-request-id"]
+                message = {**message, "headers": [*headers, (b"x-request-id", request_id)]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
 
 
 class APIKeyMiddleware:
@@ -246,7 +305,7 @@ def build_app(engine: AsyncLLM, server_args: ServerArgs, model: str | None = Non
             engine.shutdown()
 
     app = FastAPI(title="pagedllm OpenAI-compatible server", version=__version__,
-                  lifespan=lifespan)
+                  lifespan=lifespan, root_path=server_args.root_path)
     models = ServedModels(
         engine, tuple(served_model_names(server_args, model or engine.get_model_config().model))
     )
@@ -262,6 +321,7 @@ def build_app(engine: AsyncLLM, server_args: ServerArgs, model: str | None = Non
                              server_args.allowed_media_domains,
                              video_num_frames=video_num_frames(server_args.media_io_kwargs)),
         return_tokens_as_token_ids=server_args.return_tokens_as_token_ids,
+        force_include_usage=server_args.enable_force_include_usage,
     )
     state = app.state
     state.engine = engine
@@ -278,6 +338,8 @@ def build_app(engine: AsyncLLM, server_args: ServerArgs, model: str | None = Non
     api_key = server_args.resolved_api_key()
     if api_key:
         app.add_middleware(APIKeyMiddleware, api_key=api_key)
+    if server_args.enable_request_id_headers:
+        app.add_middleware(RequestIdMiddleware)
     app.add_middleware(DrainMiddleware, state=state)  # outermost: 503 while draining
     return app
 

@@ -77,6 +77,9 @@ def error_response(error: Exception) -> JSONResponse:
     """Map an exception to its HTTP error response."""
     if isinstance(error, APIError):
         status, message, param = error.status, error.message, error.param
+    elif isinstance(error, RequestValidationError):  # a body validated inside a handler
+        status = HTTPStatus.BAD_REQUEST
+        message, param = _validation_message(error)
     elif isinstance(error, ValueError):
         status, message = HTTPStatus.BAD_REQUEST, str(error)
         param = guess_param(message)

@@ -69,6 +69,14 @@ class ServerArgs:
         "Options of media loading, as JSON: {\"video\": {\"num_frames\": N}} keeps at most N "
         "frames of a video_url's video, spread evenly (default 32)."))
 
+    root_path: str = field(default="", metadata=_help(
+        "The path prefix a reverse proxy serves this server under (e.g. /llm): routes answer "
+        "both with and without it, and generated URLs carry it."))
+    enable_request_id_headers: bool = field(default=False, metadata=_help(
+        "Answer every request with an X-Request-Id header: the client's own, else a new id."))
+    enable_force_include_usage: bool = field(default=False, metadata=_help(
+        "Put usage on every streamed response (a final usage chunk), as if each request "
+        "asked for stream_options.include_usage."))
     return_tokens_as_token_ids: bool = field(default=False, metadata=_help(
         "Write logprobs tokens as 'token_id:N' (vLLM's flag: ids survive tokens that are not "
         "valid UTF-8 alone); a request's return_tokens_as_token_ids overrides it."))

@@ -223,7 +223,7 @@ class OpenAIServingChat(OpenAIServing):
                             chunk.usage = generation_usage(num_prompt, num_generated,
                                                            num_cached)
                         yield sse(chunk)
-            if request.include_usage:
+            if self.config.include_usage(request):
                 yield sse(ChatCompletionChunk(
                     id=response_id, created=created, model=self.response_model(request.model),
                     choices=[],

@@ -190,7 +190,7 @@ class OpenAIServingCompletion(OpenAIServing):
                         chunk.usage = generation_usage(num_prompt, num_generated,
                                                        sum(cached.values()))
                     yield sse(chunk)
-            if request.include_usage:
+            if self.config.include_usage(request):
                 yield sse(CompletionResponse(
                     id=response_id, created=created, model=self.response_model(request.model),
                     choices=[],

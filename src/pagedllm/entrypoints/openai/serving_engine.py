@@ -48,6 +48,7 @@ class ServingConfig:
         grammar_backend: the engine's structured-outputs library ("xgrammar", "guidance").
         media: how image URLs of chat messages are read (limits, allowed places).
         return_tokens_as_token_ids: the default of the request field of that name.
+        force_include_usage: every stream ends with a usage chunk, asked for or not.
     """
 
     models: ServedModels
@@ -58,6 +59,11 @@ class ServingConfig:
     grammar_backend: str = "xgrammar"
     media: MediaConnector = field(default_factory=MediaConnector)
     return_tokens_as_token_ids: bool = False
+    force_include_usage: bool = False
+
+    def include_usage(self, request: Any) -> bool:
+        """Whether `request`'s stream ends with a usage chunk."""
+        return bool(request.include_usage or (request.stream and self.force_include_usage))
 
     def tokens_as_ids(self, request: Any) -> bool:
         """Whether `request`'s logprobs tokens are written "token_id:N"."""

@@ -1,0 +1,95 @@
+"""vLLM server flags and routes a user moving from `vllm serve` passes and calls:
+--max-logprobs (and a request's -1 logprobs counted as the vocabulary), --root-path behind a
+proxy, --enable-request-id-headers, --enable-force-include-usage,
+--return-tokens-as-token-ids, and SageMaker's /invocations."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from .conftest import RunningServer, start_server, stop_server
+
+MODEL = "opts-llama"
+
+
+@pytest.fixture(scope="module")
+def server(tiny_llama_dir, tmp_path_factory) -> Iterator[RunningServer]:
+    tmp = tmp_path_factory.mktemp("options_server")
+    running = start_server(
+        [str(tiny_llama_dir), "--served-model-name", MODEL, "--max-model-len", "256",
+         "--num-gpu-blocks-override", "256", "--max-logprobs", "5", "--root-path", "/llm",
+         "--enable-request-id-headers", "--enable-force-include-usage",
+         "--return-tokens-as-token-ids"], tmp / "server.log")
+    yield running
+    stop_server(running)
+
+
+@pytest.fixture(scope="module")
+def http(server) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.base_url, timeout=60.0) as client:
+        yield client
+
+
+def _completion(**fields):
+    return {"model": MODEL, "prompt": "Hello there", "max_tokens": 3, "temperature": 0,
+            **fields}
+
+
+@pytest.mark.parametrize(("fields", "param"), [
+    ({"logprobs": 6}, "logprobs"),
+    ({"prompt_logprobs": -1}, "prompt_logprobs"),
+    ({"prompt_logprobs": 6}, "prompt_logprobs"),
+])
+def test_more_logprobs_than_max_logprobs_answer_400(http, fields, param):
+    response = http.post("/v1/completions", json=_completion(**fields))
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert "greater than max allowed: 5" in error["message"] and error["type"] == "BadRequestError"
+    ok = http.post("/v1/completions", json=_completion(logprobs=5, prompt_logprobs=5))
+    assert ok.status_code == 200  # the server keeps serving
+
+
+def test_routes_answer_under_the_root_path_too(http):
+    for path in ("/v1/completions", "/llm/v1/completions"):
+        response = http.post(path, json=_completion())
+        assert response.status_code == 200, (path, response.text)
+
+
+def test_request_id_header_is_echoed_or_made(http):
+    given = http.post("/v1/completions", json=_completion(), headers={"X-Request-Id": "abc-1"})
+    assert given.headers["x-request-id"] == "abc-1"
+    made = http.get("/health")
+    assert made.status_code == 200 and len(made.headers["x-request-id"]) >= 16
+
+
+def test_streams_end_with_usage_unasked_and_tokens_are_ids(http):
+    chunks = []
+    body = _completion(stream=True, logprobs=1)
+    with http.stream("POST", "/v1/completions", json=body) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                chunks.append(json.loads(line[6:]))
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 3
+    tokens = [t for c in chunks if c["choices"] for t in c["choices"][0]["logprobs"]["tokens"]]
+    assert len(tokens) == 3 and all(t.startswith("token_id:") for t in tokens)
+    # A request's own field wins over the server's default.
+    own = http.post("/v1/completions", json=_completion(logprobs=1,
+                                                        return_tokens_as_token_ids=False))
+    assert not any(t.startswith("token_id:")
+                   for t in own.json()["choices"][0]["logprobs"]["tokens"])
+
+
+def test_invocations_serves_chat_and_completion_bodies(http):
+    chat = http.post("/invocations", json={"model": MODEL, "max_tokens": 2,
+                                           "messages": [{"role": "user", "content": "Hi"}]})
+    assert chat.status_code == 200 and chat.json()["object"] == "chat.completion"
+    completion = http.post("/invocations", json=_completion())
+    assert completion.status_code == 200 and completion.json()["object"] == "text_completion"
+    bad = http.post("/invocations", json={"model": MODEL, "nothing": 1})
+    assert bad.status_code == 400 and "/invocations" in bad.json()["error"]["message"]
+    invalid = http.post("/invocations", json=_completion(max_tokens="many"))
+    assert invalid.status_code == 400 and invalid.json()["error"]["param"] == "max_tokens"
