@@ -37,6 +37,9 @@ CASES = [
     ("/v1/completions", {"prompt": "x", "stream_options": {"include_usage": True}}, 400, None,
      "stream"),
     ("/v1/completions", {"prompt": "x", "logit_bias": {"abc": 1}}, 400, "logit_bias", None),
+    # Every bad key is named (vLLM's), not only the first.
+    ("/v1/completions", {"prompt": "x", "logit_bias": {"abc": 1, "5": 2, "x9": 3}}, 400,
+     "logit_bias", "'abc', 'x9'"),
     ("/v1/completions", {"prompt": "x", "use_beam_search": True}, 400, "use_beam_search", None),
     ("/v1/chat/completions", {"messages": []}, 400, "messages", "non-empty"),
     ("/v1/chat/completions", {}, 400, "messages", None),

@@ -1,7 +1,8 @@
 """vLLM server flags and routes a user moving from `vllm serve` passes and calls:
 --max-logprobs (and a request's -1 logprobs counted as the vocabulary), --root-path behind a
 proxy, --enable-request-id-headers, --enable-force-include-usage,
---return-tokens-as-token-ids, and SageMaker's /invocations."""
+--return-tokens-as-token-ids, /tokenizer_info, /load, --generation-config, the flags
+accepted for compatibility, and SageMaker's /invocations."""
 
 from __future__ import annotations
 
@@ -23,7 +24,10 @@ def server(tiny_llama_dir, tmp_path_factory) -> Iterator[RunningServer]:
         [str(tiny_llama_dir), "--served-model-name", MODEL, "--max-model-len", "256",
          "--num-gpu-blocks-override", "256", "--max-logprobs", "5", "--root-path", "/llm",
          "--enable-request-id-headers", "--enable-force-include-usage",
-         "--return-tokens-as-token-ids"], tmp / "server.log")
+         "--return-tokens-as-token-ids", "--enable-tokenizer-info-endpoint",
+         "--enable-server-load-tracking", "--enable-prompt-tokens-details",
+         "--show-hidden-metrics-for-version", "0.32", "--generation-config", "vllm"],
+        tmp / "server.log")
     yield running
     stop_server(running)
 
@@ -93,3 +97,57 @@ def test_invocations_serves_chat_and_completion_bodies(http):
     assert bad.status_code == 400 and "/invocations" in bad.json()["error"]["message"]
     invalid = http.post("/invocations", json=_completion(max_tokens="many"))
     assert invalid.status_code == 400 and invalid.json()["error"]["param"] == "max_tokens"
+
+
+def test_tokenizer_info_and_load(http):
+    info = http.get("/tokenizer_info")
+    assert info.status_code == 200
+    body = info.json()
+    assert body["vocab_size"] > 0 and body["tokenizer_class"] and "eos_token" in body
+    assert http.get("/load").json() == {"server_load": 0}
+    assert http.post("/v1/completions", json=_completion()).status_code == 200
+    assert http.get("/load").json() == {"server_load": 0}  # counted down again
+
+
+def test_load_counts_a_request_until_its_last_byte():
+    """The middleware alone: a model request counts while its app runs; /health does not."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from pagedllm.entrypoints.openai.api_server import LoadTrackingMiddleware
+
+    state = SimpleNamespace(server_load=0)
+    release = asyncio.Event()
+
+    async def app(scope, receive, send):
+        await release.wait()
+
+    async def run() -> list[int]:
+        middleware = LoadTrackingMiddleware(app, state)
+        seen = []
+        task = asyncio.create_task(middleware({"type": "http", "path": "/v1/completions"},
+                                              None, None))
+        await asyncio.sleep(0)
+        seen.append(state.server_load)
+        health = asyncio.create_task(middleware({"type": "http", "path": "/health"},
+                                                None, None))
+        await asyncio.sleep(0)
+        seen.append(state.server_load)
+        release.set()
+        await asyncio.gather(task, health)
+        seen.append(state.server_load)
+        return seen
+
+    assert asyncio.run(run()) == [1, 1, 0]
+
+
+def test_generation_config_source(tmp_path):
+    from pagedllm.entrypoints.openai.serving_engine import _generation_defaults
+
+    folder = tmp_path / "gen"
+    folder.mkdir()
+    (folder / "generation_config.json").write_text(json.dumps({"temperature": 0.3,
+                                                               "top_k": 7}))
+    assert _generation_defaults("vllm", str(folder)) == {}
+    assert _generation_defaults("auto", str(folder)) == {"temperature": 0.3, "top_k": 7}
+    assert _generation_defaults(str(folder), str(tmp_path)) == {"temperature": 0.3, "top_k": 7}

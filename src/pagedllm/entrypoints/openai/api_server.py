@@ -73,6 +73,9 @@ logger = init_logger(__name__)
 router = APIRouter()
 # Opened only with PAGEDLLM_ALLOW_RUNTIME_LORA_UPDATING=true (as vLLM does).
 lora_router = APIRouter()
+# Opened by --enable-tokenizer-info-endpoint and --enable-server-load-tracking.
+tokenizer_info_router = APIRouter()
+load_router = APIRouter()
 
 
 def _handlers(request: Request) -> Any:
@@ -244,6 +247,41 @@ async def detokenize(request: DetokenizeRequest, raw_request: Request) -> JSONRe
     return JSONResponse(_handlers(raw_request).tokenization.detokenize_request(request))
 
 
+@tokenizer_info_router.get("/tokenizer_info")
+async def tokenizer_info(raw_request: Request) -> JSONResponse:
+    """The tokenizer's class, vocabulary size, special tokens and chat template
+    (--enable-tokenizer-info-endpoint)."""
+    return JSONResponse(_handlers(raw_request).tokenization.tokenizer_info())
+
+
+@load_router.get("/load")
+async def server_load(raw_request: Request) -> JSONResponse:
+    """How many requests are in flight (--enable-server-load-tracking)."""
+    return JSONResponse({"server_load": _handlers(raw_request).server_load})
+
+
+class LoadTrackingMiddleware:
+    """Counts the model requests in flight for /load (plain ASGI: a stream counts until its
+    last byte)."""
+
+    _COUNTED = ("/v1/", "/invocations", "/pooling", "/classify", "/score", "/rerank")
+
+    def __init__(self, app: ASGIApp, state: Any) -> None:
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "")
+        if scope["type"] != "http" or not path.startswith(self._COUNTED):
+            await self.app(scope, receive, send)
+            return
+        self.state.server_load += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.state.server_load -= 1
+
+
 class RequestIdMiddleware:
     """X-Request-Id on every response (--enable-request-id-headers): the request's own,
     else a new one (plain ASGI: streams untouched)."""
@@ -322,6 +360,7 @@ def build_app(engine: AsyncLLM, server_args: ServerArgs, model: str | None = Non
                              video_num_frames=video_num_frames(server_args.media_io_kwargs)),
         return_tokens_as_token_ids=server_args.return_tokens_as_token_ids,
         force_include_usage=server_args.enable_force_include_usage,
+        generation_config=server_args.generation_config,
     )
     state = app.state
     state.engine = engine
@@ -338,6 +377,12 @@ def build_app(engine: AsyncLLM, server_args: ServerArgs, model: str | None = Non
     api_key = server_args.resolved_api_key()
     if api_key:
         app.add_middleware(APIKeyMiddleware, api_key=api_key)
+    if server_args.enable_tokenizer_info_endpoint:
+        app.include_router(tokenizer_info_router)
+    if server_args.enable_server_load_tracking:
+        state.server_load = 0
+        app.include_router(load_router)
+        app.add_middleware(LoadTrackingMiddleware, state=state)
     if server_args.enable_request_id_headers:
         app.add_middleware(RequestIdMiddleware)
     app.add_middleware(DrainMiddleware, state=state)  # outermost: 503 while draining

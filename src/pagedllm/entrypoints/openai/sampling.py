@@ -55,16 +55,20 @@ def load_generation_defaults(model_dir: str) -> dict[str, Any]:
 def _parse_logit_bias(logit_bias: dict[str, float] | None) -> dict[int, float] | None:
     if logit_bias is None:
         return None
-    parsed = {}
+    parsed, bad = {}, []
     for key, value in logit_bias.items():
         try:
             token_id = int(key)
         except ValueError:
-            raise APIError(
-                f"logit_bias keys must be token ids (integers as strings), got {key!r}.",
-                param="logit_bias",
-            ) from None
+            bad.append(key)  # every bad key is named, not only the first
+            continue
         parsed[token_id] = max(-_LOGIT_BIAS_LIMIT, min(_LOGIT_BIAS_LIMIT, float(value)))
+    if bad:
+        listed = ", ".join(repr(key) for key in bad)
+        raise APIError(
+            f"logit_bias keys must be token ids (integers as strings), got {listed}.",
+            param="logit_bias",
+        )
     return parsed
 
 

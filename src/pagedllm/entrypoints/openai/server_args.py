@@ -77,6 +77,20 @@ class ServerArgs:
     enable_force_include_usage: bool = field(default=False, metadata=_help(
         "Put usage on every streamed response (a final usage chunk), as if each request "
         "asked for stream_options.include_usage."))
+    generation_config: str = field(default="auto", metadata=_help(
+        "Where requests' sampling defaults come from: auto (the model's "
+        "generation_config.json), vllm (none: the built-in defaults), or a folder holding a "
+        "generation_config.json."))
+    enable_tokenizer_info_endpoint: bool = field(default=False, metadata=_help(
+        "Serve GET /tokenizer_info (the tokenizer's class, special tokens, chat template)."))
+    enable_server_load_tracking: bool = field(default=False, metadata=_help(
+        "Count the requests in flight and serve the count at GET /load."))
+    enable_prompt_tokens_details: bool = field(default=False, metadata=_help(
+        "vLLM's switch for usage.prompt_tokens_details; accepted for compatibility: this "
+        "server always reports it (cached_tokens)."))
+    show_hidden_metrics_for_version: str | None = field(default=None, metadata=_help(
+        "vLLM's switch for metrics it hid in a release; accepted for compatibility: this "
+        "server hides none."))
     return_tokens_as_token_ids: bool = field(default=False, metadata=_help(
         "Write logprobs tokens as 'token_id:N' (vLLM's flag: ids survive tokens that are not "
         "valid UTF-8 alone); a request's return_tokens_as_token_ids overrides it."))

@@ -49,6 +49,8 @@ class ServingConfig:
         media: how image URLs of chat messages are read (limits, allowed places).
         return_tokens_as_token_ids: the default of the request field of that name.
         force_include_usage: every stream ends with a usage chunk, asked for or not.
+        generation_config: where sampling defaults come from ("auto": the model's
+            generation_config.json; "vllm": none; else a folder holding one).
     """
 
     models: ServedModels
@@ -60,6 +62,7 @@ class ServingConfig:
     media: MediaConnector = field(default_factory=MediaConnector)
     return_tokens_as_token_ids: bool = False
     force_include_usage: bool = False
+    generation_config: str = "auto"
 
     def include_usage(self, request: Any) -> bool:
         """Whether `request`'s stream ends with a usage chunk."""
@@ -88,6 +91,13 @@ class TokenizedPrompt:
         return prompt
 
 
+def _generation_defaults(source: str, model_dir: str) -> dict[str, Any]:
+    """--generation-config: the model's defaults (auto), none (vllm), or a folder's."""
+    if source == "vllm":
+        return {}
+    return load_generation_defaults(model_dir if source == "auto" else source)
+
+
 class OpenAIServing:
     """Base of the /v1 handlers."""
 
@@ -97,7 +107,8 @@ class OpenAIServing:
         self.tokenizer = engine.get_tokenizer()
         model_config = engine.get_model_config()
         self.max_model_len = model_config.max_model_len
-        self.generation_defaults = load_generation_defaults(model_config.model_dir)
+        self.generation_defaults = _generation_defaults(config.generation_config,
+                                                        model_config.model_dir)
         digest = hashlib.sha256(
             f"pagedllm-{__version__}-{model_config.model}-{model_config.dtype}".encode()
         ).hexdigest()

@@ -34,6 +34,23 @@ class OpenAIServingTokenization(OpenAIServingChat):
             result["token_strs"] = self.tokenizer.convert_ids_to_tokens(tokens)
         return result
 
+    def tokenizer_info(self) -> dict[str, Any]:
+        """What a client needs to tokenize as the server does (vLLM's /tokenizer_info)."""
+        tokenizer = self.tokenizer
+        info: dict[str, Any] = {
+            "tokenizer_class": type(tokenizer).__name__,
+            "vocab_size": len(tokenizer),
+            "model_max_length": self.max_model_len,
+            "chat_template": getattr(tokenizer, "chat_template", None),
+        }
+        for name in ("bos_token", "eos_token", "pad_token", "unk_token"):
+            info[name] = getattr(tokenizer, name, None)
+        info["added_tokens_decoder"] = {
+            str(token_id): str(token)
+            for token_id, token in getattr(tokenizer, "added_tokens_decoder", {}).items()
+        }
+        return info
+
     def detokenize_request(self, request: DetokenizeRequest) -> dict[str, Any]:
         """`{prompt}`; token ids outside the vocabulary are a 400."""
         self.check_model(request.model)
