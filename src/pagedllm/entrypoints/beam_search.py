@@ -26,15 +26,21 @@ it, and is freed when the last of them drops it; the partial last block is priva
 beam, which is the effect copy-on-write would have (a beam never writes a shared block).
 Without prefix caching the result is the same, only every step recomputes each beam.
 
+The search itself (`_search`) is a generator that knows no engine: `beam_search` drives it
+on an LLMEngine (LLM.beam_search), `beam_search_async` on the server's AsyncLLM
+(`use_beam_search` in completions and chat).
+
 Must not: touch the scheduler or the worker; it only adds requests and reads outputs.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import math
+from collections.abc import Generator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pagedllm.engine.llm_engine import LLMEngine
 from pagedllm.outputs import LogprobsDict
@@ -43,6 +49,9 @@ from pagedllm.sampling_params import (
     RequestOutputKind,
     SamplingParams,
 )
+
+if TYPE_CHECKING:
+    from pagedllm.engine.async_llm import AsyncLLM
 
 _request_counter = itertools.count()
 
@@ -163,18 +172,13 @@ def _score(sequence: BeamSearchSequence) -> float:
     return sequence.score if sequence.score is not None else -math.inf
 
 
-def beam_search(
-    engine: LLMEngine, prompts: list[list[int]], params: BeamSearchParams
-) -> list[BeamSearchOutput]:
-    """Run beam search for every prompt (token ids) on `engine`; outputs in prompt order."""
-    max_model_len = engine.engine_config.model_config.max_model_len
-    eos_token_id = engine.input_processor.eos_token_id
-    instances = [
-        _BeamSearchInstance(p, min(params.max_tokens, max_model_len - len(p)), params)
-        for p in prompts
-    ]
-    width = params.beam_width
-    step_params = SamplingParams(
+# One search step's beams (request id -> token ids), and their next-token logprobs back.
+StepRequests = dict[str, list[int]]
+StepResults = dict[str, LogprobsDict]
+
+
+def _step_params(width: int) -> SamplingParams:
+    return SamplingParams(
         temperature=0.0,
         max_tokens=1,
         # 2W candidates per beam (above the engine's max_logprobs: its ValueError, as
@@ -184,29 +188,97 @@ def beam_search(
         detokenize=False,
         output_kind=RequestOutputKind.FINAL_ONLY,
     )
+
+
+def _search(
+    prompts: list[list[int]], params: BeamSearchParams, max_model_len: int,
+    eos_token_id: int | None,
+) -> Generator[StepRequests, StepResults, list[_BeamSearchInstance]]:
+    """The search, engine-free: yields each step's beams, is sent their logprobs, and
+    returns the finished instances (the sync and async drivers below run the steps)."""
+    instances = [
+        _BeamSearchInstance(p, min(params.max_tokens, max_model_len - len(p)), params)
+        for p in prompts
+    ]
     while live := [inst for inst in instances if not inst.is_done]:
         beams = {
             f"beam-{next(_request_counter)}": (inst, beam) for inst in live for beam in inst.running
         }
-        step_logprobs = _run_step(
-            engine, {rid: b.tokens for rid, (_, b) in beams.items()}, step_params
-        )
+        step_logprobs = yield {rid: b.tokens for rid, (_, b) in beams.items()}
         candidates: dict[int, list[_Candidate]] = {id(inst): [] for inst in live}
         for request_id, (inst, beam) in beams.items():
             logprobs = step_logprobs[request_id]
             candidates[id(inst)].extend(_Candidate(beam, t, logprobs) for t in logprobs)
         for inst in live:
             inst.advance(candidates[id(inst)], eos_token_id)
-    tokenizer = engine.get_tokenizer()
+    return instances
+
+
+def _outputs(instances: list[_BeamSearchInstance], tokenizer: Any) -> list[BeamSearchOutput]:
     return [
         BeamSearchOutput([_with_text(s, inst, tokenizer) for s in inst.best_sequences()])
         for inst in instances
     ]
 
 
+def beam_search(
+    engine: LLMEngine, prompts: list[list[int]], params: BeamSearchParams
+) -> list[BeamSearchOutput]:
+    """Run beam search for every prompt (token ids) on `engine`; outputs in prompt order."""
+    search = _search(prompts, params, engine.engine_config.model_config.max_model_len,
+                     engine.input_processor.eos_token_id)
+    step_params = _step_params(params.beam_width)
+    try:
+        beams = next(search)
+        while True:
+            beams = search.send(_run_step(engine, beams, step_params))
+    except StopIteration as done:
+        return _outputs(done.value, engine.get_tokenizer())
+
+
+async def beam_search_async(
+    engine: AsyncLLM, prompt_token_ids: list[int], params: BeamSearchParams
+) -> BeamSearchOutput:
+    """The same search for one prompt on the server's AsyncLLM: each step's beams run as
+    concurrent requests in the engine's continuous batch (the server's use_beam_search)."""
+    core = engine.engine
+    search = _search([prompt_token_ids], params, engine.get_model_config().max_model_len,
+                     core.input_processor.eos_token_id)
+    step_params = _step_params(params.beam_width)
+    try:
+        beams = next(search)
+        while True:
+            beams = search.send(await _run_step_async(engine, beams, step_params))
+    except StopIteration as done:
+        return _outputs(done.value, engine.get_tokenizer())[0]
+
+
+async def _run_step_async(
+    engine: AsyncLLM, prompts: StepRequests, params: SamplingParams
+) -> StepResults:
+    """One token for every beam, concurrently; aborts them all if any fails or the caller
+    is cancelled (a client that went away)."""
+
+    async def one(request_id: str, token_ids: list[int]) -> LogprobsDict:
+        final = None
+        async for output in engine.generate({"prompt_token_ids": token_ids}, params,
+                                            request_id):
+            final = output
+        if final is None or not final.outputs or not final.outputs[0].logprobs:
+            raise RuntimeError(f"beam step {request_id} returned no logprobs")
+        return final.outputs[0].logprobs[0]
+
+    try:
+        results = await asyncio.gather(*(one(rid, ids) for rid, ids in prompts.items()))
+    except BaseException:
+        await engine.abort(list(prompts))
+        raise
+    return dict(zip(prompts, results, strict=True))
+
+
 def _run_step(
-    engine: LLMEngine, prompts: dict[str, list[int]], params: SamplingParams
-) -> dict[str, LogprobsDict]:
+    engine: LLMEngine, prompts: StepRequests, params: SamplingParams
+) -> StepResults:
     """Run one token for every beam; request id → the logprobs dict of that token."""
     added: list[str] = []
     try:

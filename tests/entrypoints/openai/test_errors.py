@@ -40,7 +40,8 @@ CASES = [
     # Every bad key is named (vLLM's), not only the first.
     ("/v1/completions", {"prompt": "x", "logit_bias": {"abc": 1, "5": 2, "x9": 3}}, 400,
      "logit_bias", "'abc', 'x9'"),
-    ("/v1/completions", {"prompt": "x", "use_beam_search": True}, 400, "use_beam_search", None),
+    ("/v1/completions", {"prompt": "x", "use_beam_search": True, "logprobs": 1}, 400,
+     "use_beam_search", "logprobs"),
     ("/v1/chat/completions", {"messages": []}, 400, "messages", "non-empty"),
     ("/v1/chat/completions", {}, 400, "messages", None),
     ("/v1/chat/completions", {"messages": "hello"}, 400, "messages", None),

@@ -72,9 +72,30 @@ def _parse_logit_bias(logit_bias: dict[str, float] | None) -> dict[int, float] |
     return parsed
 
 
+# Request fields beam search here does not combine with (each would change the answer):
+# per-token logprobs, constraints and sampling-time adjustments of the logits.
+_NOT_WITH_BEAM_SEARCH = (
+    "logprobs", "prompt_logprobs", "response_format", "structured_outputs", "guided_json",
+    "guided_regex", "guided_choice", "guided_grammar", "structural_tag", "tools",
+    "logit_bias", "allowed_token_ids", "bad_words", "stop", "stop_token_ids", "min_tokens",
+    "repetition_penalty", "presence_penalty", "frequency_penalty", "best_of",
+)
+
+
+def _check_beam_search(request: SamplingExtras) -> None:
+    """use_beam_search (beam width = n) refuses the fields it would silently ignore."""
+    neutral = {"logprobs": (None, False), "min_tokens": (0,), "presence_penalty": (0.0,),
+               "frequency_penalty": (0.0,), "repetition_penalty": (None, 1.0)}
+    for name in _NOT_WITH_BEAM_SEARCH:
+        value = getattr(request, name, None)
+        if value not in neutral.get(name, (None,)) and value != []:
+            raise APIError(f"use_beam_search with {name} is not supported yet.",
+                           param="use_beam_search")
+
+
 def _check_unsupported(request: SamplingExtras, grammar_backend: str) -> None:
     if request.use_beam_search:
-        raise APIError("use_beam_search is not supported yet.", param="use_beam_search")
+        _check_beam_search(request)
     if request.guided_whitespace_pattern is not None:
         raise APIError(
             "guided_whitespace_pattern is not supported (the grammar backend takes "

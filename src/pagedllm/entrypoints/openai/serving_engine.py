@@ -22,6 +22,7 @@ from starlette.types import Receive, Scope, Send
 
 from pagedllm import __version__
 from pagedllm.engine.async_llm import AsyncLLM
+from pagedllm.entrypoints.beam_search import beam_search_async
 from pagedllm.entrypoints.openai.errors import APIError
 from pagedllm.entrypoints.openai.protocol import SamplingExtras
 from pagedllm.entrypoints.openai.sampling import load_generation_defaults
@@ -29,8 +30,8 @@ from pagedllm.entrypoints.openai.served_models import ServedModels
 from pagedllm.lora.request import LoRARequest
 from pagedllm.multimodal.inputs import MultiModalFeature
 from pagedllm.multimodal.media import MediaConnector
-from pagedllm.outputs import RequestOutput
-from pagedllm.sampling_params import SamplingParams
+from pagedllm.outputs import CompletionOutput, RequestOutput
+from pagedllm.sampling_params import BeamSearchParams, SamplingParams
 
 T = TypeVar("T")
 
@@ -182,7 +183,39 @@ class OpenAIServing:
         add_special_tokens: bool,
         lora_request: LoRARequest | None = None,
     ) -> list[AsyncIterator[RequestOutput]]:
-        """Queue one engine request per prompt; all or none (a failure aborts the rest)."""
+        """Queue one engine request per prompt; all or none (a failure aborts the rest).
+        With `use_beam_search`, each prompt's stream is its beam search instead (one final
+        output with the `n` best beams)."""
+        if getattr(request, "use_beam_search", False):
+            return [self._beam_search(request, prompt, engine_id, params)
+                    for prompt, engine_id in zip(engine_prompts, engine_ids, strict=True)]
+        return await self._add_engine_requests(request, engine_prompts, engine_ids, params,
+                                               add_special_tokens, lora_request)
+
+    def _beam_search(self, request: SamplingExtras, prompt: dict[str, Any], request_id: str,
+                     params: SamplingParams) -> AsyncIterator[RequestOutput]:
+        """One prompt's beam search (beam width = the request's n) as a request stream."""
+        if prompt.get("mm_features"):
+            raise APIError("use_beam_search takes text prompts only.", param="use_beam_search")
+        room = self.max_model_len - len(prompt["prompt_token_ids"])
+        beam_params = BeamSearchParams(
+            beam_width=request.n,
+            max_tokens=min(params.max_tokens or room, room),
+            ignore_eos=request.ignore_eos,
+            length_penalty=request.length_penalty,
+            include_stop_str_in_output=request.include_stop_str_in_output,
+        )
+        return _beam_stream(self.engine, request_id, prompt, beam_params)
+
+    async def _add_engine_requests(
+        self,
+        request: SamplingExtras,
+        engine_prompts: list[dict[str, Any]],
+        engine_ids: list[str],
+        params: SamplingParams,
+        add_special_tokens: bool,
+        lora_request: LoRARequest | None,
+    ) -> list[AsyncIterator[RequestOutput]]:
         streams: list[AsyncIterator[RequestOutput]] = []
         try:
             for prompt, engine_id in zip(engine_prompts, engine_ids, strict=True):
@@ -195,6 +228,23 @@ class OpenAIServing:
             await self.engine.abort(engine_ids[: len(streams)])
             raise
         return streams
+
+
+async def _beam_stream(
+    engine: AsyncLLM, request_id: str, prompt: dict[str, Any], params: BeamSearchParams,
+) -> AsyncGenerator[RequestOutput, None]:
+    """One prompt's beam search as a request stream: one finished output, its `n` choices
+    the best beams, best first (vLLM's use_beam_search answer)."""
+    prompt_ids = list(prompt["prompt_token_ids"])
+    result = await beam_search_async(engine, prompt_ids, params)
+    outputs = []
+    for index, sequence in enumerate(result.sequences):
+        generated = sequence.tokens[len(prompt_ids):]
+        outputs.append(CompletionOutput(
+            index=index, text=sequence.text or "", token_ids=generated,
+            cumulative_logprob=sequence.cum_logprob, finish_reason=sequence.finish_reason,
+        ))
+    yield RequestOutput(request_id, prompt.get("prompt"), prompt_ids, outputs, finished=True)
 
 
 async def _raise_on_failure(
