@@ -139,6 +139,9 @@ class SamplingParams:
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    # vLLM's logprob_token_ids: each generated token's logprobs for these token ids instead
+    # of the top-k (sets logprobs to 0 when it is None).
+    logprob_token_ids: list[int] | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
@@ -227,6 +230,14 @@ class SamplingParams:
             self.logit_bias = bias
         if self.allowed_token_ids is not None:
             self.allowed_token_ids = list(self.allowed_token_ids)
+        if self.logprob_token_ids is not None:
+            ids = list(self.logprob_token_ids)
+            if not ids or not all(_is_int(t) and t >= 0 for t in ids):
+                raise ValueError("logprob_token_ids must be a non-empty list of token ids, "
+                                 f"got {self.logprob_token_ids!r}.")
+            self.logprob_token_ids = ids
+            if self.logprobs is None:
+                self.logprobs = 0
         if isinstance(self.bad_words, str):
             self.bad_words = [self.bad_words]
         elif self.bad_words is not None:

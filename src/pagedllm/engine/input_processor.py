@@ -293,6 +293,10 @@ class InputProcessor:
         """vLLM's rule: a request's logprobs and prompt_logprobs (-1: the whole vocabulary)
         may not exceed max_logprobs (-1: the whole vocabulary)."""
         limit = self.vocab_size if self.max_logprobs == -1 else self.max_logprobs
+        listed = len(params.logprob_token_ids or [])
+        if listed > limit:
+            raise ValueError(f"logprob_token_ids lists {listed} tokens, which is greater than "
+                             f"max allowed: {limit}")
         for kind, value in (("sample", params.logprobs), ("prompt", params.prompt_logprobs)):
             asked = self.vocab_size if value == -1 else value
             if asked is not None and asked > limit:
@@ -305,6 +309,7 @@ class InputProcessor:
         for name, token_ids in (
             ("stop_token_ids", params.stop_token_ids or []),
             ("logit_bias", list(params.logit_bias or {})),
+            ("logprob_token_ids", params.logprob_token_ids or []),
         ):
             bad = [t for t in token_ids if t >= self.vocab_size]
             if bad:

@@ -33,11 +33,13 @@ class LogprobsBuilder:
     def to_dicts(self, lists: LogprobsLists) -> list[LogprobsDict]:
         """One dict per position of `lists`."""
         dicts = []
-        for token_ids, logprobs, rank in zip(
+        for position, (token_ids, logprobs, rank) in enumerate(zip(
             lists.token_ids, lists.logprobs, lists.ranks, strict=True
-        ):
+        )):
             entry: LogprobsDict = {}
-            ranks = [rank, *range(1, len(token_ids))]
+            others = (lists.other_ranks[position] if lists.other_ranks
+                      else range(1, len(token_ids)))  # the top-k: ranks by position
+            ranks = [rank, *others]
             for token_id, logprob, token_rank in zip(token_ids, logprobs, ranks, strict=True):
                 # The scored token keeps its own entry when it is also among the top-k.
                 if token_id not in entry:

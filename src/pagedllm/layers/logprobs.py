@@ -30,6 +30,29 @@ class TokenLogprobs:
     ranks: torch.Tensor
 
 
+def compute_listed_logprobs(
+    logits: torch.Tensor, scored_token_ids: torch.Tensor, listed: torch.Tensor
+) -> tuple[TokenLogprobs, torch.Tensor]:
+    """Logprobs of `scored_token_ids` and of the `listed` token ids ([L] int64, the same
+    for every row: a request's logprob_token_ids), with the listed tokens' ranks ([N, L])."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)  # [N, V]
+    scored = scored_token_ids.unsqueeze(1)  # [N, 1]
+    scored_logprobs = logprobs.gather(1, scored)  # [N, 1]
+    ranks = (logprobs > scored_logprobs).sum(dim=-1) + 1  # [N]
+    listed_ids = listed.unsqueeze(0).expand(logprobs.shape[0], -1)  # [N, L]
+    listed_logprobs = logprobs.gather(1, listed_ids)  # [N, L]
+    # Rank = 1 + the tokens strictly more likely: from one sort, for any L.
+    ascending = logprobs.sort(dim=-1).values
+    greater = logprobs.shape[-1] - torch.searchsorted(ascending, listed_logprobs, right=True)
+    listed_ranks = greater + 1  # [N, L]
+    result = TokenLogprobs(
+        token_ids=torch.cat([scored, listed_ids], dim=1),
+        logprobs=torch.cat([scored_logprobs, listed_logprobs], dim=1),
+        ranks=ranks,
+    )
+    return result, listed_ranks
+
+
 def compute_token_logprobs(
     logits: torch.Tensor, scored_token_ids: torch.Tensor, num_top: int
 ) -> TokenLogprobs:

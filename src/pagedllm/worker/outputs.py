@@ -22,17 +22,21 @@ class LogprobsLists(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fals
         logprobs: [num_positions][1 + k] their logprobs, same order.
         ranks: [num_positions] rank of the scored token (1 = most likely; 1 + the number of
             tokens with a strictly larger logprob). The top-k have ranks 1..k by position.
+        other_ranks: [num_positions][k] the ranks of the entries after the scored token, when
+            they are not the top-k (a request's logprob_token_ids); empty otherwise.
     """
 
     token_ids: list[list[int]] = []
     logprobs: list[list[float]] = []
     ranks: list[int] = []
+    other_ranks: list[list[int]] = []
 
     def extend(self, other: LogprobsLists) -> None:
         """Append `other`'s positions after this one's."""
         self.token_ids.extend(other.token_ids)
         self.logprobs.extend(other.logprobs)
         self.ranks.extend(other.ranks)
+        self.other_ranks.extend(other.other_ranks)
 
     def head(self, num_positions: int) -> LogprobsLists:
         """The first `num_positions` positions."""
@@ -40,6 +44,7 @@ class LogprobsLists(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fals
             self.token_ids[:num_positions],
             self.logprobs[:num_positions],
             self.ranks[:num_positions],
+            self.other_ranks[:num_positions],
         )
 
     def __len__(self) -> int:

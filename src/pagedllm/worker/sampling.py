@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from pagedllm.layers.logits_processors import adjusts_logits
-from pagedllm.layers.logprobs import compute_token_logprobs
+from pagedllm.layers.logprobs import compute_listed_logprobs, compute_token_logprobs
 from pagedllm.layers.sampler import min_tokens_banned
 from pagedllm.spec_decode.rejection_sampler import DraftLayout, RejectionSampler, accept_greedy
 from pagedllm.spec_decode.verify import build_verify_metadata
@@ -183,8 +183,15 @@ def _emitted_logprobs(
     tokens at rows row_starts[i], +1, ...), for the requests that ask; one log_softmax and
     one topk (k = the largest asked) over all of them."""
     asking = [i for i, s in enumerate(states) if s.sampling_params.logprobs is not None]
+    listed = [i for i in asking if states[i].sampling_params.logprob_token_ids]
+    result_lists = {
+        states[i].request_id: _listed_logprobs(logits, row_starts[i], emitted[i],
+                                               states[i].sampling_params.logprob_token_ids)
+        for i in listed
+    }
+    asking = [i for i in asking if i not in listed]
     if not asking:
-        return {}
+        return result_lists
     vocab_size = logits.shape[-1]
     rows = [row_starts[i] + j for i in asking for j in range(len(emitted[i]))]
     tokens = [t for i in asking for t in emitted[i]]
@@ -195,4 +202,22 @@ def _emitted_logprobs(
     token_tensor = torch.tensor(tokens, dtype=torch.int64, device=logits.device)
     result = compute_token_logprobs(logits[index], token_tensor, max(num_top))
     lists = split_logprobs(result, [len(emitted[i]) for i in asking], num_top)
-    return {states[i].request_id: lp for i, lp in zip(asking, lists, strict=True)}
+    result_lists.update(
+        {states[i].request_id: lp for i, lp in zip(asking, lists, strict=True)}
+    )
+    return result_lists
+
+
+def _listed_logprobs(
+    logits: torch.Tensor, row_start: int, emitted: list[int], listed: list[int] | None
+) -> LogprobsLists:
+    """One request's emitted tokens with the logprobs (and ranks) of its logprob_token_ids
+    instead of the top-k (vLLM's logprob_token_ids)."""
+    device = logits.device
+    rows = torch.arange(row_start, row_start + len(emitted), device=device)
+    result, listed_ranks = compute_listed_logprobs(
+        logits[rows], torch.tensor(emitted, dtype=torch.int64, device=device),
+        torch.tensor(listed or [], dtype=torch.int64, device=device),
+    )
+    return LogprobsLists(result.token_ids.tolist(), result.logprobs.tolist(),
+                         result.ranks.tolist(), listed_ranks.tolist())

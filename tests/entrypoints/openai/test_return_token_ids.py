@@ -92,3 +92,21 @@ def test_chat_returns_prompt_and_output_token_ids(client):
         for choice in dumped["choices"]:
             streamed += choice.get("token_ids") or []
     assert streamed == token_ids
+
+
+def test_logprob_token_ids_in_completions_and_chat(http, client):
+    listed = [5, 17, 42]
+    choice = _completion(http, logprob_token_ids=listed, return_token_ids=True,
+                         return_tokens_as_token_ids=True)["choices"][0]
+    for token_id, top in zip(choice["token_ids"], choice["logprobs"]["top_logprobs"],
+                             strict=True):
+        assert set(top) == {f"token_id:{t}" for t in (token_id, *listed)}
+    response = client.chat.completions.create(
+        model=MODEL_NAME, messages=MESSAGES, max_tokens=3, temperature=0, logprobs=True,
+        extra_body={"logprob_token_ids": listed, "return_tokens_as_token_ids": True},
+    )
+    for token in response.choices[0].logprobs.content:
+        assert {t.token for t in token.top_logprobs} >= {f"token_id:{t}" for t in listed}
+    bad = http.post("/v1/completions", json={"model": MODEL_NAME, "prompt": PROMPT,
+                                             "logprob_token_ids": [10**9]})
+    assert bad.status_code == 400 and "logprob_token_ids" in bad.json()["error"]["message"]

@@ -11,7 +11,7 @@ from .conftest import MODEL_NAME
 
 BASE = {"model": MODEL_NAME, "prompt": "Hello", "max_tokens": 2, "temperature": 0}
 CHANGED = {"return_token_offsets": True, "cache_salt": "tenant-a", "stream_interval": 4,
-           "logprob_token_ids": [3], "truncation_side": "right", "vllm_xargs": {"a": 1}}
+           "return_prompt_text": True, "truncation_side": "right", "vllm_xargs": {"a": 1}}
 
 
 @pytest.mark.parametrize("field", sorted(CHANGED))

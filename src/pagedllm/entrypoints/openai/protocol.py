@@ -38,7 +38,7 @@ UNBUILT_VLLM_FIELDS: dict[str, Any] = {
     "return_mm_kwargs": False,
     "cache_salt": None, "kv_transfer_params": None, "ec_transfer_params": None,
     "vllm_xargs": None, "repetition_detection": None, "thinking_token_budget": None,
-    "stream_interval": 1, "logprob_token_ids": None, "logits_processors": None,
+    "stream_interval": 1, "logits_processors": None,
     "documents": None, "mm_processor_kwargs": None, "media_io_kwargs": None,
     "truncation_side": "left", "routed_experts_prompt_start": None,
 }
@@ -118,6 +118,9 @@ class SamplingExtras(OpenAIBaseModel):
     # logprobs tokens written "token_id:N" (None: the server's --return-tokens-as-token-ids).
     return_token_ids: bool | None = None
     return_tokens_as_token_ids: bool | None = None
+    # vLLM's logprob_token_ids: each generated token's logprobs for these ids (instead of
+    # the top-k; completions report them whatever `logprobs`, chat with `logprobs: true`).
+    logprob_token_ids: list[int] | None = None
 
     @model_validator(mode="after")
     def _check_stream_fields(self) -> SamplingExtras:

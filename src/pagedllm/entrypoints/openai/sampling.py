@@ -31,6 +31,7 @@ _OPTIONAL_FIELDS: dict[str, Any] = {
     "bad_words": None,
     "logprobs": None,
     "prompt_logprobs": None,
+    "logprob_token_ids": None,
     "best_of": None,
 }
 
@@ -75,7 +76,8 @@ def _parse_logit_bias(logit_bias: dict[str, float] | None) -> dict[int, float] |
 # Request fields beam search here does not combine with (each would change the answer):
 # per-token logprobs, constraints and sampling-time adjustments of the logits.
 _NOT_WITH_BEAM_SEARCH = (
-    "logprobs", "prompt_logprobs", "response_format", "structured_outputs", "guided_json",
+    "logprobs", "prompt_logprobs", "logprob_token_ids", "response_format",
+    "structured_outputs", "guided_json",
     "guided_regex", "guided_choice", "guided_grammar", "structural_tag", "tools",
     "logit_bias", "allowed_token_ids", "bad_words", "stop", "stop_token_ids", "min_tokens",
     "repetition_penalty", "presence_penalty", "frequency_penalty", "best_of",
@@ -225,6 +227,7 @@ def build_sampling_params(
         "bad_words": request.bad_words or None,
         "logprobs": logprobs,
         "prompt_logprobs": request.prompt_logprobs,
+        "logprob_token_ids": request.logprob_token_ids or None,
         "best_of": None if request.best_of in (None, request.n) else request.best_of,
     }
     kwargs.update(_supported_optional(optional))

@@ -149,7 +149,8 @@ class OpenAIServingChat(OpenAIServing):
         if not request.logprobs:
             return None
         entries = align(seq.token_ids, seq.logprobs)
-        return chat_logprobs(seq.token_ids, entries, request.top_logprobs or 0, self.tokenizer,
+        num_top = -1 if request.logprob_token_ids else (request.top_logprobs or 0)
+        return chat_logprobs(seq.token_ids, entries, num_top, self.tokenizer,
                              as_token_ids=self.config.tokens_as_ids(request))
 
     def _build_response(

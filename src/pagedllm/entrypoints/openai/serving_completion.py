@@ -123,9 +123,10 @@ class OpenAIServingCompletion(OpenAIServing):
             index=index, text=text, finish_reason=finish_reason,
             stop_reason=None if echo_only else seq.stop_reason,
         )
-        if request.logprobs is not None and logprobs is not None:
+        listed = bool(request.logprob_token_ids)
+        if (request.logprobs is not None or listed) and logprobs is not None:
             choice.logprobs = completion_logprobs(
-                token_ids, logprobs, request.logprobs, self.tokenizer,
+                token_ids, logprobs, -1 if listed else (request.logprobs or 0), self.tokenizer,
                 as_token_ids=self.config.tokens_as_ids(request),
             )
         if request.prompt_logprobs is not None and output.prompt_logprobs is not None:
@@ -174,8 +175,8 @@ class OpenAIServingCompletion(OpenAIServing):
                     echo = request.echo and index not in echoed
                     echoed.add(index)
                     num_generated += 0 if echo_only else len(seq.token_ids)
-                    carries_ids = (request.logprobs is not None
-                                   or request.return_token_ids) and seq.token_ids
+                    carries_ids = (request.logprobs is not None or request.return_token_ids
+                                   or request.logprob_token_ids) and seq.token_ids
                     if not (seq.text or seq.finish_reason or echo or carries_ids):
                         continue  # nothing new yet (text held back by the detokenizer)
                     first = index not in started
