@@ -39,6 +39,8 @@ class RequestData(msgspec.Struct, array_like=True, omit_defaults=True, gc=False)
         lora_request: its LoRA adapter, or None for the base model.
         mm_features: its images / videos, processed (multimodal/inputs.py), in prompt
             order; None for a text prompt.
+        cache_salt: vLLM's cache_salt: only requests with the same salt share prefix-cache
+            blocks (a tenant's prompts stay unreadable by timing to another); None: none.
     """
 
     prompt_token_ids: list[int]
@@ -48,6 +50,7 @@ class RequestData(msgspec.Struct, array_like=True, omit_defaults=True, gc=False)
     token_type_ids: list[int] | None = None
     lora_request: LoRARequest | None = None
     mm_features: list[MultiModalFeature] | None = None
+    cache_salt: str | None = None
 
 
 class FinishReason(enum.IntEnum):
@@ -138,6 +141,11 @@ class CarriesRequestData:
     def mm_features(self) -> list[MultiModalFeature]:
         """Its images / videos in prompt order (empty for a text prompt)."""
         return self.data.mm_features or []
+
+    @property
+    def cache_salt(self) -> str | None:
+        """Its prefix-cache salt, or None."""
+        return self.data.cache_salt
 
 
 @dataclass(slots=True)

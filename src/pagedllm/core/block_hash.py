@@ -68,8 +68,12 @@ def update_request_block_hashes(
     for index in range(len(hashes), num_full_blocks):
         start = index * block_size
         keys = extra_keys
+        if index == 0 and request.cache_salt is not None:
+            # The first block carries the salt; every later hash chains from it, so
+            # requests with different salts (or none) share no block.
+            keys = (*(keys or ()), "salt", request.cache_salt)
         if request.mm_features:
-            keys = _with_mm_keys(request, start, start + block_size, extra_keys)
+            keys = _with_mm_keys(request, start, start + block_size, keys)
         parent = hash_block_tokens(parent, token_ids[start : start + block_size], keys)
         hashes.append(parent)
     return hashes

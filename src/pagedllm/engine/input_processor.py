@@ -43,6 +43,14 @@ class ProcessedPrompt:
     mm_features: list[MultiModalFeature] | None = None
 
 
+def _cache_salt(prompt: PromptType) -> str | None:
+    """A prompt dict's `cache_salt` (vLLM's prompt field), checked."""
+    salt = prompt.get("cache_salt") if isinstance(prompt, dict) else None
+    if salt is not None and (not isinstance(salt, str) or not salt):
+        raise ValueError(f"cache_salt must be a non-empty string, got {salt!r}.")
+    return salt
+
+
 def make_mm_processor(model_config: ModelConfig) -> MultiModalProcessor | None:
     """The multimodal processor of a vision-language model; None for a text-only one."""
     from pagedllm.multimodal.processor import MultiModalProcessor, supports_multimodal
@@ -112,7 +120,7 @@ class InputProcessor:
         request = EngineCoreRequest(
             request_id,
             RequestData(processed.prompt_token_ids, params, self.eos_token_id,
-                        mm_features=processed.mm_features),
+                        mm_features=processed.mm_features, cache_salt=_cache_salt(prompt)),
             arrival_time=arrival_time if arrival_time is not None else time.time(),
         )
         return request, processed

@@ -10,7 +10,7 @@ from pagedllm.entrypoints.openai.protocol import UNBUILT_VLLM_FIELDS
 from .conftest import MODEL_NAME
 
 BASE = {"model": MODEL_NAME, "prompt": "Hello", "max_tokens": 2, "temperature": 0}
-CHANGED = {"return_token_offsets": True, "cache_salt": "tenant-a", "stream_interval": 4,
+CHANGED = {"return_token_offsets": True, "thinking_token_budget": 5, "stream_interval": 4,
            "return_prompt_text": True, "truncation_side": "right", "vllm_xargs": {"a": 1}}
 
 

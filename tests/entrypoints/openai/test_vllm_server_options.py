@@ -151,3 +151,18 @@ def test_generation_config_source(tmp_path):
     assert _generation_defaults("vllm", str(folder)) == {}
     assert _generation_defaults("auto", str(folder)) == {"temperature": 0.3, "top_k": 7}
     assert _generation_defaults(str(folder), str(tmp_path)) == {"temperature": 0.3, "top_k": 7}
+
+
+def test_cache_salt_separates_prefix_caches(http):
+    prompt = list(range(5, 45))  # token ids: two full blocks
+
+    def cached(**salt) -> int:
+        body = _completion(prompt=prompt, max_tokens=1, **salt)
+        response = http.post("/v1/completions", json=body)
+        assert response.status_code == 200, response.text
+        details = response.json()["usage"].get("prompt_tokens_details") or {}
+        return details.get("cached_tokens", 0)
+
+    cached(cache_salt="a")
+    assert cached(cache_salt="a") == 32
+    assert cached(cache_salt="b") == 0

@@ -31,12 +31,12 @@ def random_uuid() -> str:
 
 
 # vLLM request fields this server does not build, each with the value that changes nothing.
-# Any other value would change the answer (or, for cache_salt, whose prefix cache a request
-# may read), so it is refused with a 400 instead of being ignored like an unknown field.
+# Any other value would change the answer, so it is refused with a 400 instead of being
+# ignored like an unknown field.
 UNBUILT_VLLM_FIELDS: dict[str, Any] = {
     "prompt_embeds": None, "return_token_offsets": False, "return_prompt_text": False,
     "return_mm_kwargs": False,
-    "cache_salt": None, "kv_transfer_params": None, "ec_transfer_params": None,
+    "kv_transfer_params": None, "ec_transfer_params": None,
     "vllm_xargs": None, "repetition_detection": None, "thinking_token_budget": None,
     "stream_interval": 1, "logits_processors": None,
     "documents": None, "mm_processor_kwargs": None, "media_io_kwargs": None,
@@ -121,6 +121,8 @@ class SamplingExtras(OpenAIBaseModel):
     # vLLM's logprob_token_ids: each generated token's logprobs for these ids (instead of
     # the top-k; completions report them whatever `logprobs`, chat with `logprobs: true`).
     logprob_token_ids: list[int] | None = None
+    # vLLM's cache_salt: only requests with the same salt share prefix-cache blocks.
+    cache_salt: str | None = None
 
     @model_validator(mode="after")
     def _check_stream_fields(self) -> SamplingExtras:

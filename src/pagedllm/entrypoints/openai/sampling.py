@@ -80,7 +80,7 @@ _NOT_WITH_BEAM_SEARCH = (
     "structured_outputs", "guided_json",
     "guided_regex", "guided_choice", "guided_grammar", "structural_tag", "tools",
     "logit_bias", "allowed_token_ids", "bad_words", "stop", "stop_token_ids", "min_tokens",
-    "repetition_penalty", "presence_penalty", "frequency_penalty", "best_of",
+    "repetition_penalty", "presence_penalty", "frequency_penalty", "best_of", "cache_salt",
 )
 
 

@@ -189,6 +189,8 @@ class OpenAIServing:
         if getattr(request, "use_beam_search", False):
             return [self._beam_search(request, prompt, engine_id, params)
                     for prompt, engine_id in zip(engine_prompts, engine_ids, strict=True)]
+        if request.cache_salt is not None:
+            engine_prompts = [{**p, "cache_salt": request.cache_salt} for p in engine_prompts]
         return await self._add_engine_requests(request, engine_prompts, engine_ids, params,
                                                add_special_tokens, lora_request)
 
