@@ -165,6 +165,29 @@ def make_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
+def make_run_batch_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """The `run-batch` subcommand: an OpenAI batch file through the server's routes."""
+    parser = subparsers.add_parser(
+        "run-batch", help="Run an OpenAI batch file (JSON lines) through the model.",
+        description="Each line {custom_id, method, url, body} is answered as `pagedllm "
+                    "serve` answers it (chat, completions, embeddings, score, rerank); the "
+                    "results go to the output file in input order, one error record per bad "
+                    "line.",
+    )
+    parser.add_argument("-i", "--input-file", required=True,
+                        help="The batch file: a local path or an http(s) URL (GET).")
+    parser.add_argument("-o", "--output-file", required=True,
+                        help="Where the results go: a local path or an http(s) URL (PUT).")
+    parser.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
+                        help="The model (same as --model).")
+    server = parser.add_argument_group("server (as for serve)")
+    add_dataclass_arguments(server, ServerArgs,
+                            choices={"tool_call_parser": tool_parser_names()})
+    engine = parser.add_argument_group("engine")
+    add_dataclass_arguments(engine, EngineArgs, ENGINE_ARG_HELP, ENGINE_ARG_CHOICES)
+    return parser
+
+
 def make_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     """The top-level parser and its `serve` subparser."""
     parser = argparse.ArgumentParser(prog="pagedllm", description="pagedllm: LLM inference "
@@ -172,6 +195,7 @@ def make_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     parser.add_argument("--version", action="version", version=f"pagedllm {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     serve_parser = make_serve_parser(subparsers)
+    make_run_batch_parser(subparsers)
     add_client_parsers(subparsers)
     add_bench_parser(subparsers, _add_engine_group)
     return parser, serve_parser
@@ -234,6 +258,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit(run_client(make_parser()[0].parse_args(argv)))
     if argv and argv[0] == "bench":
         raise SystemExit(run_bench(make_parser()[0].parse_args(argv)))
+    if argv and argv[0] == "run-batch":
+        raise SystemExit(_run_batch(argv))
     server_args, engine_args = parse_serve_args(argv)
     from pagedllm.engine.exceptions import EngineStartupError
     from pagedllm.entrypoints.openai.api_server import run_server
@@ -242,6 +268,24 @@ def main(argv: Sequence[str] | None = None) -> None:
         run_server(server_args, engine_args)
     except (ValueError, EngineStartupError) as error:  # bad model/arguments: no traceback
         raise SystemExit(f"pagedllm serve: error: {error}") from None
+
+
+def _run_batch(argv: Sequence[str]) -> int:
+    """`pagedllm run-batch`: parse like serve, then run the file."""
+    args = make_parser()[0].parse_args(argv)
+    values = vars(args)
+    if args.model_tag is not None:
+        values["model"] = args.model_tag
+    try:
+        server_args = ServerArgs(
+            **{f.name: values[f.name] for f in dataclasses.fields(ServerArgs)})
+        engine_args = EngineArgs(
+            **{f.name: values[f.name] for f in dataclasses.fields(EngineArgs)})
+        from pagedllm.entrypoints.openai.run_batch import run_batch
+
+        return run_batch(server_args, engine_args, args.input_file, args.output_file)
+    except (ValueError, OSError) as error:
+        raise SystemExit(f"pagedllm run-batch: error: {error}") from None
 
 
 if __name__ == "__main__":
