@@ -108,6 +108,10 @@ class AsyncLLM:
         """Raise EngineDeadError if the engine core stopped."""
         self.engine_core.check_health()
 
+    async def reset_prefix_cache(self) -> bool:
+        """Forget every cached KV block (every core's); False when requests held blocks."""
+        return await self.engine_core.reset_prefix_cache_async()
+
     @property
     def errored(self) -> bool:
         """True once the engine core died."""

@@ -135,6 +135,11 @@ class AsyncEngineCoreClient(EngineCoreClient):
     def check_health(self) -> None:
         """Raise EngineDeadError if the core is no longer running."""
 
+    async def reset_prefix_cache_async(self) -> bool:
+        """Forget every cached KV block between two steps; False while requests hold
+        blocks."""
+        return bool(await asyncio.wrap_future(self.call_utility("reset_prefix_cache")))
+
 
 class _CoreProcess:
     """A spawned `core_proc` child, its two sockets (bound here) and its handshake pipe."""
@@ -362,10 +367,6 @@ class AsyncMPClient(_MPClient, AsyncEngineCoreClient):
         if item.scheduler_stats is not None:
             self.latest_scheduler_stats = item.scheduler_stats
         return item
-
-    async def reset_prefix_cache_async(self) -> bool:
-        """Forget the core's cached KV blocks (False while requests hold blocks)."""
-        return bool(await asyncio.wrap_future(self.call_utility("reset_prefix_cache")))
 
     def _deliver(self, item: EngineCoreOutputs | EngineDeadError) -> None:
         loop, outputs = self._loop, self._outputs

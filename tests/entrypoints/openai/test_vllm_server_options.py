@@ -166,3 +166,16 @@ def test_cache_salt_separates_prefix_caches(http):
     cached(cache_salt="a")
     assert cached(cache_salt="a") == 32
     assert cached(cache_salt="b") == 0
+
+
+def test_reset_prefix_cache_and_server_info(http):
+    prompt = list(range(5, 45))
+    body = _completion(prompt=prompt, max_tokens=1)
+    http.post("/v1/completions", json=body)
+    cached = http.post("/v1/completions", json=body).json()["usage"]["prompt_tokens_details"]
+    assert cached["cached_tokens"] == 32
+    assert http.post("/reset_prefix_cache").status_code == 200
+    after = http.post("/v1/completions", json=body).json()["usage"]["prompt_tokens_details"]
+    assert (after or {}).get("cached_tokens", 0) == 0
+    info = http.get("/server_info").json()
+    assert info["version"] and "max_model_len=256" in info["pagedllm_config"]

@@ -201,6 +201,25 @@ async def create_rerank(request: RerankRequest, raw_request: Request) -> Respons
     return await _handlers(raw_request).pooling.create_rerank(request, raw_request)
 
 
+@router.post("/reset_prefix_cache")
+@_answer_errors
+async def reset_prefix_cache(raw_request: Request) -> Response:
+    """Forget the prefix cache (vLLM's route): 200 when done, 409 while requests hold
+    blocks (nothing is dropped then)."""
+    if await _handlers(raw_request).engine.reset_prefix_cache():
+        return Response(status_code=200)
+    raise APIError("Requests are running: the prefix cache was not reset; retry when idle.",
+                   HTTPStatus.CONFLICT)
+
+
+@router.get("/server_info")
+async def server_info(raw_request: Request) -> JSONResponse:
+    """The engine's resolved configuration and the version (vLLM's /server_info)."""
+    engine = _handlers(raw_request).engine
+    return JSONResponse({"version": __version__,
+                         "pagedllm_config": repr(engine.engine_config)})
+
+
 # SageMaker's route, which vLLM serves: the request kind is read from the body's fields.
 _INVOCATION_KINDS = (("messages", "chat"), ("prompt", "completion"), ("input", "embedding"))
 

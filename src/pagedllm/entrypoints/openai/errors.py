@@ -28,6 +28,7 @@ _ERROR_TYPES = {
     HTTPStatus.UNAUTHORIZED: "AuthenticationError",
     HTTPStatus.NOT_FOUND: "NotFoundError",
     HTTPStatus.METHOD_NOT_ALLOWED: "MethodNotAllowedError",
+    HTTPStatus.CONFLICT: "ConflictError",
     HTTPStatus.NOT_IMPLEMENTED: "NotImplementedError",
     HTTPStatus.SERVICE_UNAVAILABLE: "ServiceUnavailableError",
 }
