@@ -59,6 +59,12 @@ FORBIDDEN = {
     "tool_calling": ["pagedllm.core", "pagedllm.engine", "pagedllm.worker",
                      "pagedllm.entrypoints", "pagedllm.models", "pagedllm.layers",
                      "pagedllm.attention", "pagedllm.structured_output", "torch"],
+    # Reasoning parsers: plain text in, reasoning and answer out, for the server's chat
+    # endpoint; they know nothing of the engine.
+    "reasoning": ["pagedllm.core", "pagedllm.engine", "pagedllm.worker",
+                  "pagedllm.entrypoints", "pagedllm.models", "pagedllm.layers",
+                  "pagedllm.attention", "pagedllm.structured_output", "pagedllm.tool_calling",
+                  "torch"],
     # Pooling (embeddings, scores): config and pooling functions the runner and the
     # frontends call; it calls none of them.
     "pooling": ["pagedllm.core", "pagedllm.engine", "pagedllm.worker", "pagedllm.entrypoints",

@@ -29,6 +29,7 @@ from pagedllm.engine.arg_utils import EngineArgs
 from pagedllm.entrypoints.cli_clients import COMMANDS as CLIENT_COMMANDS
 from pagedllm.entrypoints.cli_clients import add_client_parsers, run_client
 from pagedllm.entrypoints.openai.server_args import ServerArgs
+from pagedllm.reasoning import reasoning_parser_names
 from pagedllm.tool_calling import tool_parser_names
 
 # Help for EngineArgs fields (EngineArgs itself carries none); unknown fields get a generic one.
@@ -159,7 +160,8 @@ def make_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "flag names, e.g. `max-num-seqs: 8`); command-line flags win.")
     server = parser.add_argument_group("server")
     add_dataclass_arguments(server, ServerArgs,
-                            choices={"tool_call_parser": tool_parser_names()})
+                            choices={"tool_call_parser": tool_parser_names(),
+                                     "reasoning_parser": reasoning_parser_names()})
     engine = parser.add_argument_group("engine")
     add_dataclass_arguments(engine, EngineArgs, ENGINE_ARG_HELP, ENGINE_ARG_CHOICES)
     return parser
@@ -182,7 +184,8 @@ def make_run_batch_parser(subparsers: Any) -> argparse.ArgumentParser:
                         help="The model (same as --model).")
     server = parser.add_argument_group("server (as for serve)")
     add_dataclass_arguments(server, ServerArgs,
-                            choices={"tool_call_parser": tool_parser_names()})
+                            choices={"tool_call_parser": tool_parser_names(),
+                                     "reasoning_parser": reasoning_parser_names()})
     engine = parser.add_argument_group("engine")
     add_dataclass_arguments(engine, EngineArgs, ENGINE_ARG_HELP, ENGINE_ARG_CHOICES)
     return parser

@@ -68,6 +68,7 @@ from pagedllm.entrypoints.openai.serving_tokenization import OpenAIServingTokeni
 from pagedllm.logger import init_logger
 from pagedllm.model_loader.source import DEFAULT_MODEL
 from pagedllm.multimodal.media import MediaConnector, video_num_frames
+from pagedllm.reasoning import get_reasoning_parser
 
 logger = init_logger(__name__)
 router = APIRouter()
@@ -380,6 +381,8 @@ def build_app(engine: AsyncLLM, server_args: ServerArgs, model: str | None = Non
         return_tokens_as_token_ids=server_args.return_tokens_as_token_ids,
         force_include_usage=server_args.enable_force_include_usage,
         generation_config=server_args.generation_config,
+        reasoning_parser=(get_reasoning_parser(server_args.reasoning_parser)
+                          if server_args.reasoning_parser else None),
     )
     state = app.state
     state.engine = engine

@@ -370,11 +370,14 @@ class ToolCall(BaseModel):
 
 
 class ResponseMessage(BaseModel):
-    """The assistant's message of a full response."""
+    """The assistant's message of a full response; with --reasoning-parser, its reasoning
+    apart (vLLM's `reasoning_content` and newer `reasoning`, both given)."""
 
     role: str | None = None
     content: str | None = None
     tool_calls: list[ToolCall] = Field(default_factory=list)
+    reasoning_content: str | None = Field(default=None, exclude_if=_is_none)
+    reasoning: str | None = Field(default=None, exclude_if=_is_none)
 
 
 class DeltaFunctionCall(BaseModel):
@@ -399,6 +402,8 @@ class DeltaMessage(BaseModel):
     role: str | None = None
     content: str | None = None
     tool_calls: list[DeltaToolCall] | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
 
 
 class ChatChoice(BaseModel):

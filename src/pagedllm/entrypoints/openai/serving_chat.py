@@ -47,6 +47,7 @@ from pagedllm.entrypoints.openai.serving_engine import (
     sse,
 )
 from pagedllm.outputs import CompletionOutput, RequestOutput
+from pagedllm.reasoning import ReasoningStreamer
 from pagedllm.tokenizer.tokenizer import apply_chat_template
 from pagedllm.tool_calling import ToolCallStreamer
 
@@ -122,6 +123,12 @@ class OpenAIServingChat(OpenAIServing):
                                        self.generation_defaults, tool_use.constraint,
                                        self.config.grammar_backend)
         tool_use.adjust(params)
+        if self.config.reasoning_parser is not None and params.structured_outputs is not None:
+            # vLLM constrains only the answer after the reasoning; here a grammar would bind
+            # the reasoning too, changing it: refused until that is built.
+            raise APIError("Structured outputs (response_format, guided_*, a forced tool "
+                           "choice) with --reasoning-parser are not supported yet.",
+                           param="response_format")
         response_id = request.request_id or f"chatcmpl-{random_uuid()}"
         streams = await self.add_requests(request, [prompt.engine_prompt()], [response_id],
                                           params, add_special_tokens=False,
@@ -145,6 +152,14 @@ class OpenAIServingChat(OpenAIServing):
         echo = _text_of(last) if (request.echo and last.role == role) else ""
         return role, echo
 
+    def _split_reasoning(self, text: str) -> tuple[str | None, str]:
+        """A reply's reasoning (None without --reasoning-parser or reasoning) and answer."""
+        parser = self.config.reasoning_parser
+        if parser is None:
+            return None, text
+        split = parser.split(text)
+        return split.reasoning, split.content or ""
+
     def _logprobs(self, request: ChatCompletionRequest, seq: CompletionOutput) -> Any:
         if not request.logprobs:
             return None
@@ -160,7 +175,9 @@ class OpenAIServingChat(OpenAIServing):
         role, echo = self._role_and_echo(request)
         choices = []
         for seq in sorted(final.outputs, key=lambda s: s.index):
-            message = tool_use.message(role, echo + seq.text)
+            reasoning, text = self._split_reasoning(seq.text)
+            message = tool_use.message(role, echo + text)
+            message.reasoning_content = message.reasoning = reasoning
             choices.append(ChatChoice(
                 index=seq.index,
                 message=message,
@@ -199,6 +216,9 @@ class OpenAIServingChat(OpenAIServing):
         num_prompt, num_generated = len(prompt.token_ids), 0
         num_cached: int | None = None
         streamers = {index: tool_use.streamer() for index in range(request.n)}
+        parser = self.config.reasoning_parser
+        thinkers = {index: ReasoningStreamer(parser) for index in range(request.n)
+                    } if parser is not None else {}
         try:
             for index in range(request.n):
                 delta = DeltaMessage(role=role, content="")
@@ -217,7 +237,8 @@ class OpenAIServingChat(OpenAIServing):
                     num_cached = output.num_cached_tokens
                 for seq in output.outputs:
                     num_generated += len(seq.token_ids)
-                    for choice in self._stream_choices(request, seq, streamers[seq.index]):
+                    for choice in self._stream_choices(request, seq, streamers[seq.index],
+                                                       thinkers.get(seq.index)):
                         chunk = self._chunk(self.response_model(request.model), response_id,
                                             created, choice)
                         if request.continuous_usage:
@@ -238,11 +259,19 @@ class OpenAIServingChat(OpenAIServing):
 
     def _stream_choices(
         self, request: ChatCompletionRequest, seq: CompletionOutput,
-        streamer: ToolCallStreamer | None,
+        streamer: ToolCallStreamer | None, thinker: ReasoningStreamer | None = None,
     ) -> list[ChatStreamChoice]:
-        """The chunks' choices for one new piece of `seq`: content, then tool-call pieces;
-        logprobs ride on the first, the finish_reason on the last."""
-        deltas = _deltas(seq, streamer)
+        """The chunks' choices for one new piece of `seq`: reasoning, content, then
+        tool-call pieces; logprobs ride on the first, the finish_reason on the last."""
+        final = seq.finish_reason is not None
+        text, deltas = seq.text, []
+        if thinker is not None:  # the reasoning first; the tool parser sees the answer only
+            split = thinker.feed(seq.text, final)
+            text = split.content or ""
+            if split.reasoning:
+                deltas.append(DeltaMessage(reasoning_content=split.reasoning,
+                                           reasoning=split.reasoning))
+        deltas += _deltas(text, final, streamer)
         carries_ids = bool((request.logprobs or request.return_token_ids) and seq.token_ids)
         if not (deltas or seq.finish_reason or carries_ids):
             return []  # nothing new yet (text held back by the detokenizer or the parser)
@@ -259,11 +288,11 @@ class OpenAIServingChat(OpenAIServing):
         return choices
 
 
-def _deltas(seq: CompletionOutput, streamer: ToolCallStreamer | None) -> list[DeltaMessage]:
-    """The message pieces one new piece of `seq` adds."""
+def _deltas(text: str, final: bool, streamer: ToolCallStreamer | None) -> list[DeltaMessage]:
+    """The message pieces a new piece of a reply's answer adds."""
     if streamer is None:
-        return [DeltaMessage(content=seq.text)] if seq.text else []
-    step = streamer.feed(seq.text, final=seq.finish_reason is not None)
+        return [DeltaMessage(content=text)] if text else []
+    step = streamer.feed(text, final=final)
     deltas = [DeltaMessage(content=step.content)] if step.content else []
     for call in step.tool_calls:
         deltas.append(DeltaMessage(tool_calls=[DeltaToolCall(

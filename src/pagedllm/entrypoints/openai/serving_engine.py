@@ -31,6 +31,7 @@ from pagedllm.lora.request import LoRARequest
 from pagedllm.multimodal.inputs import MultiModalFeature
 from pagedllm.multimodal.media import MediaConnector
 from pagedllm.outputs import CompletionOutput, RequestOutput
+from pagedllm.reasoning import ReasoningParser
 from pagedllm.sampling_params import BeamSearchParams, SamplingParams
 
 T = TypeVar("T")
@@ -52,6 +53,7 @@ class ServingConfig:
         force_include_usage: every stream ends with a usage chunk, asked for or not.
         generation_config: where sampling defaults come from ("auto": the model's
             generation_config.json; "vllm": none; else a folder holding one).
+        reasoning_parser: splits chat replies into reasoning and answer (None: off).
     """
 
     models: ServedModels
@@ -64,6 +66,7 @@ class ServingConfig:
     return_tokens_as_token_ids: bool = False
     force_include_usage: bool = False
     generation_config: str = "auto"
+    reasoning_parser: ReasoningParser | None = None
 
     def include_usage(self, request: Any) -> bool:
         """Whether `request`'s stream ends with a usage chunk."""
