@@ -64,6 +64,7 @@ from pagedllm.entrypoints.openai.serving_completion import OpenAIServingCompleti
 from pagedllm.entrypoints.openai.serving_engine import ServingConfig
 from pagedllm.entrypoints.openai.serving_models import OpenAIServingModels
 from pagedllm.entrypoints.openai.serving_pooling import OpenAIServingPooling
+from pagedllm.entrypoints.openai.serving_responses import OpenAIServingResponses
 from pagedllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
 from pagedllm.logger import init_logger
 from pagedllm.model_loader.source import DEFAULT_MODEL
@@ -219,6 +220,31 @@ async def server_info(raw_request: Request) -> JSONResponse:
     engine = _handlers(raw_request).engine
     return JSONResponse({"version": __version__,
                          "pagedllm_config": repr(engine.engine_config)})
+
+
+@router.post("/v1/responses")
+@_answer_errors
+async def create_response(raw_request: Request) -> Response:
+    """OpenAI's Responses API (serving_responses.py: over chat completions)."""
+    try:
+        body = await raw_request.json()
+    except ValueError:
+        raise APIError("The request body is not valid JSON.") from None
+    return await _handlers(raw_request).responses.create(body, raw_request)
+
+
+@router.get("/v1/responses/{response_id}")
+@_answer_errors
+async def retrieve_response(response_id: str, raw_request: Request) -> JSONResponse:
+    """A stored response."""
+    return JSONResponse(_handlers(raw_request).responses.get(response_id))
+
+
+@router.post("/v1/responses/{response_id}/cancel")
+@_answer_errors
+async def cancel_response(response_id: str, raw_request: Request) -> JSONResponse:
+    """Cancel a background response (none run in the background here: 400)."""
+    return JSONResponse(_handlers(raw_request).responses.cancel(response_id))
 
 
 # SageMaker's route, which vLLM serves: the request kind is read from the body's fields.
@@ -388,6 +414,7 @@ def build_app(engine: AsyncLLM, server_args: ServerArgs, model: str | None = Non
     state.engine = engine
     state.completion = OpenAIServingCompletion(engine, config)
     state.chat = OpenAIServingChat(engine, config)
+    state.responses = OpenAIServingResponses(state.chat)
     state.models = OpenAIServingModels(engine, config)
     state.tokenization = OpenAIServingTokenization(engine, config)
     state.pooling = OpenAIServingPooling(engine, config)

@@ -283,13 +283,13 @@ class CleanupStreamingResponse(StreamingResponse):
         self, content: AsyncIterator[str], cleanup: Callable[[], Awaitable[None]]
     ) -> None:
         super().__init__(content, media_type="text/event-stream")
-        self._cleanup = cleanup
+        self.cleanup = cleanup
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
-            await self._cleanup()
+            await self.cleanup()
 
 
 def format_prompt_logprobs(
