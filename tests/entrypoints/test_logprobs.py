@@ -23,6 +23,8 @@ def _llm(model_dir, **kwargs) -> LLM:
     """A tiny engine with a small KV pool (fast to build)."""
     kwargs.setdefault("max_model_len", 128)
     kwargs.setdefault("num_gpu_blocks_override", 64)
+    # Whole-vocabulary logprobs (-1) are asked for: vLLM's rule needs max_logprobs -1 then.
+    kwargs.setdefault("max_logprobs", -1)
     return LLM(str(model_dir), dtype="float32", **kwargs)
 
 

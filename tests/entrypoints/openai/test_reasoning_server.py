@@ -18,7 +18,7 @@ import httpx
 import pytest
 import torch
 
-from .conftest import RunningServer, start_server, stop_server
+from .conftest import RunningServer, http_client, start_server, stop_server
 
 MODEL = "thinker"
 
@@ -80,7 +80,7 @@ def server(scripted, tmp_path_factory) -> Iterator[RunningServer]:
 
 @pytest.fixture(scope="module")
 def http(server) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.base_url, timeout=60.0) as client:
+    with http_client(server) as client:
         yield client
 
 

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from .conftest import RunningServer, start_server, stop_server
+from .conftest import RunningServer, http_client, start_server, stop_server
 
 MODEL = "opts-llama"
 
@@ -34,7 +34,7 @@ def server(tiny_llama_dir, tmp_path_factory) -> Iterator[RunningServer]:
 
 @pytest.fixture(scope="module")
 def http(server) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.base_url, timeout=60.0) as client:
+    with http_client(server) as client:
         yield client
 
 

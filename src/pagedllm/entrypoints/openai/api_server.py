@@ -40,6 +40,7 @@ from pagedllm.entrypoints.openai.errors import (
     error_body,
     error_response,
     install_error_handlers,
+    validation_message,
 )
 from pagedllm.entrypoints.openai.protocol import (
     ChatCompletionRequest,
@@ -62,6 +63,7 @@ from pagedllm.entrypoints.openai.server_args import ServerArgs
 from pagedllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from pagedllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from pagedllm.entrypoints.openai.serving_engine import ServingConfig
+from pagedllm.entrypoints.openai.serving_messages import ServingMessages, anthropic_error
 from pagedllm.entrypoints.openai.serving_models import OpenAIServingModels
 from pagedllm.entrypoints.openai.serving_pooling import OpenAIServingPooling
 from pagedllm.entrypoints.openai.serving_responses import OpenAIServingResponses
@@ -222,6 +224,21 @@ async def server_info(raw_request: Request) -> JSONResponse:
                          "pagedllm_config": repr(engine.engine_config)})
 
 
+@router.post("/v1/messages")
+async def create_message(raw_request: Request) -> Response:
+    """Anthropic's Messages API (serving_messages.py: over chat completions); errors in
+    Anthropic's shape."""
+    try:
+        body = await raw_request.json()
+        return await _handlers(raw_request).messages.create(body, raw_request)
+    except APIError as error:
+        return anthropic_error(int(error.status), error.message)
+    except RequestValidationError as error:
+        return anthropic_error(400, validation_message(error)[0])
+    except ValueError as error:
+        return anthropic_error(400, str(error) or "The request body is not valid JSON.")
+
+
 @router.post("/v1/responses")
 @_answer_errors
 async def create_response(raw_request: Request) -> Response:
@@ -358,13 +375,16 @@ class APIKeyMiddleware:
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app = app
         self.expected = f"Bearer {api_key}".encode()
+        self.key = api_key.encode()  # Anthropic's clients send it as x-api-key
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
         if (scope["type"] == "http" and scope.get("method") != "OPTIONS"
                 and (path == "/v1" or path.startswith("/v1/"))):
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.expected):
+            headers = dict(scope["headers"])
+            given = headers.get(b"authorization", b"")
+            if not (hmac.compare_digest(given, self.expected)
+                    or hmac.compare_digest(headers.get(b"x-api-key", b""), self.key)):
                 body = error_body("Unauthorized: pass a valid API key as `Authorization: "
                                   "Bearer KEY`.", HTTPStatus.UNAUTHORIZED)
                 await JSONResponse(body, status_code=401)(scope, receive, send)
@@ -415,6 +435,7 @@ def build_app(engine: AsyncLLM, server_args: ServerArgs, model: str | None = Non
     state.completion = OpenAIServingCompletion(engine, config)
     state.chat = OpenAIServingChat(engine, config)
     state.responses = OpenAIServingResponses(state.chat)
+    state.messages = ServingMessages(state.chat)
     state.models = OpenAIServingModels(engine, config)
     state.tokenization = OpenAIServingTokenization(engine, config)
     state.pooling = OpenAIServingPooling(engine, config)

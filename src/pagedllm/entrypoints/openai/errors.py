@@ -80,7 +80,7 @@ def error_response(error: Exception) -> JSONResponse:
         status, message, param = error.status, error.message, error.param
     elif isinstance(error, RequestValidationError):  # a body validated inside a handler
         status = HTTPStatus.BAD_REQUEST
-        message, param = _validation_message(error)
+        message, param = validation_message(error)
     elif isinstance(error, ValueError):
         status, message = HTTPStatus.BAD_REQUEST, str(error)
         param = guess_param(message)
@@ -101,7 +101,8 @@ def sse_error(error: Exception) -> str:
     return f"data: {bytes(response.body).decode()}\n\n"
 
 
-def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+def validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    """A request validation error's message and the field it names (vLLM's wording)."""
     errors = exc.errors()
     lines: list[str] = []
     params: list[str | None] = []
@@ -128,7 +129,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _on_validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        message, param = _validation_message(exc)
+        message, param = validation_message(exc)
         return JSONResponse(error_body(message, HTTPStatus.BAD_REQUEST, param), status_code=400)
 
     @app.exception_handler(StarletteHTTPException)

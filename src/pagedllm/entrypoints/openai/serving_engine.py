@@ -194,8 +194,18 @@ class OpenAIServing:
                     for prompt, engine_id in zip(engine_prompts, engine_ids, strict=True)]
         if request.cache_salt is not None:
             engine_prompts = [{**p, "cache_salt": request.cache_salt} for p in engine_prompts]
-        return await self._add_engine_requests(request, engine_prompts, engine_ids, params,
-                                               add_special_tokens, lora_request)
+        streams: list[AsyncIterator[RequestOutput]] = []
+        try:
+            for prompt, engine_id in zip(engine_prompts, engine_ids, strict=True):
+                stream = await self.engine.add_request(
+                    engine_id, prompt, params, request.priority, add_special_tokens,
+                    lora_request,
+                )
+                streams.append(_raise_on_failure(cast("AsyncGenerator[RequestOutput]", stream)))
+        except BaseException:
+            await self.engine.abort(engine_ids[: len(streams)])
+            raise
+        return streams
 
     def _beam_search(self, request: SamplingExtras, prompt: dict[str, Any], request_id: str,
                      params: SamplingParams) -> AsyncIterator[RequestOutput]:
@@ -211,28 +221,6 @@ class OpenAIServing:
             include_stop_str_in_output=request.include_stop_str_in_output,
         )
         return _beam_stream(self.engine, request_id, prompt, beam_params)
-
-    async def _add_engine_requests(
-        self,
-        request: SamplingExtras,
-        engine_prompts: list[dict[str, Any]],
-        engine_ids: list[str],
-        params: SamplingParams,
-        add_special_tokens: bool,
-        lora_request: LoRARequest | None,
-    ) -> list[AsyncIterator[RequestOutput]]:
-        streams: list[AsyncIterator[RequestOutput]] = []
-        try:
-            for prompt, engine_id in zip(engine_prompts, engine_ids, strict=True):
-                stream = await self.engine.add_request(
-                    engine_id, prompt, params, request.priority, add_special_tokens,
-                    lora_request,
-                )
-                streams.append(_raise_on_failure(cast("AsyncGenerator[RequestOutput]", stream)))
-        except BaseException:
-            await self.engine.abort(engine_ids[: len(streams)])
-            raise
-        return streams
 
 
 async def _beam_stream(
