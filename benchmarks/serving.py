@@ -288,7 +288,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--request-timeout", type=float, default=1800.0)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--log-dir", default="benchmarks/results/serving-logs",
+    p.add_argument("--log-dir", default=str(Path(__file__).parent / "results" / "serving-logs"),
                    help="server logs of --launch runs")
     p.add_argument("--output-json", default=None)
     args = p.parse_args(argv)
