@@ -55,10 +55,15 @@ def _operations(schema) -> list:
 
 
 def check_response(response, label: str) -> None:
-    """No 5xx; a 4xx is the OpenAI error JSON; a stream carries no 5xx error event."""
+    """No 5xx; a 4xx is the OpenAI error JSON (Anthropic's on /v1/messages, past the API
+    key check); a stream carries no 5xx error event."""
     where = f"{label} -> {response.status_code}: {response.text[:300]}"
     assert response.status_code < 500, where
-    if response.status_code >= 400:
+    if response.status_code >= 400 and "/v1/messages" in label and response.status_code != 401:
+        body = response.json()
+        assert body.get("type") == "error" and isinstance(body.get("error"), dict), where
+        assert isinstance(body["error"].get("message"), str), where
+    elif response.status_code >= 400:
         body = response.json()
         error = body.get("error")
         assert isinstance(error, dict), where

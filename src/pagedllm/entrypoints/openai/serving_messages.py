@@ -110,10 +110,13 @@ def chat_request(body: dict[str, Any]) -> ChatCompletionRequest:
         raise APIError("The request body must be a JSON object.")
     if not isinstance(body.get("max_tokens"), int):
         raise APIError("max_tokens is required (an integer).", param="max_tokens")
+    raw_tools = body.get("tools") or []
+    if not isinstance(raw_tools, list) or not all(isinstance(t, dict) for t in raw_tools):
+        raise APIError("tools must be a list of tool objects.", param="tools")
     tools = [{"type": "function", "function": {
         "name": tool.get("name"), "description": tool.get("description"),
         "parameters": tool.get("input_schema") or {"type": "object"}}}
-        for tool in body.get("tools") or []]
+        for tool in raw_tools]
     chat: dict[str, Any] = {
         "model": body.get("model"), "messages": chat_messages(body),
         "max_tokens": body["max_tokens"], "temperature": body.get("temperature"),
@@ -147,7 +150,10 @@ class ServingMessages:
         request = chat_request(body)
         answer = await self.chat.create_chat_completion(request, raw_request)
         if answer.status_code != HTTPStatus.OK:  # the chat handler's OpenAI-shaped error
-            error = json.loads(bytes(answer.body)).get("error", {})
+            try:
+                error = json.loads(bytes(answer.body)).get("error", {})
+            except ValueError:  # no JSON body (a client that went away)
+                error = {}
             return anthropic_error(answer.status_code, str(error.get("message", "")))
         model = self.chat.response_model(request.model)
         if isinstance(answer, CleanupStreamingResponse):

@@ -65,6 +65,9 @@ def _check_body(body: dict[str, Any]) -> None:
         raise APIError("The request body must be a JSON object.")
     if body.get("input") in (None, "", []):
         raise APIError("input must be a non-empty string or list of items.", param="input")
+    previous = body.get("previous_response_id")
+    if previous is not None and not isinstance(previous, str):
+        raise APIError("previous_response_id must be a string.", param="previous_response_id")
     for name, neutral in _UNBUILT.items():
         if body.get(name) not in neutral:
             raise APIError(f"{name} is not supported yet by this server.", param=name)
