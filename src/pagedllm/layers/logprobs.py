@@ -30,15 +30,24 @@ class TokenLogprobs:
     ranks: torch.Tensor
 
 
+def _scored(
+    logits: torch.Tensor, scored_token_ids: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(log_softmax [N, V], scored ids [N, 1], their logprobs [N, 1], their ranks [N])."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    scored = scored_token_ids.unsqueeze(1)
+    scored_logprobs = logprobs.gather(1, scored)
+    # Ties share the better rank: a token's rank counts only strictly more likely tokens.
+    ranks = (logprobs > scored_logprobs).sum(dim=-1) + 1
+    return logprobs, scored, scored_logprobs, ranks
+
+
 def compute_listed_logprobs(
     logits: torch.Tensor, scored_token_ids: torch.Tensor, listed: torch.Tensor
 ) -> tuple[TokenLogprobs, torch.Tensor]:
     """Logprobs of `scored_token_ids` and of the `listed` token ids ([L] int64, the same
     for every row: a request's logprob_token_ids), with the listed tokens' ranks ([N, L])."""
-    logprobs = torch.log_softmax(logits.float(), dim=-1)  # [N, V]
-    scored = scored_token_ids.unsqueeze(1)  # [N, 1]
-    scored_logprobs = logprobs.gather(1, scored)  # [N, 1]
-    ranks = (logprobs > scored_logprobs).sum(dim=-1) + 1  # [N]
+    logprobs, scored, scored_logprobs, ranks = _scored(logits, scored_token_ids)
     listed_ids = listed.unsqueeze(0).expand(logprobs.shape[0], -1)  # [N, L]
     listed_logprobs = logprobs.gather(1, listed_ids)  # [N, L]
     # Rank = 1 + the tokens strictly more likely: from one sort, for any L.
@@ -63,11 +72,7 @@ def compute_token_logprobs(
         scored_token_ids: [N] int64, the token each row is scored on.
         num_top: k, the number of top tokens per row (0 for none; at most V).
     """
-    logprobs = torch.log_softmax(logits.float(), dim=-1)  # [N, V]
-    scored = scored_token_ids.unsqueeze(1)  # [N, 1]
-    scored_logprobs = logprobs.gather(1, scored)  # [N, 1]
-    # Ties share the better rank: a token's rank counts only strictly more likely tokens.
-    ranks = (logprobs > scored_logprobs).sum(dim=-1) + 1  # [N]
+    logprobs, scored, scored_logprobs, ranks = _scored(logits, scored_token_ids)
     if num_top <= 0:
         return TokenLogprobs(scored, scored_logprobs, ranks)
     top_logprobs, top_ids = logprobs.topk(min(num_top, logprobs.shape[-1]), dim=-1)  # [N, k]

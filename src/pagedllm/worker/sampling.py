@@ -181,7 +181,8 @@ def _emitted_logprobs(
 ) -> dict[str, LogprobsLists]:
     """Raw logprobs (+ top-k) of every emitted token at its own logits row (request i's
     tokens at rows row_starts[i], +1, ...), for the requests that ask; one log_softmax and
-    one topk (k = the largest asked) over all of them."""
+    one topk (k = the largest asked) over all of them. A request listing logprob_token_ids
+    gets those ids' logprobs instead of the top-k (its own gather)."""
     asking = [i for i, s in enumerate(states) if s.sampling_params.logprobs is not None]
     listed = [i for i in asking if states[i].sampling_params.logprob_token_ids]
     result_lists = {

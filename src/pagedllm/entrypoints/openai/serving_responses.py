@@ -231,7 +231,7 @@ class OpenAIServingResponses:
     async def _events(self, chunks: AsyncIterable[Any], base: dict[str, Any],
                       body: dict[str, Any], messages: list[dict[str, Any]],
                       ) -> AsyncGenerator[str, None]:
-        stream = _EventStream(base)
+        stream = _EventStream()
         yield stream.event("response.created", response={**base, "status": "in_progress"})
         yield stream.event("response.in_progress", response={**base, "status": "in_progress"})
         async for raw in chunks:
@@ -256,7 +256,7 @@ class OpenAIServingResponses:
 class _EventStream:
     """Chat stream chunks → Responses stream events (text, function calls, reasoning)."""
 
-    def __init__(self, base: dict[str, Any]) -> None:
+    def __init__(self) -> None:
         self.sequence = 0
         self.text = ""
         self.reasoning = ""
