@@ -202,7 +202,7 @@ class InputProcessor:
 
     def _check_token_ids(self, prompt_token_ids: list[int]) -> None:
         if not prompt_token_ids:
-            raise ValueError("The prompt cannot be empty.")
+            raise ValueError("The decoder prompt cannot be empty.")
         bad = [t for t in prompt_token_ids if not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(

@@ -62,7 +62,7 @@ def guess_param(message: str) -> str | None:
         if lowered.startswith(name + " ") or lowered.startswith(name + "`"):
             return name
     for name in names:
-        if re.search(rf"\b(in|of) (the )?`?{name}\b", lowered):
+        if re.search(rf"\b(in|of) (the )?`?{name}\b|^the (decoder )?{name}\b", lowered):
             return name
     return None
 
@@ -117,11 +117,21 @@ def validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
         # Unions and validators add their member type to the path; keep the field path only.
         loc = [part for part in loc if part not in _TYPE_TAGS and "[" not in part]
         params.append(".".join(loc) or guess_param(message))
+        message += _constraint_suffix(err)
         lines.append(f"{'.'.join(loc) or 'body'}: {message}" if loc else message)
     if len(lines) == 1:
         return lines[0], params[0]
     count = f"{len(lines)} validation errors:\n  "
     return count + "\n  ".join(lines), next((p for p in params if p), None)
+
+
+def _constraint_suffix(err: dict[str, Any]) -> str:
+    """The failed constraint's type as pydantic names it (`greater_than_equal`, ...): vLLM's
+    messages carry it and its clients match on it. A validator's own ValueError has none."""
+    kind = str(err.get("type", ""))
+    if not kind or kind in ("value_error", "assertion_error"):
+        return ""
+    return f" [type={kind}]"
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -157,12 +157,14 @@ class CompletionRequest(SamplingExtras):
     @model_validator(mode="after")
     def _check_prompt(self) -> CompletionRequest:
         prompt = self.prompt
-        if prompt is None or prompt == "" or (isinstance(prompt, list) and not prompt):
+        if prompt is None:
             raise ValueError("Either prompt or prompt_embeds must be provided and non-empty.")
-        if isinstance(prompt, list) and any(
-            p == "" or (isinstance(p, list) and not p) for p in prompt
+        # vLLM's wording for an empty prompt (its clients match "prompt cannot be empty").
+        if prompt == "" or (isinstance(prompt, list) and not prompt) or (
+            isinstance(prompt, list) and any(p == "" or (isinstance(p, list) and not p)
+                                             for p in prompt)
         ):
-            raise ValueError("Either prompt or prompt_embeds must be provided and non-empty.")
+            raise ValueError("The decoder prompt cannot be empty (prompt must be non-empty).")
         return self
 
 
