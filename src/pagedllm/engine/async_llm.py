@@ -27,6 +27,7 @@ from pagedllm.logger import init_logger
 from pagedllm.lora.request import LoRARequest
 from pagedllm.metrics.loggers import LoggingStatLogger, PrometheusStatLogger
 from pagedllm.metrics.request_timing import RequestTimingTracker
+from pagedllm.metrics.stats import SchedulerStats
 from pagedllm.outputs import CompletionOutput, PoolingRequestOutput, RequestOutput
 from pagedllm.pooling_params import PoolingParams
 from pagedllm.sampling_params import SamplingParams
@@ -111,6 +112,11 @@ class AsyncLLM:
     async def reset_prefix_cache(self) -> bool:
         """Forget every cached KV block (every core's); False when requests held blocks."""
         return await self.engine_core.reset_prefix_cache_async()
+
+    @property
+    def latest_scheduler_stats(self) -> SchedulerStats | None:
+        """The scheduler's counts after the latest step (None before the first)."""
+        return self.engine_core.latest_scheduler_stats
 
     @property
     def errored(self) -> bool:

@@ -1,8 +1,9 @@
 """vLLM server flags and routes a user moving from `vllm serve` passes and calls:
 --max-logprobs (and a request's -1 logprobs counted as the vocabulary), --root-path behind a
 proxy, --enable-request-id-headers, --enable-force-include-usage,
---return-tokens-as-token-ids, /tokenizer_info, /load, --generation-config, the flags
-accepted for compatibility, and SageMaker's /invocations."""
+--return-tokens-as-token-ids, /tokenizer_info, /load, --generation-config,
+--enable-per-request-metrics, ORCA load reports, the flags accepted for compatibility, and
+SageMaker's /invocations."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ def server(tiny_llama_dir, tmp_path_factory) -> Iterator[RunningServer]:
          "--enable-request-id-headers", "--enable-force-include-usage",
          "--return-tokens-as-token-ids", "--enable-tokenizer-info-endpoint",
          "--enable-server-load-tracking", "--enable-prompt-tokens-details",
-         "--show-hidden-metrics-for-version", "0.32", "--generation-config", "vllm"],
+         "--show-hidden-metrics-for-version", "0.32", "--generation-config", "vllm",
+         "--enable-per-request-metrics"],
         tmp / "server.log")
     yield running
     stop_server(running)
@@ -179,3 +181,67 @@ def test_reset_prefix_cache_and_server_info(http):
     assert (after or {}).get("cached_tokens", 0) == 0
     info = http.get("/server_info").json()
     assert info["version"] and "max_model_len=256" in info["pagedllm_config"]
+
+
+_TIMING_FIELDS = {"time_to_first_token_ms", "generation_time_ms", "queue_time_ms",
+                  "mean_itl_ms", "tokens_per_second"}
+
+
+def _check_timing(metrics, num_tokens):
+    assert set(metrics) == _TIMING_FIELDS, metrics
+    assert metrics["time_to_first_token_ms"] >= 0 and metrics["queue_time_ms"] >= 0
+    assert metrics["generation_time_ms"] >= 0 and metrics["tokens_per_second"] > 0
+    # mean ITL is the generation time spread over the gaps between tokens.
+    expected_itl = metrics["generation_time_ms"] / (num_tokens - 1)
+    assert metrics["mean_itl_ms"] == pytest.approx(expected_itl)
+
+
+def test_per_request_metrics_on_responses_of_one_choice(http):
+    completion = http.post("/v1/completions", json=_completion(max_tokens=4, ignore_eos=True))
+    assert completion.status_code == 200, completion.text
+    _check_timing(completion.json()["metrics"], 4)
+    chat = http.post("/v1/chat/completions", json={
+        "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
+        "temperature": 0, "ignore_eos": True})
+    _check_timing(chat.json()["metrics"], 3)
+    # Several choices or prompts: none (vLLM's rule).
+    two = http.post("/v1/completions", json=_completion(n=2, temperature=1.0, seed=1))
+    assert "metrics" not in two.json()
+    many = http.post("/v1/completions", json=_completion(prompt=["a b", "c d"]))
+    assert "metrics" not in many.json()
+
+
+def test_per_request_metrics_ride_on_the_usage_chunk(http):
+    chunks = []
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
+            "temperature": 0, "ignore_eos": True, "stream": True}
+    with http.stream("POST", "/v1/chat/completions", json=body) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                chunks.append(json.loads(line[6:]))
+    assert all("metrics" not in chunk for chunk in chunks[:-1])
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 3
+    _check_timing(chunks[-1]["metrics"], 3)
+
+
+@pytest.mark.parametrize("fmt", ["TEXT", "json"])
+def test_orca_load_report_when_asked(http, fmt):
+    response = http.post("/v1/completions", json=_completion(),
+                         headers={"endpoint-load-metrics-format": fmt})
+    assert response.status_code == 200
+    report = response.headers["endpoint-load-metrics"]
+    if fmt == "TEXT":
+        assert report.startswith("TEXT named_metrics.kv_cache_usage_perc=")
+        assert ", named_metrics.num_requests_waiting=" in report
+        values = [float(part.split("=")[1]) for part in report[5:].split(", ")]
+        assert all(v >= 0 for v in values)
+    else:
+        assert report.startswith("JSON ")
+        named = json.loads(report[5:])["named_metrics"]
+        assert set(named) == {"kv_cache_usage_perc", "num_requests_waiting"}
+    # Not asked for, or an unknown format: no header, the answer unchanged.
+    plain = http.post("/v1/completions", json=_completion())
+    assert "endpoint-load-metrics" not in plain.headers
+    odd = http.post("/v1/completions", json=_completion(),
+                    headers={"endpoint-load-metrics-format": "BIN"})
+    assert odd.status_code == 200 and "endpoint-load-metrics" not in odd.headers

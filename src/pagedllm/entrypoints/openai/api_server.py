@@ -426,6 +426,7 @@ def build_app(engine: AsyncLLM, server_args: ServerArgs, model: str | None = Non
                              video_num_frames=video_num_frames(server_args.media_io_kwargs)),
         return_tokens_as_token_ids=server_args.return_tokens_as_token_ids,
         force_include_usage=server_args.enable_force_include_usage,
+        per_request_metrics=server_args.enable_per_request_metrics,
         generation_config=server_args.generation_config,
         reasoning_parser=(get_reasoning_parser(server_args.reasoning_parser)
                           if server_args.reasoning_parser else None),

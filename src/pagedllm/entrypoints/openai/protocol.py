@@ -301,6 +301,17 @@ def generation_usage(num_prompt: int, num_generated: int, num_cached: int | None
     )
 
 
+class PerRequestTimingMetrics(BaseModel):
+    """A request's timing (vLLM's `metrics`, with --enable-per-request-metrics); None where
+    unknown."""
+
+    time_to_first_token_ms: float | None = None  # first scheduled -> first token
+    generation_time_ms: float | None = None  # first token -> last token
+    queue_time_ms: float | None = None  # arrival -> first scheduled
+    mean_itl_ms: float | None = None  # generation time / (tokens - 1); None for one token
+    tokens_per_second: float | None = None  # tokens / (first scheduled -> last token)
+
+
 class CompletionLogProbs(BaseModel):
     """Legacy completions logprobs: parallel lists per generated token."""
 
@@ -334,6 +345,7 @@ class CompletionResponse(BaseModel):
     choices: list[CompletionChoice]
     usage: UsageInfo | None = None
     system_fingerprint: str | None = None
+    metrics: PerRequestTimingMetrics | None = Field(default=None, exclude_if=_is_none)
 
 
 class TopLogprob(BaseModel):
@@ -445,6 +457,7 @@ class ChatCompletionResponse(BaseModel):
     choices: list[ChatChoice]
     usage: UsageInfo
     system_fingerprint: str | None = None
+    metrics: PerRequestTimingMetrics | None = Field(default=None, exclude_if=_is_none)
     prompt_logprobs: list[dict[int, Any] | None] | None = None
     prompt_token_ids: list[int] | None = Field(default=None, exclude_if=_is_none)
 
@@ -459,6 +472,7 @@ class ChatCompletionChunk(BaseModel):
     choices: list[ChatStreamChoice]
     usage: UsageInfo | None = None
     system_fingerprint: str | None = None
+    metrics: PerRequestTimingMetrics | None = Field(default=None, exclude_if=_is_none)
     prompt_token_ids: list[int] | None = Field(default=None, exclude_if=_is_none)
 
 

@@ -96,6 +96,10 @@ class ServerArgs:
     show_hidden_metrics_for_version: str | None = field(default=None, metadata=_help(
         "vLLM's switch for metrics it hid in a release; accepted for compatibility: this "
         "server hides none."))
+    enable_per_request_metrics: bool = field(default=False, metadata=_help(
+        "Put each request's timing (time to first token, queue time, mean inter-token "
+        "latency, tokens/s) in its response's `metrics` (a stream's: on the usage chunk); "
+        "not for responses of several prompts or choices."))
     return_tokens_as_token_ids: bool = field(default=False, metadata=_help(
         "Write logprobs tokens as 'token_id:N' (vLLM's flag: ids survive tokens that are not "
         "valid UTF-8 alone); a request's return_tokens_as_token_ids overrides it."))

@@ -14,7 +14,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from jinja2 import TemplateError
 
 from pagedllm.entrypoints.chat_media import extract_chat_media, template_reads_parts
@@ -144,7 +144,7 @@ class OpenAIServingChat(OpenAIServing):
         if final is None:
             return Response(status_code=499)  # the client is gone; nobody reads this
         response = self._build_response(request, response_id, created, prompt, final, tool_use)
-        return JSONResponse(response.model_dump())
+        return self.json_response(response, raw_request)
 
     def _role_and_echo(self, request: ChatCompletionRequest) -> tuple[str, str]:
         role = "assistant" if request.add_generation_prompt else request.messages[-1].role
@@ -193,6 +193,7 @@ class OpenAIServingChat(OpenAIServing):
             usage=generation_usage(len(prompt.token_ids), num_generated,
                                    final.num_cached_tokens),
             system_fingerprint=self.system_fingerprint,
+            metrics=self.config.timing(request, [final], num_generated),
         )
         if request.prompt_logprobs is not None and final.prompt_logprobs is not None:
             response.prompt_logprobs = format_prompt_logprobs(final.prompt_logprobs)
@@ -215,6 +216,7 @@ class OpenAIServingChat(OpenAIServing):
         role, echo = self._role_and_echo(request)
         num_prompt, num_generated = len(prompt.token_ids), 0
         num_cached: int | None = None
+        latest: RequestOutput | None = None
         streamers = {index: tool_use.streamer() for index in range(request.n)}
         parser = self.config.reasoning_parser
         thinkers = {index: ReasoningStreamer(parser) for index in range(request.n)
@@ -233,6 +235,7 @@ class OpenAIServingChat(OpenAIServing):
                     yield sse(self._chunk(self.response_model(request.model), response_id, created,
                                           ChatStreamChoice(index=index, delta=delta)))
             async for output in stream:
+                latest = output
                 if output.num_cached_tokens is not None:
                     num_cached = output.num_cached_tokens
                 for seq in output.outputs:
@@ -251,6 +254,7 @@ class OpenAIServingChat(OpenAIServing):
                     choices=[],
                     usage=generation_usage(num_prompt, num_generated, num_cached),
                     system_fingerprint=self.system_fingerprint,
+                    metrics=self.config.timing(request, [latest], num_generated),
                 ))
         except Exception as error:  # noqa: BLE001 - reported in the stream after the 200
             yield sse_error(error)

@@ -12,7 +12,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from pagedllm.entrypoints.openai.errors import APIError, sse_error
 from pagedllm.entrypoints.openai.logprobs import align, completion_logprobs
@@ -66,7 +66,7 @@ class OpenAIServingCompletion(OpenAIServing):
         if finals is None:
             return Response(status_code=499)  # the client is gone; nobody reads this
         response = self._build_response(request, base_id, created, prompts, finals, echo_only)
-        return JSONResponse(response.model_dump())
+        return self.json_response(response, raw_request)
 
     def _prepare_prompts(self, request: CompletionRequest) -> list[TokenizedPrompt]:
         prompt = request.prompt
@@ -154,6 +154,7 @@ class OpenAIServingCompletion(OpenAIServing):
             choices=choices,
             usage=generation_usage(num_prompt, num_generated, num_cached),
             system_fingerprint=self.system_fingerprint,
+            metrics=self.config.timing(request, list(finals), num_generated),
         )
 
     async def _stream(
@@ -166,8 +167,10 @@ class OpenAIServingCompletion(OpenAIServing):
         num_generated = 0
         num_prompt = sum(len(p.token_ids) for p in prompts)
         cached: dict[int, int] = {}  # prompt index -> its prefix-cache hits
+        latest: list[RequestOutput | None] = [None] * len(streams)
         try:
             async for i, output in merge_async_iterators(*streams):
+                latest[i] = output
                 if output.num_cached_tokens is not None:
                     cached[i] = output.num_cached_tokens
                 for seq in output.outputs:
@@ -197,6 +200,7 @@ class OpenAIServingCompletion(OpenAIServing):
                     choices=[],
                     usage=generation_usage(num_prompt, num_generated, sum(cached.values())),
                     system_fingerprint=self.system_fingerprint,
+                    metrics=self.config.timing(request, latest, num_generated),
                 ))
         except Exception as error:  # noqa: BLE001 - reported in the stream after the 200
             yield sse_error(error)

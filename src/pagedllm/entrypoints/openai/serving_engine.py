@@ -16,7 +16,7 @@ from http import HTTPStatus
 from typing import Any, TypeVar, cast
 
 from fastapi import Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel
 from starlette.types import Receive, Scope, Send
 
@@ -24,7 +24,12 @@ from pagedllm import __version__
 from pagedllm.engine.async_llm import AsyncLLM
 from pagedllm.entrypoints.beam_search import beam_search_async
 from pagedllm.entrypoints.openai.errors import APIError
-from pagedllm.entrypoints.openai.protocol import SamplingExtras
+from pagedllm.entrypoints.openai.protocol import PerRequestTimingMetrics, SamplingExtras
+from pagedllm.entrypoints.openai.request_metrics import (
+    ORCA_FORMAT_HEADER,
+    orca_headers,
+    timing_metrics,
+)
 from pagedllm.entrypoints.openai.sampling import load_generation_defaults
 from pagedllm.entrypoints.openai.served_models import ServedModels
 from pagedllm.lora.request import LoRARequest
@@ -54,6 +59,7 @@ class ServingConfig:
         generation_config: where sampling defaults come from ("auto": the model's
             generation_config.json; "vllm": none; else a folder holding one).
         reasoning_parser: splits chat replies into reasoning and answer (None: off).
+        per_request_metrics: responses of one prompt and choice carry their timing.
     """
 
     models: ServedModels
@@ -67,10 +73,21 @@ class ServingConfig:
     force_include_usage: bool = False
     generation_config: str = "auto"
     reasoning_parser: ReasoningParser | None = None
+    per_request_metrics: bool = False
 
     def include_usage(self, request: Any) -> bool:
         """Whether `request`'s stream ends with a usage chunk."""
         return bool(request.include_usage or (request.stream and self.force_include_usage))
+
+    def timing(self, request: Any, finals: list[RequestOutput | None],
+               num_generated: int) -> PerRequestTimingMetrics | None:
+        """A response's `metrics`: with --enable-per-request-metrics, for one prompt with
+        one choice (vLLM's rule), else None."""
+        if not self.per_request_metrics or len(finals) != 1 or finals[0] is None:
+            return None
+        if getattr(request, "n", 1) != 1:
+            return None
+        return timing_metrics(finals[0], num_generated)
 
     def tokens_as_ids(self, request: Any) -> bool:
         """Whether `request`'s logprobs tokens are written "token_id:N"."""
@@ -126,6 +143,13 @@ class OpenAIServing:
     def response_model(self, model: str | None) -> str:
         """The `model` of a response: the name the request used (as vLLM reports it)."""
         return model or self.model_name
+
+    def json_response(self, response: BaseModel, raw_request: Request) -> JSONResponse:
+        """A non-streamed answer, with the ORCA load report when the request asked for one
+        (`endpoint-load-metrics-format: TEXT|JSON`)."""
+        asked = raw_request.headers.get(ORCA_FORMAT_HEADER)
+        headers = orca_headers(asked, self.engine.latest_scheduler_stats) if asked else None
+        return JSONResponse(response.model_dump(), headers=headers)
 
     def check_model(self, model: str | None) -> LoRARequest | None:
         """The LoRA adapter `model` names (None: the base model); 404 for an unknown name."""
