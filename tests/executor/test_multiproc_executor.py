@@ -7,6 +7,7 @@ batches are in flight."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from pagedllm import LLM, SamplingParams
 from pagedllm.executor.multiproc import MultiprocExecutor
@@ -31,6 +32,12 @@ def _generate(model_dir, **kwargs) -> list[list[int]]:
         executor = llm.llm_engine.engine_core.engine_core.executor
         if kwargs:
             assert isinstance(executor, MultiprocExecutor)
+            # collective_rpc reaches every rank's worker process, in rank order, with a
+            # function sent by value (a lambda) and its args and kwargs.
+            ranks = llm.collective_rpc(
+                lambda worker, x, y=0: (torch.distributed.get_rank(), x + y),
+                args=(2,), kwargs={"y": 1})
+            assert ranks == [(rank, 3) for rank in range(executor.world_size)]
         return [list(o.outputs[0].token_ids) for o in outputs]
     finally:
         llm.llm_engine.shutdown()

@@ -14,7 +14,9 @@ import time
 from collections import deque
 from collections.abc import Iterable
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, cast
+
+import cloudpickle
 
 from pagedllm.config import EngineConfig
 from pagedllm.core.kv_cache_groups import KVCacheCapacity
@@ -238,6 +240,11 @@ class EngineCore:
     def reset_prefix_cache(self) -> bool:
         """Forget every cached KV block; False (nothing done) while requests hold blocks."""
         return self.scheduler.reset_prefix_cache()
+
+    def collective_rpc(self, payload: bytes) -> bytes:
+        """Run an encoded call (utils/rpc.py `encode_rpc`) on every worker, between
+        steps; their results, pickled, in rank order."""
+        return cast(bytes, cloudpickle.dumps(self.executor.collective_rpc("run_rpc", payload)))
 
     def shutdown(self) -> None:
         """Release the executor and the grammar compile threads."""

@@ -6,9 +6,11 @@ through an EngineCoreClient. Text stays here; the core only sees token ids.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+import cloudpickle
 import msgspec
 
 from pagedllm.config import EngineConfig
@@ -24,6 +26,7 @@ from pagedllm.outputs import PoolingRequestOutput, RequestOutput
 from pagedllm.pooling_params import PoolingParams
 from pagedllm.sampling_params import SamplingParams
 from pagedllm.tokenizer.tokenizer import get_end_of_turn_ids, get_eos_token_id, get_tokenizer
+from pagedllm.utils.rpc import encode_rpc
 
 
 class LLMEngine:
@@ -206,6 +209,17 @@ class LLMEngine:
     def list_loras(self) -> set[int]:
         """Ids of the LoRA adapters loaded in the core."""
         return set(self.engine_core.call_utility("list_loras").result())
+
+    def collective_rpc(
+        self, method: str | Callable[..., Any], timeout: float | None = None,
+        args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None,
+    ) -> list[Any]:
+        """Run a Worker method (by name) or a function `method(worker, *args, **kwargs)` on
+        every worker, between steps (vLLM's `collective_rpc`); one result per worker, in
+        rank order. TimeoutError after `timeout` seconds (None: wait)."""
+        payload = encode_rpc(method, args, kwargs)
+        future = self.engine_core.call_utility("collective_rpc", payload)
+        return list(cloudpickle.loads(future.result(timeout=timeout)))
 
     @staticmethod
     def _child_request(

@@ -16,7 +16,7 @@ from pagedllm.engine.protocol import UtilityRequest, UtilityResult
 # EngineCore methods the frontend may call by name.
 UTILITY_METHODS = frozenset({
     "reset_prefix_cache", "has_unfinished_requests", "add_lora", "remove_lora", "list_loras",
-    "dashboard_snapshot",
+    "dashboard_snapshot", "collective_rpc",
 })
 
 
@@ -40,3 +40,4 @@ def settle(future: Future[Any], result: UtilityResult) -> None:
         future.set_exception(ValueError(result.error))
     else:
         future.set_exception(RuntimeError(result.error))
+

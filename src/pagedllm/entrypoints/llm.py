@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from tqdm.auto import tqdm
@@ -110,6 +110,20 @@ class LLM(PoolingMethods):
     def reset_prefix_cache(self) -> bool:
         """Forget the prefix cache (as vLLM's); False while requests hold KV blocks."""
         return self.llm_engine.reset_prefix_cache()
+
+    def collective_rpc(
+        self, method: str | Callable[..., Any], timeout: float | None = None,
+        args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None,
+    ) -> list[Any]:
+        """Run a Worker method (by name) or a function `method(worker, *args, **kwargs)` on
+        every worker, between engine steps; one result per worker, in rank order (vLLM's
+        `collective_rpc`). Meant for control and inspection, not for moving large data.
+
+        Raises:
+            ValueError: `method` is neither a public Worker method's name nor a callable.
+            TimeoutError: the workers did not answer within `timeout` seconds.
+        """
+        return self.llm_engine.collective_rpc(method, timeout, args, kwargs)
 
     def get_metrics(self) -> list[Metric]:
         """The engine's metrics after its latest step, named as the server's `/metrics`

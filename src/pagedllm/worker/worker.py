@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -261,6 +261,18 @@ class Worker:
         if manager is None:
             raise ValueError("LoRA is off: start the engine with enable_lora=True.")
         return manager
+
+    def run_rpc(self, payload: bytes) -> Any:
+        """One `collective_rpc` call (utils/rpc.py `encode_rpc`): a Worker method by
+        name, or a function called with this worker first."""
+        from pagedllm.utils.rpc import decode_rpc
+
+        method, args, kwargs = decode_rpc(payload)
+        if isinstance(method, str):
+            if method.startswith("_") or not callable(getattr(self, method, None)):
+                raise ValueError(f"Worker has no public method {method!r}.")
+            return getattr(self, method)(*args, **kwargs)
+        return method(self, *args, **kwargs)
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """Apply the step's swaps, then run it."""
