@@ -60,7 +60,8 @@ FORBIDDEN = {
                      "pagedllm.entrypoints", "pagedllm.models", "pagedllm.layers",
                      "pagedllm.attention", "pagedllm.structured_output", "torch"],
     # Reasoning parsers: plain text in, reasoning and answer out, for the server's chat
-    # endpoint; they know nothing of the engine.
+    # endpoint, LLM.chat and structured outputs' reasoning gate; they know nothing of the
+    # engine.
     "reasoning": ["pagedllm.core", "pagedllm.engine", "pagedllm.worker",
                   "pagedllm.entrypoints", "pagedllm.models", "pagedllm.layers",
                   "pagedllm.attention", "pagedllm.structured_output", "pagedllm.tool_calling",

@@ -207,9 +207,14 @@ class StructuredOutputsConfig:
     Attributes:
         backend: "auto", "xgrammar" or "guidance" (llguidance). "auto" is xgrammar: faster
             per token; guidance compiles a new schema 10-100x faster (structured_output/).
+        reasoning_parser: the model's reasoning format (reasoning/): constrained requests
+            are constrained only in the answer after the reasoning; None: everywhere.
+        enable_in_reasoning: constrain the reasoning too (vLLM's switch; off by default).
     """
 
     backend: str = "auto"
+    reasoning_parser: str | None = None
+    enable_in_reasoning: bool = False
 
     @property
     def resolved_backend(self) -> str:
@@ -222,6 +227,10 @@ class StructuredOutputsConfig:
                 f"structured_outputs_config backend must be one of "
                 f"{STRUCTURED_OUTPUT_BACKENDS}, got {self.backend!r}."
             )
+        if self.reasoning_parser is not None:
+            from pagedllm.reasoning import get_reasoning_parser
+
+            get_reasoning_parser(self.reasoning_parser)  # ValueError naming the known ones
 
 
 DISTRIBUTED_EXECUTOR_BACKENDS = ("mp", "ray", "uni")

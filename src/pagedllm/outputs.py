@@ -48,6 +48,9 @@ class CompletionOutput:
         finish_reason: "stop", "length", "abort" or "error" (the engine failed the request,
             e.g. non-finite logits); None while running.
         stop_reason: the stop string or stop token id that ended it; None for EOS or length.
+        reasoning / content: `LLM.chat`'s split of `text` under the engine's reasoning
+            parser (`reasoning_parser=`): the reasoning (None: none) and the answer; both
+            None without a parser. `text` keeps the whole reply, as vLLM's does.
     """
 
     index: int
@@ -57,6 +60,8 @@ class CompletionOutput:
     logprobs: SampleLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    reasoning: str | None = None
+    content: str | None = None
 
     def finished(self) -> bool:
         """True once this sequence ended."""

@@ -6,6 +6,7 @@ its context length and the dtype to run in. Invalid values raise ValueError nami
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -85,6 +86,9 @@ class EngineArgs:
     preemption_mode: str | None = None
     scheduling_policy: str = "fcfs"
     structured_outputs_config: dict | str | StructuredOutputsConfig | None = None
+    # The model's reasoning format: the server splits replies with it and constrained
+    # requests are constrained only after the reasoning (vLLM's --reasoning-parser).
+    reasoning_parser: str | None = None
     runner: str = "auto"
     convert: str = "auto"
     pooler_config: dict | str | PoolerConfig | None = None
@@ -297,15 +301,22 @@ class EngineArgs:
         return overrides.merged_over(config), setup.max_seq_length if setup else None
 
     def _structured_outputs_config(self) -> StructuredOutputsConfig:
+        config = self._structured_outputs_fields()
+        if self.reasoning_parser is not None:  # --reasoning-parser wins over the dict's
+            config = dataclasses.replace(config, reasoning_parser=self.reasoning_parser)
+        return config
+
+    def _structured_outputs_fields(self) -> StructuredOutputsConfig:
         config = self.structured_outputs_config
         if config is None:
             return StructuredOutputsConfig()
         if isinstance(config, StructuredOutputsConfig):
             return config
         config = parse_json_arg(config, "structured_outputs_config")
-        if not isinstance(config, dict) or set(config) - {"backend"}:
+        keys = {"backend", "reasoning_parser", "enable_in_reasoning"}
+        if not isinstance(config, dict) or set(config) - keys:
             raise ValueError(
-                "structured_outputs_config must be a dict with the key 'backend', got "
+                f"structured_outputs_config must be a dict with the keys {sorted(keys)}, got "
                 f"{config!r}."
             )
         return StructuredOutputsConfig(**config)

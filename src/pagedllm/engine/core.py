@@ -66,6 +66,8 @@ class EngineCore:
             lambda: get_tokenizer(model_config.model_dir, model_config.gguf_file),
             model_config.text_config.vocab_size,
             engine_config.structured_outputs_config.resolved_backend,
+            reasoning_parser=engine_config.structured_outputs_config.reasoning_parser,
+            enable_in_reasoning=engine_config.structured_outputs_config.enable_in_reasoning,
         )
 
     def _check_kv_capacity(self) -> None:
@@ -94,7 +96,8 @@ class EngineCore:
         if params.structured_outputs is not None and data.pooling_params is None:
             stop_ids = [data.eos_token_id] if data.eos_token_id is not None else []
             core_request.structured_output = self.structured_output.grammar_for(
-                params.structured_outputs, stop_ids + list(params.stop_token_ids or [])
+                params.structured_outputs, stop_ids + list(params.stop_token_ids or []),
+                data.prompt_token_ids,
             )
         self.scheduler.add_request(core_request)
 

@@ -67,7 +67,12 @@ ENGINE_ARG_HELP = {
     "scheduling_policy": "Admission order: fcfs, or priority (the request's `priority`).",
     "structured_outputs_config": "JSON, e.g. '{\"backend\": \"xgrammar\"}': the grammar "
                                  "library of structured outputs: auto (xgrammar), xgrammar or "
-                                 "guidance (llguidance: faster compiles, slower steps).",
+                                 "guidance (llguidance: faster compiles, slower steps); "
+                                 "\"enable_in_reasoning\": true constrains the reasoning too.",
+    "reasoning_parser": "The model's reasoning format: replies are split into "
+                        "`reasoning_content` (also `reasoning`) and `content`, and structured "
+                        "outputs constrain only the answer after the reasoning: deepseek_r1, "
+                        "qwen3, granite, hunyuan_a13b, mistral, openai_gptoss (gpt_oss).",
     "runner": "generate, pooling (embeddings, classification, scores), or auto (from the "
               "architecture: encoders and *ForSequenceClassification pool).",
     "convert": "embed: a generating decoder as an embedder (last-token pooling; with "
@@ -100,6 +105,7 @@ ENGINE_ARG_CHOICES: dict[str, Sequence[str]] = {
     "scheduling_policy": ("fcfs", "priority"),
     "runner": ("auto", "generate", "pooling"),
     "convert": ("auto", "none", "embed", "classify"),
+    "reasoning_parser": tuple(reasoning_parser_names()),
 }
 _TYPES = {"int": int, "float": float, "str": str}
 # vLLM's short flags.
@@ -160,8 +166,7 @@ def make_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "flag names, e.g. `max-num-seqs: 8`); command-line flags win.")
     server = parser.add_argument_group("server")
     add_dataclass_arguments(server, ServerArgs,
-                            choices={"tool_call_parser": tool_parser_names(),
-                                     "reasoning_parser": reasoning_parser_names()})
+                            choices={"tool_call_parser": tool_parser_names()})
     engine = parser.add_argument_group("engine")
     add_dataclass_arguments(engine, EngineArgs, ENGINE_ARG_HELP, ENGINE_ARG_CHOICES)
     return parser
@@ -184,8 +189,7 @@ def make_run_batch_parser(subparsers: Any) -> argparse.ArgumentParser:
                         help="The model (same as --model).")
     server = parser.add_argument_group("server (as for serve)")
     add_dataclass_arguments(server, ServerArgs,
-                            choices={"tool_call_parser": tool_parser_names(),
-                                     "reasoning_parser": reasoning_parser_names()})
+                            choices={"tool_call_parser": tool_parser_names()})
     engine = parser.add_argument_group("engine")
     add_dataclass_arguments(engine, EngineArgs, ENGINE_ARG_HELP, ENGINE_ARG_CHOICES)
     return parser

@@ -1,17 +1,40 @@
 """Reasoning parsers (`--reasoning-parser`): split a reasoning model's reply into its
-reasoning (`<think>…</think>`) and its answer, whole or as a stream of deltas. Used by the
-OpenAI server's chat endpoint; it calls no engine code.
+reasoning and its answer, whole or as a stream of deltas. The OpenAI server's chat endpoint
+and `LLM.chat` use them to report the split, and structured outputs use them to constrain only
+the answer (structured_output/reasoning_gate.py). This package calls no engine code.
 """
 
+from __future__ import annotations
+
+from pagedllm.reasoning.harmony import HarmonyReasoningParser
 from pagedllm.reasoning.parsers import (
+    TAG_PARSERS,
     ReasoningParser,
     ReasoningSplit,
-    ReasoningStreamer,
-    get_reasoning_parser,
-    reasoning_parser_names,
+    ReplyStreamer,
+    TagReasoningParser,
 )
 
+_PARSERS: dict[str, ReasoningParser] = {parser.name: parser for parser in TAG_PARSERS}
+_PARSERS["openai_gptoss"] = HarmonyReasoningParser()
+_PARSERS["gpt_oss"] = HarmonyReasoningParser(name="gpt_oss")
+
+
+def reasoning_parser_names() -> list[str]:
+    """The names `--reasoning-parser` takes."""
+    return sorted(_PARSERS)
+
+
+def get_reasoning_parser(name: str) -> ReasoningParser:
+    """The parser called `name`; ValueError naming the known ones otherwise."""
+    try:
+        return _PARSERS[name]
+    except KeyError:
+        raise ValueError(f"Unknown reasoning parser {name!r}; choose one of "
+                         f"{', '.join(reasoning_parser_names())}.") from None
+
+
 __all__ = [
-    "ReasoningParser", "ReasoningSplit", "ReasoningStreamer", "get_reasoning_parser",
-    "reasoning_parser_names",
+    "HarmonyReasoningParser", "ReasoningParser", "ReasoningSplit", "ReplyStreamer",
+    "TagReasoningParser", "get_reasoning_parser", "reasoning_parser_names",
 ]

@@ -21,12 +21,16 @@ from typing import Any
 import torch
 
 from pagedllm.logger import init_logger
+from pagedllm.reasoning import ReasoningParser, get_reasoning_parser
 from pagedllm.sampling_params import StructuredOutputsParams
 from pagedllm.structured_output.backend import GrammarBackend, GrammarMatcher
+from pagedllm.structured_output.reasoning_gate import ReasoningGate
 
 logger = init_logger(__name__)
 
 _DEFAULT_CACHE_SIZE = 128
+# How much of a prompt's end is read for a closed reasoning (Qwen3: `<think>\n\n</think>`).
+_PROMPT_TAIL_TOKENS = 64
 
 
 def cache_key(params: StructuredOutputsParams) -> tuple[Any, ...]:
@@ -52,11 +56,17 @@ class RequestGrammar:
         compiled: Future,
         make_matcher: Callable[[Any], GrammarMatcher],
         stop_token_ids: Sequence[int] = (),
+        gate: ReasoningGate | None = None,
     ) -> None:
         self._compiled = compiled
         self.stop_token_ids = frozenset(stop_token_ids)
         self._make_matcher = make_matcher
         self._matcher: GrammarMatcher | None = None
+        # With a reasoning parser: the grammar applies once the reply reaches its answer.
+        self.gate = gate
+
+    def _reasoning(self) -> bool:
+        return self.gate is not None and not self.gate.in_answer
 
     def is_ready(self) -> bool:
         """True once compiling ended (successfully or not: see `error`)."""
@@ -76,16 +86,34 @@ class RequestGrammar:
         return self._matcher
 
     def accept_tokens(self, token_ids: list[int]) -> bool:
-        """Advance over sampled tokens; False if the grammar refused one."""
-        return self.matcher.accept_tokens(token_ids)
+        """Advance over sampled tokens; False if the grammar refused one. Tokens of the
+        reasoning go to the gate instead."""
+        gate = self.gate
+        while token_ids and gate is not None and not gate.in_answer:
+            gate.feed(token_ids[0])
+            token_ids = token_ids[1:]
+        return self.matcher.accept_tokens(token_ids) if token_ids else True
 
     def is_terminated(self) -> bool:
         """True once the grammar is complete and a stop token was accepted."""
-        return self.matcher.is_terminated()
+        return not self._reasoning() and self.matcher.is_terminated()
 
     def num_valid_tokens(self, token_ids: list[int]) -> int:
         """How many leading `token_ids` (draft tokens) the grammar allows from its
-        current state; the state is left unchanged."""
+        current state; the state is left unchanged. Drafts in the reasoning are free; those
+        after the reasoning's end (looked ahead with a copy of the gate) are checked."""
+        if self.gate is not None and not self.gate.in_answer:
+            gate = self.gate.clone()
+            for index, token_id in enumerate(token_ids):
+                gate.feed(token_id)
+                if gate.in_answer:
+                    return index + 1 + self._num_valid_answer_tokens(token_ids[index + 1:])
+            return len(token_ids)
+        return self._num_valid_answer_tokens(token_ids)
+
+    def _num_valid_answer_tokens(self, token_ids: list[int]) -> int:
+        if not token_ids:
+            return 0
         if self.matcher.is_terminated():
             return 0
         count = self.matcher.num_valid_tokens(token_ids)
@@ -97,7 +125,21 @@ class RequestGrammar:
 
     def fill_bitmask_rows(self, bitmask: torch.Tensor, row: int, drafts: list[int]) -> None:
         """Rows row .. row + len(drafts): the tokens allowed next now, and after each
-        prefix of `drafts` (valid ones: see num_valid_tokens); the state is left as is."""
+        prefix of `drafts` (valid ones: see num_valid_tokens); the state is left as is.
+        Rows in the reasoning allow everything."""
+        if self.gate is not None and not self.gate.in_answer:
+            bitmask[row].fill_(-1)
+            gate = self.gate.clone()
+            for offset, token_id in enumerate(drafts, start=1):
+                gate.feed(token_id)
+                if gate.in_answer:  # the rest of the drafts are the answer's
+                    self._fill_answer_rows(bitmask, row + offset, drafts[offset:])
+                    return
+                bitmask[row + offset].fill_(-1)
+            return
+        self._fill_answer_rows(bitmask, row, drafts)
+
+    def _fill_answer_rows(self, bitmask: torch.Tensor, row: int, drafts: list[int]) -> None:
         matcher = self.matcher
         matcher.fill_bitmask(bitmask, row)
         for offset, token_id in enumerate(drafts, start=1):
@@ -122,6 +164,9 @@ class StructuredOutputManager:
         backend: "xgrammar" or "guidance" (llguidance).
         max_workers: compile threads.
         cache_size: compiled grammars kept.
+        reasoning_parser: the model's reasoning format: grammars then constrain only the
+            answer after the reasoning (reasoning_gate.py).
+        enable_in_reasoning: constrain the reasoning too.
     """
 
     def __init__(
@@ -131,8 +176,16 @@ class StructuredOutputManager:
         backend: str = "xgrammar",
         max_workers: int = 2,
         cache_size: int = _DEFAULT_CACHE_SIZE,
+        reasoning_parser: str | None = None,
+        enable_in_reasoning: bool = False,
     ) -> None:
         self._load_tokenizer = load_tokenizer
+        self._tokenizer: Any = None
+        # Constrain only the answer after the reasoning (unless enable_in_reasoning).
+        self.reasoning_parser: ReasoningParser | None = (
+            get_reasoning_parser(reasoning_parser)
+            if reasoning_parser is not None and not enable_in_reasoning else None
+        )
         self.vocab_size = vocab_size
         self.backend_name = backend
         self._backend: GrammarBackend | None = None
@@ -156,9 +209,12 @@ class StructuredOutputManager:
         return self._get_backend().compile(params)
 
     def grammar_for(
-        self, params: StructuredOutputsParams, stop_token_ids: Sequence[int]
+        self, params: StructuredOutputsParams, stop_token_ids: Sequence[int],
+        prompt_token_ids: Sequence[int] = (),
     ) -> RequestGrammar:
-        """The grammar of a new request: compiled in the background unless cached."""
+        """The grammar of a new request: compiled in the background unless cached; with a
+        reasoning parser, gated until the reply (after `prompt_token_ids`) reaches its
+        answer."""
         key = cache_key(params)
         future = self._cache.get(key)
         if future is None or (future.done() and future.exception() is not None):
@@ -174,8 +230,24 @@ class StructuredOutputManager:
             self._cache.move_to_end(key)
         stops = list(stop_token_ids)
         return RequestGrammar(
-            future, lambda compiled: self._get_backend().matcher(compiled, stops), stops
+            future, lambda compiled: self._get_backend().matcher(compiled, stops), stops,
+            gate=self._reasoning_gate(prompt_token_ids),
         )
+
+    def _reasoning_gate(self, prompt_token_ids: Sequence[int]) -> ReasoningGate | None:
+        parser = self.reasoning_parser
+        if parser is None:
+            return None
+        if self._tokenizer is None:
+            self._tokenizer = self._load_tokenizer()
+        tokenizer = self._tokenizer
+
+        def decode(token_ids: list[int]) -> str:
+            return str(tokenizer.decode(token_ids, skip_special_tokens=False))
+
+        # The prompt's end tells whether its template already closed the reasoning.
+        prompt_end = decode(list(prompt_token_ids[-_PROMPT_TAIL_TOKENS:]))
+        return ReasoningGate(parser, decode, answer_from_start=parser.ended_in(prompt_end))
 
     # -------------------------------------------------------------------- each step
 

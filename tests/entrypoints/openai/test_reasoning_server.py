@@ -1,7 +1,8 @@
 """--reasoning-parser in chat: a reply `<think>…</think>answer` comes back as
 `reasoning_content` (and `reasoning`) beside `content`, whole and streamed as deltas, the
-same either way; tool calls are read from the answer only; structured outputs with a
-reasoning parser answer 400 (not built).
+same either way; tool calls are read from the answer only; structured outputs (choices,
+JSON schemas, a required tool call) constrain only the answer after the reasoning, or the
+whole reply when the prompt already closed the reasoning.
 
 The model is scripted: a tiny Llama whose layers add nothing (zero output projections), so
 each next token depends on the current one alone, and whose LM head maps each token of a
@@ -113,8 +114,65 @@ def test_tool_parser_reads_the_answer_only(http, scripted):
     assert message["tool_calls"] == []
 
 
-def test_structured_outputs_with_a_reasoning_parser_answer_400(http):
+CHOICES = ["yes", "no"]
+
+
+def _content_and_reasoning_streamed(http, body):
+    reasoning, content = "", ""
+    with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as stream:
+        for line in stream.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                for choice in json.loads(line[6:])["choices"]:
+                    reasoning += choice["delta"].get("reasoning_content") or ""
+                    content += choice["delta"].get("content") or ""
+    return reasoning or None, content
+
+
+@pytest.mark.parametrize("constraint", [
+    {"structured_outputs": {"choice": CHOICES}},
+    {"guided_choice": CHOICES},
+])
+def test_structured_outputs_constrain_only_the_answer(http, scripted, constraint):
+    # The reasoning stays the model's own (unconstrained: the script's two words); only the
+    # answer after </think> is held to the choice (the script alone would write words 2-3).
+    body = {**BODY, **constraint}
+    response = http.post("/v1/chat/completions", json=body)
+    assert response.status_code == 200, response.text
+    message = response.json()["choices"][0]["message"]
+    assert message["reasoning_content"] == "".join(scripted[1][:2])
+    assert message["content"] in CHOICES
+    assert _content_and_reasoning_streamed(http, body) == (
+        message["reasoning_content"], message["content"])
+
+
+def test_json_schema_after_reasoning_parses(http, scripted):
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
     response = http.post("/v1/chat/completions", json={
-        **BODY, "response_format": {"type": "json_object"}})
-    assert response.status_code == 400
-    assert "--reasoning-parser" in response.json()["error"]["message"]
+        **BODY, "max_tokens": 40,
+        "structured_outputs": {"json": schema, "disable_any_whitespace": True}})
+    message = response.json()["choices"][0]["message"]
+    assert message["reasoning_content"] == "".join(scripted[1][:2])
+    assert isinstance(json.loads(message["content"])["ok"], bool)
+
+
+def test_a_prompt_that_closed_the_reasoning_is_constrained_from_the_start(http):
+    # The assistant turn is continued after a finished reasoning block: the whole reply is
+    # the answer (the grammar holds from its first token), and no reasoning is reported.
+    messages = [{"role": "user", "content": "hi"},
+                {"role": "assistant", "content": "<think>done</think>"}]
+    body = {**BODY, "messages": messages, "add_generation_prompt": False,
+            "continue_final_message": True, "structured_outputs": {"choice": CHOICES}}
+    message = http.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]
+    assert message.get("reasoning_content") is None and message["content"] in CHOICES
+    assert _content_and_reasoning_streamed(http, body) == (None, message["content"])
+
+
+def test_tool_choice_required_is_read_after_the_reasoning(http, scripted):
+    tools = [{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "object", "properties": {}}}}]
+    response = http.post("/v1/chat/completions", json={
+        **BODY, "max_tokens": 60, "tools": tools, "tool_choice": "required"})
+    message = response.json()["choices"][0]["message"]
+    assert message["reasoning_content"] == "".join(scripted[1][:2])
+    assert [call["function"]["name"] for call in message["tool_calls"]] == ["f"]

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from pagedllm import envs
 from pagedllm.entrypoints.openai.served_models import parse_lora_modules
 from pagedllm.multimodal.media import video_num_frames
-from pagedllm.reasoning import get_reasoning_parser
 from pagedllm.tool_calling import get_tool_parser
 
 
@@ -59,10 +58,6 @@ class ServerArgs:
     tool_call_parser: str | None = field(default=None, metadata=_help(
         "How tool calls are read from the model's text: hermes (Hermes, Qwen), llama3_json "
         "(Llama 3.1/3.2 JSON), mistral or pythonic (Llama 3.2/4 pythonic, ToolACE)."))
-    reasoning_parser: str | None = field(default=None, metadata=_help(
-        "Split a reasoning model's chat replies into `reasoning_content` (also `reasoning`) "
-        "and `content`: deepseek_r1 (the reply starts inside <think>…</think>) or qwen3 (a "
-        "reply that opens with <think>)."))
     exclude_tools_when_tool_choice_none: bool = field(default=False, metadata=_help(
         "Leave `tools` out of the chat template when a request sets tool_choice \"none\"."))
     allowed_local_media_path: str = field(default="", metadata=_help(
@@ -109,8 +104,6 @@ class ServerArgs:
         video_num_frames(self.media_io_kwargs)  # ValueError naming a bad option
         if self.tool_call_parser is not None:
             get_tool_parser(self.tool_call_parser)  # ValueError naming the known ones
-        if self.reasoning_parser is not None:
-            get_reasoning_parser(self.reasoning_parser)  # ValueError naming the known ones
         if self.enable_auto_tool_choice and self.tool_call_parser is None:
             raise ValueError("--enable-auto-tool-choice needs --tool-call-parser.")
 

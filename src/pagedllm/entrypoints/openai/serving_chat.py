@@ -47,7 +47,7 @@ from pagedllm.entrypoints.openai.serving_engine import (
     sse,
 )
 from pagedllm.outputs import CompletionOutput, RequestOutput
-from pagedllm.reasoning import ReasoningStreamer
+from pagedllm.reasoning import ReplyStreamer
 from pagedllm.tokenizer.tokenizer import apply_chat_template
 from pagedllm.tool_calling import ToolCallStreamer
 
@@ -123,12 +123,9 @@ class OpenAIServingChat(OpenAIServing):
                                        self.generation_defaults, tool_use.constraint,
                                        self.config.grammar_backend)
         tool_use.adjust(params)
-        if self.config.reasoning_parser is not None and params.structured_outputs is not None:
-            # vLLM constrains only the answer after the reasoning; here a grammar would bind
-            # the reasoning too, changing it: refused until that is built.
-            raise APIError("Structured outputs (response_format, guided_*, a forced tool "
-                           "choice) with --reasoning-parser are not supported yet.",
-                           param="response_format")
+        parser = self.config.reasoning_parser
+        if parser is not None and parser.needs_special_tokens:
+            params.skip_special_tokens = False  # its markers are special tokens
         response_id = request.request_id or f"chatcmpl-{random_uuid()}"
         streams = await self.add_requests(request, [prompt.engine_prompt()], [response_id],
                                           params, add_special_tokens=False,
@@ -152,12 +149,12 @@ class OpenAIServingChat(OpenAIServing):
         echo = _text_of(last) if (request.echo and last.role == role) else ""
         return role, echo
 
-    def _split_reasoning(self, text: str) -> tuple[str | None, str]:
+    def _split_reasoning(self, text: str, prompt: TokenizedPrompt) -> tuple[str | None, str]:
         """A reply's reasoning (None without --reasoning-parser or reasoning) and answer."""
         parser = self.config.reasoning_parser
         if parser is None:
             return None, text
-        split = parser.split(text)
+        split = parser.split(text, answer_from_start=parser.ended_in(prompt.text or ""))
         return split.reasoning, split.content or ""
 
     def _logprobs(self, request: ChatCompletionRequest, seq: CompletionOutput) -> Any:
@@ -175,7 +172,7 @@ class OpenAIServingChat(OpenAIServing):
         role, echo = self._role_and_echo(request)
         choices = []
         for seq in sorted(final.outputs, key=lambda s: s.index):
-            reasoning, text = self._split_reasoning(seq.text)
+            reasoning, text = self._split_reasoning(seq.text, prompt)
             message = tool_use.message(role, echo + text)
             message.reasoning_content = message.reasoning = reasoning
             choices.append(ChatChoice(
@@ -219,8 +216,9 @@ class OpenAIServingChat(OpenAIServing):
         latest: RequestOutput | None = None
         streamers = {index: tool_use.streamer() for index in range(request.n)}
         parser = self.config.reasoning_parser
-        thinkers = {index: ReasoningStreamer(parser) for index in range(request.n)
-                    } if parser is not None else {}
+        closed = parser is not None and parser.ended_in(prompt.text or "")
+        thinkers = {index: parser.streamer(answer_from_start=closed)
+                    for index in range(request.n)} if parser is not None else {}
         try:
             for index in range(request.n):
                 delta = DeltaMessage(role=role, content="")
@@ -263,7 +261,7 @@ class OpenAIServingChat(OpenAIServing):
 
     def _stream_choices(
         self, request: ChatCompletionRequest, seq: CompletionOutput,
-        streamer: ToolCallStreamer | None, thinker: ReasoningStreamer | None = None,
+        streamer: ToolCallStreamer | None, thinker: ReplyStreamer | None = None,
     ) -> list[ChatStreamChoice]:
         """The chunks' choices for one new piece of `seq`: reasoning, content, then
         tool-call pieces; logprobs ride on the first, the finish_reason on the last."""
