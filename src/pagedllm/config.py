@@ -8,7 +8,7 @@ only known after the model is loaded, such as the number of KV blocks, travel se
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pagedllm.lora.config import LoRAConfig
@@ -233,6 +233,69 @@ class StructuredOutputsConfig:
             get_reasoning_parser(self.reasoning_parser)  # ValueError naming the known ones
 
 
+@dataclass(frozen=True)
+class KVEventsConfig:
+    """KV cache events for prefix-aware routers (vLLM's `kv_events_config`): every step's
+    blocks stored / removed / cleared, published over ZMQ (engine/kv_events_publisher.py).
+
+    Attributes:
+        enable_kv_cache_events: publish them (needs prefix caching, which makes them).
+        publisher: "zmq", or "null" (none); None: zmq when enabled.
+        endpoint: the ZMQ PUB address: bound when it holds `*` or is ipc:// / inproc://,
+            else connected to.
+        replay_endpoint: a ROUTER address answering "batches from sequence N" (None: off).
+        buffer_steps: batches kept for replay.
+        hwm: the PUB socket's high-water mark.
+        max_queue_size: batches waiting for the sending thread (more are dropped).
+        topic: the first frame of every message.
+        data_parallel_rank: the engine core's rank (added to tcp ports; set per core).
+    """
+
+    enable_kv_cache_events: bool = False
+    publisher: str | None = None
+    endpoint: str = "tcp://*:5557"
+    replay_endpoint: str | None = None
+    buffer_steps: int = 10_000
+    hwm: int = 100_000
+    max_queue_size: int = 100_000
+    topic: str = ""
+    data_parallel_rank: int = 0
+
+    def __post_init__(self) -> None:
+        if self.publisher is None:
+            object.__setattr__(self, "publisher", "zmq" if self.enable_kv_cache_events
+                               else "null")
+        if self.publisher not in ("zmq", "null"):
+            raise ValueError(f"kv_events_config publisher must be 'zmq' or 'null', got "
+                             f"{self.publisher!r}.")
+        for name in ("buffer_steps", "hwm", "max_queue_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"kv_events_config {name} must be at least 1, got "
+                                 f"{getattr(self, name)}.")
+
+    @property
+    def publishes(self) -> bool:
+        """True when events are published."""
+        return self.enable_kv_cache_events and self.publisher == "zmq"
+
+    def for_rank(self, rank: int) -> KVEventsConfig:
+        """The config of data-parallel core `rank`: its own ports (tcp port + rank)."""
+        return replace(self, data_parallel_rank=rank,
+                       endpoint=_offset_port(self.endpoint, rank),
+                       replay_endpoint=(None if self.replay_endpoint is None
+                                        else _offset_port(self.replay_endpoint, rank)))
+
+
+def _offset_port(endpoint: str, offset: int) -> str:
+    """`tcp://host:PORT` with PORT + offset (other transports: `_dp{offset}` appended)."""
+    if offset == 0:
+        return endpoint
+    if endpoint.startswith("tcp://"):
+        host, _, port = endpoint.rpartition(":")
+        return f"{host}:{int(port) + offset}"
+    return f"{endpoint}_dp{offset}"
+
+
 DISTRIBUTED_EXECUTOR_BACKENDS = ("mp", "ray", "uni")
 
 
@@ -277,3 +340,5 @@ class EngineConfig:
     # Multi-LoRA (None: LoRA off).
     lora_config: LoRAConfig | None = None
     parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
+    # KV cache events for routers (None: off).
+    kv_events_config: KVEventsConfig | None = None

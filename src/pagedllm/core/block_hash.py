@@ -92,6 +92,11 @@ def _with_mm_keys(
     return tuple(keys) or None
 
 
+def is_plain_hash(key: BlockHash) -> bool:
+    """True for a prefix-cache key of group 0 (a plain block hash, no group id appended)."""
+    return len(key) == len(NONE_HASH)
+
+
 def hash_with_group_id(block_hash: BlockHash, group_id: int) -> BlockHash:
     """The prefix-cache key of a block of KV cache group `group_id`.
 

@@ -18,7 +18,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from pagedllm.core.block_hash import BlockHash
+from pagedllm.core.block_hash import BlockHash, is_plain_hash
+from pagedllm.core.kv_events import AllBlocksCleared, BlockRemoved, KVEventRecorder
 
 NULL_BLOCK_ID = 0
 
@@ -152,6 +153,8 @@ class BlockPool:
         # a recomputed last prompt block) simply stays uncached.
         self.cached_block_hash_to_block: dict[BlockHash, KVCacheBlock] = {}
         self.num_evictions = 0
+        # KV cache events (core/kv_events.py) when asked for: None records nothing.
+        self.kv_events: KVEventRecorder | None = None
 
     @property
     def num_usable_blocks(self) -> int:
@@ -195,6 +198,8 @@ class BlockPool:
             return
         removed = self.cached_block_hash_to_block.pop(block.block_hash)
         assert removed is block, f"hash of block {block.block_id} maps to another block"
+        if self.kv_events is not None and is_plain_hash(block.block_hash):
+            self.kv_events.record(BlockRemoved([block.block_hash]))
         block.block_hash = None
         self.num_evictions += 1
 
@@ -218,14 +223,16 @@ class BlockPool:
 
     def cache_full_blocks(
         self, blocks: Sequence[KVCacheBlock], block_hashes: Sequence[BlockHash]
-    ) -> None:
-        """Make full, held `blocks` findable by their hashes (pairwise).
+    ) -> list[int]:
+        """Make full, held `blocks` findable by their hashes (pairwise); the positions (in
+        `blocks`) of those that became findable now.
 
         A block already cached keeps its hash (it must be the same one). A block whose hash
         another block already holds stays uncached: the cache keeps one block per hash.
         """
         assert len(blocks) == len(block_hashes)
-        for block, block_hash in zip(blocks, block_hashes, strict=True):
+        stored = []
+        for index, (block, block_hash) in enumerate(zip(blocks, block_hashes, strict=True)):
             assert block.ref_cnt > 0, f"block {block.block_id} is cached while free"
             if block.block_hash is not None:
                 assert block.block_hash == block_hash, f"block {block.block_id} changed hash"
@@ -234,6 +241,8 @@ class BlockPool:
                 continue
             block.block_hash = block_hash
             self.cached_block_hash_to_block[block_hash] = block
+            stored.append(index)
+        return stored
 
     def free_blocks(self, blocks: Iterable[KVCacheBlock]) -> None:
         """Drop one reference from each block; blocks reaching 0 join the free-queue tail.
@@ -256,6 +265,8 @@ class BlockPool:
         for block in self.cached_block_hash_to_block.values():
             block.block_hash = None
         self.cached_block_hash_to_block.clear()
+        if self.kv_events is not None:
+            self.kv_events.record(AllBlocksCleared())
         # Back to block-id order, as at start: blocks are handed out from the low ids again,
         # which are the ones already written. On CPU the cache's memory pages only become
         # resident when first written, so this keeps repeated runs at one run's footprint.

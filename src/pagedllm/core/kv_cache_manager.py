@@ -29,9 +29,10 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from pagedllm.core.block_hash import update_request_block_hashes
+from pagedllm.core.block_hash import BlockHash, update_request_block_hashes
 from pagedllm.core.block_pool import BlockPool, KVCacheBlock
 from pagedllm.core.kv_cache_groups import KVCacheGroupSpec
+from pagedllm.core.kv_events import BlockStored, KVEventRecorder
 from pagedllm.core.single_type_manager import FullAttentionManager, make_manager
 from pagedllm.request import Request
 
@@ -207,8 +208,40 @@ class KVCacheManager:
             block_hashes = update_request_block_hashes(request, self.block_size)
             num_full_blocks = min(num_tokens, request.num_tokens) // self.block_size
             for manager in self.managers:
-                manager.cache_blocks(request_id, block_hashes, num_full_blocks)
+                stored = manager.cache_blocks(request_id, block_hashes, num_full_blocks)
+                if manager.group_id == 0 and stored and self.block_pool.kv_events is not None:
+                    self._record_stored(request, block_hashes, stored)
         return tuple(new_block_ids)
+
+    def enable_kv_events(self) -> KVEventRecorder:
+        """Record KV cache events from now on (core/kv_events.py); the recorder to read."""
+        recorder = KVEventRecorder()
+        self.block_pool.kv_events = recorder
+        return recorder
+
+    def _record_stored(self, request: Request, hashes: Sequence[BlockHash],
+                       indices: list[int]) -> None:
+        """One BlockStored per run of consecutive newly findable blocks of `request`."""
+        recorder = self.block_pool.kv_events
+        assert recorder is not None
+        size = self.block_size
+        lora = request.lora_request
+        runs: list[list[int]] = []
+        for index in indices:
+            if runs and runs[-1][-1] == index - 1:
+                runs[-1].append(index)
+            else:
+                runs.append([index])
+        for run in runs:
+            first, last = run[0], run[-1]
+            recorder.record(BlockStored(
+                block_hashes=[hashes[i] for i in run],
+                parent_block_hash=hashes[first - 1] if first > 0 else None,
+                token_ids=list(request.all_token_ids[first * size:(last + 1) * size]),
+                block_size=size,
+                lora_id=lora.lora_int_id if lora is not None else None,
+                lora_name=lora.lora_name if lora is not None else None,
+            ))
 
     def remove_skipped_blocks(self, request: Request) -> None:
         """Free the blocks no sliding-window layer will read again for `request`."""

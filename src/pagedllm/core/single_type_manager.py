@@ -102,17 +102,22 @@ class FullAttentionManager:
 
     def cache_blocks(
         self, request_id: str, block_hashes: Sequence[BlockHash], num_full_blocks: int
-    ) -> None:
-        """Make the request's first `num_full_blocks` blocks findable by their hashes."""
+    ) -> list[int]:
+        """Make the request's first `num_full_blocks` blocks findable by their hashes; the
+        indices (block i covers the request's tokens [i * block_size, ...)) of those that
+        became findable now."""
         start = self.num_cached_blocks.get(request_id, 0)
         if num_full_blocks <= start:
-            return
+            return []
         blocks = self.req_to_blocks[request_id][start:num_full_blocks]
         keys = [hash_with_group_id(h, self.group_id) for h in block_hashes[start:num_full_blocks]]
         # A block skipped before it was cached has no contents to share.
-        pairs = [(b, k) for b, k in zip(blocks, keys, strict=True) if b is not self.null_block]
-        self.block_pool.cache_full_blocks([b for b, _ in pairs], [k for _, k in pairs])
+        pairs = [(start + i, b, k) for i, (b, k) in enumerate(zip(blocks, keys, strict=True))
+                 if b is not self.null_block]
+        stored = self.block_pool.cache_full_blocks([b for _, b, _ in pairs],
+                                                   [k for _, _, k in pairs])
         self.num_cached_blocks[request_id] = num_full_blocks
+        return [pairs[position][0] for position in stored]
 
     def find_longest_cache_hit(
         self, block_hashes: Sequence[BlockHash], max_num_blocks: int

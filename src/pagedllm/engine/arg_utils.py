@@ -18,6 +18,7 @@ from pagedllm.config import (
     CacheConfig,
     DeviceConfig,
     EngineConfig,
+    KVEventsConfig,
     ModelConfig,
     ParallelConfig,
     SchedulerConfig,
@@ -89,6 +90,8 @@ class EngineArgs:
     # The model's reasoning format: the server splits replies with it and constrained
     # requests are constrained only after the reasoning (vLLM's --reasoning-parser).
     reasoning_parser: str | None = None
+    # KV cache events for prefix-aware routers, published over ZMQ (vLLM's).
+    kv_events_config: dict | str | KVEventsConfig | None = None
     runner: str = "auto"
     convert: str = "auto"
     pooler_config: dict | str | PoolerConfig | None = None
@@ -142,7 +145,21 @@ class EngineArgs:
             speculative_config=self._speculative_config(model_config),
             lora_config=self._lora_config(model_config),
             parallel_config=self._parallel_config(model_config),
+            kv_events_config=self._kv_events_config(),
         )
+
+    def _kv_events_config(self) -> KVEventsConfig | None:
+        """The user's kv_events_config (a dict, JSON text or the config), checked."""
+        config = self.kv_events_config
+        if config is None or isinstance(config, KVEventsConfig):
+            return config
+        config = parse_json_arg(config, "kv_events_config")
+        known = {f.name for f in dataclasses.fields(KVEventsConfig)} - {"data_parallel_rank"}
+        if not isinstance(config, dict) or set(config) - known:
+            unknown = sorted(set(config) - known) if isinstance(config, dict) else config
+            raise ValueError(f"kv_events_config has unknown keys {unknown}; known: "
+                             f"{sorted(known)}.")
+        return KVEventsConfig(**config)
 
     def _parallel_config(self, model_config: ModelConfig) -> ParallelConfig:
         """The parallel layout, checked (vLLM's names).

@@ -20,16 +20,21 @@ import cloudpickle
 
 from pagedllm.config import EngineConfig
 from pagedllm.core.kv_cache_groups import KVCacheCapacity
+from pagedllm.core.kv_events import KVEventRecorder
 from pagedllm.core.sched_output import SchedulerOutput
 from pagedllm.core.scheduler import Scheduler
 from pagedllm.core.snapshot import scheduler_snapshot
+from pagedllm.engine.kv_events_publisher import ZmqEventPublisher
 from pagedllm.engine.protocol import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
 from pagedllm.executor import make_executor
+from pagedllm.logger import init_logger
 from pagedllm.lora.request import LoRARequest
 from pagedllm.request import Request
 from pagedllm.structured_output import StructuredOutputManager
 from pagedllm.tokenizer.tokenizer import get_tokenizer
 from pagedllm.worker.outputs import ModelRunnerOutput
+
+logger = init_logger(__name__)
 
 
 class EngineCore:
@@ -61,6 +66,7 @@ class EngineCore:
         )
         self._check_kv_capacity()
         self._loras_to_remove: set[int] = set()  # asked to go, waiting for their requests
+        self._kv_events, self.kv_event_publisher = self._start_kv_events(engine_config)
         model_config = engine_config.model_config
         self.structured_output = StructuredOutputManager(
             lambda: get_tokenizer(model_config.model_dir, model_config.gguf_file),
@@ -69,6 +75,20 @@ class EngineCore:
             reasoning_parser=engine_config.structured_outputs_config.reasoning_parser,
             enable_in_reasoning=engine_config.structured_outputs_config.enable_in_reasoning,
         )
+
+    def _start_kv_events(
+        self, engine_config: EngineConfig
+    ) -> tuple[KVEventRecorder | None, ZmqEventPublisher | None]:
+        """The block pool's event recorder and the ZMQ publisher, when events are asked for
+        and the prefix cache (which makes them) is on."""
+        config = engine_config.kv_events_config
+        if config is None or not config.enable_kv_cache_events:
+            return None, None
+        if not engine_config.cache_config.enable_prefix_caching:
+            logger.warning("KV cache events are on but prefix caching is off: none are made.")
+            return None, None
+        recorder = self.scheduler.kv_cache_manager.enable_kv_events()
+        return recorder, ZmqEventPublisher(config) if config.publishes else None
 
     def _check_kv_capacity(self) -> None:
         # Block 0 is the null block; one request must always fit alone or it could never run.
@@ -154,6 +174,19 @@ class EngineCore:
 
     def step(self) -> EngineCoreOutputs:
         """Schedule, run the model, and report new tokens and finished requests."""
+        outputs = self._step()
+        self._publish_kv_events()
+        return outputs
+
+    def _publish_kv_events(self) -> None:
+        """Send the KV cache events since the last call, as one batch (if any)."""
+        if self._kv_events is None:
+            return
+        events = self._kv_events.take()
+        if events and self.kv_event_publisher is not None:
+            self.kv_event_publisher.publish(events)
+
+    def _step(self) -> EngineCoreOutputs:
         if self.executor.max_concurrent_batches > 1:
             return self._step_with_batch_queue()
         scheduler = self.scheduler
@@ -242,7 +275,9 @@ class EngineCore:
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached KV block; False (nothing done) while requests hold blocks."""
-        return self.scheduler.reset_prefix_cache()
+        done = self.scheduler.reset_prefix_cache()
+        self._publish_kv_events()
+        return done
 
     def collective_rpc(self, payload: bytes) -> bytes:
         """Run an encoded call (utils/rpc.py `encode_rpc`) on every worker, between
@@ -250,8 +285,10 @@ class EngineCore:
         return cast(bytes, cloudpickle.dumps(self.executor.collective_rpc("run_rpc", payload)))
 
     def shutdown(self) -> None:
-        """Release the executor and the grammar compile threads."""
+        """Release the executor, the grammar compile threads and the events publisher."""
         self.structured_output.shutdown()
+        if self.kv_event_publisher is not None:
+            self.kv_event_publisher.shutdown()
         self.executor.shutdown()
 
 

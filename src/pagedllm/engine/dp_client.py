@@ -12,6 +12,7 @@ into one stream; the metrics see the cores' stats summed.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from concurrent.futures import Future
 from typing import Any
 
@@ -36,8 +37,8 @@ class DPAsyncMPClient(AsyncEngineCoreClient):
         self.cores: list[AsyncMPClient] = []
         try:
             with child_thread_env(threads):
-                for _ in range(size):
-                    self.cores.append(AsyncMPClient(engine_config))
+                for rank in range(size):
+                    self.cores.append(AsyncMPClient(_for_rank(engine_config, rank)))
         except BaseException:
             self.shutdown()
             raise
@@ -143,3 +144,11 @@ class DPAsyncMPClient(AsyncEngineCoreClient):
             task.cancel()
         for core in self.cores:
             core.shutdown()
+
+
+def _for_rank(engine_config: EngineConfig, rank: int) -> EngineConfig:
+    """Core `rank`'s config: its own KV-events ports (each core publishes its cache)."""
+    events = engine_config.kv_events_config
+    if events is None:
+        return engine_config
+    return dataclasses.replace(engine_config, kv_events_config=events.for_rank(rank))

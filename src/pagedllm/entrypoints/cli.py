@@ -73,6 +73,10 @@ ENGINE_ARG_HELP = {
                         "`reasoning_content` (also `reasoning`) and `content`, and structured "
                         "outputs constrain only the answer after the reasoning: deepseek_r1, "
                         "qwen3, granite, hunyuan_a13b, mistral, openai_gptoss (gpt_oss).",
+    "kv_events_config": "JSON, e.g. '{\"enable_kv_cache_events\": true, \"endpoint\": "
+                        "\"tcp://*:5557\", \"replay_endpoint\": \"tcp://*:5558\"}': publish "
+                        "the prefix cache's blocks stored / removed / cleared over ZMQ as "
+                        "vLLM's KVEventBatch (for prefix-aware routers).",
     "runner": "generate, pooling (embeddings, classification, scores), or auto (from the "
               "architecture: encoders and *ForSequenceClassification pool).",
     "convert": "embed: a generating decoder as an embedder (last-token pooling; with "
