@@ -66,6 +66,11 @@ FORBIDDEN = {
                   "pagedllm.entrypoints", "pagedllm.models", "pagedllm.layers",
                   "pagedllm.attention", "pagedllm.structured_output", "pagedllm.tool_calling",
                   "torch"],
+    # Logits-processor plugins: the interface, class loading and the rows the plugins see,
+    # called by the model runner's sampling and the frontend's checks; it calls neither.
+    "logits_processor": ["pagedllm.core", "pagedllm.engine", "pagedllm.worker",
+                         "pagedllm.entrypoints", "pagedllm.models", "pagedllm.layers",
+                         "pagedllm.attention", "pagedllm.structured_output"],
     # Pooling (embeddings, scores): config and pooling functions the runner and the
     # frontends call; it calls none of them.
     "pooling": ["pagedllm.core", "pagedllm.engine", "pagedllm.worker", "pagedllm.entrypoints",

@@ -342,3 +342,5 @@ class EngineConfig:
     parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
     # KV cache events for routers (None: off).
     kv_events_config: KVEventsConfig | None = None
+    # Logits-processor plugin classes (logits_processor/), applied to every step's logits.
+    logits_processors: tuple[type, ...] = ()

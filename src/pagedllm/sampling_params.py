@@ -11,6 +11,7 @@ import copy
 import math
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import Any
 
 from pagedllm import envs
 
@@ -152,6 +153,9 @@ class SamplingParams:
     structured_outputs: StructuredOutputsParams | None = None
     # vLLM's older name of `structured_outputs`; moved there on construction.
     guided_decoding: StructuredOutputsParams | None = None
+    # Arguments for logits-processor plugins (logits_processor/), read by their
+    # `validate_params` and `update_state` (vLLM's extra_args; the server's vllm_xargs).
+    extra_args: dict[str, Any] | None = None
     # Filled from the stop-string list: chars the detokenizer holds back while streaming.
     output_text_buffer_length: int = field(default=0, init=False)
     # Filled by the input processor from `bad_words` (it has the tokenizer): token id sequences.

@@ -25,6 +25,7 @@ from pagedllm.config import (
     StructuredOutputsConfig,
 )
 from pagedllm.logger import init_logger
+from pagedllm.logits_processor import load_logits_processors
 from pagedllm.lora.config import LoRAConfig
 from pagedllm.platform import current_platform, get_platform
 from pagedllm.pooling.config import PoolerConfig
@@ -92,6 +93,8 @@ class EngineArgs:
     reasoning_parser: str | None = None
     # KV cache events for prefix-aware routers, published over ZMQ (vLLM's).
     kv_events_config: dict | str | KVEventsConfig | None = None
+    # Logits-processor plugins: classes or "module:Class" names (vLLM's).
+    logits_processors: list[Any] | None = None
     runner: str = "auto"
     convert: str = "auto"
     pooler_config: dict | str | PoolerConfig | None = None
@@ -146,7 +149,18 @@ class EngineArgs:
             lora_config=self._lora_config(model_config),
             parallel_config=self._parallel_config(model_config),
             kv_events_config=self._kv_events_config(),
+            logits_processors=self._logits_processors(model_config),
         )
+
+    def _logits_processors(self, model_config: ModelConfig) -> tuple[type, ...]:
+        """The plugin classes (installed ones, then the given ones), checked."""
+        classes = load_logits_processors(self.logits_processors)
+        if classes and model_config.runner != "generate":
+            raise ValueError("logits_processors apply to generating models only.")
+        if classes and self.speculative_config is not None:
+            raise ValueError("logits_processors with speculative_config are not supported: "
+                             "a plugin sees one logits row per request.")
+        return classes
 
     def _kv_events_config(self) -> KVEventsConfig | None:
         """The user's kv_events_config (a dict, JSON text or the config), checked."""

@@ -76,6 +76,8 @@ class InputProcessor:
             added to each request's stop_token_ids unless it sets ignore_eos.
         mm_processor: a vision-language model's processor of images / videos (None: the
             model reads text only, and prompts with multi_modal_data are refused).
+        max_logprobs: the most logprobs a request may ask for.
+        logits_processors: the engine's logits-processor plugin classes.
     """
 
     def __init__(
@@ -84,8 +86,11 @@ class InputProcessor:
         end_of_turn_ids: tuple[int, ...] = (),
         mm_processor: MultiModalProcessor | None = None,
         max_logprobs: int = 20,
+        logits_processors: tuple[type, ...] = (),
     ) -> None:
         self.tokenizer = tokenizer
+        # Plugin classes: each checks a request's arguments (extra_args) on arrival.
+        self.logits_processors = logits_processors
         self.max_logprobs = max_logprobs
         self.mm_processor = mm_processor
         self.end_of_turn_ids = end_of_turn_ids
@@ -114,6 +119,10 @@ class InputProcessor:
         if params.structured_outputs is not None:
             # A bad schema fails here, not queued.
             check_constraint(params.structured_outputs, self.grammar_backend)
+        if params.extra_args is not None and not isinstance(params.extra_args, dict):
+            raise ValueError(f"extra_args must be a dict, got {type(params.extra_args).__name__}.")
+        for processor_class in self.logits_processors:
+            processor_class.validate_params(params)  # type: ignore[attr-defined]
         processed = self.tokenize(prompt, add_special_tokens)
         self._check_prompt(processed.prompt_token_ids)
         params = self._resolve_params(params, len(processed.prompt_token_ids))

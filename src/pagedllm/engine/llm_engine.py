@@ -70,6 +70,7 @@ class LLMEngine:
             get_end_of_turn_ids(self.tokenizer, model_config.hf_config, eos_token_id),
             mm_processor=make_mm_processor(model_config),
             max_logprobs=model_config.max_logprobs,
+            logits_processors=engine_config.logits_processors,
         )
         self.supported_tasks = model_config.supported_tasks
         self.input_processor.supported_tasks = self.supported_tasks

@@ -27,6 +27,7 @@ import torch
 from pagedllm.layers.logits_processors import adjusts_logits
 from pagedllm.layers.logprobs import compute_listed_logprobs, compute_token_logprobs
 from pagedllm.layers.sampler import min_tokens_banned
+from pagedllm.logits_processor import CustomLogitsProcessors
 from pagedllm.spec_decode.rejection_sampler import DraftLayout, RejectionSampler, accept_greedy
 from pagedllm.spec_decode.verify import build_verify_metadata
 from pagedllm.structured_output.bitmask import apply_grammar_bitmask
@@ -65,10 +66,13 @@ class SamplingPipeline:
             to the driver rank.
     """
 
-    def __init__(self, model: CausalLM, device: torch.device, samples: bool = True) -> None:
+    def __init__(self, model: CausalLM, device: torch.device, samples: bool = True,
+                 custom: CustomLogitsProcessors | None = None) -> None:
         self.model = model
         self.device = device
         self.samples = samples
+        # The engine's logits-processor plugins (logits_processor/), applied batch-wise.
+        self.custom = custom
         self.rejection_sampler = RejectionSampler()
         # request id -> [drafts, vocab] the distribution its pending drafts were drawn from
         # (recorded by the speculative decoding hook).
@@ -85,7 +89,9 @@ class SamplingPipeline:
         constrained = step.scheduler_output.structured_output_request_ids
         rows_hidden = _sample_rows_hidden(step, hidden_states)
         finite = finite_rows(rows_hidden)
-        if not constrained and all(_only_argmax(s) for s in states):
+        custom = self.custom
+        plugins_bind = custom is not None and not custom.argmax_invariant
+        if not constrained and not plugins_bind and all(_only_argmax(s) for s in states):
             # No sampling metadata needed: the LM head picks each row's argmax directly.
             tokens = self.model.compute_greedy_tokens(rows_hidden).tolist()
             return SampleResult(accept_greedy(layout, tokens), {}, _failed(finite, layout))
@@ -101,6 +107,7 @@ class SamplingPipeline:
             metadata.all_greedy
             and metadata.logits_processors is None
             and not constrained
+            and custom is None
             and all(s.sampling_params.logprobs is None for s in states)
         )
         # Rows whose forward went non-finite get zero logits on the device (no host sync
@@ -108,6 +115,8 @@ class SamplingPipeline:
         # fail (read after the tokens' copy).
         logits = self.model.compute_logits(rows_hidden, argmax_only).float()
         logits.masked_fill_(~finite.unsqueeze(1), 0.0)  # [rows, vocab]
+        if custom is not None:  # one row per request: plugins and drafts do not mix
+            logits = custom.apply(states, logits)
         if constrained:  # a bitmask row for each position a constrained request verifies
             index = {s.request_id: i for i, s in enumerate(states)}
             rows = [

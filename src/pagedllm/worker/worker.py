@@ -29,6 +29,7 @@ from pagedllm.core.sched_output import SchedulerOutput
 from pagedllm.distributed.parallel_state import get_pp_group, get_world_group
 from pagedllm.layers.attention import Attention
 from pagedllm.logger import init_logger
+from pagedllm.logits_processor import CustomLogitsProcessors
 from pagedllm.model_loader.loader import get_model
 from pagedllm.platform import get_platform
 from pagedllm.pooling.model_pooler import ModelPooler
@@ -97,6 +98,9 @@ class Worker:
             kv_cache_groups=self.kv_cache_spec.groups,
             activation_dtype=self.dtype,
         )
+        if engine_config.logits_processors:  # the plugins, built once per worker
+            self.model_runner.sampling.custom = CustomLogitsProcessors(
+                engine_config.logits_processors, engine_config, self.device)
         self.lora_manager = self._make_lora_manager()
         self.model_runner.hooks.extend(self._make_step_hooks())
         self.model_runner.contexts_rewritten = engine_config.speculative_config is not None

@@ -11,7 +11,9 @@ from .conftest import MODEL_NAME
 
 BASE = {"model": MODEL_NAME, "prompt": "Hello", "max_tokens": 2, "temperature": 0}
 CHANGED = {"return_token_offsets": True, "thinking_token_budget": 5, "stream_interval": 4,
-           "return_prompt_text": True, "truncation_side": "right", "vllm_xargs": {"a": 1}}
+           "return_prompt_text": True, "truncation_side": "right",
+           # Per-request processors (vLLM v1 refuses them too; engine plugins are built).
+           "logits_processors": ["pkg.mod:Proc"]}
 
 
 @pytest.mark.parametrize("field", sorted(CHANGED))

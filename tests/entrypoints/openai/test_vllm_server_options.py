@@ -2,8 +2,8 @@
 --max-logprobs (and a request's -1 logprobs counted as the vocabulary), --root-path behind a
 proxy, --enable-request-id-headers, --enable-force-include-usage,
 --return-tokens-as-token-ids, /tokenizer_info, /load, --generation-config,
---enable-per-request-metrics, ORCA load reports, the flags accepted for compatibility, and
-SageMaker's /invocations."""
+--enable-per-request-metrics, ORCA load reports, --logits-processors with vllm_xargs, the
+flags accepted for compatibility, and SageMaker's /invocations."""
 
 from __future__ import annotations
 
@@ -28,7 +28,8 @@ def server(tiny_llama_dir, tmp_path_factory) -> Iterator[RunningServer]:
          "--return-tokens-as-token-ids", "--enable-tokenizer-info-endpoint",
          "--enable-server-load-tracking", "--enable-prompt-tokens-details",
          "--show-hidden-metrics-for-version", "0.32", "--generation-config", "vllm",
-         "--enable-per-request-metrics"],
+         "--enable-per-request-metrics", "--logits-processors",
+         "tests.logits_processor.test_plugins:TargetTokenProcessor"],
         tmp / "server.log")
     yield running
     stop_server(running)
@@ -245,3 +246,21 @@ def test_orca_load_report_when_asked(http, fmt):
     odd = http.post("/v1/completions", json=_completion(),
                     headers={"endpoint-load-metrics-format": "BIN"})
     assert odd.status_code == 200 and "endpoint-load-metrics" not in odd.headers
+
+
+def test_logits_processor_plugin_takes_vllm_xargs(http):
+    target = 77
+    completion = http.post("/v1/completions", json=_completion(
+        max_tokens=4, ignore_eos=True, return_token_ids=True,
+        vllm_xargs={"target_token": target}))
+    assert completion.status_code == 200, completion.text
+    assert completion.json()["choices"][0]["token_ids"] == [target] * 4
+    chat = http.post("/v1/chat/completions", json={
+        "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
+        "ignore_eos": True, "return_token_ids": True, "vllm_xargs": {"target_token": target}})
+    assert chat.json()["choices"][0]["token_ids"] == [target] * 3
+    # The plugin's validate_params refuses a bad argument: 400, and the server serves on.
+    bad = http.post("/v1/completions", json=_completion(vllm_xargs={"target_token": "x"}))
+    assert bad.status_code == 400 and "is not int" in bad.json()["error"]["message"]
+    plain = http.post("/v1/completions", json=_completion(return_token_ids=True))
+    assert plain.json()["choices"][0]["token_ids"] != [target] * 3

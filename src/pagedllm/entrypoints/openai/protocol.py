@@ -37,7 +37,7 @@ UNBUILT_VLLM_FIELDS: dict[str, Any] = {
     "prompt_embeds": None, "return_token_offsets": False, "return_prompt_text": False,
     "return_mm_kwargs": False,
     "kv_transfer_params": None, "ec_transfer_params": None,
-    "vllm_xargs": None, "repetition_detection": None, "thinking_token_budget": None,
+    "repetition_detection": None, "thinking_token_budget": None,
     "stream_interval": 1, "logits_processors": None,
     "documents": None, "mm_processor_kwargs": None, "media_io_kwargs": None,
     "truncation_side": "left", "routed_experts_prompt_start": None,
@@ -123,6 +123,9 @@ class SamplingExtras(OpenAIBaseModel):
     logprob_token_ids: list[int] | None = None
     # vLLM's cache_salt: only requests with the same salt share prefix-cache blocks.
     cache_salt: str | None = None
+    # vLLM's vllm_xargs: arguments for the engine's logits-processor plugins (they become
+    # SamplingParams.extra_args).
+    vllm_xargs: dict[str, str | int | float | list[str | int | float]] | None = None
 
     @model_validator(mode="after")
     def _check_stream_fields(self) -> SamplingExtras:

@@ -217,6 +217,7 @@ def build_sampling_params(
         skip_special_tokens=request.skip_special_tokens,
         spaces_between_special_tokens=request.spaces_between_special_tokens,
         output_kind=RequestOutputKind.DELTA if request.stream else RequestOutputKind.FINAL_ONLY,
+        extra_args=dict(request.vllm_xargs) if request.vllm_xargs else None,
     )
     optional = {
         "presence_penalty": request.presence_penalty or 0.0,
