@@ -63,6 +63,8 @@ class ModelConfig:
             (a request's own override them).
         max_logprobs: most logprobs (sample or prompt) a request may ask for; -1: the whole
             vocabulary (vLLM's --max-logprobs; a request's -1 counts as the vocabulary).
+        enable_sleep_mode: the engine may `sleep` (give its KV cache and weights back while
+            idle) and `wake_up` (vLLM's sleep mode).
     """
 
     model: str
@@ -84,6 +86,7 @@ class ModelConfig:
     limit_mm_per_prompt: dict[str, int] | None = field(default=None, compare=False)
     mm_processor_kwargs: dict[str, Any] | None = field(default=None, compare=False)
     max_logprobs: int = 20
+    enable_sleep_mode: bool = False
 
     @property
     def text_config(self) -> Any:

@@ -74,6 +74,8 @@ class EngineArgs:
     seed: int = 0
     max_model_len: int | None = None
     max_logprobs: int = 20
+    # vLLM's sleep mode: LLM.sleep / wake_up (and the server's /sleep, /wake_up routes).
+    enable_sleep_mode: bool = False
     block_size: int = 16
     max_num_seqs: int = 256
     max_num_batched_tokens: int | None = None
@@ -510,6 +512,7 @@ class EngineArgs:
             pooler_config=pooler_config,
             enforce_eager=self.enforce_eager,
             max_logprobs=self.max_logprobs,
+            enable_sleep_mode=self.enable_sleep_mode,
             **self._multimodal_options(architecture),
         )
 

@@ -113,6 +113,21 @@ class AsyncLLM:
         """Forget every cached KV block (every core's); False when requests held blocks."""
         return await self.engine_core.reset_prefix_cache_async()
 
+    async def sleep(self, level: int = 1) -> None:
+        """Give the KV cache (level 1) and the weights (level 2) back while idle (vLLM's
+        sleep, mode "abort": running requests end with finish_reason "abort"). Requests
+        that arrive meanwhile wait for `wake_up`."""
+        await self.abort(list(self._queues))
+        await asyncio.wrap_future(self.engine_core.call_utility("sleep", level))
+
+    async def wake_up(self, tags: list[str] | None = None) -> None:
+        """Take back what `sleep` gave ("weights", "kv_cache"; None: both)."""
+        await asyncio.wrap_future(self.engine_core.call_utility("wake_up", tags))
+
+    async def is_sleeping(self) -> bool:
+        """True while the engine sleeps."""
+        return bool(await asyncio.wrap_future(self.engine_core.call_utility("is_sleeping")))
+
     @property
     def latest_scheduler_stats(self) -> SchedulerStats | None:
         """The scheduler's counts after the latest step (None before the first)."""

@@ -67,6 +67,7 @@ class EngineCore:
         self._check_kv_capacity()
         self._loras_to_remove: set[int] = set()  # asked to go, waiting for their requests
         self._kv_events, self.kv_event_publisher = self._start_kv_events(engine_config)
+        self.sleeping = False  # sleep mode: the workers gave memory back
         model_config = engine_config.model_config
         self.structured_output = StructuredOutputManager(
             lambda: get_tokenizer(model_config.model_dir, model_config.gguf_file),
@@ -173,7 +174,10 @@ class EngineCore:
             self._loras_to_remove.discard(lora_id)
 
     def step(self) -> EngineCoreOutputs:
-        """Schedule, run the model, and report new tokens and finished requests."""
+        """Schedule, run the model, and report new tokens and finished requests (nothing
+        while asleep)."""
+        if self.sleeping:
+            return EngineCoreOutputs()
         outputs = self._step()
         self._publish_kv_events()
         return outputs
@@ -278,6 +282,40 @@ class EngineCore:
         done = self.scheduler.reset_prefix_cache()
         self._publish_kv_events()
         return done
+
+    # ------------------------------------------------------------------ sleep mode
+
+    def sleep(self, level: int = 1) -> None:
+        """Give the KV cache (level 1) and the weights (level 2) back while idle; requests
+        added meanwhile wait for `wake_up`. ValueError while requests run."""
+        if not self.config.model_config.enable_sleep_mode:
+            raise ValueError("Sleep mode is off: start the engine with enable_sleep_mode=True "
+                             "(--enable-sleep-mode).")
+        if level not in (1, 2):
+            raise ValueError(f"sleep level must be 1 or 2, got {level}.")
+        if self.has_unfinished_requests():
+            raise ValueError("The engine cannot sleep while requests run: wait for them or "
+                             "abort them first.")
+        self.scheduler.reset_prefix_cache()  # the cache's contents are given back too
+        self._publish_kv_events()
+        self.executor.collective_rpc("sleep", level)
+        self.sleeping = True
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Take back what `sleep` gave ("weights", "kv_cache"; None: both); scheduling
+        resumes once nothing is left asleep."""
+        self.executor.collective_rpc("wake_up", tags)
+        self.sleeping = any(self.executor.collective_rpc("is_sleeping"))
+
+    def is_sleeping(self) -> bool:
+        """True between `sleep` and the `wake_up` that takes everything back."""
+        return self.sleeping
+
+    def can_step(self) -> bool:
+        """Whether a step has anything to do (nothing while asleep: requests wait)."""
+        if self.sleeping:
+            return False
+        return self.has_unfinished_requests() or self.scheduler.has_finished_requests()
 
     def collective_rpc(self, payload: bytes) -> bytes:
         """Run an encoded call (utils/rpc.py `encode_rpc`) on every worker, between

@@ -150,8 +150,7 @@ class ThreadedCoreClient(AsyncEngineCoreClient):
                 payload[1].set_exception(EngineDeadError("The engine core is not running."))
 
     def _has_work(self) -> bool:
-        core = self.engine_core
-        return core.has_unfinished_requests() or core.scheduler.has_finished_requests()
+        return self.engine_core.can_step()
 
     def _process_inputs(self, block: bool) -> bool:
         """Apply every queued message (waiting for one if `block`); False on shutdown."""

@@ -211,6 +211,19 @@ class LLMEngine:
         """Ids of the LoRA adapters loaded in the core."""
         return set(self.engine_core.call_utility("list_loras").result())
 
+    def sleep(self, level: int = 1) -> None:
+        """Give the KV cache (level 1) and the weights (level 2) back while idle (vLLM's
+        sleep mode; needs enable_sleep_mode). ValueError while requests run."""
+        self.engine_core.call_utility("sleep", level).result()
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Take back what `sleep` gave ("weights", "kv_cache"; None: both)."""
+        self.engine_core.call_utility("wake_up", tags).result()
+
+    def is_sleeping(self) -> bool:
+        """True while the engine sleeps."""
+        return bool(self.engine_core.call_utility("is_sleeping").result())
+
     def collective_rpc(
         self, method: str | Callable[..., Any], timeout: float | None = None,
         args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None,

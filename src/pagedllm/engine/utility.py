@@ -16,7 +16,7 @@ from pagedllm.engine.protocol import UtilityRequest, UtilityResult
 # EngineCore methods the frontend may call by name.
 UTILITY_METHODS = frozenset({
     "reset_prefix_cache", "has_unfinished_requests", "add_lora", "remove_lora", "list_loras",
-    "dashboard_snapshot", "collective_rpc",
+    "dashboard_snapshot", "collective_rpc", "sleep", "wake_up", "is_sleeping",
 })
 
 

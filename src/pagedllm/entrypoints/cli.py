@@ -47,6 +47,9 @@ ENGINE_ARG_HELP = {
     "enforce_eager": "Run every step eagerly: no CUDA graphs for decode steps (CUDA only).",
     "seed": "Seed of requests that bring none.",
     "max_model_len": "Longest prompt + output in tokens (default: the model's context length).",
+    "enable_sleep_mode": "Let the engine sleep while idle (give its KV cache, and at level "
+                         "2 its weights, back) and wake up: LLM.sleep / wake_up, and the "
+                         "server's POST /sleep?level=N, POST /wake_up, GET /is_sleeping.",
     "max_logprobs": "Most logprobs (sample or prompt) a request may ask for; -1: the whole "
                     "vocabulary (a request's -1 asks for it, so it needs -1 here).",
     "block_size": "Tokens per KV-cache block.",

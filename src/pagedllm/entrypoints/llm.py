@@ -112,6 +112,17 @@ class LLM(PoolingMethods):
         """Forget the prefix cache (as vLLM's); False while requests hold KV blocks."""
         return self.llm_engine.reset_prefix_cache()
 
+    def sleep(self, level: int = 1) -> None:
+        """Give memory back while idle (vLLM's sleep mode; needs enable_sleep_mode=True):
+        level 1 frees the KV cache (and forgets the prefix cache), level 2 the weights too
+        (`wake_up` reloads them from the checkpoint). Generating while asleep is a
+        ValueError."""
+        self.llm_engine.sleep(level)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Take back what `sleep` gave: "weights", "kv_cache", or both (None)."""
+        self.llm_engine.wake_up(tags)
+
     def collective_rpc(
         self, method: str | Callable[..., Any], timeout: float | None = None,
         args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None,
@@ -248,6 +259,10 @@ class LLM(PoolingMethods):
         priority: list[int] | None = None,
         lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
+        if self.llm_engine.engine_config.model_config.enable_sleep_mode and (
+            self.llm_engine.is_sleeping()
+        ):
+            raise ValueError("The engine is sleeping: call wake_up() before generating.")
         params_list = _as_params_list(sampling_params, len(prompts))
         loras = _as_lora_list(lora_request, len(prompts))
         if priority is not None and len(priority) != len(prompts):

@@ -12,6 +12,7 @@ groups and no blocks.
 
 from __future__ import annotations
 
+import gc
 import math
 import time
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ from pagedllm.worker.decode_step.cuda_graphs import DecodeGraphs, default_captur
 from pagedllm.worker.fault_injection import install_fault_injection
 from pagedllm.worker.model_runner import ModelRunner
 from pagedllm.worker.outputs import ModelRunnerOutput
+from pagedllm.worker.sleep_mode import WAKE_UP_TAGS, SleepMode
 from pagedllm.worker.step_hooks import StepHook
 from pagedllm.worker.step_hooks.lora import LoRAHook
 from pagedllm.worker.step_hooks.multimodal import MultiModalHook
@@ -89,6 +91,12 @@ class Worker:
         self.host_kv_caches = self._allocate_host_kv_caches()
         # One tensor per slot; the runner sees them per layer.
         self.kv_caches = self._allocate_kv_caches()
+        self.sleep_mode = SleepMode()
+        self._build_runner()
+
+    def _build_runner(self) -> None:
+        """The model runner over the model and the KV caches, its hooks, its fast path."""
+        engine_config = self.config
         self.model_runner = ModelRunner(
             self.model,
             self.backend,
@@ -98,13 +106,55 @@ class Worker:
             kv_cache_groups=self.kv_cache_spec.groups,
             activation_dtype=self.dtype,
         )
-        if engine_config.logits_processors:  # the plugins, built once per worker
+        if engine_config.logits_processors:  # the plugins, built once per runner
             self.model_runner.sampling.custom = CustomLogitsProcessors(
                 engine_config.logits_processors, engine_config, self.device)
         self.lora_manager = self._make_lora_manager()
         self.model_runner.hooks.extend(self._make_step_hooks())
         self.model_runner.contexts_rewritten = engine_config.speculative_config is not None
         self.model_runner.decode_step = self._build_decode_step()
+
+    # ------------------------------------------------------------------ sleep mode
+
+    def sleep(self, level: int = 1) -> None:
+        """Give memory back while idle (vLLM's sleep mode; worker/sleep_mode.py): level 1
+        frees the KV cache, level 2 the weights too (reloaded from the checkpoint)."""
+        if level not in (1, 2):
+            raise ValueError(f"sleep level must be 1 or 2, got {level}.")
+        if level == 2 and self.lora_manager is not None and self.lora_manager.loaded_ids():
+            raise ValueError("sleep level 2 reloads the weights and would drop the loaded "
+                             "LoRA adapters: remove them first, or use level 1.")
+        self.sleep_mode.release_kv_caches([*self.kv_caches, *self.host_kv_caches])
+        if level == 2 and not self.sleep_mode.weights_released:
+            self.model = None  # type: ignore[assignment]
+            self.model_runner = None  # type: ignore[assignment]
+            self.lora_manager = None
+            self.sleep_mode.weights_released = True
+        gc.collect()
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Take back what `sleep` gave (`tags`: "weights", "kv_cache"; None: both)."""
+        tags = list(tags) if tags else list(WAKE_UP_TAGS)
+        unknown = set(tags) - set(WAKE_UP_TAGS)
+        if unknown:
+            raise ValueError(f"wake_up tags must be among {list(WAKE_UP_TAGS)}, got "
+                             f"{sorted(unknown)}.")
+        if "weights" in tags and self.sleep_mode.weights_released:
+            self.model = get_model(self.config.model_config, str(self.device))
+            install_fault_injection(self.model)  # only when a test asks for it
+            self.sleep_mode.weights_released = False
+            self._build_runner()
+        if "kv_cache" in tags and self.sleep_mode.kv_released:
+            self.sleep_mode.restore_kv_caches(
+                [*self.kv_caches, *self.host_kv_caches], self._block_dim(),
+                zero_all=self.platform.prefaults_kv_cache())
+        if not self.is_sleeping() and self.model_runner is not None:
+            # The fast path holds the caches' and weights' addresses: take the new ones.
+            self.model_runner.decode_step = self._build_decode_step()
+
+    def is_sleeping(self) -> bool:
+        """True while the KV cache or the weights are given back."""
+        return self.sleep_mode.kv_released or self.sleep_mode.weights_released
 
     def _make_step_hooks(self) -> list[StepHook]:
         """The runner's step hooks this configuration asks for (worker/step_hooks/)."""

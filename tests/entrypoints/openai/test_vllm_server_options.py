@@ -2,8 +2,8 @@
 --max-logprobs (and a request's -1 logprobs counted as the vocabulary), --root-path behind a
 proxy, --enable-request-id-headers, --enable-force-include-usage,
 --return-tokens-as-token-ids, /tokenizer_info, /load, --generation-config,
---enable-per-request-metrics, ORCA load reports, --logits-processors with vllm_xargs, the
-flags accepted for compatibility, and SageMaker's /invocations."""
+--enable-per-request-metrics, ORCA load reports, --logits-processors with vllm_xargs, sleep
+mode's routes, the flags accepted for compatibility, and SageMaker's /invocations."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def server(tiny_llama_dir, tmp_path_factory) -> Iterator[RunningServer]:
          "--return-tokens-as-token-ids", "--enable-tokenizer-info-endpoint",
          "--enable-server-load-tracking", "--enable-prompt-tokens-details",
          "--show-hidden-metrics-for-version", "0.32", "--generation-config", "vllm",
-         "--enable-per-request-metrics", "--logits-processors",
+         "--enable-per-request-metrics", "--enable-sleep-mode", "--logits-processors",
          "tests.logits_processor.test_plugins:TargetTokenProcessor"],
         tmp / "server.log")
     yield running
@@ -264,3 +264,29 @@ def test_logits_processor_plugin_takes_vllm_xargs(http):
     assert bad.status_code == 400 and "is not int" in bad.json()["error"]["message"]
     plain = http.post("/v1/completions", json=_completion(return_token_ids=True))
     assert plain.json()["choices"][0]["token_ids"] != [target] * 3
+
+
+def test_sleep_routes_hold_requests_until_wake_up(http, server):
+    import threading
+
+    assert http.get("/is_sleeping").json() == {"is_sleeping": False}
+    expected = http.post("/v1/completions", json=_completion(return_token_ids=True)).json()
+    assert http.post("/sleep", params={"level": 1}).status_code == 200
+    try:
+        assert http.get("/is_sleeping").json() == {"is_sleeping": True}
+        # A request sent while asleep waits, then is answered after /wake_up.
+        answers = []
+        thread = threading.Thread(target=lambda: answers.append(http.post(
+            "/v1/completions", json=_completion(return_token_ids=True), timeout=60)))
+        thread.start()
+        thread.join(timeout=1.5)
+        assert thread.is_alive() and not answers
+    finally:
+        assert http.post("/wake_up", params={"tags": ["kv_cache", "weights"]}).status_code == 200
+    thread.join(timeout=60)
+    assert answers[0].status_code == 200
+    assert answers[0].json()["choices"][0]["token_ids"] == expected["choices"][0]["token_ids"]
+    assert http.get("/is_sleeping").json() == {"is_sleeping": False}
+    bad = http.post("/sleep", params={"level": 5})
+    assert bad.status_code == 400 and "level must be 1 or 2" in bad.json()["error"]["message"]
+    assert http.get("/is_sleeping").json() == {"is_sleeping": False}

@@ -19,10 +19,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from functools import wraps
 from http import HTTPStatus
-from typing import Any
+from typing import Annotated, Any
 
 import uvicorn
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -80,6 +80,7 @@ lora_router = APIRouter()
 # Opened by --enable-tokenizer-info-endpoint and --enable-server-load-tracking.
 tokenizer_info_router = APIRouter()
 load_router = APIRouter()
+sleep_router = APIRouter()  # with --enable-sleep-mode
 
 
 def _handlers(request: Request) -> Any:
@@ -214,6 +215,31 @@ async def reset_prefix_cache(raw_request: Request) -> Response:
         return Response(status_code=200)
     raise APIError("Requests are running: the prefix cache was not reset; retry when idle.",
                    HTTPStatus.CONFLICT)
+
+
+@sleep_router.post("/sleep")
+@_answer_errors
+async def sleep(raw_request: Request, level: int = 1) -> Response:
+    """Give the KV cache (level 1) and the weights (level 2) back (vLLM's route; running
+    requests are aborted, new ones wait for /wake_up)."""
+    await _handlers(raw_request).engine.sleep(level)
+    return Response(status_code=200)
+
+
+@sleep_router.post("/wake_up")
+@_answer_errors
+async def wake_up(raw_request: Request, tags: Annotated[list[str] | None, Query()] = None
+                  ) -> Response:
+    """Take back what /sleep gave (`?tags=weights&tags=kv_cache`; none: everything)."""
+    await _handlers(raw_request).engine.wake_up(tags or None)
+    return Response(status_code=200)
+
+
+@sleep_router.get("/is_sleeping")
+@_answer_errors
+async def is_sleeping(raw_request: Request) -> JSONResponse:
+    """`{"is_sleeping": bool}`."""
+    return JSONResponse({"is_sleeping": await _handlers(raw_request).engine.is_sleeping()})
 
 
 @router.get("/server_info")
@@ -449,6 +475,8 @@ def build_app(engine: AsyncLLM, server_args: ServerArgs, model: str | None = Non
         app.add_middleware(APIKeyMiddleware, api_key=api_key)
     if server_args.enable_tokenizer_info_endpoint:
         app.include_router(tokenizer_info_router)
+    if engine.engine_config.model_config.enable_sleep_mode:
+        app.include_router(sleep_router)
     if server_args.enable_server_load_tracking:
         state.server_load = 0
         app.include_router(load_router)
