@@ -65,6 +65,8 @@ class ModelConfig:
             vocabulary (vLLM's --max-logprobs; a request's -1 counts as the vocabulary).
         enable_sleep_mode: the engine may `sleep` (give its KV cache and weights back while
             idle) and `wake_up` (vLLM's sleep mode).
+        enable_prompt_embeds: prompts may come as embeddings (`{"prompt_embeds": tensor}`;
+            multimodal/prompt_embeds.py).
     """
 
     model: str
@@ -87,6 +89,7 @@ class ModelConfig:
     mm_processor_kwargs: dict[str, Any] | None = field(default=None, compare=False)
     max_logprobs: int = 20
     enable_sleep_mode: bool = False
+    enable_prompt_embeds: bool = False
 
     @property
     def text_config(self) -> Any:

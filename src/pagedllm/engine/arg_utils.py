@@ -44,13 +44,17 @@ _DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
 
 def _encoder_budget(model_config: ModelConfig, token_budget: int) -> dict[str, int]:
     """A vision-language model's encoder budget and cache size, in embedding rows: the
-    step's token budget, but at least the largest item (vLLM's compute_mm_encoder_budget).
-    Nothing for a text-only model."""
+    step's token budget, but at least the largest item (vLLM's compute_mm_encoder_budget);
+    with prompt embeddings, at least a whole prompt's rows. Nothing for a text-only model
+    without them."""
     from pagedllm.multimodal.layouts import layout_class
 
     layout = layout_class(model_config.architecture)
     if layout is None:
-        return {}
+        if not model_config.enable_prompt_embeds:
+            return {}
+        rows = max(token_budget, model_config.max_model_len)
+        return {"max_num_encoder_input_tokens": rows, "encoder_cache_size": rows}
     largest = layout.max_tokens_per_item(model_config.hf_config)
     if layout.bidirectional and token_budget < largest:
         raise ValueError(
@@ -59,6 +63,8 @@ def _encoder_budget(model_config: ModelConfig, token_budget: int) -> dict[str, i
             "attend to each other both ways); raise it."
         )
     rows = max(token_budget, largest)
+    if model_config.enable_prompt_embeds:
+        rows = max(rows, model_config.max_model_len)
     return {"max_num_encoder_input_tokens": rows, "encoder_cache_size": rows}
 
 
@@ -76,6 +82,8 @@ class EngineArgs:
     max_logprobs: int = 20
     # vLLM's sleep mode: LLM.sleep / wake_up (and the server's /sleep, /wake_up routes).
     enable_sleep_mode: bool = False
+    # Prompts given as embeddings ({"prompt_embeds": tensor}; the server's prompt_embeds).
+    enable_prompt_embeds: bool = False
     block_size: int = 16
     max_num_seqs: int = 256
     max_num_batched_tokens: int | None = None
@@ -513,6 +521,7 @@ class EngineArgs:
             enforce_eager=self.enforce_eager,
             max_logprobs=self.max_logprobs,
             enable_sleep_mode=self.enable_sleep_mode,
+            enable_prompt_embeds=self.enable_prompt_embeds,
             **self._multimodal_options(architecture),
         )
 

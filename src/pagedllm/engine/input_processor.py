@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from pagedllm.config import ModelConfig
 from pagedllm.engine.protocol import EngineCoreRequest
 from pagedllm.multimodal.inputs import MultiModalFeature
+from pagedllm.multimodal.prompt_embeds import prompt_embeds_item
 from pagedllm.pooling_params import PoolingParams
 from pagedllm.request import RequestData
 from pagedllm.sampling_params import SamplingParams
@@ -78,6 +79,8 @@ class InputProcessor:
             model reads text only, and prompts with multi_modal_data are refused).
         max_logprobs: the most logprobs a request may ask for.
         logits_processors: the engine's logits-processor plugin classes.
+        prompt_embeds_hidden_size: the hidden size prompt embeddings must have; None:
+            `prompt_embeds` prompts are refused (enable_prompt_embeds is off).
     """
 
     def __init__(
@@ -87,10 +90,13 @@ class InputProcessor:
         mm_processor: MultiModalProcessor | None = None,
         max_logprobs: int = 20,
         logits_processors: tuple[type, ...] = (),
+        prompt_embeds_hidden_size: int | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         # Plugin classes: each checks a request's arguments (extra_args) on arrival.
         self.logits_processors = logits_processors
+        # The model's hidden size when prompts may come as embeddings (None: they may not).
+        self.hidden_size = prompt_embeds_hidden_size
         self.max_logprobs = max_logprobs
         self.mm_processor = mm_processor
         self.end_of_turn_ids = end_of_turn_ids
@@ -226,6 +232,8 @@ class InputProcessor:
         if isinstance(prompt, str):
             ids = self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
             return ProcessedPrompt(prompt, list(ids))
+        if isinstance(prompt, dict) and prompt.get("prompt_embeds") is not None:
+            return self._process_prompt_embeds(prompt)
         if isinstance(prompt, dict) and prompt.get("multi_modal_data") is not None:
             return self._process_multimodal(prompt, add_special_tokens)
         if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
@@ -254,6 +262,19 @@ class InputProcessor:
             "A prompt must be a string, {'prompt': str} or {'prompt_token_ids': list[int]}, "
             f"got {type(prompt).__name__}."
         )
+
+    def _process_prompt_embeds(self, prompt: dict[str, Any]) -> ProcessedPrompt:
+        """`{"prompt_embeds": [N, hidden] tensor}`: N placeholder ids and the one item that
+        gives their embeddings (multimodal/prompt_embeds.py)."""
+        if self.hidden_size is None:
+            raise ValueError("prompt_embeds: start the engine with enable_prompt_embeds=True "
+                             "(--enable-prompt-embeds).")
+        if prompt.get("multi_modal_data") is not None or "prompt_token_ids" in prompt:
+            raise ValueError("prompt_embeds is a whole prompt: give it without "
+                             "prompt_token_ids or multi_modal_data.")
+        ids, feature = prompt_embeds_item(prompt["prompt_embeds"], self.hidden_size,
+                                          self.max_model_len)
+        return ProcessedPrompt(None, ids, None, [feature])
 
     def _process_multimodal(
         self, prompt: dict[str, Any], add_special_tokens: bool

@@ -71,6 +71,8 @@ class LLMEngine:
             mm_processor=make_mm_processor(model_config),
             max_logprobs=model_config.max_logprobs,
             logits_processors=engine_config.logits_processors,
+            prompt_embeds_hidden_size=(model_config.text_config.hidden_size
+                                       if model_config.enable_prompt_embeds else None),
         )
         self.supported_tasks = model_config.supported_tasks
         self.input_processor.supported_tasks = self.supported_tasks

@@ -47,6 +47,9 @@ ENGINE_ARG_HELP = {
     "enforce_eager": "Run every step eagerly: no CUDA graphs for decode steps (CUDA only).",
     "seed": "Seed of requests that bring none.",
     "max_model_len": "Longest prompt + output in tokens (default: the model's context length).",
+    "enable_prompt_embeds": "Take prompts as embeddings: offline {\"prompt_embeds\": tensor "
+                            "[N, hidden]}, in /v1/completions `prompt_embeds` (base64 of "
+                            "torch.save(tensor)).",
     "enable_sleep_mode": "Let the engine sleep while idle (give its KV cache, and at level "
                          "2 its weights, back) and wake up: LLM.sleep / wake_up, and the "
                          "server's POST /sleep?level=N, POST /wake_up, GET /is_sleeping.",

@@ -38,6 +38,7 @@ from pagedllm.layers.parallel_linear import (
 )
 from pagedllm.layers.quantization import GroupCodes
 from pagedllm.layers.rotary import MRotaryEmbedding, RotaryEmbedding
+from pagedllm.models.interfaces import MultiModalEmbeddings
 from pagedllm.models.spec import DecoderSpec, MoESpec, RopeSpec
 
 __all__ = ["DecoderForCausalLM", "DecoderSpec", "MoESpec", "RopeSpec", "load_hf_tensor"]
@@ -208,11 +209,18 @@ class DecoderModel(nn.Module):
         self.aux_hidden_state_layers: tuple[int, ...] = ()
         self.aux_hidden_states: torch.Tensor | None = None
 
-    def embed(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """[T] ids and positions → [T, hidden] input embeddings (scaled, plus positions)."""
+    def embed(self, input_ids: torch.Tensor, positions: torch.Tensor,
+              replace: MultiModalEmbeddings | None = None) -> torch.Tensor:
+        """[T] ids and positions → [T, hidden] input embeddings (scaled, plus positions).
+        `replace`: rows given instead of their tokens' (an image's encoder output, a
+        prompt's own embeddings), put after the scaling and before the positions, as
+        transformers' `inputs_embeds`."""
         hidden_states = self.embed_tokens(input_ids)
         if self.embed_scale is not None:
             hidden_states = hidden_states * self.embed_scale
+        if replace is not None:
+            hidden_states = hidden_states.index_copy(
+                0, replace.rows, replace.values.to(hidden_states.dtype))
         if self.embed_positions is not None:
             hidden_states = hidden_states + self.embed_positions(
                 positions + self.spec.position_offset
@@ -293,10 +301,15 @@ class DecoderForCausalLM(nn.Module):
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor,
         intermediate_tensors: IntermediateTensors | None = None,
+        mm_embeds: MultiModalEmbeddings | None = None,
     ) -> torch.Tensor | IntermediateTensors:
         """[T] int64 ids and positions → [T, hidden] hidden states (a pipeline stage before
-        the last: its IntermediateTensors)."""
-        return self.model(input_ids, positions, intermediate_tensors)
+        the last: its IntermediateTensors). `mm_embeds`: rows given in place of their
+        tokens' embeddings (images' encoder outputs, prompt embeddings)."""
+        if mm_embeds is None or intermediate_tensors is not None:
+            return self.model(input_ids, positions, intermediate_tensors)
+        embeds = self.model.embed(input_ids, positions, mm_embeds)  # [T, hidden]
+        return self.model(input_ids, positions, None, inputs_embeds=embeds)
 
     def compute_logits(
         self, hidden_states: torch.Tensor, ranking_only: bool = False

@@ -18,10 +18,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from pagedllm.distributed.pipeline import IntermediateTensors
 from pagedllm.layers.linear import default_weight_loader
 from pagedllm.models.common import DecoderForCausalLM, Weight
-from pagedllm.models.interfaces import MultiModalEmbeddings
 from pagedllm.models.spec import DecoderSpec
 
 # Checkpoint prefixes → ours, longest first.
@@ -83,19 +81,6 @@ class VisionLanguageModel(DecoderForCausalLM):
     def image_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
         """[B, 3, H, W] → [B, tokens per image, text hidden]."""
         raise NotImplementedError
-
-    def forward(  # type: ignore[override]
-        self, input_ids: torch.Tensor, positions: torch.Tensor,
-        intermediate_tensors: IntermediateTensors | None = None,
-        mm_embeds: MultiModalEmbeddings | None = None,
-    ) -> torch.Tensor | IntermediateTensors:
-        """As the text model, with the encoder outputs `mm_embeds` in place of their
-        tokens' embeddings."""
-        if mm_embeds is None or intermediate_tensors is not None:
-            return self.model(input_ids, positions, intermediate_tensors)
-        embeds = self.model.embed(input_ids, positions)  # [T, hidden]
-        embeds = embeds.index_copy(0, mm_embeds.rows, mm_embeds.values.to(embeds.dtype))
-        return self.model(input_ids, positions, None, inputs_embeds=embeds)
 
     def remap_weight(self, hf_name: str, tensor: Weight) -> Iterator[tuple[str, Weight]]:
         """Checkpoint names of either transformers layout → ours."""

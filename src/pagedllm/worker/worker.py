@@ -164,7 +164,7 @@ class Worker:
             hooks.append(LoRAHook(self.lora_manager, self.device))
         if model_config.pooler_config is not None:
             hooks.append(PoolingHook(ModelPooler(self.model, model_config.pooler_config)))
-        if getattr(self.model, "supports_multimodal", False):
+        if getattr(self.model, "supports_multimodal", False) or model_config.enable_prompt_embeds:
             # First: the model's inputs must be complete before anything reads the step.
             hooks.insert(0, MultiModalHook(cast("SupportsMultiModal", self.model), self.device))
         if model_config.runner == "generate":

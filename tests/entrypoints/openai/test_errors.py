@@ -32,6 +32,8 @@ CASES = [
     ("/v1/completions", {"prompt": ""}, 400, "prompt", "decoder prompt cannot be empty"),
     ("/v1/completions", {"prompt": [[]]}, 400, "prompt", "decoder prompt cannot be empty"),
     ("/v1/completions", {"prompt": 5}, 400, "prompt", None),
+    ("/v1/completions", {"prompt_embeds": "AAAA"}, 400, "prompt_embeds",
+     "--enable-prompt-embeds"),
     ("/v1/completions", {}, 400, None, "prompt"),
     ("/v1/completions", {"prompt": [5] * MAX_MODEL_LEN}, 400, "prompt",
      "maximum context length"),

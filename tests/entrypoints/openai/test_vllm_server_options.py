@@ -3,7 +3,8 @@
 proxy, --enable-request-id-headers, --enable-force-include-usage,
 --return-tokens-as-token-ids, /tokenizer_info, /load, --generation-config,
 --enable-per-request-metrics, ORCA load reports, --logits-processors with vllm_xargs, sleep
-mode's routes, the flags accepted for compatibility, and SageMaker's /invocations."""
+mode's routes, prompt_embeds, the flags accepted for compatibility, and SageMaker's
+/invocations."""
 
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ def server(tiny_llama_dir, tmp_path_factory) -> Iterator[RunningServer]:
          "--return-tokens-as-token-ids", "--enable-tokenizer-info-endpoint",
          "--enable-server-load-tracking", "--enable-prompt-tokens-details",
          "--show-hidden-metrics-for-version", "0.32", "--generation-config", "vllm",
-         "--enable-per-request-metrics", "--enable-sleep-mode", "--logits-processors",
+         "--enable-per-request-metrics", "--enable-sleep-mode", "--enable-prompt-embeds",
+         "--logits-processors",
          "tests.logits_processor.test_plugins:TargetTokenProcessor"],
         tmp / "server.log")
     yield running
@@ -290,3 +292,44 @@ def test_sleep_routes_hold_requests_until_wake_up(http, server):
     bad = http.post("/sleep", params={"level": 5})
     assert bad.status_code == 400 and "level must be 1 or 2" in bad.json()["error"]["message"]
     assert http.get("/is_sleeping").json() == {"is_sleeping": False}
+
+
+def _b64_tensor(tensor):
+    import base64
+    import io
+
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(tensor, buffer)
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def test_prompt_embeds_answer_as_their_tokens(http, tiny_llama_dir):
+    from safetensors.torch import load_file
+
+    ids = [5, 9, 11, 13, 17]
+    table = load_file(str(tiny_llama_dir / "model.safetensors"))["model.embed_tokens.weight"]
+    embeds = table[ids].float()
+    body = _completion(max_tokens=4, ignore_eos=True, return_token_ids=True)
+    from_ids = http.post("/v1/completions", json={**body, "prompt": ids}).json()
+    one = http.post("/v1/completions", json={**body, "prompt": None,
+                                             "prompt_embeds": _b64_tensor(embeds)})
+    assert one.status_code == 200, one.text
+    assert one.json()["choices"][0]["token_ids"] == from_ids["choices"][0]["token_ids"]
+    assert one.json()["usage"]["prompt_tokens"] == len(ids)
+    # A list of them, then the text prompts: choices in that order.
+    both = http.post("/v1/completions", json={
+        **body, "prompt_embeds": [_b64_tensor(embeds), _b64_tensor(embeds[:3])],
+        "prompt": ids}).json()
+    assert [c["index"] for c in both["choices"]] == [0, 1, 2]
+    assert both["choices"][0]["token_ids"] == both["choices"][2]["token_ids"]
+    for bad, text in [("not base64!", "base64"), (_b64_tensor(embeds[:, :3]), "shape"),
+                      (_b64_tensor({"a": embeds}), "one tensor")]:
+        response = http.post("/v1/completions", json={**body, "prompt_embeds": bad})
+        assert response.status_code == 400, (text, response.text)
+        error = response.json()["error"]
+        assert error["param"] == "prompt_embeds" and text in error["message"]
+    echo = http.post("/v1/completions", json={**body, "prompt_embeds": _b64_tensor(embeds),
+                                              "echo": True})
+    assert echo.status_code == 400 and echo.json()["error"]["param"] == "prompt_embeds"

@@ -34,7 +34,7 @@ def random_uuid() -> str:
 # Any other value would change the answer, so it is refused with a 400 instead of being
 # ignored like an unknown field.
 UNBUILT_VLLM_FIELDS: dict[str, Any] = {
-    "prompt_embeds": None, "return_token_offsets": False, "return_prompt_text": False,
+    "return_token_offsets": False, "return_prompt_text": False,
     "return_mm_kwargs": False,
     "kv_transfer_params": None, "ec_transfer_params": None,
     "repetition_detection": None, "thinking_token_budget": None,
@@ -151,6 +151,9 @@ class CompletionRequest(SamplingExtras):
     """POST /v1/completions."""
 
     prompt: str | list[str] | list[int] | list[list[int]] | None = None
+    # vLLM's prompt_embeds: base64 of `torch.save(tensor [N, hidden])`, one or a list
+    # (needs --enable-prompt-embeds); they come before `prompt`'s prompts.
+    prompt_embeds: str | list[str] | None = None
     echo: bool = False
     logprobs: int | None = None
     max_tokens: int | None = 16
@@ -160,6 +163,11 @@ class CompletionRequest(SamplingExtras):
     @model_validator(mode="after")
     def _check_prompt(self) -> CompletionRequest:
         prompt = self.prompt
+        if self.prompt_embeds is not None and prompt in (None, "", []):
+            if self.prompt_embeds in ("", []):
+                raise ValueError("The decoder prompt cannot be empty (prompt_embeds is empty).")
+            self.prompt = None
+            return self
         if prompt is None:
             raise ValueError("Either prompt or prompt_embeds must be provided and non-empty.")
         # vLLM's wording for an empty prompt (its clients match "prompt cannot be empty").

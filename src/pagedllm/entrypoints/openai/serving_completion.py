@@ -16,6 +16,7 @@ from fastapi.responses import Response
 
 from pagedllm.entrypoints.openai.errors import APIError, sse_error
 from pagedllm.entrypoints.openai.logprobs import align, completion_logprobs
+from pagedllm.entrypoints.openai.prompt_embeds import decode_prompt_embeds
 from pagedllm.entrypoints.openai.protocol import (
     CompletionChoice,
     CompletionRequest,
@@ -34,6 +35,7 @@ from pagedllm.entrypoints.openai.serving_engine import (
     merge_async_iterators,
     sse,
 )
+from pagedllm.multimodal.prompt_embeds import prompt_embeds_item
 from pagedllm.outputs import CompletionOutput, RequestOutput
 
 
@@ -69,6 +71,35 @@ class OpenAIServingCompletion(OpenAIServing):
         return self.json_response(response, raw_request)
 
     def _prepare_prompts(self, request: CompletionRequest) -> list[TokenizedPrompt]:
+        prompts = self._embeds_prompts(request)
+        if request.prompt is None:
+            return prompts
+        return prompts + self._text_prompts(request)
+
+    def _embeds_prompts(self, request: CompletionRequest) -> list[TokenizedPrompt]:
+        """`prompt_embeds`' prompts: placeholder ids and the item holding the rows."""
+        embeds = request.prompt_embeds
+        if embeds is None:
+            return []
+        processor = self.engine.engine.input_processor
+        if processor.hidden_size is None:
+            raise APIError("You must set --enable-prompt-embeds to input prompt_embeds.",
+                           param="prompt_embeds")
+        if request.echo or request.prompt_logprobs is not None:
+            raise APIError("echo and prompt_logprobs need prompt tokens; prompt_embeds has "
+                           "none.", param="prompt_embeds")
+        prompts = []
+        for encoded in [embeds] if isinstance(embeds, str) else embeds:
+            try:
+                ids, feature = prompt_embeds_item(decode_prompt_embeds(encoded),
+                                                  processor.hidden_size, self.max_model_len)
+            except ValueError as error:
+                raise APIError(str(error), param="prompt_embeds") from None
+            self.check_length(len(ids), request.max_tokens, "prompt_embeds")
+            prompts.append(TokenizedPrompt(None, ids, [feature]))
+        return prompts
+
+    def _text_prompts(self, request: CompletionRequest) -> list[TokenizedPrompt]:
         prompt = request.prompt
         if isinstance(prompt, str):
             raw: list[Any] = [prompt]

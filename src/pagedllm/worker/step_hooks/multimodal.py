@@ -18,6 +18,7 @@ import torch
 from pagedllm.core.sched_output import NewRequestData
 from pagedllm.models.interfaces import MultiModalEmbeddings, SupportsMultiModal
 from pagedllm.multimodal.inputs import MultiModalFeature
+from pagedllm.multimodal.prompt_embeds import PROMPT_EMBEDS_MODALITY
 from pagedllm.multimodal.tensor_data import feature_tensors, from_tensor_data
 from pagedllm.worker.input_batch import CachedRequestState
 from pagedllm.worker.step_hooks.base import RunnerStep, StepHook
@@ -27,7 +28,8 @@ class MultiModalHook(StepHook):
     """Encodes scheduled items into the encoder cache and places their rows in the step.
 
     Args:
-        model: the vision-language model (its `encode`).
+        model: the vision-language model (its `encode`), or any causal LM when prompts
+            come as embeddings (`enable_prompt_embeds`: their rows need no encoder).
         device: where the encoder runs.
     """
 
@@ -98,6 +100,11 @@ class MultiModalHook(StepHook):
                 by_modality.setdefault(feature.modality, []).append(feature)
         for modality, todo in by_modality.items():
             unique = list({feature.identifier: feature for feature in todo}.values())
+            if modality == PROMPT_EMBEDS_MODALITY:  # given: the rows are the item itself
+                for feature in unique:
+                    self.encoder_cache[feature.identifier] = (
+                        feature_tensors(feature)["embeds"].to(self.device))
+                continue
             items = [
                 {name: t.to(self.device) for name, t in feature_tensors(feature).items()}
                 for feature in unique
