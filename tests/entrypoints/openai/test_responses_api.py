@@ -1,7 +1,7 @@
 """POST /v1/responses through the official openai client, unchanged: text input, items,
 instructions, max_output_tokens (incomplete), previous_response_id with stored responses,
-GET and cancel, JSON-schema text.format, function tools, and `responses.stream`'s typed
-events adding up to the final response."""
+GET and cancel, background responses (polled, cancelled), JSON-schema text.format,
+function tools, and `responses.stream`'s typed events adding up to the final response."""
 
 from __future__ import annotations
 
@@ -54,8 +54,62 @@ def test_instructions_items_and_previous_response(client, http):
         client.responses.retrieve("resp_unknown")
     with pytest.raises(openai.BadRequestError):
         client.responses.cancel(first.id)  # not a background response
-    assert http.post("/v1/responses", json={"model": MODEL_NAME, "input": "x",
-                                            "background": True}).status_code == 400
+    for bad in ({"background": True, "store": False}, {"background": True, "stream": True},
+                {"background": "yes"}):
+        response = http.post("/v1/responses", json={"model": MODEL_NAME, "input": "x", **bad})
+        assert response.status_code == 400, bad
+
+
+def _poll(client, response_id, done=("completed", "incomplete", "failed", "cancelled")):
+    import time
+
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        response = client.responses.retrieve(response_id)
+        if response.status in done:
+            return response
+        time.sleep(0.1)
+    raise AssertionError(f"response {response_id} still {response.status}")
+
+
+def test_background_response_is_polled_to_the_same_answer(client):
+    queued = client.responses.create(model=MODEL_NAME, input="Hello there", temperature=0,
+                                     max_output_tokens=6, background=True)
+    assert queued.status in ("queued", "in_progress") and queued.background
+    finished = _poll(client, queued.id)
+    direct = client.responses.create(model=MODEL_NAME, input="Hello there", temperature=0,
+                                     max_output_tokens=6)
+    assert finished.status == direct.status and finished.output_text == direct.output_text
+    # A finished background response cancels to itself.
+    assert client.responses.cancel(queued.id).status == finished.status
+
+
+def test_background_response_is_cancelled_and_its_blocks_return(client, http):
+    from .conftest import metric
+
+    def value(name, **labels):
+        return metric(http.get("/metrics").text, name, **labels)
+
+    aborted_before = value("pagedllm:request_success_total", finished_reason="abort")
+    running = client.responses.create(
+        model=MODEL_NAME, input="Tell me a long story", temperature=0, background=True,
+        max_output_tokens=200, extra_body={"ignore_eos": True, "min_tokens": 200})
+    import time
+
+    deadline = time.monotonic() + 30  # until its engine request runs
+    while not value("pagedllm:num_requests_running") and time.monotonic() < deadline:
+        time.sleep(0.02)
+    cancelled = client.responses.cancel(running.id)
+    assert cancelled.status == "cancelled"
+    assert client.responses.retrieve(running.id).status == "cancelled"
+    deadline = time.monotonic() + 30
+    while value("pagedllm:num_requests_running") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert value("pagedllm:num_requests_running") == 0
+    assert value("pagedllm:kv_cache_usage_perc") == 0
+    # Its engine request was aborted, not run to its 200 tokens.
+    assert value("pagedllm:request_success_total", finished_reason="abort") == aborted_before + 1
+    assert client.responses.retrieve(running.id).status == "cancelled"
 
 
 def test_json_schema_format(client):

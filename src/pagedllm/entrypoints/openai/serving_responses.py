@@ -8,17 +8,19 @@ fields. The chat handler answers it (the same sampling, tool parsing, reasoning 
 structured outputs), and its answer is rewritten as a Response: output items `reasoning`,
 `message` (`output_text`) and `function_call`; streamed, as the typed events the official
 client's `responses.stream` accumulates. Responses are stored in memory (`store`, default
-true) for `previous_response_id` and GET /v1/responses/{id}.
+true) for `previous_response_id` and GET /v1/responses/{id}. With `background: true` the
+answer is `queued` at once and computed in a task; GET polls it, /cancel stops it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, AsyncIterable
 from http import HTTPStatus
-from typing import Any
+from typing import Any, cast
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
@@ -32,7 +34,7 @@ from pagedllm.entrypoints.openai.serving_engine import CleanupStreamingResponse
 MAX_STORED_RESPONSES = 1024
 # Responses fields this layer does not build, with their neutral values (else 400).
 _UNBUILT: dict[str, tuple[Any, ...]] = {
-    "background": (None, False), "conversation": (None,), "prompt": (None,),
+    "conversation": (None,), "prompt": (None,),
     "include": (None, []), "truncation": (None, "disabled"),
 }
 
@@ -71,6 +73,14 @@ def _check_body(body: dict[str, Any]) -> None:
     for name, neutral in _UNBUILT.items():
         if body.get(name) not in neutral:
             raise APIError(f"{name} is not supported yet by this server.", param=name)
+    if body.get("background") not in (None, False, True):
+        raise APIError("background must be a boolean.", param="background")
+    if body.get("background") and body.get("store") is False:
+        raise APIError("background responses are stored: they cannot set store=false.",
+                       param="background")
+    if body.get("background") and body.get("stream"):
+        raise APIError("background responses are not streamed yet: poll GET "
+                       "/v1/responses/{id} instead.", param="stream")
 
 
 def _text_of(content: Any, param: str) -> str | list[dict[str, Any]]:
@@ -164,6 +174,8 @@ class OpenAIServingResponses:
     def __init__(self, chat: OpenAIServingChat) -> None:
         self.chat = chat
         self.store = ResponseStore()
+        # Background responses still running: id -> the task answering it.
+        self._background: dict[str, asyncio.Future[None]] = {}
 
     def _chat_request(self, body: dict[str, Any], history: list[dict[str, Any]],
                       ) -> tuple[ChatCompletionRequest, list[dict[str, Any]]]:
@@ -199,6 +211,8 @@ class OpenAIServingResponses:
         if previous:
             history = self.store.get(previous)[1]
         request, messages = self._chat_request(body, history)
+        if body.get("background"):
+            return JSONResponse(self._start_background(body, request, messages))
         answer = await self.chat.create_chat_completion(request, raw_request)
         if answer.status_code != 200:
             return answer
@@ -222,11 +236,50 @@ class OpenAIServingResponses:
         return self.store.get(response_id)[0]
 
     def cancel(self, response_id: str) -> dict[str, Any]:
-        """POST /v1/responses/{id}/cancel: only background responses can be cancelled, and
-        none run in the background here."""
-        self.store.get(response_id)  # 404 when unknown
-        raise APIError("Cannot cancel a synchronous response (background responses are not "
-                       "supported yet).", param="response_id")
+        """POST /v1/responses/{id}/cancel: a background response stops (its engine request
+        is aborted) and is stored as `cancelled`; a finished one is returned as it is."""
+        response, messages = self.store.get(response_id)  # 404 when unknown
+        if not response.get("background"):
+            raise APIError("Only background responses can be cancelled.",
+                           param="response_id")
+        task = self._background.pop(response_id, None)
+        if task is not None and not task.done():
+            task.cancel()  # its chat request aborts its engine request as it unwinds
+            response = {**response, "status": "cancelled"}
+            self.store.put(response, messages)
+        return response
+
+    def _start_background(self, body: dict[str, Any], request: ChatCompletionRequest,
+                          messages: list[dict[str, Any]]) -> dict[str, Any]:
+        """Store the response as queued and answer it in a task (polled with GET)."""
+        base = {**_response_base(body, request.model or "", self.chat), "background": True,
+                "status": "queued"}
+        self.store.put(base, messages)
+        task = asyncio.ensure_future(self._answer_in_background(base, body, request, messages))
+        self._background[base["id"]] = task
+        task.add_done_callback(lambda _: self._background.pop(base["id"], None))
+        return base
+
+    async def _answer_in_background(self, base: dict[str, Any], body: dict[str, Any],
+                                    request: ChatCompletionRequest,
+                                    messages: list[dict[str, Any]]) -> None:
+        self.store.put({**base, "status": "in_progress"}, messages)
+        try:
+            answer = await self.chat.create_chat_completion(
+                request, cast("Request", _DetachedRequest()))
+        except Exception as error:  # noqa: BLE001 - stored as the response's error
+            self.store.put({**base, "status": "failed", "error": {
+                "code": "server_error", "message": getattr(error, "message", str(error))}},
+                messages)
+            return
+        chat_json = json.loads(bytes(answer.body))
+        if answer.status_code != 200:
+            failure = chat_json.get("error") or {}
+            self.store.put({**base, "status": "failed", "error": {
+                "code": str(failure.get("code")), "message": failure.get("message")}}, messages)
+            return
+        response = _finish(base, chat_json, body)
+        self.store.put(response, messages + _output_messages(response))
 
     async def _events(self, chunks: AsyncIterable[Any], base: dict[str, Any],
                       body: dict[str, Any], messages: list[dict[str, Any]],
@@ -251,6 +304,17 @@ class OpenAIServingResponses:
         response = _finish(base, stream.chat_json(), body)
         self._keep(body, response, messages)
         yield stream.event("response.completed", response=response)
+
+
+class _DetachedRequest:
+    """The request a background response's chat runs with: no client to disconnect (the
+    one that asked left with the queued response) and no headers."""
+
+    headers: dict[str, str] = {}
+
+    async def receive(self) -> dict[str, Any]:
+        await asyncio.Event().wait()  # never: only a cancel stops a background response
+        return {"type": "http.disconnect"}
 
 
 class _EventStream:
