@@ -350,3 +350,5 @@ class EngineConfig:
     kv_events_config: KVEventsConfig | None = None
     # Logits-processor plugin classes (logits_processor/), applied to every step's logits.
     logits_processors: tuple[type, ...] = ()
+    # A KV connector moving blocks to a store or a peer (None: off).
+    kv_transfer_config: Any = None

@@ -62,6 +62,8 @@ class Candidate:
         encoder_plan: set by the encoder inputs check (a request with images).
         fail_status: the finished status a FAIL ends it with (set by the check that fails
             it; aborted by default).
+        num_external_tokens: tokens a KV connector provides after the prefix-cache hit
+            (counted in num_computed_tokens; their blocks are allocated and loaded).
     """
 
     request: Request
@@ -73,6 +75,7 @@ class Candidate:
     new_block_ids: BlockIds = ()
     encoder_plan: EncoderPlan | None = None
     fail_status: RequestStatus = RequestStatus.FINISHED_ABORTED
+    num_external_tokens: int = 0
 
 
 class AdmissionCheck(ABC):
@@ -222,6 +225,8 @@ class KVBlocks(AdmissionCheck):
             return Verdict.ADMIT
         request, num_tokens = candidate.request, candidate.num_new_tokens
         num_tokens += self.lookahead(request, num_tokens, candidate.num_computed_tokens)
+        # A connector's tokens need blocks too (their KV is loaded into them).
+        num_tokens += candidate.num_external_tokens
         block_ids = self.manager.allocate_slots(request, num_tokens, candidate.computed_blocks)
         if block_ids is None:
             return Verdict.STOP

@@ -14,6 +14,7 @@ import time
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 from pagedllm.core.admission import AdmissionCheck, Candidate, Verdict
 from pagedllm.core.kv_cache_manager import KVCacheManager
@@ -118,15 +119,24 @@ class WaitingAdmission(_OverRequestQueue):
     def __init__(self, queue: RequestQueue, swapped: RequestQueue, manager: KVCacheManager):
         super().__init__(queue, manager)
         self.checks = [_Outranked(swapped, queue.outranks)]
+        # The engine's KV connector (distributed/kv_transfer/), or None.
+        self.kv_connector: Any = None
 
     def put_back(self, requests: list[Request]) -> None:
         for request in reversed(requests):
             self.queue.prepend(request)
 
     def candidate(self, request: Request) -> Candidate:
-        """From its prefix-cache hit."""
+        """From its prefix-cache hit, and what a KV connector has after it."""
         computed_blocks, num_cached = self.manager.get_computed_blocks(request)
-        return Candidate(request, num_cached, computed_blocks)
+        num_external = 0
+        # Prompt logprobs need every prompt position computed: nothing is loaded for them.
+        if self.kv_connector is not None and not (
+                request.sampling_params.skip_reading_prefix_cache):
+            self.manager.block_hashes(request)  # the connector names blocks by them
+            num_external, _ = self.kv_connector.get_num_new_matched_tokens(request, num_cached)
+        return Candidate(request, num_cached + num_external, computed_blocks,
+                         num_external_tokens=num_external)
 
     def on_admit(self, candidate: Candidate, plan: StepPlan) -> None:
         """Its cached tokens count as computed; a first admission records its hits."""

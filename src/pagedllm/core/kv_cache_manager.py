@@ -111,6 +111,11 @@ class KVCacheManager:
         """No blocks in any group (a prefix miss)."""
         return tuple([] for _ in self.managers)
 
+    def block_hashes(self, request: Request) -> list[BlockHash]:
+        """The hashes of all of `request`'s full blocks (computed on first need, with or
+        without prefix caching: a KV connector names blocks by them)."""
+        return update_request_block_hashes(request, self.block_size)
+
     def get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int]:
         """The longest cached prefix of `request`'s tokens that every group can serve.
 

@@ -104,6 +104,8 @@ class SchedulerOutput:
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
     structured_output_request_ids: list[str] = field(default_factory=list)
     grammar_bitmask: Any = None
+    # The KV connector's plan for the workers this step (loads, saves); None: none.
+    kv_connector_metadata: Any = None
     scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
     scheduled_encoder_inputs: dict[str, list[int]] = field(default_factory=dict)
     free_encoder_mm_hashes: list[str] = field(default_factory=list)

@@ -16,7 +16,7 @@ no torch, worker, engine.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pagedllm.config import CacheConfig, ParallelConfig, SchedulerConfig
 from pagedllm.core.admission import (
@@ -57,6 +57,7 @@ from pagedllm.core.snapshot import scheduler_stats
 from pagedllm.core.spec_tokens import SpecDecodeCounters, drafts_to_schedule
 from pagedllm.core.step_plan import StepPlan
 from pagedllm.core.swap_manager import SwapManager
+from pagedllm.distributed.kv_transfer.base import ScheduledKV
 from pagedllm.metrics.stats import SchedulerStats
 from pagedllm.multimodal.encoder_cache import EncoderScheduler
 from pagedllm.request import Request, RequestStatus
@@ -233,6 +234,9 @@ class Scheduler:
 
     def _free_request(self, request: Request) -> None:
         assert request.is_finished()
+        if self.kv_connector is not None and self.has_kv_cache:
+            self.kv_connector.request_finished(
+                request, self._get_block_ids(request.request_id)[0])
         if self.has_kv_cache:
             self.kv_cache_manager.free(request)
         del self.requests[request.request_id]
@@ -306,6 +310,10 @@ class Scheduler:
         request.status = RequestStatus.RUNNING
         if queue.takes_seat:
             self.running.append(request)
+        if candidate.num_external_tokens and self.kv_connector is not None:
+            self.kv_connector.update_state_after_alloc(
+                request, self._get_block_ids(request.request_id)[0],
+                candidate.num_external_tokens)
         plan.add(request, candidate.num_new_tokens, candidate.new_block_ids, is_new=True)
 
     def _fail_admission(self, request: Request, status: RequestStatus) -> None:
@@ -384,6 +392,9 @@ class Scheduler:
             self.send_token_ids,
         )
         self.finished_request_ids = set()
+        if self.kv_connector is not None:
+            output.kv_connector_metadata = self.kv_connector.build_connector_meta(
+                [self._scheduled_kv(r, plan) for r in plan.cached_requests + plan.new_requests])
         output.scheduled_encoder_inputs = self.encoder.scheduled
         output.free_encoder_mm_hashes = self.encoder.cache.take_freed()
         if self.num_concurrent_batches > 1:
@@ -404,6 +415,22 @@ class Scheduler:
                 self.encoder.release_consumed(request.request_id, request.mm_features,
                                               request.num_computed_tokens)
         return output
+
+    def _scheduled_kv(self, request: Request, plan: StepPlan) -> ScheduledKV:
+        """A scheduled request as the KV connector sees it (before its tokens advance)."""
+        return ScheduledKV(
+            request.request_id, list(self.kv_cache_manager.block_hashes(request)),
+            list(self._get_block_ids(request.request_id)[0]), request.num_computed_tokens,
+            plan.num_scheduled_tokens[request.request_id], request.num_prompt_tokens)
+
+    @property
+    def kv_connector(self) -> Any:
+        """The engine's KV connector's scheduler half (distributed/kv_transfer/), or None."""
+        return self.waiting_admission.kv_connector
+
+    @kv_connector.setter
+    def kv_connector(self, connector: Any) -> None:
+        self.waiting_admission.kv_connector = connector
 
     def _get_block_ids(self, request_id: str) -> BlockIds:
         if not self.has_kv_cache:

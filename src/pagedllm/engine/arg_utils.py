@@ -24,6 +24,7 @@ from pagedllm.config import (
     SchedulerConfig,
     StructuredOutputsConfig,
 )
+from pagedllm.distributed.kv_transfer.config import KVTransferConfig
 from pagedllm.logger import init_logger
 from pagedllm.logits_processor import load_logits_processors
 from pagedllm.lora.config import LoRAConfig
@@ -105,6 +106,8 @@ class EngineArgs:
     kv_events_config: dict | str | KVEventsConfig | None = None
     # Logits-processor plugins: classes or "module:Class" names (vLLM's).
     logits_processors: list[Any] | None = None
+    # A KV connector (vLLM's kv_transfer_config: a dict, its JSON, or the config).
+    kv_transfer_config: dict | str | KVTransferConfig | None = None
     runner: str = "auto"
     convert: str = "auto"
     pooler_config: dict | str | PoolerConfig | None = None
@@ -160,7 +163,20 @@ class EngineArgs:
             parallel_config=self._parallel_config(model_config),
             kv_events_config=self._kv_events_config(),
             logits_processors=self._logits_processors(model_config),
+            kv_transfer_config=self._kv_transfer_config(model_config),
         )
+
+    def _kv_transfer_config(self, model_config: ModelConfig) -> KVTransferConfig | None:
+        """The user's kv_transfer_config, checked against what the connectors serve."""
+        if self.kv_transfer_config is None:
+            return None
+        config = KVTransferConfig.parse(self.kv_transfer_config)
+        if model_config.runner != "generate":
+            raise ValueError("kv_transfer_config applies to generating models only.")
+        if self.tensor_parallel_size * self.pipeline_parallel_size > 1:
+            raise ValueError("kv_transfer_config with several ranks is not supported yet: "
+                             "each rank would need its own blocks' files.")
+        return config
 
     def _logits_processors(self, model_config: ModelConfig) -> tuple[type, ...]:
         """The plugin classes (installed ones, then the given ones), checked."""

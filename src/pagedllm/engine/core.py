@@ -24,6 +24,7 @@ from pagedllm.core.kv_events import KVEventRecorder
 from pagedllm.core.sched_output import SchedulerOutput
 from pagedllm.core.scheduler import Scheduler
 from pagedllm.core.snapshot import scheduler_snapshot
+from pagedllm.distributed.kv_transfer import KVConnectorRole, make_connector
 from pagedllm.engine.kv_events_publisher import ZmqEventPublisher
 from pagedllm.engine.protocol import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
 from pagedllm.executor import make_executor
@@ -68,6 +69,10 @@ class EngineCore:
         self._loras_to_remove: set[int] = set()  # asked to go, waiting for their requests
         self._kv_events, self.kv_event_publisher = self._start_kv_events(engine_config)
         self.sleeping = False  # sleep mode: the workers gave memory back
+        if engine_config.kv_transfer_config is not None:  # the connector's scheduler half
+            self.scheduler.kv_connector = make_connector(
+                engine_config.kv_transfer_config, KVConnectorRole.SCHEDULER,
+                self.executor.kv_cache_spec.block_size)
         model_config = engine_config.model_config
         self.structured_output = StructuredOutputManager(
             lambda: get_tokenizer(model_config.model_dir, model_config.gguf_file),

@@ -27,6 +27,7 @@ from pagedllm.attention.registry import get_attention_backend
 from pagedllm.config import EngineConfig
 from pagedllm.core.kv_cache_groups import KVCacheGroupSpec, make_kv_cache_groups, num_kv_slots
 from pagedllm.core.sched_output import SchedulerOutput
+from pagedllm.distributed.kv_transfer import KVConnectorRole, make_connector
 from pagedllm.distributed.parallel_state import get_pp_group, get_world_group
 from pagedllm.layers.attention import Attention
 from pagedllm.logger import init_logger
@@ -44,6 +45,7 @@ from pagedllm.worker.model_runner import ModelRunner
 from pagedllm.worker.outputs import ModelRunnerOutput
 from pagedllm.worker.sleep_mode import WAKE_UP_TAGS, SleepMode
 from pagedllm.worker.step_hooks import StepHook
+from pagedllm.worker.step_hooks.kv_connector import KVConnectorHook
 from pagedllm.worker.step_hooks.lora import LoRAHook
 from pagedllm.worker.step_hooks.multimodal import MultiModalHook
 from pagedllm.worker.step_hooks.pooling import PoolingHook
@@ -169,6 +171,8 @@ class Worker:
             hooks.insert(0, MultiModalHook(cast("SupportsMultiModal", self.model), self.device))
         if model_config.runner == "generate":
             hooks.append(PromptLogprobsHook(cast("CausalLM", self.model)))
+        if self.config.kv_transfer_config is not None:
+            hooks.append(self._kv_connector_hook())
         proposer = self._make_proposer()
         if proposer is not None:
             assert self.config.speculative_config is not None
@@ -176,6 +180,16 @@ class Worker:
                 proposer, self.config.speculative_config, self.model_runner.sampling.draft_probs
             ))
         return hooks
+
+    def _kv_connector_hook(self) -> KVConnectorHook:
+        """The KV connector's worker half over this worker's caches."""
+        if len(self.kv_cache_spec.groups) != 1:
+            raise ValueError("kv_transfer_config needs a model with one KV cache group (no "
+                             "sliding-window layers beside full ones).")
+        connector = make_connector(self.config.kv_transfer_config, KVConnectorRole.WORKER,
+                                   self.kv_cache_spec.block_size)
+        connector.register_kv_caches(self.model_runner.kv_caches, self._block_dim())
+        return KVConnectorHook(connector)
 
     def _build_decode_step(self) -> DecodeStep | None:
         """The platform's decode-step fast path, where it serves this engine."""

@@ -1,0 +1,109 @@
+"""The KV connector interface, in vLLM v1's two halves.
+
+The scheduler half decides: how many of a request's next tokens a peer or a store already
+has (`get_num_new_matched_tokens`), what to load into the blocks allocated for them
+(`update_state_after_alloc`), each step's plan for the workers (`build_connector_meta`), and
+whether a finished request's blocks must outlive it (`request_finished`). The worker half
+moves bytes: `register_kv_caches`, `start_load_kv` before the forward, `wait_for_layer_load`
+/ `save_kv_layer` per layer where a connector overlaps them with compute, `wait_for_save`
+after it, `get_finished` for asynchronous transfers. The engine calls the connector; the
+connector calls nothing of the engine: it gets plain data (`ScheduledKV`, block ids, the
+request's block hashes).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pagedllm.distributed.kv_transfer.config import KVTransferConfig
+
+
+class KVConnectorRole(enum.Enum):
+    """Which half a connector object serves."""
+
+    SCHEDULER = "scheduler"
+    WORKER = "worker"
+
+
+@dataclass(frozen=True)
+class ScheduledKV:
+    """One request of a step, as the scheduler half sees it.
+
+    Attributes:
+        request_id: its id.
+        block_hashes: its full blocks' hashes (block i covers tokens [i * size, ...)).
+        block_ids: its block table (KV cache group 0).
+        num_computed_tokens: tokens computed before this step.
+        num_scheduled_tokens: tokens this step computes.
+        num_prompt_tokens: its prompt's length.
+    """
+
+    request_id: str
+    block_hashes: list[bytes]
+    block_ids: list[int]
+    num_computed_tokens: int
+    num_scheduled_tokens: int
+    num_prompt_tokens: int
+
+
+class KVConnectorBase:
+    """A connector: both halves, one object per role (see the module docstring).
+
+    Args:
+        config: the engine's kv_transfer_config.
+        role: the half this object serves.
+        block_size: tokens per KV block.
+    """
+
+    def __init__(self, config: KVTransferConfig, role: KVConnectorRole, block_size: int) -> None:
+        self.config = config
+        self.role = role
+        self.block_size = block_size
+
+    # ------------------------------------------------------------------ scheduler side
+
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int
+                                   ) -> tuple[int, bool]:
+        """Tokens after `num_computed_tokens` the connector can provide, and whether they
+        arrive asynchronously (the request then waits for them)."""
+        return 0, False
+
+    def update_state_after_alloc(self, request: Any, block_ids: list[int],
+                                 num_external_tokens: int) -> None:
+        """Blocks were allocated for the request; the last `num_external_tokens` of its
+        computed tokens are to be loaded into them."""
+
+    def build_connector_meta(self, scheduled: list[ScheduledKV]) -> Any:
+        """This step's plan for the workers (None: nothing to do)."""
+        return None
+
+    def request_finished(self, request: Any, block_ids: list[int]
+                         ) -> tuple[bool, dict[str, Any] | None]:
+        """(keep its blocks until a transfer is done, kv_transfer_params for the
+        response)."""
+        return False, None
+
+    # --------------------------------------------------------------------- worker side
+
+    def register_kv_caches(self, kv_caches: list[Any], block_dim: int) -> None:
+        """The KV cache tensor of every layer, and the dimension that indexes blocks."""
+
+    def start_load_kv(self, metadata: Any) -> None:
+        """Begin (or do) this step's loads, before the forward."""
+
+    def wait_for_layer_load(self, layer_index: int) -> None:
+        """Block until the layer's loads are in (a no-op for whole-block loaders)."""
+
+    def save_kv_layer(self, layer_index: int, metadata: Any) -> None:
+        """Start saving the layer's new KV (a no-op for whole-block savers)."""
+
+    def wait_for_save(self, metadata: Any) -> None:
+        """Finish this step's saves, after the forward."""
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None,
+                                                                 set[str] | None]:
+        """Requests whose asynchronous sending / receiving finished."""
+        return None, None

@@ -1,0 +1,92 @@
+"""SharedStorageConnector (vLLM's example connector): one engine saves its prompts' full
+blocks to a folder, another (fresh, its own process memory) loads them instead of
+computing them, and gives the same greedy tokens; blocks already on disk are not written
+again; kv_transfer_config errors name the field."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from pagedllm import LLM, SamplingParams
+
+BLOCK = 16
+SHARED = [7, 3, 11, 5] * 9  # 36 tokens: 2 full blocks shared by the first two prompts
+PROMPTS = [SHARED + [21, 22, 23], SHARED + [40, 41, 42, 43, 44, 45, 46, 47, 48, 49],
+           [9, 8, 7, 6, 5] * 8]
+PARAMS = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+
+
+def _engine(model_dir, folder, role="kv_both", **kwargs):
+    config = {"kv_connector": "SharedStorageConnector", "kv_role": role,
+              "kv_connector_extra_config": {"shared_storage_path": str(folder)}}
+    return LLM(str(model_dir), dtype="float32", max_model_len=256, block_size=BLOCK,
+               kv_transfer_config=config, **kwargs)
+
+
+def _run(llm, prompts=PROMPTS):
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], PARAMS, use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outputs], [o.num_cached_tokens
+                                                             for o in outputs]
+
+
+def test_a_second_engine_loads_the_first_ones_blocks(tiny_llama_dir, tmp_path):
+    plain = LLM(str(tiny_llama_dir), dtype="float32", max_model_len=256, block_size=BLOCK)
+    try:
+        expected, _ = _run(plain)
+    finally:
+        plain.llm_engine.shutdown()
+    producer = _engine(tiny_llama_dir, tmp_path, "kv_producer")
+    try:
+        tokens, _ = _run(producer)
+    finally:
+        producer.llm_engine.shutdown()
+    assert tokens == expected
+    # Full prompt blocks, each once: 2 shared by the first two prompts + 2 of the third.
+    files = sorted(os.listdir(tmp_path))
+    assert len(files) == 4 and all(f.endswith(".safetensors") for f in files)
+    consumer = _engine(tiny_llama_dir, tmp_path, "kv_consumer", enable_prefix_caching=False)
+    try:
+        tokens, cached = _run(consumer)
+    finally:
+        consumer.llm_engine.shutdown()
+    assert tokens == expected
+    # Loaded from the folder (no local cache): every full block but one holding the last
+    # prompt token, whose logits must be computed.
+    assert cached == [32, 32, 32]
+    assert sorted(os.listdir(tmp_path)) == files  # a consumer writes nothing
+
+
+def test_both_roles_and_a_longer_prompt_after_a_shorter_one(tiny_llama_dir, tmp_path):
+    first = _engine(tiny_llama_dir, tmp_path)
+    try:
+        _run(first, PROMPTS[:1])
+        assert len(os.listdir(tmp_path)) == 2
+    finally:
+        first.llm_engine.shutdown()
+    longer = SHARED + list(range(60, 80))  # 56 tokens: 3 full blocks
+    second = _engine(tiny_llama_dir, tmp_path, enable_prefix_caching=True)
+    try:
+        tokens, cached = _run(second, [longer])
+        assert cached == [32]  # the shared blocks came from disk
+        assert len(os.listdir(tmp_path)) == 3  # and it saved its own third block
+        again, cached_again = _run(second, [longer])
+        assert again == tokens and cached_again == [48]  # now all from its own cache
+    finally:
+        second.llm_engine.shutdown()
+
+
+@pytest.mark.parametrize("config, text", [
+    ({"kv_connector": "NoSuchConnector"}, "NoSuchConnector"),
+    ({"kv_connector": "SharedStorageConnector", "kv_role": "kv_sender"}, "kv_role"),
+    ({"kv_connector": "SharedStorageConnector", "kv_rol": "kv_both"},
+     "unknown keys \\['kv_rol'\\]"),
+    ({"kv_connector": "SharedStorageConnector", "kv_load_failure_policy": "ignore"},
+     "kv_load_failure_policy"),
+    ({"kv_role": "kv_both"}, "needs kv_connector"),
+    ("{oops", "not valid JSON"),
+])
+def test_bad_configs_name_the_field(tiny_llama_dir, config, text):
+    with pytest.raises(ValueError, match=text):
+        LLM(str(tiny_llama_dir), kv_transfer_config=config)
