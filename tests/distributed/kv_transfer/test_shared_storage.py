@@ -84,9 +84,41 @@ def test_both_roles_and_a_longer_prompt_after_a_shorter_one(tiny_llama_dir, tmp_
      "unknown keys \\['kv_rol'\\]"),
     ({"kv_connector": "SharedStorageConnector", "kv_load_failure_policy": "ignore"},
      "kv_load_failure_policy"),
+    ({"kv_connector": "SharedStorageConnector", "kv_load_failure_policy": "recompute"},
+     "not supported yet"),
     ({"kv_role": "kv_both"}, "needs kv_connector"),
     ("{oops", "not valid JSON"),
 ])
 def test_bad_configs_name_the_field(tiny_llama_dir, config, text):
     with pytest.raises(ValueError, match=text):
         LLM(str(tiny_llama_dir), kv_transfer_config=config)
+
+
+def test_a_block_file_that_fails_to_load_fails_its_request_only(tiny_llama_dir, tmp_path):
+    producer = _engine(tiny_llama_dir, tmp_path, "kv_producer")
+    try:
+        expected, _ = _run(producer)
+    finally:
+        producer.llm_engine.shutdown()
+    # Corrupt the third prompt's blocks (the only ones not shared with the first two).
+    consumer = _engine(tiny_llama_dir, tmp_path, "kv_consumer", enable_prefix_caching=False)
+    try:
+        scheduler = consumer.llm_engine.engine_core.engine_core.scheduler
+        hashes = scheduler.kv_cache_manager.block_hashes  # per request, from its tokens
+        from pagedllm.request import Request, RequestData
+
+        probe = Request("probe", RequestData(PROMPTS[2], PARAMS))
+        for block_hash in hashes(probe)[:2]:
+            with open(tmp_path / f"{block_hash.hex()}.safetensors", "wb") as broken:
+                broken.write(b"not a tensor file")
+        outputs = consumer.generate([{"prompt_token_ids": p} for p in PROMPTS], PARAMS,
+                                    use_tqdm=False)
+        assert [o.outputs[0].finish_reason for o in outputs] == ["length", "length", "error"]
+        assert [list(o.outputs[0].token_ids) for o in outputs[:2]] == expected[:2]
+        manager = scheduler.kv_cache_manager
+        assert manager.get_num_free_blocks() == manager.num_usable_blocks  # nothing leaked
+        # The engine serves on.
+        again, _ = _run(consumer, PROMPTS[:1])
+        assert again == expected[:1]
+    finally:
+        consumer.llm_engine.shutdown()

@@ -103,6 +103,11 @@ class KVConnectorBase:
     def wait_for_save(self, metadata: Any) -> None:
         """Finish this step's saves, after the forward."""
 
+    def get_load_failures(self) -> set[str]:
+        """Requests whose blocks failed to load since the last call (they fail, as
+        kv_load_failure_policy "fail" asks)."""
+        return set()
+
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None,
                                                                  set[str] | None]:
         """Requests whose asynchronous sending / receiving finished."""

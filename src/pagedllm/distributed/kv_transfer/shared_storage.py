@@ -21,14 +21,17 @@ from typing import Any
 
 from pagedllm.distributed.kv_transfer.base import KVConnectorBase, KVConnectorRole, ScheduledKV
 from pagedllm.distributed.kv_transfer.config import KVTransferConfig
+from pagedllm.logger import init_logger
+
+logger = init_logger(__name__)
 
 
 @dataclass
 class SharedStorageMetadata:
-    """One step's file moves: (block id, file) pairs to load before the forward and to
-    save after it."""
+    """One step's file moves: the blocks to load before the forward (with the request
+    they are for) and to save after it."""
 
-    loads: list[tuple[int, str]] = field(default_factory=list)
+    loads: list[tuple[str, int, str]] = field(default_factory=list)  # (request, block, file)
     saves: list[tuple[int, str]] = field(default_factory=list)
 
 
@@ -41,10 +44,11 @@ class SharedStorageConnector(KVConnectorBase):
         self.path = str(extra.get("shared_storage_path", "local_storage"))
         os.makedirs(self.path, exist_ok=True)
         # Scheduler side: loads decided at admission, sent with the next metadata.
-        self._pending_loads: list[tuple[int, str]] = []
+        self._pending_loads: list[tuple[str, int, str]] = []
         # Worker side.
         self._kv_caches: list[Any] = []
         self._block_dim = 0
+        self._failed_loads: set[str] = set()
 
     def block_file(self, block_hash: bytes) -> str:
         """Where the block with this hash is kept."""
@@ -77,8 +81,8 @@ class SharedStorageConnector(KVConnectorBase):
         end = request.num_computed_tokens // size
         start = end - num_external_tokens // size
         for index in range(start, end):
-            self._pending_loads.append(
-                (block_ids[index], self.block_file(request.block_hashes[index])))
+            self._pending_loads.append((request.request_id, block_ids[index],
+                                        self.block_file(request.block_hashes[index])))
 
     def build_connector_meta(self, scheduled: list[ScheduledKV]) -> SharedStorageMetadata | None:
         """This step's loads, and the full prompt blocks it computes that are not on disk."""
@@ -109,15 +113,26 @@ class SharedStorageConnector(KVConnectorBase):
         self._block_dim = block_dim
 
     def start_load_kv(self, metadata: Any) -> None:
-        """Copy each file's layers into its block (synchronously, before the forward)."""
+        """Copy each file's layers into its block (synchronously, before the forward); a
+        file gone or unreadable fails its request (`get_load_failures`)."""
         if metadata is None:
             return
         from safetensors.torch import load_file
 
-        for block_id, path in metadata.loads:
-            tensors = load_file(path)
-            for layer, cache in enumerate(self._kv_caches):
-                cache.select(self._block_dim, block_id).copy_(tensors[f"layer.{layer}"])
+        for request_id, block_id, path in metadata.loads:
+            try:
+                tensors = load_file(path)
+                for layer, cache in enumerate(self._kv_caches):
+                    cache.select(self._block_dim, block_id).copy_(tensors[f"layer.{layer}"])
+            except Exception as error:  # noqa: BLE001 - the request fails, the engine goes on
+                logger.warning("KV block file %s failed to load (%s): request %s fails.",
+                               path, error, request_id)
+                self._failed_loads.add(request_id)
+
+    def get_load_failures(self) -> set[str]:
+        """Requests whose blocks failed to load since the last call."""
+        failed, self._failed_loads = self._failed_loads, set()
+        return failed
 
     def wait_for_save(self, metadata: Any) -> None:
         """Write each new full block's layers to its file (after the forward wrote them)."""

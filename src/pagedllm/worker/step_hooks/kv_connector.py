@@ -27,3 +27,13 @@ class KVConnectorHook(StepHook):
     def after_forward(self, step: RunnerStep, hidden_states: torch.Tensor, output: Any) -> None:
         """Send out the blocks this step computed."""
         self.connector.wait_for_save(step.scheduler_output.kv_connector_metadata)
+
+    def after_sampling(self, step: RunnerStep, hidden_states: torch.Tensor, output: Any) -> None:
+        """A request whose blocks failed to load emits nothing and fails (the scheduler
+        ends it with an error and takes its blocks out of the prefix cache)."""
+        failed = self.connector.get_load_failures()
+        for row, request_id in enumerate(output.request_ids):
+            if request_id in failed:
+                output.sampled_token_ids[row] = []
+                output.logprobs.pop(request_id, None)
+                output.failed_request_ids.append(request_id)
