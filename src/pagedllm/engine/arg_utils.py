@@ -108,6 +108,10 @@ class EngineArgs:
     logits_processors: list[Any] | None = None
     # A KV connector (vLLM's kv_transfer_config: a dict, its JSON, or the config).
     kv_transfer_config: dict | str | KVTransferConfig | None = None
+    # The prefix cache's second tier: GiB of blocks in host memory (or, with a path, on
+    # disk), vLLM's --kv-offloading-size (an OffloadingConnector).
+    kv_offloading_size: float | None = None
+    kv_offloading_path: str | None = None
     runner: str = "auto"
     convert: str = "auto"
     pooler_config: dict | str | PoolerConfig | None = None
@@ -168,9 +172,19 @@ class EngineArgs:
 
     def _kv_transfer_config(self, model_config: ModelConfig) -> KVTransferConfig | None:
         """The user's kv_transfer_config, checked against what the connectors serve."""
-        if self.kv_transfer_config is None:
+        if self.kv_offloading_size is not None or self.kv_offloading_path is not None:
+            if self.kv_transfer_config is not None:
+                raise ValueError("kv_offloading_size with a kv_transfer_config needs a "
+                                 "MultiConnector, which is not built yet.")
+            if self.kv_offloading_size is None:
+                raise ValueError("kv_offloading_path needs kv_offloading_size (GiB).")
+            config = KVTransferConfig("OffloadingConnector", "kv_both", kv_connector_extra_config={
+                "kv_offloading_size": self.kv_offloading_size,
+                "kv_offloading_path": self.kv_offloading_path})
+        elif self.kv_transfer_config is None:
             return None
-        config = KVTransferConfig.parse(self.kv_transfer_config)
+        else:
+            config = KVTransferConfig.parse(self.kv_transfer_config)
         if model_config.runner != "generate":
             raise ValueError("kv_transfer_config applies to generating models only.")
         if self.tensor_parallel_size * self.pipeline_parallel_size > 1:

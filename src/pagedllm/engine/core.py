@@ -70,9 +70,10 @@ class EngineCore:
         self._kv_events, self.kv_event_publisher = self._start_kv_events(engine_config)
         self.sleeping = False  # sleep mode: the workers gave memory back
         if engine_config.kv_transfer_config is not None:  # the connector's scheduler half
+            spec = self.executor.kv_cache_spec
             self.scheduler.kv_connector = make_connector(
-                engine_config.kv_transfer_config, KVConnectorRole.SCHEDULER,
-                self.executor.kv_cache_spec.block_size)
+                engine_config.kv_transfer_config, KVConnectorRole.SCHEDULER, spec.block_size,
+                spec.bytes_per_block)
         model_config = engine_config.model_config
         self.structured_output = StructuredOutputManager(
             lambda: get_tokenizer(model_config.model_dir, model_config.gguf_file),

@@ -187,7 +187,8 @@ class Worker:
             raise ValueError("kv_transfer_config needs a model with one KV cache group (no "
                              "sliding-window layers beside full ones).")
         connector = make_connector(self.config.kv_transfer_config, KVConnectorRole.WORKER,
-                                   self.kv_cache_spec.block_size)
+                                   self.kv_cache_spec.block_size,
+                                   self.kv_cache_spec.bytes_per_block)
         connector.register_kv_caches(self.model_runner.kv_caches, self._block_dim())
         return KVConnectorHook(connector)
 

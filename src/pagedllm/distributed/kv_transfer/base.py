@@ -56,9 +56,11 @@ class KVConnectorBase:
         config: the engine's kv_transfer_config.
         role: the half this object serves.
         block_size: tokens per KV block.
+        bytes_per_block: a block's bytes over all layers (a capacity-bound store's unit).
     """
 
-    def __init__(self, config: KVTransferConfig, role: KVConnectorRole, block_size: int) -> None:
+    def __init__(self, config: KVTransferConfig, role: KVConnectorRole, block_size: int,
+                 bytes_per_block: int = 0) -> None:
         self.config = config
         self.role = role
         self.block_size = block_size

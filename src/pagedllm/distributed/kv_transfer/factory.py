@@ -15,6 +15,7 @@ _CONNECTORS = {
     # vLLM's newer name of its example connector.
     "ExampleConnector": "pagedllm.distributed.kv_transfer.shared_storage:"
                         "SharedStorageConnector",
+    "OffloadingConnector": "pagedllm.distributed.kv_transfer.offloading:OffloadingConnector",
 }
 
 
@@ -23,12 +24,13 @@ def connector_names() -> list[str]:
     return sorted(_CONNECTORS)
 
 
-def make_connector(config: KVTransferConfig, role: KVConnectorRole, block_size: int
-                   ) -> KVConnectorBase:
-    """The connector `config` names, for `role`."""
+def make_connector(config: KVTransferConfig, role: KVConnectorRole, block_size: int,
+                   bytes_per_block: int) -> KVConnectorBase:
+    """The connector `config` names, for `role` (a KV cache of `block_size`-token blocks of
+    `bytes_per_block` bytes)."""
     import importlib
 
     module_name, _, class_name = _CONNECTORS[config.kv_connector].partition(":")
     cls = getattr(importlib.import_module(module_name), class_name)
-    connector: KVConnectorBase = cls(config, role, block_size)
+    connector: KVConnectorBase = cls(config, role, block_size, bytes_per_block)
     return connector
