@@ -44,12 +44,12 @@ class CustomLogitsProcessors:
         classes: the processor classes (logits_processor/loader.py).
         engine_config: passed to each constructor (as vLLM passes its config).
         device: where the logits live.
+        is_pin_memory: whether host buffers may be pinned (the platform says).
     """
 
     def __init__(self, classes: Sequence[type[LogitsProcessor]], engine_config: Any,
-                 device: torch.device) -> None:
-        pin = device.type == "cuda"
-        self.processors = [cls(engine_config, device, pin) for cls in classes]
+                 device: torch.device, is_pin_memory: bool = False) -> None:
+        self.processors = [cls(engine_config, device, is_pin_memory) for cls in classes]
         self.argmax_invariant = all(p.is_argmax_invariant() for p in self.processors)
         self._rows: list[str] = []  # row -> request id
 

@@ -110,7 +110,8 @@ class Worker:
         )
         if engine_config.logits_processors:  # the plugins, built once per runner
             self.model_runner.sampling.custom = CustomLogitsProcessors(
-                engine_config.logits_processors, engine_config, self.device)
+                engine_config.logits_processors, engine_config, self.device,
+                self.platform.pin_memory)
         self.lora_manager = self._make_lora_manager()
         self.model_runner.hooks.extend(self._make_step_hooks())
         self.model_runner.contexts_rewritten = engine_config.speculative_config is not None
