@@ -57,3 +57,35 @@ def test_without_a_parser_there_is_no_split(scripted):
 def test_unknown_parser_is_a_value_error(scripted):
     with pytest.raises(ValueError, match="Unknown reasoning parser 'nope'"):
         LLM(str(scripted[0]), reasoning_parser="nope")
+
+
+# A Qwen3-style template: `enable_thinking: false` closes an empty reasoning block in the
+# prompt, and the whole reply is then the answer.
+QWEN3_STYLE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n"
+    "{% endif %}{% endif %}"
+)
+
+
+def test_enable_thinking_false_makes_the_reply_all_answer(scripted):
+    engine = LLM(str(scripted[0]), reasoning_parser="qwen3", max_model_len=256,
+                 num_gpu_blocks_override=64)
+    try:
+        params = SamplingParams(temperature=0, max_tokens=12)
+        off = engine.chat(MESSAGES, params, use_tqdm=False, chat_template=QWEN3_STYLE,
+                          chat_template_kwargs={"enable_thinking": False})[0]
+        assert off.prompt.endswith("<think>\n\n</think>\n\n")
+        seq = off.outputs[0]
+        assert seq.reasoning is None and seq.content == seq.text
+        # Constrained, the answer is held from its first token (nothing to wait for).
+        constrained = engine.chat(
+            MESSAGES, SamplingParams(temperature=0, max_tokens=12,
+                                     structured_outputs=StructuredOutputsParams(
+                                         choice=["yes", "no"])),
+            use_tqdm=False, chat_template=QWEN3_STYLE,
+            chat_template_kwargs={"enable_thinking": False})[0].outputs[0]
+        assert constrained.reasoning is None and constrained.content in ("yes", "no")
+    finally:
+        engine.llm_engine.shutdown()
