@@ -30,6 +30,7 @@ from pagedllm.engine.protocol import EngineCoreOutput, EngineCoreOutputs, Engine
 from pagedllm.executor import make_executor
 from pagedllm.logger import init_logger
 from pagedllm.lora.request import LoRARequest
+from pagedllm.metrics.stats import KVTransferCounts, SchedulerStats
 from pagedllm.request import Request
 from pagedllm.structured_output import StructuredOutputManager
 from pagedllm.tokenizer.tokenizer import get_tokenizer
@@ -69,6 +70,7 @@ class EngineCore:
         self._loras_to_remove: set[int] = set()  # asked to go, waiting for their requests
         self._kv_events, self.kv_event_publisher = self._start_kv_events(engine_config)
         self.sleeping = False  # sleep mode: the workers gave memory back
+        self.kv_transfer_totals = KVTransferCounts()  # a KV connector's traffic, cumulative
         if engine_config.kv_transfer_config is not None:  # the connector's scheduler half
             spec = self.executor.kv_cache_spec
             self.scheduler.kv_connector = make_connector(
@@ -188,6 +190,18 @@ class EngineCore:
         self._publish_kv_events()
         return outputs
 
+    def _add_kv_transfer(self, stats: SchedulerStats, counts: KVTransferCounts | None) -> None:
+        """A KV connector's traffic: cumulative totals, and this step's transfer times."""
+        totals = self.kv_transfer_totals
+        if counts is not None:
+            totals.bytes_received += counts.bytes_received
+            totals.bytes_sent += counts.bytes_sent
+            totals.failures += counts.failures
+            stats.kv_transfer_seconds = list(counts.seconds)
+        stats.kv_transfer_bytes_received = totals.bytes_received
+        stats.kv_transfer_bytes_sent = totals.bytes_sent
+        stats.kv_transfer_failures = totals.failures
+
     def _publish_kv_events(self) -> None:
         """Send the KV cache events since the last call, as one batch (if any)."""
         if self._kv_events is None:
@@ -243,6 +257,7 @@ class EngineCore:
             self._drop_unused_loras()
         stats = self.scheduler.make_stats()
         stats.model_execute_seconds = self.model_execute_seconds
+        self._add_kv_transfer(stats, model_output.kv_transfer)
         return EngineCoreOutputs(
             outputs=[
                 EngineCoreOutput(

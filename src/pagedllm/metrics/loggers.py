@@ -214,6 +214,7 @@ class PrometheusStatLogger:
         self.registry = CollectorRegistry()
         self._labels = {"model_name": model_name, "engine": "0"}
         self._last_cumulative: dict[str, float] = {}
+        self._last_recorded: Any = None  # the stats record_scheduler saw last
         self._make_scheduler_metrics(config_labels or {})
         self._make_request_metrics(build_1_2_5_buckets(max_model_len))
 
@@ -253,6 +254,19 @@ class PrometheusStatLogger:
         self.spec_accepted = m(
             Counter, "spec_decode_num_accepted_tokens", "Draft tokens accepted."
         )
+        self.kv_transfer_bytes = m(
+            Counter, "kv_transfer_bytes", "Bytes a KV connector moved (sent: saved or sent to "
+            "a peer; received: loaded).", extra_labels=["direction"])
+        self.kv_transfer_seconds = m(
+            Histogram, "kv_transfer_seconds", "Seconds of each KV connector transfer (a "
+            "step's loads, or its saves).",
+            buckets=[0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0])
+        self.kv_transfer_failures = m(
+            Counter, "kv_transfer_failures", "KV blocks that failed to load.")
+        for direction in ("sent", "received"):  # shown at 0 before any traffic
+            self.kv_transfer_bytes.labels(**labels, direction=direction)
+        self.kv_transfer_failures.labels(**labels)
+        self.kv_transfer_seconds.labels(**labels)
         self.spec_accepted_per_pos = m(
             Counter,
             "spec_decode_num_accepted_tokens_per_pos",
@@ -355,6 +369,19 @@ class PrometheusStatLogger:
             ("spec_num_accepted_tokens", self.spec_accepted),
         ):
             self._add_delta(counter, name, float(getattr(stats, name, 0) or 0))
+        self._add_delta(self.kv_transfer_failures, "kv_transfer_failures",
+                        float(getattr(stats, "kv_transfer_failures", 0) or 0))
+        for direction in ("sent", "received"):
+            name = f"kv_transfer_bytes_{direction}"
+            value = float(getattr(stats, name, 0) or 0)
+            delta = value - self._last_cumulative.get(name, 0)
+            if delta > 0:
+                self.kv_transfer_bytes.labels(**self._labels, direction=direction).inc(delta)
+            self._last_cumulative[name] = value
+        if stats is not self._last_recorded:  # one step's samples are observed once
+            for seconds in getattr(stats, "kv_transfer_seconds", None) or []:
+                self.kv_transfer_seconds.labels(**self._labels).observe(seconds)
+        self._last_recorded = stats
         per_pos = getattr(stats, "spec_accepted_per_pos", None) or []
         for position, value in enumerate(per_pos):
             counter = self.spec_accepted_per_pos

@@ -36,6 +36,10 @@ class SchedulerStats:
         spec_num_draft_tokens: cumulative draft tokens verified.
         spec_num_accepted_tokens: cumulative draft tokens accepted.
         spec_accepted_per_pos: cumulative acceptances per draft position.
+        kv_transfer_bytes_received / kv_transfer_bytes_sent: cumulative bytes a KV
+            connector loaded / saved (distributed/kv_transfer/).
+        kv_transfer_failures: cumulative blocks that failed to load.
+        kv_transfer_seconds: this step's transfers' durations (one per load or save batch).
     """
 
     num_running_reqs: int = 0
@@ -53,6 +57,10 @@ class SchedulerStats:
     spec_num_draft_tokens: int = 0
     spec_num_accepted_tokens: int = 0
     spec_accepted_per_pos: list[int] = field(default_factory=list)
+    kv_transfer_bytes_received: int = 0
+    kv_transfer_bytes_sent: int = 0
+    kv_transfer_failures: int = 0
+    kv_transfer_seconds: list[float] = field(default_factory=list)
 
     @property
     def spec_mean_acceptance_length(self) -> float:
@@ -69,6 +77,16 @@ class SchedulerStats:
         return self.prefix_cache_hits / self.prefix_cache_queries
 
 
+@dataclass
+class KVTransferCounts:
+    """One step's KV connector traffic (worker → engine core)."""
+
+    bytes_received: int = 0
+    bytes_sent: int = 0
+    failures: int = 0
+    seconds: list[float] = field(default_factory=list)
+
+
 def merge_scheduler_stats(parts: list[SchedulerStats]) -> SchedulerStats:
     """Several engine cores' stats as one engine's (data parallel): counts and cumulative
     counters summed, KV cache usage averaged (the cores' caches are the same size)."""
@@ -77,7 +95,9 @@ def merge_scheduler_stats(parts: list[SchedulerStats]) -> SchedulerStats:
         for name in ("num_running_reqs", "num_waiting_reqs", "num_swapped_reqs",
                      "prefix_cache_queries", "prefix_cache_hits", "num_preemptions",
                      "num_computed_prompt_tokens", "model_execute_seconds", "spec_num_drafts",
-                     "spec_num_draft_tokens", "spec_num_accepted_tokens"):
+                     "spec_num_draft_tokens", "spec_num_accepted_tokens",
+                     "kv_transfer_bytes_received", "kv_transfer_bytes_sent",
+                     "kv_transfer_failures"):
             setattr(merged, name, getattr(merged, name) + getattr(stats, name))
         per_pos = merged.spec_accepted_per_pos
         for position, count in enumerate(stats.spec_accepted_per_pos):

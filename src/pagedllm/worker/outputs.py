@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from pagedllm.metrics.stats import KVTransferCounts
 from pagedllm.pooling.data import PooledData
 
 
@@ -77,3 +78,5 @@ class ModelRunnerOutput:
     pooler_output: dict[str, PooledData] = field(default_factory=dict)
     spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
     failed_request_ids: list[str] = field(default_factory=list)
+    # A KV connector's traffic this step (None: no connector).
+    kv_transfer: KVTransferCounts | None = None

@@ -105,6 +105,11 @@ class KVConnectorBase:
     def wait_for_save(self, metadata: Any) -> None:
         """Finish this step's saves, after the forward."""
 
+    def take_transfer_counts(self) -> Any:
+        """The bytes moved, blocks failed and transfer times since the last call
+        (metrics/stats.py KVTransferCounts), or None."""
+        return None
+
     def get_load_failures(self) -> set[str]:
         """Requests whose blocks failed to load since the last call (they fail, as
         kv_load_failure_policy "fail" asks)."""

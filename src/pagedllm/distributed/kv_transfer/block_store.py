@@ -11,11 +11,13 @@ it comes from (`read`), and which blocks it lets go (`take_dropped`).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from pagedllm.distributed.kv_transfer.base import KVConnectorBase, ScheduledKV
 from pagedllm.logger import init_logger
+from pagedllm.metrics.stats import KVTransferCounts
 
 logger = init_logger(__name__)
 
@@ -38,6 +40,7 @@ class BlockStoreConnector(KVConnectorBase):
         self._kv_caches: list[Any] = []  # worker side
         self._block_dim = 0
         self._failed_loads: set[str] = set()
+        self._counts = KVTransferCounts()
 
     # -------------------------------------------------------------- the store's part
 
@@ -124,30 +127,48 @@ class BlockStoreConnector(KVConnectorBase):
 
     def start_load_kv(self, metadata: Any) -> None:
         """Copy each stored block into its block of the cache (before the forward)."""
-        if metadata is None:
+        if metadata is None or not metadata.loads:
             return
+        start = time.perf_counter()
         for request_id, block_id, key in metadata.loads:
             try:
                 tensors = self.read(key)
                 for layer, cache in enumerate(self._kv_caches):
                     cache.select(self._block_dim, block_id).copy_(tensors[f"layer.{layer}"])
+                self._counts.bytes_received += _nbytes(tensors)
             except Exception as error:  # noqa: BLE001 - the request fails, the engine goes on
                 logger.warning("KV block %s failed to load (%s): request %s fails.",
                                key, error, request_id)
                 self._failed_loads.add(request_id)
+                self._counts.failures += 1
+        self._counts.seconds.append(time.perf_counter() - start)
 
     def wait_for_save(self, metadata: Any) -> None:
         """Store each new full block (after the forward wrote it), then apply drops."""
         if metadata is None:
             return
-        for block_id, key in metadata.saves:
-            self.write(key, {
-                f"layer.{layer}": cache.select(self._block_dim, block_id).to("cpu", copy=True)
-                for layer, cache in enumerate(self._kv_caches)})
+        if metadata.saves:
+            start = time.perf_counter()
+            for block_id, key in metadata.saves:
+                tensors = {
+                    f"layer.{layer}": cache.select(self._block_dim, block_id).to("cpu", copy=True)
+                    for layer, cache in enumerate(self._kv_caches)}
+                self.write(key, tensors)
+                self._counts.bytes_sent += _nbytes(tensors)
+            self._counts.seconds.append(time.perf_counter() - start)
         for key in metadata.drops:
             self.drop(key)
+
+    def take_transfer_counts(self) -> KVTransferCounts:
+        """This worker's traffic since the last call."""
+        counts, self._counts = self._counts, KVTransferCounts()
+        return counts
 
     def get_load_failures(self) -> set[str]:
         """Requests whose blocks failed to load since the last call."""
         failed, self._failed_loads = self._failed_loads, set()
         return failed
+
+
+def _nbytes(tensors: dict[str, Any]) -> int:
+    return sum(int(t.numel()) * int(t.element_size()) for t in tensors.values())

@@ -31,6 +31,7 @@ class KVConnectorHook(StepHook):
     def after_sampling(self, step: RunnerStep, hidden_states: torch.Tensor, output: Any) -> None:
         """A request whose blocks failed to load emits nothing and fails (the scheduler
         ends it with an error and takes its blocks out of the prefix cache)."""
+        output.kv_transfer = self.connector.take_transfer_counts()
         failed = self.connector.get_load_failures()
         for row, request_id in enumerate(output.request_ids):
             if request_id in failed:
