@@ -172,19 +172,23 @@ class EngineArgs:
 
     def _kv_transfer_config(self, model_config: ModelConfig) -> KVTransferConfig | None:
         """The user's kv_transfer_config, checked against what the connectors serve."""
+        config = (None if self.kv_transfer_config is None
+                  else KVTransferConfig.parse(self.kv_transfer_config))
         if self.kv_offloading_size is not None or self.kv_offloading_path is not None:
-            if self.kv_transfer_config is not None:
-                raise ValueError("kv_offloading_size with a kv_transfer_config needs a "
-                                 "MultiConnector, which is not built yet.")
             if self.kv_offloading_size is None:
                 raise ValueError("kv_offloading_path needs kv_offloading_size (GiB).")
-            config = KVTransferConfig("OffloadingConnector", "kv_both", kv_connector_extra_config={
-                "kv_offloading_size": self.kv_offloading_size,
-                "kv_offloading_path": self.kv_offloading_path})
-        elif self.kv_transfer_config is None:
+            offloading = {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+                          "kv_connector_extra_config": {
+                              "kv_offloading_size": self.kv_offloading_size,
+                              "kv_offloading_path": self.kv_offloading_path}}
+            if config is None:
+                config = KVTransferConfig.parse(offloading)
+            else:  # the given connector first, then the tier (vLLM composes them so too)
+                config = KVTransferConfig("MultiConnector", config.kv_role,
+                                          kv_connector_extra_config={"connectors": [
+                                              dataclasses.asdict(config), offloading]})
+        if config is None:
             return None
-        else:
-            config = KVTransferConfig.parse(self.kv_transfer_config)
         if model_config.runner != "generate":
             raise ValueError("kv_transfer_config applies to generating models only.")
         if self.tensor_parallel_size * self.pipeline_parallel_size > 1:

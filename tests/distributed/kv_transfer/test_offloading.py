@@ -1,7 +1,8 @@
 """OffloadingConnector (--kv-offloading-size / --kv-offloading-path): prompt blocks the KV
 cache evicted come back from the second tier instead of being computed again, token for
 token; the tier keeps its size (least recently used out); on disk it outlives the engine
-(a restarted engine answers a repeated prompt from it)."""
+(a restarted engine answers a repeated prompt from it); beside a shared folder, both make a
+MultiConnector."""
 
 from __future__ import annotations
 
@@ -85,6 +86,45 @@ def test_a_restarted_engine_answers_from_the_disk_tier(tiny_llama_dir, tmp_path,
 def test_offloading_options_are_checked(tiny_llama_dir, tmp_path):
     with pytest.raises(ValueError, match="needs kv_offloading_size"):
         LLM(str(tiny_llama_dir), kv_offloading_path=str(tmp_path))
-    with pytest.raises(ValueError, match="MultiConnector"):
-        LLM(str(tiny_llama_dir), kv_offloading_size=1.0,
-            kv_transfer_config={"kv_connector": "SharedStorageConnector"})
+
+
+def test_offloading_beside_a_shared_folder_is_a_multi_connector(tiny_llama_dir, tmp_path,
+                                                                expected):
+    folder = {"kv_connector": "SharedStorageConnector", "kv_role": "kv_both",
+              "kv_connector_extra_config": {"shared_storage_path": str(tmp_path / "shared")}}
+    first = _engine(tiny_llama_dir, kv_transfer_config=folder)
+    try:
+        _run(first, [SYSTEM + [30, 31]])  # the folder gets the 4 blocks
+    finally:
+        first.llm_engine.shutdown()
+    second = _engine(tiny_llama_dir, kv_transfer_config=folder, kv_offloading_size=0.01)
+    try:
+        connector = second.llm_engine.engine_core.engine_core.scheduler.kv_connector
+        assert [type(c).__name__ for c in connector.connectors] == [
+            "SharedStorageConnector", "OffloadingConnector"]
+        tokens, cached = _run(second, [SYSTEM + [30, 31]])
+        assert tokens == [expected] and cached == [64]  # from the folder
+        other = [50, 51, 52, 53] * 12
+        _run(second, [other])  # computed: saved to both the folder and the tier
+        assert connector.connectors[1].has(
+            second.llm_engine.engine_core.engine_core.scheduler.kv_cache_manager
+            .block_hashes(_probe(other))[0].hex())
+    finally:
+        second.llm_engine.shutdown()
+
+
+def _probe(tokens):
+    from pagedllm.request import Request, RequestData
+
+    return Request("probe", RequestData(tokens, PARAMS))
+
+
+@pytest.mark.parametrize("extra, text", [
+    ({"connectors": [{"kv_connector": "SharedStorageConnector"}]}, "at least two"),
+    ({"connectors": [{"kv_connector": "MultiConnector"}, {"kv_connector": "ExampleConnector"}]},
+     "MultiConnector"),
+])
+def test_bad_multi_connectors(tiny_llama_dir, extra, text):
+    with pytest.raises(ValueError, match=text):
+        LLM(str(tiny_llama_dir), kv_transfer_config={
+            "kv_connector": "MultiConnector", "kv_connector_extra_config": extra})

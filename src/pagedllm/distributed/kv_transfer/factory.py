@@ -16,6 +16,7 @@ _CONNECTORS = {
     "ExampleConnector": "pagedllm.distributed.kv_transfer.shared_storage:"
                         "SharedStorageConnector",
     "OffloadingConnector": "pagedllm.distributed.kv_transfer.offloading:OffloadingConnector",
+    "MultiConnector": "pagedllm.distributed.kv_transfer.multi:MultiConnector",
 }
 
 
