@@ -104,6 +104,8 @@ class RequestOutput:
         num_cached_tokens: prompt tokens found in the prefix cache when it was first
             scheduled (None before that).
         metrics: its timings (a snapshot taken with this output).
+        kv_transfer_params: what its KV connector reported when it finished (vLLM's; a
+            prefill instance's answer carries where a decode instance finds its blocks).
     """
 
     request_id: str
@@ -114,6 +116,7 @@ class RequestOutput:
     prompt_logprobs: PromptLogprobs | None = None
     num_cached_tokens: int | None = None
     metrics: RequestMetrics | None = None
+    kv_transfer_params: dict[str, Any] | None = None
 
     def __repr__(self) -> str:
         return (

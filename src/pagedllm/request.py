@@ -169,6 +169,8 @@ class Request(CarriesRequestData):
         structured_output: its grammar when `sampling_params.structured_outputs` is set.
         spec_token_ids: draft tokens proposed for its next step (speculative decoding);
             they are verified, never appended as such.
+        kv_transfer_params: what its KV connector reports when it finishes (vLLM's
+            `kv_transfer_params` of the response), or None.
     """
 
     request_id: str
@@ -188,6 +190,7 @@ class Request(CarriesRequestData):
     # the background, then its matcher, advanced by the scheduler with every token.
     structured_output: Any = None
     spec_token_ids: list[int] = field(default_factory=list)
+    kv_transfer_params: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.data.prompt_token_ids)

@@ -235,7 +235,7 @@ class Scheduler:
     def _free_request(self, request: Request) -> None:
         assert request.is_finished()
         if self.kv_connector is not None and self.has_kv_cache:
-            self.kv_connector.request_finished(
+            _, request.kv_transfer_params = self.kv_connector.request_finished(
                 request, self._get_block_ids(request.request_id)[0])
         if self.has_kv_cache:
             self.kv_cache_manager.free(request)

@@ -270,6 +270,7 @@ class EngineCore:
                     new_logprobs=model_output.logprobs.get(request.request_id),
                     new_prompt_logprobs=model_output.prompt_logprobs.get(request.request_id),
                     pooling_output=model_output.pooler_output.get(request.request_id),
+                    kv_transfer_params=request.kv_transfer_params,
                     **_first_output_facts(request, new_token_ids),
                 )
                 for request, new_token_ids in updates

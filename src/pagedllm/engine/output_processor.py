@@ -130,12 +130,16 @@ class UserRequestState:
     is_prompt_logprobs_sent: bool = False
     metrics: RequestMetrics | None = None
     num_cached_tokens: int | None = None
+    kv_transfer_params: dict[str, Any] | None = None
 
     def observe(self, output: EngineCoreOutput, now: float) -> None:
-        """Note what a core output tells about the request's timings and cache hits."""
+        """Note what a core output tells about the request's timings, cache hits and KV
+        transfer."""
         metrics = self.metrics
         if self.num_cached_tokens is None:
             self.num_cached_tokens = output.num_cached_tokens
+        if output.kv_transfer_params is not None:
+            self.kv_transfer_params = output.kv_transfer_params
         if metrics is None:
             return
         if metrics.first_scheduled_time is None and output.first_scheduled_time is not None:
@@ -188,6 +192,7 @@ class UserRequestState:
             prompt_logprobs=prompt_logprobs,
             num_cached_tokens=self.num_cached_tokens,
             metrics=None if self.metrics is None else dataclasses.replace(self.metrics),
+            kv_transfer_params=self.kv_transfer_params if finished else None,
         )
 
     def _best_outputs(self) -> list[CompletionOutput]:

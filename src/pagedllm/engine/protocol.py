@@ -59,6 +59,8 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=F
     # With a request's first output only: its prefix-cache hits and first admission time.
     num_cached_tokens: int | None = None
     first_scheduled_time: float | None = None
+    # With a finished request's output: what its KV connector reports (vLLM's).
+    kv_transfer_params: dict[str, Any] | None = None
 
     @property
     def finished(self) -> bool:

@@ -34,6 +34,8 @@ CASES = [
     ("/v1/completions", {"prompt": 5}, 400, "prompt", None),
     ("/v1/completions", {"prompt_embeds": "AAAA"}, 400, "prompt_embeds",
      "--enable-prompt-embeds"),
+    ("/v1/completions", {"prompt": "x", "kv_transfer_params": {"do_remote_decode": True}}, 400,
+     "kv_transfer_params", "--kv-transfer-config"),
     ("/v1/completions", {}, 400, None, "prompt"),
     ("/v1/completions", {"prompt": [5] * MAX_MODEL_LEN}, 400, "prompt",
      "maximum context length"),

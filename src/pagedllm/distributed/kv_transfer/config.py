@@ -23,6 +23,8 @@ class KVTransferConfig:
         kv_buffer_size: bytes a connector may buffer.
         kv_connector_extra_config: the connector's own options (a shared storage's path).
         kv_load_failure_policy: when a block fails to load, fail the request or recompute.
+        kv_connector_module_path: a module holding a connector class named kv_connector
+            (a connector of one's own, as vLLM loads them).
     """
 
     kv_connector: str
@@ -35,11 +37,12 @@ class KVTransferConfig:
     kv_buffer_size: float = 1e9
     kv_connector_extra_config: dict[str, Any] = field(default_factory=dict)
     kv_load_failure_policy: str = "fail"
+    kv_connector_module_path: str | None = None
 
     def __post_init__(self) -> None:
         from pagedllm.distributed.kv_transfer.factory import connector_names
 
-        if self.kv_connector not in connector_names():
+        if self.kv_connector_module_path is None and self.kv_connector not in connector_names():
             raise ValueError(f"kv_transfer_config kv_connector {self.kv_connector!r} is not "
                              f"known; choose one of {', '.join(connector_names())}.")
         if self.kv_role not in KV_ROLES:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
     from pagedllm.distributed.kv_transfer.base import KVConnectorBase, KVConnectorRole
@@ -31,7 +31,22 @@ def make_connector(config: KVTransferConfig, role: KVConnectorRole, block_size: 
     `bytes_per_block` bytes)."""
     import importlib
 
-    module_name, _, class_name = _CONNECTORS[config.kv_connector].partition(":")
-    cls = getattr(importlib.import_module(module_name), class_name)
-    connector: KVConnectorBase = cls(config, role, block_size, bytes_per_block)
-    return connector
+    if config.kv_connector_module_path is not None:  # one's own connector
+        module_name, class_name = config.kv_connector_module_path, config.kv_connector
+    else:
+        module_name, _, class_name = _CONNECTORS[config.kv_connector].partition(":")
+    cls: Any
+    try:
+        cls = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError) as error:
+        raise ValueError(f"kv_transfer_config: no connector {class_name!r} in "
+                         f"{module_name!r} ({error}).") from None
+    if not (isinstance(cls, type) and issubclass(cls, _base())):
+        raise ValueError(f"kv_transfer_config: {class_name!r} is not a KVConnectorBase.")
+    return cast("KVConnectorBase", cls(config, role, block_size, bytes_per_block))
+
+
+def _base() -> type[KVConnectorBase]:
+    from pagedllm.distributed.kv_transfer.base import KVConnectorBase
+
+    return KVConnectorBase

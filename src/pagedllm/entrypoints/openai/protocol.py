@@ -36,7 +36,7 @@ def random_uuid() -> str:
 UNBUILT_VLLM_FIELDS: dict[str, Any] = {
     "return_token_offsets": False, "return_prompt_text": False,
     "return_mm_kwargs": False,
-    "kv_transfer_params": None, "ec_transfer_params": None,
+    "ec_transfer_params": None,
     "repetition_detection": None, "thinking_token_budget": None,
     "stream_interval": 1, "logits_processors": None,
     "documents": None, "mm_processor_kwargs": None, "media_io_kwargs": None,
@@ -126,6 +126,8 @@ class SamplingExtras(OpenAIBaseModel):
     # vLLM's vllm_xargs: arguments for the engine's logits-processor plugins (they become
     # SamplingParams.extra_args).
     vllm_xargs: dict[str, str | int | float | list[str | int | float]] | None = None
+    # vLLM's kv_transfer_params: for the engine's KV connector (needs one configured).
+    kv_transfer_params: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _check_stream_fields(self) -> SamplingExtras:
@@ -357,6 +359,7 @@ class CompletionResponse(BaseModel):
     usage: UsageInfo | None = None
     system_fingerprint: str | None = None
     metrics: PerRequestTimingMetrics | None = Field(default=None, exclude_if=_is_none)
+    kv_transfer_params: dict[str, Any] | None = Field(default=None, exclude_if=_is_none)
 
 
 class TopLogprob(BaseModel):
@@ -469,6 +472,7 @@ class ChatCompletionResponse(BaseModel):
     usage: UsageInfo
     system_fingerprint: str | None = None
     metrics: PerRequestTimingMetrics | None = Field(default=None, exclude_if=_is_none)
+    kv_transfer_params: dict[str, Any] | None = Field(default=None, exclude_if=_is_none)
     prompt_logprobs: list[dict[int, Any] | None] | None = None
     prompt_token_ids: list[int] | None = Field(default=None, exclude_if=_is_none)
 
@@ -484,6 +488,7 @@ class ChatCompletionChunk(BaseModel):
     usage: UsageInfo | None = None
     system_fingerprint: str | None = None
     metrics: PerRequestTimingMetrics | None = Field(default=None, exclude_if=_is_none)
+    kv_transfer_params: dict[str, Any] | None = Field(default=None, exclude_if=_is_none)
     prompt_token_ids: list[int] | None = Field(default=None, exclude_if=_is_none)
 
 

@@ -217,7 +217,7 @@ def build_sampling_params(
         skip_special_tokens=request.skip_special_tokens,
         spaces_between_special_tokens=request.spaces_between_special_tokens,
         output_kind=RequestOutputKind.DELTA if request.stream else RequestOutputKind.FINAL_ONLY,
-        extra_args=dict(request.vllm_xargs) if request.vllm_xargs else None,
+        extra_args=_extra_args(request),
     )
     optional = {
         "presence_penalty": request.presence_penalty or 0.0,
@@ -255,3 +255,11 @@ def _supported_optional(values: dict[str, Any]) -> dict[str, Any]:
         elif value != _OPTIONAL_FIELDS[name]:
             raise APIError(f"{name} is not supported yet by this server.", param=name)
     return supported
+
+
+def _extra_args(request: Any) -> dict[str, Any] | None:
+    """SamplingParams.extra_args: vllm_xargs, and kv_transfer_params where vLLM puts it."""
+    extra = dict(request.vllm_xargs or {})
+    if request.kv_transfer_params is not None:
+        extra["kv_transfer_params"] = request.kv_transfer_params
+    return extra or None

@@ -191,6 +191,7 @@ class OpenAIServingChat(OpenAIServing):
                                    final.num_cached_tokens),
             system_fingerprint=self.system_fingerprint,
             metrics=self.config.timing(request, [final], num_generated),
+            kv_transfer_params=final.kv_transfer_params,
         )
         if request.prompt_logprobs is not None and final.prompt_logprobs is not None:
             response.prompt_logprobs = format_prompt_logprobs(final.prompt_logprobs)

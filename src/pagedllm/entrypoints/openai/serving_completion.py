@@ -186,6 +186,7 @@ class OpenAIServingCompletion(OpenAIServing):
             usage=generation_usage(num_prompt, num_generated, num_cached),
             system_fingerprint=self.system_fingerprint,
             metrics=self.config.timing(request, list(finals), num_generated),
+            kv_transfer_params=finals[0].kv_transfer_params if len(finals) == 1 else None,
         )
 
     async def _stream(

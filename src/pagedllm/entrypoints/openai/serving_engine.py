@@ -213,6 +213,10 @@ class OpenAIServing:
         """Queue one engine request per prompt; all or none (a failure aborts the rest).
         With `use_beam_search`, each prompt's stream is its beam search instead (one final
         output with the `n` best beams)."""
+        if request.kv_transfer_params is not None and (
+                self.engine.engine_config.kv_transfer_config is None):
+            raise APIError("kv_transfer_params needs a KV connector: start the server with "
+                           "--kv-transfer-config.", param="kv_transfer_params")
         if getattr(request, "use_beam_search", False):
             return [self._beam_search(request, prompt, engine_id, params)
                     for prompt, engine_id in zip(engine_prompts, engine_ids, strict=True)]
