@@ -213,6 +213,10 @@ def make_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     serve_parser = make_serve_parser(subparsers)
     make_run_batch_parser(subparsers)
+    from pagedllm.entrypoints.disagg_proxy import make_parser as make_proxy_parser
+
+    make_proxy_parser(subparsers.add_parser(
+        "disagg-proxy", help="One OpenAI address in front of prefill and decode instances."))
     add_client_parsers(subparsers)
     add_bench_parser(subparsers, _add_engine_group)
     return parser, serve_parser
@@ -277,6 +281,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit(run_bench(make_parser()[0].parse_args(argv)))
     if argv and argv[0] == "run-batch":
         raise SystemExit(_run_batch(argv))
+    if argv and argv[0] == "disagg-proxy":  # prefill and decode instances behind one address
+        from pagedllm.entrypoints import disagg_proxy
+
+        disagg_proxy.main(argv[1:])
+        return
     server_args, engine_args = parse_serve_args(argv)
     from pagedllm.engine.exceptions import EngineStartupError
     from pagedllm.entrypoints.openai.api_server import run_server
