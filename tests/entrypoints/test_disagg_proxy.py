@@ -93,3 +93,16 @@ def test_streamed_chat_through_the_proxy(instances):
         # A bad request comes back as the prefill instance answered it.
         bad = http.post(proxy + "/v1/chat/completions", json={"messages": []})
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "messages"
+
+
+def test_an_instance_that_is_down_is_a_clean_502_not_a_hang(instances):
+    from fastapi.testclient import TestClient
+
+    _, decode, _ = instances
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    with TestClient(build_app([dead], [decode.base_url])) as client:
+        response = client.post("/v1/completions", json={"prompt": [5, 6, 7], "max_tokens": 2})
+        assert response.status_code == 502
+        error = response.json()["error"]
+        assert error["code"] == 502 and "upstream instance failed" in error["message"]
+        assert client.get("/health").status_code == 503

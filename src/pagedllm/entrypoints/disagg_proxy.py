@@ -19,12 +19,14 @@ import argparse
 import contextlib
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from typing import Any
 
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from pagedllm.entrypoints.openai.errors import error_body
 from pagedllm.entrypoints.openai.serving_engine import cancel_on_disconnect
 
 _TIMEOUT = httpx.Timeout(connect=10.0, read=None, write=60.0, pool=None)
@@ -95,13 +97,21 @@ def build_app(prefill: Sequence[str], decode: Sequence[str],
                             media_type=answer.headers.get("content-type"))
         return await _stream(http, decodes, url + path, decode_body, headers, url)
 
+    async def answer(path: str, raw: Request) -> Response:
+        try:
+            return await forward(path, raw)
+        except httpx.HTTPError as error:  # an instance down or gone mid-request: never a hang
+            return JSONResponse(error_body(
+                f"An upstream instance failed: {error!r}.", HTTPStatus.BAD_GATEWAY),
+                status_code=HTTPStatus.BAD_GATEWAY)
+
     @app.post("/v1/completions")
     async def completions(raw: Request) -> Response:
-        return await forward("/v1/completions", raw)
+        return await answer("/v1/completions", raw)
 
     @app.post("/v1/chat/completions")
     async def chat(raw: Request) -> Response:
-        return await forward("/v1/chat/completions", raw)
+        return await answer("/v1/chat/completions", raw)
 
     @app.get("/v1/models")
     async def models() -> Response:
