@@ -94,6 +94,10 @@ def test_any_chunking_streams_the_same_split(name, reply, reasoning, answer):
     ("deepseek_r1", "<｜Assistant｜><think>\n", False),
     ("deepseek_r1", "<think>a</think> b <think>\n", False),
     ("granite", f"{G_START} x {G_END}", True),
+    # A system prompt quoting the markers (Granite 3.2's does) leaves the reply to reason.
+    ("granite", f"Write after '{G_START}' and then after '{G_END}'.\nUser: hi\nAssistant:",
+     False),
+    ("qwen3", "<think>old</think>answer<|im_end|>\n<|im_start|>assistant\n", False),
     ("gpt_oss", "<|start|>assistant", False),
     ("gpt_oss", "<|start|>assistant<|channel|>final<|message|>", True),
 ])

@@ -393,8 +393,10 @@ class Scheduler:
         )
         self.finished_request_ids = set()
         if self.kv_connector is not None:
+            # Only prompt blocks are saved: decoding requests need no copies of their tables.
             output.kv_connector_metadata = self.kv_connector.build_connector_meta(
-                [self._scheduled_kv(r, plan) for r in plan.cached_requests + plan.new_requests])
+                [self._scheduled_kv(r, plan) for r in plan.cached_requests + plan.new_requests
+                 if r.num_computed_tokens < r.num_prompt_tokens])
         output.scheduled_encoder_inputs = self.encoder.scheduled
         output.free_encoder_mm_hashes = self.encoder.cache.take_freed()
         if self.num_concurrent_batches > 1:

@@ -11,6 +11,7 @@ then `[-1 as 8 signed bytes, b""]`.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import queue
 import threading
@@ -73,7 +74,8 @@ class ZmqEventPublisher:
 
     def shutdown(self) -> None:
         """Send what is queued, stop the thread, close the sockets."""
-        self._queue.put(None)
+        with contextlib.suppress(queue.Full):
+            self._queue.put(None, timeout=5)
         self._thread.join(timeout=5)
         self._pub.close(linger=0)
         if self._replay is not None:
@@ -100,7 +102,12 @@ class ZmqEventPublisher:
         """Answer every waiting replay request (REQ envelope: identity, b"", start seq)."""
         replay = self._replay
         while replay is not None and replay.poll(0):
-            identity, _, start = replay.recv_multipart()
+            frames = replay.recv_multipart()
+            if len(frames) != 3 or len(frames[2]) != 8:
+                logger.warning("A KV events replay request of %d frames was ignored (REQ "
+                               "sends the 8-byte start sequence).", len(frames))
+                continue
+            identity, _, start = frames
             first = int.from_bytes(start, "big")
             for seq, payload in list(self._buffer):
                 if seq >= first:

@@ -61,6 +61,7 @@ def _prefill_body(body: dict[str, Any]) -> dict[str, Any]:
     if "max_completion_tokens" in prefill:
         prefill["max_completion_tokens"] = 1
     prefill.pop("n", None)
+    prefill.pop("min_tokens", None)  # one token: a larger minimum would be refused
     return prefill
 
 

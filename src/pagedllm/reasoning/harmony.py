@@ -49,12 +49,14 @@ class HarmonyStreamer:
     header: str = ""
     pending: str = ""
     kind: str = ""  # the current body's: "reasoning", "content" or "tool"
+    channel: str = ""  # the current body's channel
     emitted: frozenset[str] = frozenset()  # kinds that have had a body (for the newlines)
 
     @property
     def in_answer(self) -> bool:
-        """True inside an answer body (or a plain reply)."""
-        return self.plain or (not self.in_header and self.kind == "content")
+        """True inside the final channel's body (or a plain reply): a commentary preamble is
+        answer text, but what a constraint binds is the final message."""
+        return self.plain or (not self.in_header and self.channel == "final")
 
     def feed(self, delta: str, final: bool = False) -> ReasoningSplit:
         """The reasoning and answer text `delta` completes (`final`: the reply ended)."""
@@ -99,6 +101,7 @@ class HarmonyStreamer:
         header = self.pending[:index]
         self.pending = self.pending[index + len(_MESSAGE):]
         self.kind = _body_kind(header)
+        self.channel = _channel(header)
         if self.kind in self.emitted and self.kind != "tool":
             self.pending = "\n" + self.pending  # bodies of one kind are joined by newlines
         self.emitted = self.emitted | {self.kind}
@@ -120,10 +123,14 @@ class HarmonyStreamer:
         return text, False
 
 
+def _channel(header: str) -> str:
+    """A message header's channel name ("" when it names none)."""
+    channel = header.split("<|channel|>", 1)[-1] if "<|channel|>" in header else ""
+    return channel.split("<|", 1)[0].split(" ", 1)[0].strip()
+
+
 def _body_kind(header: str) -> str:
     """What a message's body is, from its header."""
     if " to=" in header or header.startswith("to="):
         return "tool"
-    channel = header.split("<|channel|>", 1)[-1] if "<|channel|>" in header else ""
-    channel = channel.split("<|", 1)[0].split(" ", 1)[0].strip()
-    return "reasoning" if channel == "analysis" else "content"
+    return "reasoning" if _channel(header) == "analysis" else "content"

@@ -95,10 +95,11 @@ class TagReasoningParser(ReasoningParser):
         return TagStreamer(self, answer_from_start)
 
     def ended_in(self, prompt_text: str) -> bool:
-        """The prompt's last end marker comes after its last start marker."""
-        last_end = max(prompt_text.rfind(tag) for tag in self.end_tags)
-        last_start = max(prompt_text.rfind(tag) for tag in self.start_tags)
-        return last_end >= 0 and last_end > last_start
+        """The prompt ends with an end marker (a template that closed the reasoning, as
+        Qwen3's with `enable_thinking: false`); markers earlier in the prompt (a system
+        prompt quoting them, earlier turns) do not count."""
+        tail = prompt_text.rstrip()
+        return any(tail.endswith(tag.rstrip()) for tag in self.end_tags)
 
 
 @dataclass

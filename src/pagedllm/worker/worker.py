@@ -115,7 +115,9 @@ class Worker:
         self.lora_manager = self._make_lora_manager()
         self.model_runner.hooks.extend(self._make_step_hooks())
         self.model_runner.contexts_rewritten = engine_config.speculative_config is not None
-        self.model_runner.decode_step = self._build_decode_step()
+        # Not over released KV memory (weights woken first): wake_up builds it once whole.
+        self.model_runner.decode_step = (
+            None if self.sleep_mode.kv_released else self._build_decode_step())
 
     # ------------------------------------------------------------------ sleep mode
 
@@ -187,9 +189,13 @@ class Worker:
         if len(self.kv_cache_spec.groups) != 1:
             raise ValueError("kv_transfer_config needs a model with one KV cache group (no "
                              "sliding-window layers beside full ones).")
-        connector = make_connector(self.config.kv_transfer_config, KVConnectorRole.WORKER,
-                                   self.kv_cache_spec.block_size,
-                                   self.kv_cache_spec.bytes_per_block)
+        # Made once: a runner rebuilt on waking keeps the connector (and a tier it holds).
+        connector = getattr(self, "_kv_connector", None)
+        if connector is None:
+            connector = make_connector(self.config.kv_transfer_config, KVConnectorRole.WORKER,
+                                       self.kv_cache_spec.block_size,
+                                       self.kv_cache_spec.bytes_per_block)
+            self._kv_connector = connector
         connector.register_kv_caches(self.model_runner.kv_caches, self._block_dim())
         return KVConnectorHook(connector)
 

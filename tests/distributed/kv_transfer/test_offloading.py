@@ -128,3 +128,15 @@ def test_bad_multi_connectors(tiny_llama_dir, extra, text):
     with pytest.raises(ValueError, match=text):
         LLM(str(tiny_llama_dir), kv_transfer_config={
             "kv_connector": "MultiConnector", "kv_connector_extra_config": extra})
+
+
+def test_the_host_tier_survives_a_level_2_sleep(tiny_llama_dir, expected):
+    llm = _engine(tiny_llama_dir, kv_offloading_size=0.01, enable_sleep_mode=True)
+    try:
+        _run(llm, [SYSTEM + [30, 31]])
+        llm.sleep(level=2)  # weights and KV cache given back; the tier is kept
+        llm.wake_up()
+        tokens, cached = _run(llm, [SYSTEM + [30, 31]])
+        assert tokens == [expected] and cached == [64]  # from the tier
+    finally:
+        llm.llm_engine.shutdown()

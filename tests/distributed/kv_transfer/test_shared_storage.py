@@ -122,3 +122,26 @@ def test_a_block_file_that_fails_to_load_fails_its_request_only(tiny_llama_dir, 
         assert again == expected[:1]
     finally:
         consumer.llm_engine.shutdown()
+
+
+def test_blocks_computed_over_a_failed_load_are_not_stored(tiny_llama_dir, tmp_path):
+    producer = _engine(tiny_llama_dir, tmp_path, "kv_producer")
+    try:
+        _run(producer, PROMPTS[:1])  # blocks 0 and 1 of the shared prefix
+    finally:
+        producer.llm_engine.shutdown()
+    longer = SHARED[:32] + list(range(60, 80))  # 52 tokens: its block 2 is new
+    engine = _engine(tiny_llama_dir, tmp_path, "kv_both", enable_prefix_caching=False)
+    try:
+        from pagedllm.request import Request, RequestData
+
+        hashes = engine.llm_engine.engine_core.engine_core.scheduler.kv_cache_manager \
+            .block_hashes(Request("probe", RequestData(longer, PARAMS)))
+        with open(tmp_path / f"{hashes[0].hex()}.safetensors", "wb") as broken:
+            broken.write(b"not a tensor file")
+        out = engine.generate({"prompt_token_ids": longer}, PARAMS, use_tqdm=False)[0]
+        assert out.outputs[0].finish_reason == "error"
+        # Its block 2 was computed over garbage: it must not reach the folder.
+        assert not (tmp_path / f"{hashes[2].hex()}.safetensors").exists()
+    finally:
+        engine.llm_engine.shutdown()

@@ -28,7 +28,7 @@ class BlockMoves:
     saves after it, and blocks the store drops (keys: hashes as hex)."""
 
     loads: list[tuple[str, int, str]] = field(default_factory=list)  # (request, block, key)
-    saves: list[tuple[int, str]] = field(default_factory=list)  # (block, key)
+    saves: list[tuple[str, int, str]] = field(default_factory=list)  # (request, block, key)
     drops: list[str] = field(default_factory=list)
 
 
@@ -105,7 +105,7 @@ class BlockStoreConnector(KVConnectorBase):
                     if key not in planned:
                         planned.add(key)
                         self.on_saved(key)
-                        moves.saves.append((block_id, key))
+                        moves.saves.append((request.request_id, block_id, key))
         moves.drops = self.take_dropped()
         return moves if (moves.loads or moves.saves or moves.drops) else None
 
@@ -149,11 +149,18 @@ class BlockStoreConnector(KVConnectorBase):
             return
         if metadata.saves:
             start = time.perf_counter()
-            for block_id, key in metadata.saves:
+            for request_id, block_id, key in metadata.saves:
+                if request_id in self._failed_loads:
+                    continue  # computed over blocks that did not load: never stored
                 tensors = {
                     f"layer.{layer}": cache.select(self._block_dim, block_id).to("cpu", copy=True)
                     for layer, cache in enumerate(self._kv_caches)}
-                self.write(key, tensors)
+                try:
+                    self.write(key, tensors)
+                except OSError as error:  # a full disk fails the save, not the engine
+                    logger.warning("KV block %s could not be saved (%s).", key, error)
+                    self._counts.failures += 1
+                    continue
                 self._counts.bytes_sent += _nbytes(tensors)
             self._counts.seconds.append(time.perf_counter() - start)
         for key in metadata.drops:
