@@ -58,14 +58,22 @@ def start_instance(model: str, core: int, port: int, extra: list[str], log: Path
         return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
 
 
-async def stream_request(client: Any, url: str, body: dict[str, Any]) -> list[float]:
-    """Arrival times of a streamed completion's chunks."""
-    times = []
-    async with client.stream("POST", url, json={**body, "stream": True}) as response:
+async def stream_request(client: Any, url: str, body: dict[str, Any]
+                         ) -> tuple[list[float], int]:
+    """Arrival times of a streamed completion's token chunks, and its cached tokens."""
+    times, cached = [], 0
+    stream_body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    async with client.stream("POST", url, json=stream_body) as response:
         async for line in response.aiter_lines():
-            if line.startswith("data: ") and line != "data: [DONE]":
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("choices"):
                 times.append(time.perf_counter())
-    return times
+            elif chunk.get("usage"):
+                details = chunk["usage"].get("prompt_tokens_details") or {}
+                cached = int(details.get("cached_tokens") or 0)
+    return times, cached
 
 
 async def run_load(route: Any, streams: list[list[int]], longs: list[list[int]],
@@ -75,18 +83,18 @@ async def run_load(route: Any, streams: list[list[int]], longs: list[list[int]],
 
     rng = random.Random(args.seed)
     async with httpx.AsyncClient(timeout=None) as client:
-        async def one_stream(index: int, prompt: list[int]) -> list[float]:
+        async def one_stream(index: int, prompt: list[int]) -> tuple[list[float], int]:
             body = {"prompt": prompt, "max_tokens": args.stream_tokens, "temperature": 0,
                     "ignore_eos": True}
             return await stream_request(client, route("stream", index), body)
 
-        async def one_long(index: int, prompt: list[int], delay: float) -> float:
-            await asyncio.sleep(delay)
+        async def one_long(index: int, prompt: list[int], delay: float) -> tuple[float, int]:
+            await asyncio.sleep(args.first_long_s + delay)
             start = time.perf_counter()
             body = {"prompt": prompt, "max_tokens": args.long_tokens, "temperature": 0,
                     "ignore_eos": True}
-            times = await stream_request(client, route("long", index), body)
-            return times[0] - start
+            times, cached = await stream_request(client, route("long", index), body)
+            return times[0] - start, cached
 
         delays, clock = [], 0.0
         for _ in longs:
@@ -96,11 +104,16 @@ async def run_load(route: Any, streams: list[list[int]], longs: list[list[int]],
         long_tasks = [one_long(i, p, d) for i, (p, d) in enumerate(zip(longs, delays,
                                                                       strict=True))]
         results = await asyncio.gather(*stream_tasks, *long_tasks)
-    gaps = [b - a for times in results[: len(streams)]
+    stream_results = results[: len(streams)]
+    long_results = results[len(streams):]
+    gaps = [b - a for times, _ in stream_results
             for a, b in zip(times, times[1:], strict=False)]
-    ttfts = list(results[len(streams):])
+    # Gaps while a long prompt was being prefilled somewhere: the ones disaggregation is for.
     return {"itl": _stats([g * 1000 for g in gaps]),
-            "ttft": _stats([t * 1000 for t in ttfts])}
+            "ttft": _stats([t * 1000 for t, _ in long_results]),
+            "cached_tokens": sum(c for _, c in stream_results) + sum(c for _, c in long_results),
+            "stream_seconds": max(times[-1] for times, _ in stream_results)
+            - min(times[0] for times, _ in stream_results)}
 
 
 def _stats(values: list[float]) -> dict[str, float]:
@@ -110,7 +123,8 @@ def _stats(values: list[float]) -> dict[str, float]:
     def at(q: float) -> float:
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
-    return {"p50": at(0.5), "p99": at(0.99),
+    return {"p50": at(0.5), "p99": at(0.99), "p999": at(0.999),
+            "max": ordered[-1] if ordered else float("nan"),
             "mean": sum(ordered) / len(ordered) if ordered else float("nan"),
             "count": float(len(ordered))}
 
@@ -149,7 +163,7 @@ def disaggregated(model: str, streams: list[list[int]], longs: list[list[int]], 
         proxy = f"http://127.0.0.1:{args.port + 2}/v1/completions"
         result = asyncio.run(run_load(lambda kind, index: proxy, streams, longs, args))
         metrics = httpx.get(urls[1] + "/metrics").text
-        result["transfer"] = _transfer_cost(metrics)
+        result["transfer"] = _transfer_cost(metrics, result["cached_tokens"])
         return result
     finally:
         server.should_exit = True
@@ -176,17 +190,14 @@ def round_robin(model: str, streams: list[list[int]], longs: list[list[int]], ar
             stop_process(process, 30)
 
 
-def _transfer_cost(metrics: str) -> dict[str, float]:
-    """Seconds of loading per 1k tokens, from the decode instance's metrics."""
-    values: dict[str, float] = {}
-    for line in metrics.splitlines():
-        for name in ("vllm:kv_transfer_seconds_sum", "vllm:prefix_cache_hits_total"):
-            if line.startswith(name):
-                values[name] = values.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
-    seconds = values.get("vllm:kv_transfer_seconds_sum", 0.0)
-    tokens = values.get("vllm:prefix_cache_hits_total", 0.0)
-    return {"load_seconds": seconds,
-            "ms_per_1k_tokens": 1000 * seconds / (tokens / 1000) if tokens else float("nan")}
+def _transfer_cost(metrics: str, tokens_loaded: int) -> dict[str, float]:
+    """Seconds of loading per 1k tokens loaded (the decode instance's transfer time over
+    the cached tokens its answers report)."""
+    seconds = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+                  if line.startswith("vllm:kv_transfer_seconds_sum"))
+    per_1k = 1000 * seconds / (tokens_loaded / 1000) if tokens_loaded else float("nan")
+    return {"load_seconds": seconds, "tokens_loaded": float(tokens_loaded),
+            "ms_per_1k_tokens": per_1k}
 
 
 def main() -> None:
@@ -195,11 +206,14 @@ def main() -> None:
     parser.add_argument("--model", default=None)
     parser.add_argument("--streams", type=int, default=8)
     parser.add_argument("--stream-len", type=int, default=64)
-    parser.add_argument("--stream-tokens", type=int, default=192)
+    parser.add_argument("--stream-tokens", type=int, default=768,
+                        help="Long enough to outlast the long prompts' arrivals.")
     parser.add_argument("--long-prompts", type=int, default=6)
     parser.add_argument("--long-len", type=int, default=2048)
     parser.add_argument("--long-tokens", type=int, default=8)
-    parser.add_argument("--rate", type=float, default=0.25, help="Long prompts per second.")
+    parser.add_argument("--rate", type=float, default=0.5, help="Long prompts per second.")
+    parser.add_argument("--first-long-s", type=float, default=2.0,
+                        help="When the first long prompt may arrive (the streams decode).")
     parser.add_argument("--port", type=int, default=18100)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output-json", default=None)
@@ -218,7 +232,8 @@ def main() -> None:
     for name, result in (("disaggregated (1 prefill + 1 decode)", disagg),
                          ("two instances, round-robin", plain)):
         print(f"  {name:38s} ITL p50 {_percentile(result['itl'], 'p50'):7.1f} ms  "
-              f"p99 {_percentile(result['itl'], 'p99'):7.1f} ms   long TTFT p50 "
+              f"p99 {_percentile(result['itl'], 'p99'):7.1f} ms  "
+              f"max {_percentile(result['itl'], 'max'):7.1f} ms   long TTFT p50 "
               f"{_percentile(result['ttft'], 'p50'):8.1f} ms  p99 "
               f"{_percentile(result['ttft'], 'p99'):8.1f} ms")
     ratio = _percentile(plain["itl"], "p99") / _percentile(disagg["itl"], "p99")
