@@ -53,6 +53,10 @@ class OpenAIBaseModel(BaseModel):
     @model_validator(mode="after")
     def _log_extra_fields(self) -> OpenAIBaseModel:
         for name, value in (self.model_extra or {}).items():
+            if name == "logits_processors" and value is not None:  # as vLLM v1 answers
+                raise ValueError("logits_processors (per-request logits processors) are not "
+                                 "supported: vLLM v1 refuses them too; load a plugin with "
+                                 "--logits-processors and pass its arguments in vllm_xargs.")
             if name in UNBUILT_VLLM_FIELDS and value != UNBUILT_VLLM_FIELDS[name]:
                 raise ValueError(f"{name} is not supported yet by this server.")
         if self.model_extra:
