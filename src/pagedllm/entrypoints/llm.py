@@ -240,9 +240,8 @@ class LLM(PoolingMethods):
         )
         if parser is not None:
             for output in outputs:
-                closed = parser.ended_in(output.prompt or "")
                 for seq in output.outputs:
-                    split = parser.split(seq.text, answer_from_start=closed)
+                    split = parser.split_reply(output.prompt, seq.text)
                     seq.reasoning, seq.content = split.reasoning, split.content or ""
         return outputs
 

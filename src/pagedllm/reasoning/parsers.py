@@ -67,6 +67,15 @@ class ReasoningParser(ABC):
         """A whole reply's reasoning and answer."""
         return self.streamer(answer_from_start).feed(text, final=True)
 
+    def split_reply(self, prompt_text: str | None, text: str) -> ReasoningSplit:
+        """The reasoning and answer of a reply to `prompt_text` (a prompt that closed the
+        reasoning makes it all answer)."""
+        return self.split(text, answer_from_start=self.ended_in(prompt_text or ""))
+
+    def reply_streamer(self, prompt_text: str | None) -> ReplyStreamer:
+        """A streamer for a reply to `prompt_text`."""
+        return self.streamer(answer_from_start=self.ended_in(prompt_text or ""))
+
 
 _START, _REASONING, _CONTENT, _DONE = "start", "reasoning", "content", "done"
 

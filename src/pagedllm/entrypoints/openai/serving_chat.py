@@ -154,7 +154,7 @@ class OpenAIServingChat(OpenAIServing):
         parser = self.config.reasoning_parser
         if parser is None:
             return None, text
-        split = parser.split(text, answer_from_start=parser.ended_in(prompt.text or ""))
+        split = parser.split_reply(prompt.text, text)
         return split.reasoning, split.content or ""
 
     def _logprobs(self, request: ChatCompletionRequest, seq: CompletionOutput) -> Any:
@@ -217,8 +217,7 @@ class OpenAIServingChat(OpenAIServing):
         latest: RequestOutput | None = None
         streamers = {index: tool_use.streamer() for index in range(request.n)}
         parser = self.config.reasoning_parser
-        closed = parser is not None and parser.ended_in(prompt.text or "")
-        thinkers = {index: parser.streamer(answer_from_start=closed)
+        thinkers = {index: parser.reply_streamer(prompt.text)
                     for index in range(request.n)} if parser is not None else {}
         try:
             for index in range(request.n):
