@@ -92,6 +92,9 @@ def test_bad_embeddings_are_value_errors(tiny_llama_dir):
                           ([[0.0] * hidden], "torch.Tensor")]:
             with pytest.raises(ValueError, match=text):
                 llm.generate({"prompt_embeds": bad}, PARAMS, use_tqdm=False)
+        with pytest.raises(ValueError, match="prompt_logprobs need prompt tokens"):
+            llm.generate({"prompt_embeds": torch.zeros(3, hidden)},
+                         SamplingParams(max_tokens=1, prompt_logprobs=1), use_tqdm=False)
         manager = llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_manager
         assert manager.get_num_free_blocks() == manager.num_usable_blocks  # nothing leaked
     finally:

@@ -194,10 +194,9 @@ class EngineCore:
         """A KV connector's traffic: cumulative totals, and this step's transfer times."""
         totals = self.kv_transfer_totals
         if counts is not None:
-            totals.bytes_received += counts.bytes_received
-            totals.bytes_sent += counts.bytes_sent
-            totals.failures += counts.failures
             stats.kv_transfer_seconds = list(counts.seconds)
+            counts.seconds = []  # the totals keep sums, not every step's samples
+            totals.add(counts)
         stats.kv_transfer_bytes_received = totals.bytes_received
         stats.kv_transfer_bytes_sent = totals.bytes_sent
         stats.kv_transfer_failures = totals.failures

@@ -130,6 +130,10 @@ class InputProcessor:
         for processor_class in self.logits_processors:
             processor_class.validate_params(params)  # type: ignore[attr-defined]
         processed = self.tokenize(prompt, add_special_tokens)
+        if params.prompt_logprobs is not None and isinstance(prompt, dict) and (
+                prompt.get("prompt_embeds") is not None):
+            raise ValueError("prompt_logprobs need prompt tokens; a prompt_embeds prompt has "
+                             "none.")
         self._check_prompt(processed.prompt_token_ids)
         params = self._resolve_params(params, len(processed.prompt_token_ids))
         request = EngineCoreRequest(

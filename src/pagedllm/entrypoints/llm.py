@@ -25,7 +25,7 @@ from pagedllm.lora.request import LoRARequest
 from pagedllm.metrics.reader import Metric
 from pagedllm.multimodal.media import MediaConnector, video_num_frames
 from pagedllm.outputs import RequestOutput
-from pagedllm.reasoning import ReasoningParser, get_reasoning_parser
+from pagedllm.reasoning import reasoning_parser_or_none
 from pagedllm.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 from pagedllm.tokenizer.tokenizer import apply_chat_template
 
@@ -229,7 +229,8 @@ class LLM(PoolingMethods):
                 template_kwargs=chat_template_kwargs,
             )
             prompts.append(media.prompt(text))
-        parser = self._reasoning_parser()
+        parser = reasoning_parser_or_none(
+            self.llm_engine.engine_config.structured_outputs_config.reasoning_parser)
         if parser is not None and parser.needs_special_tokens:  # its markers must show
             params = _as_params_list(sampling_params, len(prompts))
             sampling_params = [dataclasses.replace(p, skip_special_tokens=False) for p in params]
@@ -245,9 +246,6 @@ class LLM(PoolingMethods):
                     seq.reasoning, seq.content = split.reasoning, split.content or ""
         return outputs
 
-    def _reasoning_parser(self) -> ReasoningParser | None:
-        name = self.llm_engine.engine_config.structured_outputs_config.reasoning_parser
-        return get_reasoning_parser(name) if name else None
 
     def _run(
         self,

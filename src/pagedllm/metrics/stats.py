@@ -86,6 +86,13 @@ class KVTransferCounts:
     failures: int = 0
     seconds: list[float] = field(default_factory=list)
 
+    def add(self, other: KVTransferCounts) -> None:
+        """Fold `other`'s traffic into this one."""
+        self.bytes_received += other.bytes_received
+        self.bytes_sent += other.bytes_sent
+        self.failures += other.failures
+        self.seconds.extend(other.seconds)
+
 
 def merge_scheduler_stats(parts: list[SchedulerStats]) -> SchedulerStats:
     """Several engine cores' stats as one engine's (data parallel): counts and cumulative

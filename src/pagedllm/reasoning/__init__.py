@@ -25,6 +25,11 @@ def reasoning_parser_names() -> list[str]:
     return sorted(_PARSERS)
 
 
+def reasoning_parser_or_none(name: str | None) -> ReasoningParser | None:
+    """The parser called `name`, or None when no parser is configured."""
+    return get_reasoning_parser(name) if name else None
+
+
 def get_reasoning_parser(name: str) -> ReasoningParser:
     """The parser called `name`; ValueError naming the known ones otherwise."""
     try:
@@ -37,4 +42,5 @@ def get_reasoning_parser(name: str) -> ReasoningParser:
 __all__ = [
     "HarmonyReasoningParser", "ReasoningParser", "ReasoningSplit", "ReplyStreamer",
     "TagReasoningParser", "get_reasoning_parser", "reasoning_parser_names",
+    "reasoning_parser_or_none",
 ]

@@ -104,8 +104,5 @@ class MultiConnector(KVConnectorBase):
         for connector in self.connectors:
             counts = connector.take_transfer_counts()
             if counts is not None:
-                total.bytes_received += counts.bytes_received
-                total.bytes_sent += counts.bytes_sent
-                total.failures += counts.failures
-                total.seconds.extend(counts.seconds)
+                total.add(counts)
         return total

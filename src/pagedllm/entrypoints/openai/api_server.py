@@ -71,7 +71,7 @@ from pagedllm.entrypoints.openai.serving_tokenization import OpenAIServingTokeni
 from pagedllm.logger import init_logger
 from pagedllm.model_loader.source import DEFAULT_MODEL
 from pagedllm.multimodal.media import MediaConnector, video_num_frames
-from pagedllm.reasoning import ReasoningParser, get_reasoning_parser
+from pagedllm.reasoning import reasoning_parser_or_none
 
 logger = init_logger(__name__)
 router = APIRouter()
@@ -454,7 +454,8 @@ def build_app(engine: AsyncLLM, server_args: ServerArgs, model: str | None = Non
         force_include_usage=server_args.enable_force_include_usage,
         per_request_metrics=server_args.enable_per_request_metrics,
         generation_config=server_args.generation_config,
-        reasoning_parser=_reasoning_parser(engine),
+        reasoning_parser=reasoning_parser_or_none(
+            engine.engine_config.structured_outputs_config.reasoning_parser),
     )
     state = app.state
     state.engine = engine
@@ -485,12 +486,6 @@ def build_app(engine: AsyncLLM, server_args: ServerArgs, model: str | None = Non
         app.add_middleware(RequestIdMiddleware)
     app.add_middleware(DrainMiddleware, state=state)  # outermost: 503 while draining
     return app
-
-
-def _reasoning_parser(engine: AsyncLLM) -> ReasoningParser | None:
-    """The engine's --reasoning-parser, which the chat endpoint splits replies with."""
-    name = engine.engine_config.structured_outputs_config.reasoning_parser
-    return get_reasoning_parser(name) if name else None
 
 
 _WATCHDOG_INTERVAL_S = 0.5
