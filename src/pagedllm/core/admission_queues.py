@@ -139,12 +139,17 @@ class WaitingAdmission(_OverRequestQueue):
                          num_external_tokens=num_external)
 
     def on_admit(self, candidate: Candidate, plan: StepPlan) -> None:
-        """Its cached tokens count as computed; a first admission records its hits."""
+        """Its cached tokens count as computed; a first admission records its hits; a KV
+        connector's tokens are to be loaded into the blocks just allocated."""
         request = candidate.request
         request.num_computed_tokens = candidate.num_computed_tokens
         if request.num_cached_tokens is None:
             request.num_cached_tokens = candidate.num_computed_tokens
             request.first_scheduled_time = time.time()
+        if candidate.num_external_tokens:  # the connector loads them into the new blocks
+            self.kv_connector.update_state_after_alloc(
+                request, self.manager.get_block_ids(request.request_id)[0],
+                candidate.num_external_tokens)
 
 
 class SwappedAdmission(_OverRequestQueue):

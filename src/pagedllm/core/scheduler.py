@@ -310,10 +310,6 @@ class Scheduler:
         request.status = RequestStatus.RUNNING
         if queue.takes_seat:
             self.running.append(request)
-        if candidate.num_external_tokens and self.kv_connector is not None:
-            self.kv_connector.update_state_after_alloc(
-                request, self._get_block_ids(request.request_id)[0],
-                candidate.num_external_tokens)
         plan.add(request, candidate.num_new_tokens, candidate.new_block_ids, is_new=True)
 
     def _fail_admission(self, request: Request, status: RequestStatus) -> None:
