@@ -70,6 +70,9 @@ class RequestStatus(enum.IntEnum):
     """Lifecycle of a request in the engine core."""
 
     WAITING = enum.auto()
+    # Admitted with blocks while a KV connector loads its prompt's KV from elsewhere
+    # (vLLM's WAITING_FOR_REMOTE_KVS): it holds no seat and computes nothing until loaded.
+    WAITING_FOR_REMOTE_KVS = enum.auto()
     RUNNING = enum.auto()
     # Preempted with its KV copied to the host pool (swap mode); resumes without recompute.
     SWAPPED = enum.auto()

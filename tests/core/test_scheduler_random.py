@@ -17,6 +17,15 @@ request has finished or been aborted (no starvation or deadlock) and every block
 and host, is free again (cached-but-evictable blocks count as free). A sliding-window group
 is checked on the keys its queries can see: those must be present and exact, while the
 blocks before them may have been let go (null in the scheduler's table).
+
+With a fake asynchronous KV connector (distributed/kv_transfer/'s interface, one
+full-attention group), some requests have their prompt KV (all but the last token) loaded
+from elsewhere: they wait parked while other requests run, the fake worker writes the
+loaded slots a random number of steps later (or the load fails: the request fails, or
+computes the prompt itself, as the drawn kv_load_failure_policy says; an aborted request's
+late load is never written), and some finished requests' blocks are held until a peer
+"pulls" them. The same checks then prove that a request reads exactly its loaded prefix
+and that parked and held blocks are neither lost nor shared early.
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ from pagedllm.core.kv_cache_groups import KVCacheGroupSpec
 from pagedllm.core.kv_cache_manager import KVCacheManager
 from pagedllm.core.sched_output import SchedulerOutput
 from pagedllm.core.scheduler import Scheduler
+from pagedllm.distributed.kv_transfer.base import KVConnectorOutput
 from pagedllm.request import Request, RequestData, RequestStatus
 from pagedllm.sampling_params import SamplingParams
 from pagedllm.worker.outputs import ModelRunnerOutput
@@ -46,6 +56,52 @@ class _WorkerRequest:
     token_ids: list[int]
     block_ids: list[list[int]]  # per KV cache group
     num_computed_tokens: int
+
+
+@dataclass
+class _FakeTransferConfig:
+    kv_load_failure_policy: str
+
+
+class FakeAsyncConnector:
+    """The scheduler half of a connector that loads the prompts of `remote_ids` (all but
+    their last token) asynchronously and holds the blocks of `held_ids` once they finish."""
+
+    def __init__(self, remote_ids: set[str], held_ids: set[str], policy: str) -> None:
+        self.config = _FakeTransferConfig(policy)
+        self.remote_ids, self.held_ids = remote_ids, held_ids
+        self.offered: set[str] = set()
+        self.loads: list[tuple[str, list[int], int, int, list[int]]] = []
+        self.held: list[str] = []
+
+    def get_num_new_matched_tokens(self, request: Request, num_computed: int
+                                   ) -> tuple[int, bool]:
+        if request.request_id not in self.remote_ids or request.request_id in self.offered:
+            return 0, False
+        count = request.num_prompt_tokens - 1 - num_computed
+        return max(0, count), count > 0
+
+    def update_state_after_alloc(self, request: Request, block_ids: list[int],
+                                 num_external: int) -> None:
+        if num_external:
+            self.offered.add(request.request_id)
+            end = request.num_computed_tokens
+            self.loads.append((request.request_id, list(block_ids), end - num_external, end,
+                               list(request.prompt_token_ids)))
+
+    def build_connector_meta(self, scheduled: list) -> list:
+        loads, self.loads = self.loads, []
+        return loads
+
+    def load_failed(self, request: Request) -> None:
+        pass
+
+    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, None]:
+        if request.request_id in self.held_ids and request.status in (
+                RequestStatus.FINISHED_LENGTH_CAPPED, RequestStatus.FINISHED_STOPPED):
+            self.held.append(request.request_id)
+            return True, None
+        return False, None
 
 
 class FakeWorker:
@@ -64,10 +120,14 @@ class FakeWorker:
         self.host_kv: dict[int, list[Slot | None]] = {}
         self.num_computed_prompt_tokens = 0
         self.windows = [group.sliding_window for group in scheduler.kv_cache_manager.groups]
+        # A fake async connector's loads in flight: request id -> (steps left, fails, load).
+        self.loads: dict[str, tuple[int, bool, tuple]] = {}
+        self.sends: dict[str, int] = {}  # held request -> steps until a peer pulls it
 
     def execute(self, output: SchedulerOutput) -> ModelRunnerOutput:
         for request_id in output.finished_request_ids:
             self.requests.pop(request_id, None)
+            self.loads.pop(request_id, None)  # an ended request's load is never written
         self._swap(output)
         for new in output.scheduled_new_reqs:
             assert new.request_id not in self.requests, "worker already holds this request"
@@ -89,7 +149,43 @@ class FakeWorker:
                 table += new_ids
         self._write_kv(output)
         self._check_contexts(output)
-        return self._sample(output)
+        runner_output = self._sample(output)
+        runner_output.kv_connector_output = self._transfers(output)
+        return runner_output
+
+    def _transfers(self, output: SchedulerOutput) -> KVConnectorOutput | None:
+        """Start the step's loads; finish (write) or fail those whose time came; pull
+        held blocks after a while."""
+        connector = self.scheduler.kv_connector
+        if connector is None:
+            return None
+        for load in output.kv_connector_metadata or []:
+            self.loads[load[0]] = (self.rng.randrange(4), self.rng.random() < 0.2, load)
+        for request_id in connector.held:
+            self.sends[request_id] = self.rng.randrange(4)
+        connector.held = []
+        news = KVConnectorOutput()
+        for request_id, (steps, fails, load) in list(self.loads.items()):
+            if steps:
+                self.loads[request_id] = (steps - 1, fails, load)
+                continue
+            del self.loads[request_id]
+            if fails:
+                news.failed_recving.add(request_id)
+                continue
+            _, block_ids, start, end, prompt = load
+            for position in range(start, end):
+                block = self.device_kv.setdefault(block_ids[position // self.block_size],
+                                                  [None] * self.block_size)
+                block[position % self.block_size] = (0, tuple(prompt[: position + 1]))
+            news.finished_recving.add(request_id)
+        for request_id, steps in list(self.sends.items()):
+            if steps:
+                self.sends[request_id] = steps - 1
+            else:
+                del self.sends[request_id]
+                news.finished_sending.add(request_id)
+        return news
 
     def _swap(self, output: SchedulerOutput) -> None:
         # Out before in, as the worker does; the scheduler never overlaps them.
@@ -186,7 +282,9 @@ def check_blocks(scheduler: Scheduler, all_requests: list[Request]) -> None:
     holders: dict[int, int] = {}
     for request in all_requests:
         block_ids = [i for table in manager.get_block_ids(request.request_id) for i in table]
-        if request.status != RequestStatus.RUNNING:
+        parked = request.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+        held = request.request_id in scheduler.kv_sending
+        if request.status != RequestStatus.RUNNING and not (parked or held):
             assert block_ids == [], f"{request.request_id} holds blocks while not running"
         for block_id in block_ids:
             if block_id:  # 0: a block a sliding window let go
@@ -264,6 +362,11 @@ def workloads(draw: st.DrawFn) -> dict[str, object]:
         "seed": draw(st.integers(0, 2**16)),
         "eos_prob": draw(st.sampled_from([0.0, 0.05, 0.3])),
         "num_spec": draw(st.sampled_from([0, 0, 1, 3])),
+        # A fake async KV connector (one full-attention group only, as the real ones):
+        # which requests load remote KV, which are held once finished, the policy.
+        "connector": draw(st.none() | st.tuples(
+            st.sets(st.integers(0, 9)), st.sets(st.integers(0, 9)),
+            st.sampled_from(["fail", "recompute"]))) if groups is None else None,
     }
 
 
@@ -299,6 +402,10 @@ def test_random_workloads_keep_invariants_and_finish(workload: dict) -> None:
     rng = random.Random(workload["seed"])
     worker = FakeWorker(scheduler, rng, workload["eos_prob"], workload["num_spec"])
     requests = [*_make_requests(specs, scheduler.max_model_len, rng)]
+    if workload["connector"] is not None:
+        remote, held, policy = workload["connector"]
+        scheduler.kv_connector = FakeAsyncConnector(
+            {f"r{i}" for i in remote}, {f"r{i}" for i in held}, policy)
     last_arrival = max(s[0] for s in specs)
     # Generous: preemption (recompute) and priority preemption redo work.
     max_steps = 10 * (last_arrival + sum(s[1] + s[2] for s in specs)) + 20
@@ -318,9 +425,11 @@ def test_random_workloads_keep_invariants_and_finish(workload: dict) -> None:
                 scheduler.abort_requests([request.request_id])
         scheduler.update_from_output(output, runner_output)
         _check_after_update(scheduler, requests, worker)
-        if step_index > last_arrival and not scheduler.has_unfinished_requests():
+        if step_index > last_arrival and not (scheduler.has_unfinished_requests()
+                                              or scheduler.has_pending_kv_transfers()):
             break
     assert not scheduler.has_unfinished_requests(), "a request starved or deadlocked"
+    assert not scheduler.has_pending_kv_transfers(), "held blocks were never freed"
     assert all(request.is_finished() for request in requests)
     assert scheduler.kv_cache_usage == 0.0
     manager = scheduler.kv_cache_manager

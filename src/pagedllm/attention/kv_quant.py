@@ -88,3 +88,13 @@ def store_rows(
     rows = quantize_rows(torch.stack([key, value]))  # [2, T, Hkv, row]
     kv_cache.view(2, -1, *rows.shape[2:]).index_copy_(1, slot_mapping, rows)
     return rows
+
+
+def convert_rows(rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Cache rows of one KV cache dtype as another's (a KV connector's peer may keep an int8
+    cache where this one keeps bfloat16, or the reverse): int8 rows are dequantized, values
+    quantized for an int8 cache, else cast (through float32)."""
+    if rows.dtype == dtype:
+        return rows
+    values = dequantize_rows(rows, torch.float32) if rows.dtype == torch.int8 else rows.float()
+    return quantize_rows(values) if dtype == torch.int8 else values.to(dtype)

@@ -64,6 +64,8 @@ class Candidate:
             it; aborted by default).
         num_external_tokens: tokens a KV connector provides after the prefix-cache hit
             (counted in num_computed_tokens; their blocks are allocated and loaded).
+        load_is_async: the connector loads them asynchronously: the request waits for
+            them, parked (core/remote_kv.py), instead of running this step.
     """
 
     request: Request
@@ -76,6 +78,7 @@ class Candidate:
     encoder_plan: EncoderPlan | None = None
     fail_status: RequestStatus = RequestStatus.FINISHED_ABORTED
     num_external_tokens: int = 0
+    load_is_async: bool = False
 
 
 class AdmissionCheck(ABC):

@@ -129,14 +129,16 @@ class WaitingAdmission(_OverRequestQueue):
     def candidate(self, request: Request) -> Candidate:
         """From its prefix-cache hit, and what a KV connector has after it."""
         computed_blocks, num_cached = self.manager.get_computed_blocks(request)
-        num_external = 0
+        num_external, is_async = 0, False
         # Prompt logprobs need every prompt position computed: nothing is loaded for them.
         if self.kv_connector is not None and not (
                 request.sampling_params.skip_reading_prefix_cache):
             self.manager.block_hashes(request)  # the connector names blocks by them
-            num_external, _ = self.kv_connector.get_num_new_matched_tokens(request, num_cached)
+            num_external, is_async = self.kv_connector.get_num_new_matched_tokens(
+                request, num_cached)
         return Candidate(request, num_cached + num_external, computed_blocks,
-                         num_external_tokens=num_external)
+                         num_external_tokens=num_external,
+                         load_is_async=bool(is_async and num_external))
 
     def on_admit(self, candidate: Candidate, plan: StepPlan) -> None:
         """Its cached tokens count as computed; a first admission records its hits; a KV

@@ -20,6 +20,9 @@ def check_scheduler_integrity(scheduler: Scheduler) -> None:
         RequestStatus.RUNNING: [r.request_id for r in scheduler.running],
         RequestStatus.WAITING: [r.request_id for r in scheduler.waiting],
         RequestStatus.SWAPPED: [r.request_id for r in scheduler.swapped],
+        # Parked while a KV connector loads their KV, or loaded and not yet admitted.
+        RequestStatus.WAITING_FOR_REMOTE_KVS: [
+            *scheduler.remote_kv.loading, *(r.request_id for r in scheduler.remote_kv)],
     }
     pooling = [r.request_id for r in (*scheduler.pooling, *scheduler.pooling.in_step)]
     all_ids = [request_id for ids in queues.values() for request_id in ids] + pooling
@@ -27,10 +30,14 @@ def check_scheduler_integrity(scheduler: Scheduler) -> None:
     assert set(all_ids) == set(scheduler.requests), "a request is lost"
     assert len(scheduler.running) <= scheduler.scheduler_config.max_num_seqs
     in_step = {r.request_id for r in scheduler.pooling.in_step}
-    holders = set(queues[RequestStatus.RUNNING]) | in_step
+    holders = (set(queues[RequestStatus.RUNNING]) | in_step
+               | set(queues[RequestStatus.WAITING_FOR_REMOTE_KVS]) | set(scheduler.kv_sending))
     assert scheduler.kv_cache_manager.get_request_ids() <= holders, (
         "a request that is not running holds KV blocks"
     )
+    assert not set(scheduler.kv_sending) & set(scheduler.requests), "a held request runs"
+    for request in scheduler.kv_sending.values():
+        assert request.is_finished()
     assert scheduler.swap_manager.get_request_ids() == set(queues[RequestStatus.SWAPPED])
     _check_request_states(scheduler)
 
@@ -49,6 +56,10 @@ def _check_request_states(scheduler: Scheduler) -> None:
     for request in scheduler.waiting:
         assert request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED)
         assert request.num_computed_tokens == 0
+    for request in (*scheduler.remote_kv.loading.values(), *scheduler.remote_kv):
+        assert request.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+        for table in manager.get_block_ids(request.request_id):
+            assert len(table) * block_size >= request.num_computed_tokens
     for request in scheduler.swapped:
         assert request.status == RequestStatus.SWAPPED
         num_host_blocks = scheduler.swap_manager.get_num_host_blocks(request.request_id)

@@ -169,6 +169,7 @@ class KVCacheManager:
         request: Request,
         num_new_tokens: int,
         new_computed_blocks: KVCacheBlocks | None = None,
+        cache_new_blocks: bool = True,
     ) -> BlockIds | None:
         """Grow `request`'s block tables so they hold KV for `num_new_tokens` more tokens.
 
@@ -180,6 +181,9 @@ class KVCacheManager:
             new_computed_blocks: at admission, the prefix hit from `get_computed_blocks`
                 (possibly empty): these blocks start the tables and their tokens count as
                 computed. None when the request is not being admitted with a lookup.
+            cache_new_blocks: make the blocks that become full findable in the prefix
+                cache now (False: their KV arrives later, from a KV connector's
+                asynchronous load; the allocation after it caches them).
 
         Returns:
             Per group, the ids of the blocks appended after the prefix hit (possibly empty),
@@ -206,10 +210,10 @@ class KVCacheManager:
         for manager in self.managers:
             new_blocks = manager.allocate_new_blocks(request_id, num_tokens, num_computed)
             new_block_ids.append([block.block_id for block in new_blocks])
-        if self.enable_caching:
-            if new_computed_blocks is not None:
-                self.prefix_cache_queries += request.num_tokens
-                self.prefix_cache_hits += num_hit
+        if self.enable_caching and new_computed_blocks is not None:
+            self.prefix_cache_queries += request.num_tokens
+            self.prefix_cache_hits += num_hit
+        if self.enable_caching and cache_new_blocks:
             block_hashes = update_request_block_hashes(request, self.block_size)
             num_full_blocks = min(num_tokens, request.num_tokens) // self.block_size
             for manager in self.managers:

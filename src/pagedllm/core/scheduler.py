@@ -51,13 +51,14 @@ from pagedllm.core.post_step import (
     apply_processors,
 )
 from pagedllm.core.preemption import Preemption
+from pagedllm.core.remote_kv import RemoteKVAdmission
 from pagedllm.core.request_queue import RequestQueue, create_request_queue
 from pagedllm.core.sched_output import SchedulerOutput
 from pagedllm.core.snapshot import scheduler_stats
 from pagedllm.core.spec_tokens import SpecDecodeCounters, drafts_to_schedule
 from pagedllm.core.step_plan import StepPlan
 from pagedllm.core.swap_manager import SwapManager
-from pagedllm.distributed.kv_transfer.base import ScheduledKV
+from pagedllm.distributed.kv_transfer.base import KVConnectorOutput, ScheduledKV
 from pagedllm.metrics.stats import SchedulerStats
 from pagedllm.multimodal.encoder_cache import EncoderScheduler
 from pagedllm.request import Request, RequestStatus
@@ -165,6 +166,9 @@ class Scheduler:
         self.swapped_admission = SwappedAdmission(
             self.swapped, self.waiting, manager, self.swap_manager
         )
+        # A KV connector's asynchronous loads (parked requests) and held sends.
+        self.remote_kv = RemoteKVAdmission()
+        self.kv_sending: dict[str, Request] = {}
 
     def _post_step_processors(self) -> list[PostStepProcessor]:
         """The per-request rules these configs ask for (post_step.py), in order."""
@@ -225,6 +229,8 @@ class Scheduler:
             elif request.status == RequestStatus.SWAPPED:
                 self.swapped.remove(request)
                 self.swap_manager.free(request_id)
+            elif self.remote_kv.holds(request):
+                self.remote_kv.remove(request)
             else:
                 self.waiting.remove(request)
             request.status = status
@@ -234,10 +240,13 @@ class Scheduler:
 
     def _free_request(self, request: Request) -> None:
         assert request.is_finished()
+        held = False
         if self.kv_connector is not None and self.has_kv_cache:
-            _, request.kv_transfer_params = self.kv_connector.request_finished(
+            held, request.kv_transfer_params = self.kv_connector.request_finished(
                 request, self._get_block_ids(request.request_id)[0])
-        if self.has_kv_cache:
+        if held:  # a peer pulls its blocks: they stay until pulled or their lease ends
+            self.kv_sending[request.request_id] = request
+        elif self.has_kv_cache:
             self.kv_cache_manager.free(request)
         del self.requests[request.request_id]
         self.trimmed_tables.pop(request.request_id, None)
@@ -268,6 +277,10 @@ class Scheduler:
         if plan.num_preempted_running == 0:
             if not plan.blocks_to_swap_out:
                 self._admit(self.swapped_admission, plan)
+            self._admit(self.remote_kv, plan)
+            if len(self.remote_kv) > 1 and not self.running:
+                self._restart_newest_loaded()
+                self._admit(self.remote_kv, plan)
             self._admit(self.waiting_admission, plan)
         return self._make_output(plan)
 
@@ -283,7 +296,12 @@ class Scheduler:
                 candidate = None
                 if verdict is Verdict.ADMIT:
                     candidate = queue.candidate(request)
-                    verdict = ask(self.capacity_checks, candidate, plan)
+                    if candidate.load_is_async:  # parked while its KV loads
+                        verdict = self._park(queue, candidate, plan)
+                        if verdict is Verdict.ADMIT:
+                            continue
+                    else:
+                        verdict = ask(self.capacity_checks, candidate, plan)
                 if verdict is Verdict.SKIP and queue.passes_over:
                     passed_over.append(queue.pop())
                 elif verdict is Verdict.FAIL:
@@ -311,6 +329,34 @@ class Scheduler:
         if queue.takes_seat:
             self.running.append(request)
         plan.add(request, candidate.num_new_tokens, candidate.new_block_ids, is_new=True)
+
+    def _restart_newest_loaded(self) -> None:
+        """Loaded requests hold blocks and none could grow, with nothing running to free
+        any: the newest gives its blocks back and waits again, to compute its prompt
+        itself (the connector offers it nothing twice), so the others can run."""
+        request = self.remote_kv.ready[-1]
+        self.remote_kv.remove(request)
+        self.kv_cache_manager.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_cached_tokens = None
+        request.num_preemptions += 1
+        self.waiting.prepend(request)
+
+    def _park(self, queue: AdmissionQueue, candidate: Candidate, plan: StepPlan) -> Verdict:
+        """A request whose KV a connector loads asynchronously gets blocks for it (out of
+        the prefix cache until loaded) and waits in `remote_kv`, computing nothing: STOP
+        when the blocks are not there."""
+        request = candidate.request
+        if self.kv_cache_manager.allocate_slots(
+                request, candidate.num_external_tokens, candidate.computed_blocks,
+                cache_new_blocks=False) is None:
+            return Verdict.STOP
+        queue.pop()
+        queue.on_admit(candidate, plan)  # its tokens count as computed; the load planned
+        self.remote_kv.park(request, candidate.num_computed_tokens
+                            - candidate.num_external_tokens)
+        return Verdict.ADMIT
 
     def _fail_admission(self, request: Request, status: RequestStatus) -> None:
         """End a request that can never run (a waiting one whose grammar did not compile:
@@ -419,7 +465,9 @@ class Scheduler:
         return ScheduledKV(
             request.request_id, list(self.kv_cache_manager.block_hashes(request)),
             list(self._get_block_ids(request.request_id)[0]), request.num_computed_tokens,
-            plan.num_scheduled_tokens[request.request_id], request.num_prompt_tokens)
+            plan.num_scheduled_tokens[request.request_id], request.num_prompt_tokens,
+            request.sampling_params.extra_args.get("kv_transfer_params")
+            if request.sampling_params.extra_args else None)
 
     @property
     def kv_connector(self) -> Any:
@@ -452,13 +500,18 @@ class Scheduler:
         finished: list[Request] = []
         preemptions = self._in_flight.pop(id(scheduler_output), None)
         failed_ids = set(model_runner_output.failed_request_ids)
+        kv_output = model_runner_output.kv_connector_output or KVConnectorOutput()
+        to_reload: list[Request] = []
         for request_id, token_ids in zip(
             model_runner_output.request_ids, model_runner_output.sampled_token_ids, strict=True
         ):
             request = self._still_scheduled(request_id, scheduler_output, preemptions)
             if request is None:
                 continue
-            if request_id in failed_ids:
+            if request_id in kv_output.failed_recving and self._recomputes_failed_loads:
+                to_reload.append(request)  # computed over KV that did not load
+                continue
+            if request_id in failed_ids or request_id in kv_output.failed_recving:
                 self._fail(request)
                 appended: list[int] = []
             elif not token_ids:
@@ -475,10 +528,57 @@ class Scheduler:
             self._free_request(request)
         if finished:
             self._remove_from_running(finished)
+        for request in to_reload:
+            self._recompute_after_failed_load(request)
+        results += self._apply_async_transfers(kv_output)
         pooled = self.pooling.finish_step(scheduler_output, model_runner_output.pooler_output)
         for request in pooled:
             self._free_request(request)
         return results + [(request, []) for request in pooled]
+
+    @property
+    def _recomputes_failed_loads(self) -> bool:
+        """kv_load_failure_policy "recompute": a request whose KV failed to load computes
+        it itself (else it fails)."""
+        connector = self.kv_connector
+        return connector is not None and connector.config.kv_load_failure_policy == "recompute"
+
+    def _apply_async_transfers(self, kv_output: KVConnectorOutput
+                               ) -> list[tuple[Request, list[int]]]:
+        """Free the held blocks peers pulled; parked requests whose KV loaded may run; a
+        parked request whose load failed fails or goes on from its own prefix. Returns the
+        requests that failed."""
+        for request_id in kv_output.finished_sending:
+            held = self.kv_sending.pop(request_id, None)
+            if held is not None:
+                self.kv_cache_manager.free(held)
+        for request_id in kv_output.finished_recving:
+            self.remote_kv.loaded(request_id)
+        failed: list[tuple[Request, list[int]]] = []
+        for request_id in kv_output.failed_recving:
+            request = self.remote_kv.load_failed(request_id)
+            if request is None or self._recomputes_failed_loads:
+                continue
+            self.remote_kv.remove(request)
+            request.status = RequestStatus.FINISHED_ERROR
+            self._free_request(request)
+            failed.append((request, []))
+        return failed
+
+    def _recompute_after_failed_load(self, request: Request) -> None:
+        """A running request computed this step over blocks that failed to load: those
+        leave the prefix cache and it starts again, computing its prompt itself (the
+        connector offers it nothing again)."""
+        self.kv_cache_manager.forget_cached_blocks(request)
+        self.kv_cache_manager.free(request)
+        self._remove_from_running([request])
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_cached_tokens = None  # none were: counted again at its admission
+        request.num_preemptions += 1
+        self._forget_preempted(request)
+        self.kv_connector.load_failed(request)
+        self.waiting.prepend(request)
 
     def _still_scheduled(
         self, request_id: str, scheduler_output: SchedulerOutput,
@@ -519,8 +619,9 @@ class Scheduler:
 
     @property
     def num_waiting(self) -> int:
-        """Requests waiting for admission (new or preempted by recompute)."""
-        return len(self.waiting)
+        """Requests waiting for admission (new, preempted by recompute, or waiting for a
+        KV connector's load)."""
+        return len(self.waiting) + len(self.remote_kv) + self.remote_kv.num_loading
 
     @property
     def num_swapped(self) -> int:
@@ -547,6 +648,11 @@ class Scheduler:
     def has_unfinished_requests(self) -> bool:
         """True while any request waits, runs or is swapped out."""
         return bool(self.requests)
+
+    def has_pending_kv_transfers(self) -> bool:
+        """True while a KV connector loads KV for a parked request or a peer has yet to
+        pull a finished request's blocks: steps go on (empty ones poll the transfers)."""
+        return bool(self.remote_kv.num_loading or self.kv_sending)
 
     def has_finished_requests(self) -> bool:
         """True when the next `schedule()` will tell the worker to drop some requests."""

@@ -37,6 +37,8 @@ from pagedllm.tokenizer.tokenizer import get_tokenizer
 from pagedllm.worker.outputs import ModelRunnerOutput
 
 logger = init_logger(__name__)
+# How often an idle engine polls a KV connector's transfers (a parked load, a held send).
+_TRANSFER_POLL_SECONDS = 0.002
 
 
 class EngineCore:
@@ -214,13 +216,17 @@ class EngineCore:
             return self._step_with_batch_queue()
         scheduler = self.scheduler
         # A step with only finished requests still tells the worker to drop their state.
-        if not (scheduler.has_unfinished_requests() or scheduler.has_finished_requests()):
+        if not (scheduler.has_unfinished_requests() or scheduler.has_finished_requests()
+                or scheduler.has_pending_kv_transfers()):
             return EngineCoreOutputs()
         scheduler_output = self.scheduler.schedule()
         self._add_grammar_bitmask(scheduler_output)
         start = time.perf_counter()
         model_output = self.executor.execute_model(scheduler_output)
         self.model_execute_seconds += time.perf_counter() - start
+        if scheduler_output.is_empty and scheduler.has_pending_kv_transfers():
+            # Only a KV connector's transfers are under way: poll them, not a busy spin.
+            time.sleep(_TRANSFER_POLL_SECONDS)
         return self._finish_step(scheduler_output, model_output)
 
     def _step_with_batch_queue(self) -> EngineCoreOutputs:
@@ -336,7 +342,8 @@ class EngineCore:
         """Whether a step has anything to do (nothing while asleep: requests wait)."""
         if self.sleeping:
             return False
-        return self.has_unfinished_requests() or self.scheduler.has_finished_requests()
+        return (self.has_unfinished_requests() or self.scheduler.has_finished_requests()
+                or self.scheduler.has_pending_kv_transfers())
 
     def collective_rpc(self, payload: bytes) -> bytes:
         """Run an encoded call (utils/rpc.py `encode_rpc`) on every worker, between

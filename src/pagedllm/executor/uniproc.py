@@ -25,3 +25,7 @@ class UniProcExecutor(Executor):
     def collective_rpc(self, method: str, *args: Any) -> list[Any]:
         """Call the worker's method."""
         return [getattr(self.worker, method)(*args)]
+
+    def shutdown(self) -> None:
+        """Release what the worker started (a KV connector's threads and sockets)."""
+        self.worker.shutdown()

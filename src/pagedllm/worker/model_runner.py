@@ -110,7 +110,10 @@ class ModelRunner:
         """Run one step and return the sampled tokens per request."""
         self._update_states(scheduler_output)
         if scheduler_output.is_empty:
-            return ModelRunnerOutput(request_ids=[], sampled_token_ids=[])
+            empty = ModelRunnerOutput(request_ids=[], sampled_token_ids=[])
+            for hook in self.hooks:
+                hook.on_empty_step(scheduler_output, empty)
+            return empty
         inputs = self._prepare_inputs(scheduler_output)
         states = [self.requests[rid] for rid in inputs.request_ids]
         step = RunnerStep(scheduler_output, inputs, states, self._to_device)

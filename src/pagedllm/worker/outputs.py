@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from pagedllm.distributed.kv_transfer.base import KVConnectorOutput
 from pagedllm.metrics.stats import KVTransferCounts
 from pagedllm.pooling.data import PooledData
 
@@ -80,3 +81,5 @@ class ModelRunnerOutput:
     failed_request_ids: list[str] = field(default_factory=list)
     # A KV connector's traffic this step (None: no connector).
     kv_transfer: KVTransferCounts | None = None
+    # A KV connector's asynchronous transfers that finished or failed (None: none).
+    kv_connector_output: KVConnectorOutput | None = None

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from pagedllm import envs
+from pagedllm.attention import kv_quant
 from pagedllm.attention.cpu_paged import CpuPagedBackend
 from pagedllm.attention.registry import get_attention_backend
 from pagedllm.config import EngineConfig
@@ -157,6 +158,12 @@ class Worker:
             # The fast path holds the caches' and weights' addresses: take the new ones.
             self.model_runner.decode_step = self._build_decode_step()
 
+    def shutdown(self) -> None:
+        """Stop a KV connector's threads and sockets (nothing else needs it)."""
+        connector = getattr(self, "_kv_connector", None)
+        if connector is not None:
+            connector.shutdown()
+
     def is_sleeping(self) -> bool:
         """True while the KV cache or the weights are given back."""
         return self.sleep_mode.kv_released or self.sleep_mode.weights_released
@@ -197,6 +204,7 @@ class Worker:
                                        self.kv_cache_spec.bytes_per_block)
             self._kv_connector = connector
         connector.register_kv_caches(self.model_runner.kv_caches, self._block_dim())
+        connector.set_row_converter(kv_quant.convert_rows)
         return KVConnectorHook(connector)
 
     def _build_decode_step(self) -> DecodeStep | None:

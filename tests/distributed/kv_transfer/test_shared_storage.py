@@ -18,8 +18,9 @@ PROMPTS = [SHARED + [21, 22, 23], SHARED + [40, 41, 42, 43, 44, 45, 46, 47, 48, 
 PARAMS = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
 
 
-def _engine(model_dir, folder, role="kv_both", **kwargs):
+def _engine(model_dir, folder, role="kv_both", kv_load_failure_policy="fail", **kwargs):
     config = {"kv_connector": "SharedStorageConnector", "kv_role": role,
+              "kv_load_failure_policy": kv_load_failure_policy,
               "kv_connector_extra_config": {"shared_storage_path": str(folder)}}
     return LLM(str(model_dir), dtype="float32", max_model_len=256, block_size=BLOCK,
                kv_transfer_config=config, **kwargs)
@@ -84,8 +85,6 @@ def test_both_roles_and_a_longer_prompt_after_a_shorter_one(tiny_llama_dir, tmp_
      "unknown keys \\['kv_rol'\\]"),
     ({"kv_connector": "SharedStorageConnector", "kv_load_failure_policy": "ignore"},
      "kv_load_failure_policy"),
-    ({"kv_connector": "SharedStorageConnector", "kv_load_failure_policy": "recompute"},
-     "not supported yet"),
     ({"kv_role": "kv_both"}, "needs kv_connector"),
     ("{oops", "not valid JSON"),
 ])
@@ -94,14 +93,17 @@ def test_bad_configs_name_the_field(tiny_llama_dir, config, text):
         LLM(str(tiny_llama_dir), kv_transfer_config=config)
 
 
-def test_a_block_file_that_fails_to_load_fails_its_request_only(tiny_llama_dir, tmp_path):
+@pytest.mark.parametrize("policy", ["fail", "recompute"])
+def test_a_block_file_that_fails_to_load_fails_its_request_only(tiny_llama_dir, tmp_path,
+                                                                 policy):
     producer = _engine(tiny_llama_dir, tmp_path, "kv_producer")
     try:
         expected, _ = _run(producer)
     finally:
         producer.llm_engine.shutdown()
     # Corrupt the third prompt's blocks (the only ones not shared with the first two).
-    consumer = _engine(tiny_llama_dir, tmp_path, "kv_consumer", enable_prefix_caching=False)
+    consumer = _engine(tiny_llama_dir, tmp_path, "kv_consumer", enable_prefix_caching=False,
+                       kv_load_failure_policy=policy)
     try:
         scheduler = consumer.llm_engine.engine_core.engine_core.scheduler
         hashes = scheduler.kv_cache_manager.block_hashes  # per request, from its tokens
@@ -113,8 +115,13 @@ def test_a_block_file_that_fails_to_load_fails_its_request_only(tiny_llama_dir, 
                 broken.write(b"not a tensor file")
         outputs = consumer.generate([{"prompt_token_ids": p} for p in PROMPTS], PARAMS,
                                     use_tqdm=False)
-        assert [o.outputs[0].finish_reason for o in outputs] == ["length", "length", "error"]
-        assert [list(o.outputs[0].token_ids) for o in outputs[:2]] == expected[:2]
+        if policy == "fail":
+            assert [o.outputs[0].finish_reason for o in outputs] == [
+                "length", "length", "error"]
+            assert [list(o.outputs[0].token_ids) for o in outputs[:2]] == expected[:2]
+        else:  # the third computes its prompt itself: the same tokens
+            assert [list(o.outputs[0].token_ids) for o in outputs] == expected
+            assert outputs[2].num_cached_tokens == 0
         manager = scheduler.kv_cache_manager
         assert manager.get_num_free_blocks() == manager.num_usable_blocks  # nothing leaked
         # The engine serves on.

@@ -14,7 +14,8 @@ request's block hashes).
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -39,6 +40,7 @@ class ScheduledKV:
         num_computed_tokens: tokens computed before this step.
         num_scheduled_tokens: tokens this step computes.
         num_prompt_tokens: its prompt's length.
+        kv_transfer_params: the request's own kv_transfer_params (vLLM's), or None.
     """
 
     request_id: str
@@ -47,6 +49,27 @@ class ScheduledKV:
     num_computed_tokens: int
     num_scheduled_tokens: int
     num_prompt_tokens: int
+    kv_transfer_params: dict[str, Any] | None = None
+
+
+@dataclass
+class KVConnectorOutput:
+    """A step's news of asynchronous transfers (worker → scheduler; vLLM's).
+
+    Attributes:
+        finished_sending: finished requests whose held blocks a peer pulled (or whose
+            lease ran out): the scheduler frees them now.
+        finished_recving: requests whose KV finished loading: they may run.
+        failed_recving: requests whose KV failed to load (kv_load_failure_policy says
+            whether they fail or compute it themselves).
+    """
+
+    finished_sending: set[str] = field(default_factory=set)
+    finished_recving: set[str] = field(default_factory=set)
+    failed_recving: set[str] = field(default_factory=set)
+
+    def __bool__(self) -> bool:
+        return bool(self.finished_sending or self.finished_recving or self.failed_recving)
 
 
 class KVConnectorBase:
@@ -82,6 +105,10 @@ class KVConnectorBase:
         """This step's plan for the workers (None: nothing to do)."""
         return None
 
+    def load_failed(self, request: Any) -> None:
+        """The tokens this connector provided `request` failed to load; it computes them
+        itself now (kv_load_failure_policy "recompute"): offer it nothing again."""
+
     def request_finished(self, request: Any, block_ids: list[int]
                          ) -> tuple[bool, dict[str, Any] | None]:
         """(keep its blocks until a transfer is done, kv_transfer_params for the
@@ -92,6 +119,11 @@ class KVConnectorBase:
 
     def register_kv_caches(self, kv_caches: list[Any], block_dim: int) -> None:
         """The KV cache tensor of every layer, and the dimension that indexes blocks."""
+
+    def set_row_converter(self, convert: Callable[[Any, Any], Any]) -> None:
+        """How to turn cache rows of another KV cache dtype into this cache's
+        (`convert(rows, dtype)`: the attention backend's format, given by the worker), for
+        a peer whose cache dtype differs."""
 
     def start_load_kv(self, metadata: Any) -> None:
         """Begin (or do) this step's loads, before the forward."""
@@ -117,5 +149,13 @@ class KVConnectorBase:
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None,
                                                                  set[str] | None]:
-        """Requests whose asynchronous sending / receiving finished."""
+        """Requests whose asynchronous sending / receiving finished (a receive that
+        failed is reported by `get_load_failures` instead)."""
         return None, None
+
+    def shutdown(self) -> None:
+        """Stop the connector's threads and sockets (the engine is shutting down)."""
+
+    def cancel_loads(self, request_ids: set[str]) -> None:
+        """These requests ended (their blocks may be someone else's next step): an
+        asynchronous load still under way for one of them must not be written."""

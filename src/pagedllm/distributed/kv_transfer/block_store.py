@@ -37,6 +37,7 @@ class BlockStoreConnector(KVConnectorBase):
 
     def _init_moves(self) -> None:
         self._pending_loads: list[tuple[str, int, str]] = []  # scheduler side
+        self._no_loads: set[str] = set()  # requests whose load failed: they compute
         self._kv_caches: list[Any] = []  # worker side
         self._block_dim = 0
         self._failed_loads: set[str] = set()
@@ -74,7 +75,7 @@ class BlockStoreConnector(KVConnectorBase):
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int
                                    ) -> tuple[int, bool]:
         """The run of prompt blocks the store holds from `num_computed_tokens` on."""
-        if not self.config.is_consumer:
+        if not self.config.is_consumer or request.request_id in self._no_loads:
             return 0, False
         size = self.block_size
         last_block = (request.num_prompt_tokens - 1) // size
@@ -93,6 +94,16 @@ class BlockStoreConnector(KVConnectorBase):
             key = request.block_hashes[index].hex()
             self.on_loaded(key)
             self._pending_loads.append((request.request_id, block_ids[index], key))
+
+    def load_failed(self, request: Any) -> None:
+        """It computes its prompt itself from now on."""
+        self._no_loads.add(request.request_id)
+
+    def request_finished(self, request: Any, block_ids: list[int]
+                         ) -> tuple[bool, dict[str, Any] | None]:
+        """Nothing is held: saved blocks are the store's own copies."""
+        self._no_loads.discard(request.request_id)
+        return False, None
 
     def build_connector_meta(self, scheduled: list[ScheduledKV]) -> BlockMoves | None:
         """This step's loads, the saves of new full prompt blocks, the store's drops."""
@@ -137,7 +148,7 @@ class BlockStoreConnector(KVConnectorBase):
                     cache.select(self._block_dim, block_id).copy_(tensors[f"layer.{layer}"])
                 self._counts.bytes_received += _nbytes(tensors)
             except Exception as error:  # noqa: BLE001 - the request fails, the engine goes on
-                logger.warning("KV block %s failed to load (%s): request %s fails.",
+                logger.warning("KV block %s failed to load (%s) for request %s.",
                                key, error, request_id)
                 self._failed_loads.add(request_id)
                 self._counts.failures += 1

@@ -51,9 +51,6 @@ class KVTransferConfig:
         if self.kv_load_failure_policy not in LOAD_FAILURE_POLICIES:
             raise ValueError(f"kv_transfer_config kv_load_failure_policy must be one of "
                              f"{LOAD_FAILURE_POLICIES}, got {self.kv_load_failure_policy!r}.")
-        if self.kv_load_failure_policy == "recompute":
-            raise ValueError("kv_transfer_config kv_load_failure_policy 'recompute' is not "
-                             "supported yet: a block that fails to load fails its request.")
         if not isinstance(self.kv_connector_extra_config, dict):
             raise ValueError("kv_transfer_config kv_connector_extra_config must be an object.")
 

@@ -17,6 +17,9 @@ _CONNECTORS = {
                         "SharedStorageConnector",
     "OffloadingConnector": "pagedllm.distributed.kv_transfer.offloading:OffloadingConnector",
     "MultiConnector": "pagedllm.distributed.kv_transfer.multi:MultiConnector",
+    "TcpConnector": "pagedllm.distributed.kv_transfer.tcp:TcpConnector",
+    # vLLM's pull-style network connector: the same kv_transfer_params, over TCP here.
+    "NixlConnector": "pagedllm.distributed.kv_transfer.tcp:TcpConnector",
 }
 
 

@@ -62,6 +62,11 @@ class MultiConnector(KVConnectorBase):
         plans = [connector.build_connector_meta(scheduled) for connector in self.connectors]
         return None if all(plan is None for plan in plans) else plans
 
+    def load_failed(self, request: Any) -> None:
+        """Every connector offers it nothing again."""
+        for connector in self.connectors:
+            connector.load_failed(request)
+
     def request_finished(self, request: Any, block_ids: list[int]
                          ) -> tuple[bool, dict[str, Any] | None]:
         """Held while any asks; the first connector's params."""
@@ -90,6 +95,32 @@ class MultiConnector(KVConnectorBase):
         for connector, plan in zip(self.connectors, metadata or [None] * len(self.connectors),
                                    strict=True):
             connector.wait_for_save(plan)
+
+    def set_row_converter(self, convert: Any) -> None:
+        """Every connector's."""
+        for connector in self.connectors:
+            connector.set_row_converter(convert)
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None,
+                                                                 set[str] | None]:
+        """Any connector's finished transfers."""
+        sending: set[str] = set()
+        recving: set[str] = set()
+        for connector in self.connectors:
+            sent, received = connector.get_finished(finished_req_ids)
+            sending |= sent or set()
+            recving |= received or set()
+        return sending, recving
+
+    def shutdown(self) -> None:
+        """Every connector's."""
+        for connector in self.connectors:
+            connector.shutdown()
+
+    def cancel_loads(self, request_ids: set[str]) -> None:
+        """Every connector's."""
+        for connector in self.connectors:
+            connector.cancel_loads(request_ids)
 
     def get_load_failures(self) -> set[str]:
         """Any connector's."""

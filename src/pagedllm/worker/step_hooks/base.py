@@ -9,6 +9,8 @@ per-step capability is a new hook, not a branch in the runner.
 The places, in step order:
 - `add_request` / `drop_requests`: the batch changes (new or resumed requests; finished,
   preempted or swapped-out ones).
+- `on_empty_step`: a step with nothing to compute (only finished requests to drop, or a
+  KV connector's transfers to poll); no other place is called then.
 - `before_forward`: before the model runs (LoRA groups the step's tokens by adapter; a KV
   connector starts loading remote KV here, and an encoder runs and fills its cache).
 - `after_forward`: the final hidden states are there, the sampled tokens are not yet in
@@ -69,6 +71,10 @@ class StepHook:
     ) -> None:
         """Requests leave the batch: their states (None for one the runner did not hold:
         it ended while swapped out), and the device blocks swapped out this step."""
+
+    def on_empty_step(self, scheduler_output: SchedulerOutput,
+                      output: ModelRunnerOutput) -> None:
+        """A step with no tokens to compute (a KV connector polls its transfers)."""
 
     def before_forward(self, step: RunnerStep) -> None:
         """Before the model (or a decode-step fast path) runs."""

@@ -1,0 +1,438 @@
+"""TcpConnector: a prefill instance's KV blocks pulled over the network by a decode
+instance, in vLLM's pull style (as its NixlConnector; the name `NixlConnector` maps here).
+
+Producer (`kv_producer` / `kv_both`): a request carrying `kv_transfer_params:
+{"do_remote_decode": true}` runs its prompt as usual; when it finishes by length (the proxy
+asks for one token) its blocks are *held* (`request_finished` delays their free) and its
+response carries the `kv_transfer_params` a consumer needs: `do_remote_prefill`,
+`remote_engine_id`, `remote_block_ids`, `remote_host`, `remote_port`, `remote_request_id`,
+`remote_block_size`. The worker serves pulls on a ZMQ ROUTER socket at `kv_ip:kv_port`
+from a thread of its own: a pull names the request and the blocks it wants; the answer is
+one frame per layer, the blocks as the cache holds them. Once pulled, or once their lease
+ends (`kv_connector_extra_config.lease_s`, default 30 s, counted from when the engine
+learns the request finished), the blocks are reported sent and freed.
+
+Consumer (`kv_consumer` / `kv_both`): a request carrying those params has every prompt
+token but the last (whose logits it computes) provided asynchronously, after what its own
+prefix cache holds. It waits parked (core/remote_kv.py), holding blocks, while a pool of
+threads pulls the blocks it lacks (`pull_timeout_s`, default 10 s); requests behind it run
+meanwhile. Blocks are written into the cache by the step thread, after a step, never
+during one; a peer whose KV cache dtype differs (int8 ↔ bfloat16 / float32) is converted
+row by row (the worker's converter). A pull that fails (the producer gone, the lease over,
+a dropped connection, a timeout) fails the request or has it compute its prompt itself, as
+`kv_load_failure_policy` says.
+
+Not built: tensor-parallel peers (one rank each side), shared memory between instances on
+one host (the transfer is TCP on loopback), and per-layer overlap with the forward (a pull
+overlaps other requests' steps instead).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import zmq
+
+from pagedllm.distributed.kv_transfer.base import KVConnectorBase, KVConnectorRole, ScheduledKV
+from pagedllm.distributed.kv_transfer.config import KVTransferConfig
+from pagedllm.logger import init_logger
+from pagedllm.metrics.stats import KVTransferCounts
+from pagedllm.request import RequestStatus
+
+logger = init_logger(__name__)
+
+DEFAULT_LEASE_S = 30.0
+DEFAULT_PULL_TIMEOUT_S = 10.0
+_RETRY_S = 0.005  # between asks while the producer's step has not finished the prompt
+
+
+@dataclass
+class BlockPull:
+    """A consumer's load: the producer's blocks into this cache's blocks (same order)."""
+
+    request_id: str
+    local_block_ids: list[int]
+    remote_block_ids: list[int]
+    remote_host: str
+    remote_port: int
+    remote_request_id: str
+
+
+@dataclass
+class BlockSend:
+    """A producer's request whose blocks a peer may pull (its table this step)."""
+
+    request_id: str
+    block_ids: list[int]
+    prompt_done: bool  # its prompt's KV is all computed once this step ran
+
+
+@dataclass
+class TcpTransfers:
+    """A step's plan for the worker: pulls to start, sends to register, requests now held
+    (their lease starts) and requests that finished without being held."""
+
+    pulls: list[BlockPull] = field(default_factory=list)
+    sends: list[BlockSend] = field(default_factory=list)
+    held: list[str] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.pulls or self.sends or self.held or self.dropped)
+
+
+@dataclass
+class _Sendable:
+    block_ids: list[int]
+    ready: bool = False
+    deadline: float | None = None  # set once held
+    reading: bool = False  # a pull is copying it: the lease cannot end now
+
+
+def transfer_params(request: Any) -> dict[str, Any]:
+    """A request's own kv_transfer_params ({} when it has none)."""
+    extra = request.sampling_params.extra_args or {}
+    params = extra.get("kv_transfer_params")
+    return params if isinstance(params, dict) else {}
+
+
+class TcpConnector(KVConnectorBase):
+    """Blocks pulled from a peer over TCP (see the module docstring)."""
+
+    def __init__(self, config: KVTransferConfig, role: KVConnectorRole, block_size: int,
+                 bytes_per_block: int = 0) -> None:
+        super().__init__(config, role, block_size, bytes_per_block)
+        extra = config.kv_connector_extra_config
+        self.engine_id = config.engine_id or f"pagedllm-{uuid.uuid4().hex[:12]}"
+        self.advertised_host = str(extra.get("advertised_host", config.kv_ip))
+        self.lease_s = float(extra.get("lease_s", DEFAULT_LEASE_S))
+        self.pull_timeout_s = float(extra.get("pull_timeout_s", DEFAULT_PULL_TIMEOUT_S))
+        # Scheduler side.
+        self._plan = TcpTransfers()
+        self._sending: set[str] = set()  # do_remote_decode requests registered with the worker
+        self._pulled: set[str] = set()  # consumer requests offered remote KV (never twice)
+        # Worker side.
+        self._caches: list[torch.Tensor] = []
+        self._block_dim = 1
+        self._convert: Any = None
+        self._lock = threading.Lock()
+        self._sendable: dict[str, _Sendable] = {}
+        self._sent: set[str] = set()
+        self._loads: dict[str, tuple[BlockPull, Future]] = {}
+        self._failed: set[str] = set()
+        self._counts = KVTransferCounts()
+        self._zmq: zmq.Context | None = None
+        self._server: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._pool: ThreadPoolExecutor | None = None
+
+    # ------------------------------------------------------------------ scheduler side
+
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int
+                                   ) -> tuple[int, bool]:
+        """Every prompt token but the last, after the local hit, arriving asynchronously
+        (for a request with do_remote_prefill)."""
+        params = transfer_params(request)
+        if not (self.config.is_consumer and params.get("do_remote_prefill")) or (
+                request.request_id in self._pulled):
+            return 0, False
+        remote_size = int(params.get("remote_block_size", self.block_size))
+        if remote_size != self.block_size:
+            logger.warning("Request %s: the producer's KV blocks hold %d tokens, ours %d; "
+                           "its prompt is computed here.", request.request_id, remote_size,
+                           self.block_size)
+            return 0, False
+        count = request.num_prompt_tokens - 1 - num_computed_tokens
+        return max(0, count), count > 0
+
+    def update_state_after_alloc(self, request: Any, block_ids: list[int],
+                                 num_external_tokens: int) -> None:
+        """Plan the pull of the blocks holding the external tokens."""
+        if not num_external_tokens:
+            return
+        params = transfer_params(request)
+        end = request.num_computed_tokens
+        first, last = (end - num_external_tokens) // self.block_size, -(-end // self.block_size)
+        remote = [int(b) for b in params.get("remote_block_ids") or []]
+        self._pulled.add(request.request_id)
+        self._plan.pulls.append(BlockPull(
+            request.request_id, list(block_ids[first:last]), remote[first:last],
+            str(params.get("remote_host", "127.0.0.1")), int(params.get("remote_port", 0)),
+            str(params.get("remote_request_id", ""))))
+
+    def build_connector_meta(self, scheduled: list[ScheduledKV]) -> TcpTransfers | None:
+        """This step's pulls, and the prompt requests a peer will pull from us."""
+        if self.config.is_producer:
+            for request in scheduled:
+                if (request.kv_transfer_params or {}).get("do_remote_decode"):
+                    self._sending.add(request.request_id)
+                    end = request.num_computed_tokens + request.num_scheduled_tokens
+                    self._plan.sends.append(BlockSend(
+                        request.request_id, list(request.block_ids),
+                        end >= request.num_prompt_tokens))
+        plan, self._plan = self._plan, TcpTransfers()
+        return plan if plan else None
+
+    def load_failed(self, request: Any) -> None:
+        """Nothing to do: a request is offered remote KV once."""
+
+    def request_finished(self, request: Any, block_ids: list[int]
+                         ) -> tuple[bool, dict[str, Any] | None]:
+        """Hold the blocks of a do_remote_decode request that finished by length, and
+        say where to pull them from."""
+        request_id = request.request_id
+        self._pulled.discard(request_id)
+        if request_id not in self._sending:
+            return False, None
+        self._sending.discard(request_id)
+        if request.status != RequestStatus.FINISHED_LENGTH_CAPPED:
+            self._plan.dropped.append(request_id)  # aborted or stopped: nobody will pull
+            return False, None
+        self._plan.held.append(request_id)
+        return True, {
+            "do_remote_prefill": True, "do_remote_decode": False,
+            "remote_engine_id": self.engine_id, "remote_block_ids": list(block_ids),
+            "remote_host": self.advertised_host, "remote_port": self.config.kv_port,
+            "remote_request_id": request_id, "remote_block_size": self.block_size,
+            "tp_size": 1,
+        }
+
+    # --------------------------------------------------------------------- worker side
+
+    def register_kv_caches(self, kv_caches: list[Any], block_dim: int) -> None:
+        """The caches; a producer starts serving pulls (once: a runner rebuilt on waking
+        registers its caches again)."""
+        with self._lock:
+            self._caches, self._block_dim = list(kv_caches), block_dim
+        if self._zmq is None:
+            self._zmq = zmq.Context()
+            if self.config.is_producer:
+                self._start_server()
+            if self.config.is_consumer:
+                self._pool = ThreadPoolExecutor(
+                    int(self.config.kv_connector_extra_config.get("pull_threads", 4)),
+                    thread_name_prefix="kv-pull")
+
+    def set_row_converter(self, convert: Any) -> None:
+        """For a peer whose KV cache dtype differs."""
+        self._convert = convert
+
+    def start_load_kv(self, metadata: Any) -> None:
+        """Register this step's sends and held requests; start its pulls."""
+        if metadata is None:
+            return
+        now = time.monotonic()
+        with self._lock:
+            for send in metadata.sends:
+                entry = self._sendable.setdefault(send.request_id, _Sendable(send.block_ids))
+                entry.block_ids = send.block_ids
+            for request_id in metadata.held:
+                if request_id in self._sendable:
+                    self._sendable[request_id].deadline = now + self.lease_s
+                else:  # never registered here (no prompt step): nothing to pull
+                    self._sent.add(request_id)
+            for request_id in metadata.dropped:
+                self._sendable.pop(request_id, None)
+        assert self._pool is not None or not metadata.pulls, "pulls on a producer"
+        for pull in metadata.pulls:
+            assert self._pool is not None
+            self._loads[pull.request_id] = (pull, self._pool.submit(self._pull, pull))
+
+    def wait_for_save(self, metadata: Any) -> None:
+        """The sends whose prompt this step finished may be pulled now."""
+        if metadata is None:
+            return
+        with self._lock:
+            for send in metadata.sends:
+                if send.prompt_done and send.request_id in self._sendable:
+                    self._sendable[send.request_id].ready = True
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str], set[str]]:
+        """Held requests pulled or past their lease; loads that arrived (written into the
+        cache now, between steps)."""
+        now = time.monotonic()
+        with self._lock:
+            expired = {request_id for request_id, entry in self._sendable.items()
+                       if entry.deadline is not None and entry.deadline < now
+                       and not entry.reading}
+            for request_id in expired:
+                del self._sendable[request_id]
+                logger.warning("KV blocks of request %s were not pulled within %.0f s; "
+                               "freed.", request_id, self.lease_s)
+            sending, self._sent = self._sent | expired, set()
+        received: set[str] = set()
+        for request_id, (pull, future) in list(self._loads.items()):
+            if not future.done():
+                continue
+            del self._loads[request_id]
+            try:
+                blocks, seconds = future.result()
+                self._write(pull, blocks)
+            except Exception as error:  # noqa: BLE001 - the request fails, the engine goes on
+                logger.warning("KV blocks of request %s failed to load from %s:%d (%s).",
+                               request_id, pull.remote_host, pull.remote_port, error)
+                self._failed.add(request_id)
+                with self._lock:
+                    self._counts.failures += 1
+                continue
+            received.add(request_id)
+            with self._lock:
+                self._counts.bytes_received += sum(_nbytes(b) for b in blocks)
+                self._counts.seconds.append(seconds)
+        return sending, received
+
+    def cancel_loads(self, request_ids: set[str]) -> None:
+        """A load for an ended request is dropped when it arrives, never written."""
+        for request_id in request_ids:
+            self._loads.pop(request_id, None)
+
+    def get_load_failures(self) -> set[str]:
+        """Requests whose pull failed since the last call."""
+        failed, self._failed = self._failed, set()
+        return failed
+
+    def take_transfer_counts(self) -> KVTransferCounts:
+        """Bytes served and pulled, failures and transfer times since the last call."""
+        with self._lock:
+            counts, self._counts = self._counts, KVTransferCounts()
+        return counts
+
+    def shutdown(self) -> None:
+        """Stop serving and pulling."""
+        self._stop.set()
+        if self._server is not None:
+            self._server.join(timeout=5)
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # ------------------------------------------------------------- the producer's server
+
+    def _start_server(self) -> None:
+        assert self._zmq is not None
+        socket = self._zmq.socket(zmq.ROUTER)
+        socket.setsockopt(zmq.LINGER, 0)
+        address = f"tcp://{self.config.kv_ip}:{self.config.kv_port}"
+        try:
+            socket.bind(address)
+        except zmq.ZMQError as error:
+            socket.close()
+            raise ValueError(f"kv_transfer_config: cannot serve KV blocks at {address} "
+                             f"({error}); choose another kv_port.") from None
+        self._server = threading.Thread(target=self._serve, args=(socket,), daemon=True,
+                                        name="kv-serve")
+        self._server.start()
+
+    def _serve(self, socket: zmq.Socket) -> None:
+        try:
+            while not self._stop.is_set():
+                if not socket.poll(100):
+                    continue
+                identity, _, raw = socket.recv_multipart()
+                try:
+                    header, frames = self._answer(json.loads(raw))
+                except Exception as error:  # noqa: BLE001 - a bad ask gets an error answer
+                    header, frames = {"status": "error", "error": str(error)}, []
+                socket.send_multipart([identity, b"", json.dumps(header).encode(), *frames],
+                                      copy=False)
+        finally:
+            socket.close()
+
+    def _answer(self, ask: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
+        """The blocks a pull asks for, if their request is held here and computed."""
+        request_id, block_ids = str(ask["request_id"]), [int(b) for b in ask["block_ids"]]
+        with self._lock:
+            entry = self._sendable.get(request_id)
+            if entry is None:
+                return {"status": "gone", "error": f"request {request_id} holds no blocks "
+                        "here (never, or its lease ended)"}, []
+            if not entry.ready:
+                return {"status": "wait"}, []
+            if not set(block_ids) <= set(entry.block_ids):
+                return {"status": "error", "error": "blocks not held for this request"}, []
+            entry.reading = True
+            caches, dim = self._caches, self._block_dim
+        try:
+            index = torch.tensor(block_ids, dtype=torch.long)
+            # Blocks first on the wire, whatever the cache's layout.
+            layers = [cache.index_select(dim, index).movedim(dim, 0).contiguous()
+                      for cache in caches]
+        finally:
+            with self._lock:
+                self._sendable.pop(request_id, None)
+                self._sent.add(request_id)
+        header = {"status": "ok", "dtype": str(layers[0].dtype).removeprefix("torch."),
+                  "shapes": [list(t.shape) for t in layers]}
+        with self._lock:
+            self._counts.bytes_sent += sum(_nbytes(t) for t in layers)
+        return header, [t.view(torch.uint8).numpy() for t in layers]
+
+    # -------------------------------------------------------------- the consumer's pulls
+
+    def _pull(self, pull: BlockPull) -> tuple[list[torch.Tensor], float]:
+        """Ask the producer for the blocks until it has them (or the time is up)."""
+        if len(pull.remote_block_ids) != len(pull.local_block_ids):
+            raise ValueError(f"kv_transfer_params remote_block_ids has "
+                             f"{len(pull.remote_block_ids)} blocks where "
+                             f"{len(pull.local_block_ids)} are needed")
+        assert self._zmq is not None
+        start = time.monotonic()
+        deadline = start + self.pull_timeout_s
+        socket = self._zmq.socket(zmq.DEALER)
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.connect(f"tcp://{pull.remote_host}:{pull.remote_port}")
+        ask = json.dumps({"request_id": pull.remote_request_id,
+                          "block_ids": pull.remote_block_ids}).encode()
+        try:
+            while True:
+                socket.send_multipart([b"", ask])
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not socket.poll(int(remaining * 1000) + 1):
+                    raise TimeoutError(f"no answer within {self.pull_timeout_s:.0f} s")
+                frames = socket.recv_multipart()
+                header = json.loads(frames[1])
+                if header["status"] == "wait" and not self._stop.is_set():
+                    time.sleep(_RETRY_S)
+                    continue
+                if header["status"] != "ok":
+                    raise RuntimeError(header.get("error", header["status"]))
+                dtype = getattr(torch, header["dtype"])
+                blocks = [torch.frombuffer(bytearray(frame), dtype=torch.uint8)
+                          .view(dtype).reshape(shape)
+                          for frame, shape in zip(frames[2:], header["shapes"], strict=True)]
+                return blocks, time.monotonic() - start
+        finally:
+            socket.close()
+
+    def _write(self, pull: BlockPull, blocks: list[torch.Tensor]) -> None:
+        """The pulled blocks into this cache (converted where the dtypes differ)."""
+        if len(blocks) != len(self._caches):
+            raise ValueError(f"the producer has {len(blocks)} layers, this model "
+                             f"{len(self._caches)}")
+        index = torch.tensor(pull.local_block_ids, dtype=torch.long)
+        converted = []
+        for cache, layer in zip(self._caches, blocks, strict=True):
+            layer = layer.movedim(0, self._block_dim)  # blocks come first on the wire
+            if layer.dtype != cache.dtype:
+                if self._convert is None:
+                    raise ValueError(f"the producer's KV cache is {layer.dtype}, this one "
+                                     f"{cache.dtype}, and no converter is set")
+                layer = self._convert(layer, cache.dtype)
+            expected = list(cache.shape)
+            expected[self._block_dim] = len(pull.local_block_ids)
+            if list(layer.shape) != expected:
+                raise ValueError(f"the producer's blocks are {list(layer.shape)}, this "
+                                 f"cache's {expected}")
+            converted.append(layer)
+        for cache, layer in zip(self._caches, converted, strict=True):  # all or nothing
+            cache.index_copy_(self._block_dim, index, layer.to(cache.device))
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    return int(tensor.numel()) * int(tensor.element_size())
