@@ -1,7 +1,10 @@
 """The disaggregated-prefill proxy over a prefill instance (kv_producer) and a decode
-instance (kv_consumer) sharing a folder of KV blocks: 32 concurrent greedy requests, plain
-and streamed, completions and chat, give one instance's tokens; the decode instance loads
-the prompts' blocks instead of computing them; /health and /v1/models answer."""
+instance (kv_consumer), the decode side pulling the prompts' blocks over TCP from the prefill
+side (TcpConnector, vLLM's pull style), prefix caching on both: 32 concurrent greedy
+requests, plain and streamed, completions and chat, give one instance's tokens; the decode
+instance loads the prompts' blocks instead of computing them; /health and /v1/models
+answer; both sides hold no KV once idle. A producer that is gone is an error answer (a 500
+JSON, or an SSE error event in a stream), never a hang, and the decode side serves on."""
 
 from __future__ import annotations
 
@@ -15,12 +18,12 @@ import pytest
 import uvicorn
 
 from pagedllm.entrypoints.disagg_proxy import build_app
-from tests.entrypoints.openai.conftest import free_port, start_server, stop_server
+from tests.entrypoints.openai.conftest import free_port, metric, start_server, stop_server
 
 
-def _config(role, folder):
-    return json.dumps({"kv_connector": "SharedStorageConnector", "kv_role": role,
-                       "kv_connector_extra_config": {"shared_storage_path": str(folder)}})
+def _config(role, port):
+    return json.dumps({"kv_connector": "TcpConnector", "kv_role": role, "kv_port": port,
+                       "kv_connector_extra_config": {"pull_timeout_s": 5}})
 
 
 @pytest.fixture(scope="module")
@@ -28,10 +31,10 @@ def instances(tiny_llama_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("disagg")
     common = [str(tiny_llama_dir), "--max-model-len", "256", "--block-size", "16",
               "--num-gpu-blocks-override", "256", "--dtype", "float32"]
-    prefill = start_server([*common, "--kv-transfer-config", _config("kv_producer", tmp / "kv")],
-                           tmp / "prefill.log")
-    decode = start_server([*common, "--kv-transfer-config", _config("kv_consumer", tmp / "kv"),
-                           "--no-enable-prefix-caching"], tmp / "decode.log")
+    prefill = start_server([*common, "--kv-transfer-config",
+                            _config("kv_producer", free_port())], tmp / "prefill.log")
+    decode = start_server([*common, "--kv-transfer-config",
+                           _config("kv_consumer", free_port())], tmp / "decode.log")
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(build_app([prefill.base_url], [decode.base_url]),
                                            host="127.0.0.1", port=port, log_level="warning"))
@@ -67,10 +70,10 @@ def test_32_concurrent_requests_equal_one_instance(instances):
             answers = [r.json() for r in pool.map(through_proxy, range(32))]
         for got, want in zip(answers, expected, strict=True):
             assert got["choices"][0]["token_ids"] == want["choices"][0]["token_ids"]
-            # The decode side read the prompt's full blocks from the producer's.
+            # The decode side had every prompt token but the last: pulled from the
+            # producer, or (prompts sharing a prefix) from its own prefix cache.
             prompt_tokens = got["usage"]["prompt_tokens"]
-            assert got["usage"]["prompt_tokens_details"]["cached_tokens"] == (
-                (prompt_tokens - 1) // 16 * 16)
+            assert got["usage"]["prompt_tokens_details"]["cached_tokens"] == prompt_tokens - 1
         assert http.get(proxy + "/health").status_code == 200
         assert http.get(proxy + "/v1/models").json()["data"][0]["id"]
 
@@ -106,3 +109,66 @@ def test_an_instance_that_is_down_is_a_clean_502_not_a_hang(instances):
         error = response.json()["error"]
         assert error["code"] == 502 and "upstream instance failed" in error["message"]
         assert client.get("/health").status_code == 503
+
+
+def _idle_usage(server):
+    """The instance's KV cache usage once its held and parked requests are done."""
+    deadline = time.monotonic() + 60
+    while True:
+        text = httpx.get(server.base_url + "/metrics").text
+        usage = metric(text, "vllm:kv_cache_usage_perc")
+        if usage == 0.0 or time.monotonic() > deadline:
+            return usage, text
+        time.sleep(0.2)
+
+
+def test_both_sides_hold_nothing_once_idle(instances):
+    prefill, decode, proxy = instances
+    with httpx.Client(timeout=120) as http:
+        http.post(proxy + "/v1/completions",
+                  json={"prompt": _prompt(3), "max_tokens": 4, "temperature": 0})
+    for server in (prefill, decode):
+        usage, text = _idle_usage(server)
+        assert usage == 0.0
+    assert metric(_idle_usage(prefill)[1], "vllm:kv_transfer_bytes_total",
+                  direction="sent") > 0
+    assert metric(_idle_usage(decode)[1], "vllm:kv_transfer_bytes_total",
+                  direction="received") > 0
+
+
+def test_a_producer_that_is_gone_is_an_error_not_a_hang(tiny_llama_dir, instances,
+                                                          tmp_path):
+    _, decode, _ = instances
+    common = [str(tiny_llama_dir), "--max-model-len", "256", "--block-size", "16",
+              "--num-gpu-blocks-override", "256", "--dtype", "float32"]
+    doomed = start_server([*common, "--kv-transfer-config",
+                           _config("kv_producer", free_port())], tmp_path / "doomed.log")
+    body = {"prompt": [31, 32, 33, 34] * 12, "max_tokens": 4, "temperature": 0}
+    try:
+        with httpx.Client(timeout=120) as http:
+            first = http.post(doomed.base_url + "/v1/completions", json={
+                **body, "max_tokens": 1, "kv_transfer_params": {"do_remote_decode": True}})
+            params = first.json()["kv_transfer_params"]
+            assert params["do_remote_prefill"] and params["remote_block_ids"]
+    finally:
+        stop_server(doomed)  # killed before the decode side pulls
+    with httpx.Client(timeout=120) as http:
+        before = metric(http.get(decode.base_url + "/metrics").text,
+                        "vllm:kv_transfer_failures_total")
+        start = time.monotonic()
+        answer = http.post(decode.base_url + "/v1/completions",
+                           json={**body, "kv_transfer_params": params})
+        assert answer.status_code == 500
+        assert "failed to load" in answer.json()["error"]["message"]
+        events = []
+        with http.stream("POST", decode.base_url + "/v1/completions",
+                         json={**body, "stream": True, "kv_transfer_params": params}) as stream:
+            events = [line for line in stream.iter_lines() if line.startswith("data: ")]
+        assert any('"error"' in line for line in events)
+        assert time.monotonic() - start < 60  # two pull timeouts (5 s each), not a hang
+        text = http.get(decode.base_url + "/metrics").text
+        assert metric(text, "vllm:kv_transfer_failures_total") == before + 2
+        # The decode side serves on, and holds nothing.
+        again = http.post(decode.base_url + "/v1/completions", json=body)
+        assert again.status_code == 200
+    assert _idle_usage(decode)[0] == 0.0

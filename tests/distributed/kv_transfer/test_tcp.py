@@ -76,6 +76,7 @@ def test_consumer_pulls_the_producers_blocks_and_gives_one_instances_tokens(
     producer = _engine(tiny_llama_dir, "kv_producer", port)
     consumer = _engine(tiny_llama_dir, "kv_consumer", free_port(), enable_prefix_caching=False)
     try:
+        assert producer.llm_engine.engine_core.engine_core.scheduler.kv_connector is not None
         transfer = _prefill(producer)
         first = transfer[0]
         assert first["do_remote_prefill"] is True and first["remote_port"] == port
@@ -164,13 +165,39 @@ def test_int8_producer_feeds_a_float32_consumer(tiny_llama_dir, expected):
     consumer = _engine(tiny_llama_dir, "kv_consumer", free_port())
     try:
         outputs = _decode(consumer, _prefill(producer))
-        # The consumer reads the int8 cache's values: the tokens agree with a float32
-        # instance's for most positions (measured: the count is asserted loosely below
-        # only because int8 rounding may flip a close greedy choice).
+        # The consumer reads the int8 cache's values, converted: its tokens agree with a
+        # float32 instance's position by position (measured 38 of 40 here; int8 rounding
+        # may flip a close greedy choice of this random model, and what follows it).
         got = _tokens(outputs)
         agree = sum(a == b for g, e in zip(got, expected, strict=True)
                     for a, b in zip(g, e, strict=True))
-        assert agree >= 0.75 * sum(len(e) for e in expected)
+        assert agree >= 0.9 * sum(len(e) for e in expected)
     finally:
         producer.llm_engine.shutdown()
         consumer.llm_engine.shutdown()
+
+
+def test_bfloat16_on_both_sides_gives_one_bfloat16_instances_tokens(tiny_llama_dir):
+    plain = LLM(str(tiny_llama_dir), dtype="bfloat16", max_model_len=256, block_size=BLOCK,
+                num_gpu_blocks_override=128)
+    try:
+        want = _tokens(plain.generate([{"prompt_token_ids": p} for p in PROMPTS], DECODE,
+                                      use_tqdm=False))
+    finally:
+        plain.llm_engine.shutdown()
+    producer = _engine(tiny_llama_dir, "kv_producer", free_port(), dtype="bfloat16")
+    consumer = _engine(tiny_llama_dir, "kv_consumer", free_port(), dtype="bfloat16")
+    try:
+        assert _tokens(_decode(consumer, _prefill(producer))) == want
+    finally:
+        producer.llm_engine.shutdown()
+        consumer.llm_engine.shutdown()
+
+
+def test_nixl_connector_is_the_tcp_connector(tiny_llama_dir):
+    from pagedllm.distributed.kv_transfer import KVConnectorRole, KVTransferConfig
+    from pagedllm.distributed.kv_transfer.factory import make_connector
+    from pagedllm.distributed.kv_transfer.tcp import TcpConnector
+
+    config = KVTransferConfig.parse({"kv_connector": "NixlConnector", "kv_role": "kv_both"})
+    assert isinstance(make_connector(config, KVConnectorRole.SCHEDULER, 16, 0), TcpConnector)

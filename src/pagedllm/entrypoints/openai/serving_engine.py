@@ -279,8 +279,9 @@ async def _raise_on_failure(
             if any(c.finish_reason == "error" for c in output.outputs):
                 raise APIError(
                     f"Request {output.request_id} failed in the engine: the model produced "
-                    "non-finite values (NaN or infinity) for it. Other requests are "
-                    "unaffected.",
+                    "non-finite values (NaN or infinity) for it, or its KV cache failed to "
+                    "load through the KV connector (kv_load_failure_policy 'fail'). Other "
+                    "requests are unaffected.",
                     HTTPStatus.INTERNAL_SERVER_ERROR,
                 )
             yield output
