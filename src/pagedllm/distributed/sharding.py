@@ -53,12 +53,22 @@ def head_shard(num_heads: int, num_kv_heads: int, tp_size: int, tp_rank: int) ->
     """
     per_rank = divide(num_heads, tp_size, "num_attention_heads")
     q_heads = range(tp_rank * per_rank, (tp_rank + 1) * per_rank)
+    return HeadShard(q_heads, kv_head_range(num_kv_heads, tp_size, tp_rank))
+
+
+def kv_head_range(num_kv_heads: int, tp_size: int, tp_rank: int) -> range:
+    """Rank `tp_rank`'s KV heads: an even split, or one replicated head when there are
+    fewer KV heads than ranks (also what a KV connector sends each rank of a peer).
+
+    Raises:
+        ValueError: when the KV heads neither split nor replicate evenly.
+    """
     if num_kv_heads >= tp_size:
         kv_per_rank = divide(num_kv_heads, tp_size, "num_key_value_heads")
-        return HeadShard(q_heads, range(tp_rank * kv_per_rank, (tp_rank + 1) * kv_per_rank))
+        return range(tp_rank * kv_per_rank, (tp_rank + 1) * kv_per_rank)
     ranks_per_kv = divide(tp_size, num_kv_heads, "tensor_parallel_size / num_key_value_heads")
     kv = tp_rank // ranks_per_kv
-    return HeadShard(q_heads, range(kv, kv + 1))
+    return range(kv, kv + 1)
 
 
 def shard_rows(weight: torch.Tensor, tp_size: int, tp_rank: int) -> torch.Tensor:

@@ -192,9 +192,20 @@ class EngineArgs:
         if model_config.runner != "generate":
             raise ValueError("kv_transfer_config applies to generating models only.")
         if self.tensor_parallel_size * self.pipeline_parallel_size > 1:
-            raise ValueError("kv_transfer_config with several ranks is not supported yet: "
-                             "each rank would need its own blocks' files.")
+            self._check_kv_transfer_ranks(config)
         return config
+
+    def _check_kv_transfer_ranks(self, config: KVTransferConfig) -> None:
+        """Several ranks: only a network consumer splitting heads over tensor-parallel
+        ranks (TcpConnector, kv_consumer) is built."""
+        if (config.kv_connector in ("TcpConnector", "NixlConnector")
+                and config.kv_role == "kv_consumer" and self.pipeline_parallel_size == 1):
+            return
+        raise ValueError("kv_transfer_config with several ranks is supported for a "
+                         "TcpConnector (NixlConnector) kv_consumer with tensor parallelism "
+                         f"only, not {config.kv_connector} as {config.kv_role} with "
+                         f"tensor_parallel_size={self.tensor_parallel_size}, "
+                         f"pipeline_parallel_size={self.pipeline_parallel_size}.")
 
     def _logits_processors(self, model_config: ModelConfig) -> tuple[type, ...]:
         """The plugin classes (installed ones, then the given ones), checked."""

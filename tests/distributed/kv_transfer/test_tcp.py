@@ -201,3 +201,23 @@ def test_nixl_connector_is_the_tcp_connector(tiny_llama_dir):
 
     config = KVTransferConfig.parse({"kv_connector": "NixlConnector", "kv_role": "kv_both"})
     assert isinstance(make_connector(config, KVConnectorRole.SCHEDULER, 16, 0), TcpConnector)
+
+
+def test_a_one_rank_producer_feeds_a_two_rank_consumer(tiny_llama_dir, expected):
+    # Tiny Llama has 2 KV heads: each consumer rank pulls its own one from the producer.
+    producer = _engine(tiny_llama_dir, "kv_producer", free_port())
+    consumer = _engine(tiny_llama_dir, "kv_consumer", free_port(), tensor_parallel_size=2,
+                       kv_cache_memory_bytes=2**22)
+    try:
+        transfer = _prefill(producer)
+        outputs = _decode(consumer, transfer)
+        assert _tokens(outputs) == expected
+        assert [o.num_cached_tokens for o in outputs] == [len(p) - 1 for p in PROMPTS]
+        # Every rank pulled: the producer lets the blocks go at its next step.
+        producer.generate([{"prompt_token_ids": [3, 4]}], SamplingParams(max_tokens=1),
+                          use_tqdm=False)
+        usage, scheduler = _usage(producer)
+        assert usage == 0.0 and not scheduler.kv_sending
+    finally:
+        producer.llm_engine.shutdown()
+        consumer.llm_engine.shutdown()

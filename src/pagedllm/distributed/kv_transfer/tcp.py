@@ -22,9 +22,13 @@ row by row (the worker's converter). A pull that fails (the producer gone, the l
 a dropped connection, a timeout) fails the request or has it compute its prompt itself, as
 `kv_load_failure_policy` says.
 
-Not built: tensor-parallel peers (one rank each side), shared memory between instances on
-one host (the transfer is TCP on loopback), and per-layer overlap with the forward (a pull
-overlaps other requests' steps instead).
+Tensor parallelism: a consumer of several ranks (TP=2 fed by a TP=1 producer) pulls on every
+rank the KV heads that rank holds (the producer cuts them: `kv_head_range`); a load counts
+as done, or failed, once every rank agrees (one small all-gather a step while loads are
+under way), and the producer lets the blocks go once every rank pulled. Not built: a
+producer of several ranks, shared memory between instances on one host (the transfer is
+TCP, loopback there), and per-layer overlap with the forward (a pull overlaps other
+requests' steps instead).
 """
 
 from __future__ import annotations
@@ -40,8 +44,10 @@ from typing import Any
 import torch
 import zmq
 
+from pagedllm.distributed import parallel_state
 from pagedllm.distributed.kv_transfer.base import KVConnectorBase, KVConnectorRole, ScheduledKV
 from pagedllm.distributed.kv_transfer.config import KVTransferConfig
+from pagedllm.distributed.sharding import kv_head_range
 from pagedllm.logger import init_logger
 from pagedllm.metrics.stats import KVTransferCounts
 from pagedllm.request import RequestStatus
@@ -51,6 +57,7 @@ logger = init_logger(__name__)
 DEFAULT_LEASE_S = 30.0
 DEFAULT_PULL_TIMEOUT_S = 10.0
 _RETRY_S = 0.005  # between asks while the producer's step has not finished the prompt
+_PENDING, _DONE, _FAILED = 0, 1, 2  # a load's state on one rank
 
 
 @dataclass
@@ -93,7 +100,8 @@ class _Sendable:
     block_ids: list[int]
     ready: bool = False
     deadline: float | None = None  # set once held
-    reading: bool = False  # a pull is copying it: the lease cannot end now
+    reading: int = 0  # pulls copying it now: the lease cannot end meanwhile
+    served: set[int] = field(default_factory=set)  # the consumer's ranks served
 
 
 def transfer_params(request: Any) -> dict[str, Any]:
@@ -132,6 +140,7 @@ class TcpConnector(KVConnectorBase):
         self._server: threading.Thread | None = None
         self._stop = threading.Event()
         self._pool: ThreadPoolExecutor | None = None
+        self._tp_group: Any = None
 
     # ------------------------------------------------------------------ scheduler side
 
@@ -212,6 +221,7 @@ class TcpConnector(KVConnectorBase):
         with self._lock:
             self._caches, self._block_dim = list(kv_caches), block_dim
         if self._zmq is None:
+            self._tp_group = parallel_state.get_tp_group()
             self._zmq = zmq.Context()
             if self.config.is_producer:
                 self._start_server()
@@ -268,11 +278,12 @@ class TcpConnector(KVConnectorBase):
                                "freed.", request_id, self.lease_s)
             sending, self._sent = self._sent | expired, set()
         received: set[str] = set()
-        for request_id, (pull, future) in list(self._loads.items()):
-            if not future.done():
-                continue
-            del self._loads[request_id]
+        for request_id, everywhere_ok in self._finished_loads():
+            pull, future = self._loads.pop(request_id)
             try:
+                if not everywhere_ok:
+                    future.result()  # this rank's own error, if it has one
+                    raise RuntimeError("another rank's pull failed")
                 blocks, seconds = future.result()
                 self._write(pull, blocks)
             except Exception as error:  # noqa: BLE001 - the request fails, the engine goes on
@@ -287,6 +298,22 @@ class TcpConnector(KVConnectorBase):
                 self._counts.bytes_received += sum(_nbytes(b) for b in blocks)
                 self._counts.seconds.append(seconds)
         return sending, received
+
+    def _finished_loads(self) -> list[tuple[str, bool]]:
+        """The loads every rank finished, and whether every rank's succeeded (the ranks
+        hold the same loads in the same order: one all-gather of their states)."""
+        if not self._loads:
+            return []
+        ids = list(self._loads)
+        states = torch.tensor([_state(self._loads[i][1]) for i in ids], dtype=torch.int64)
+        group = self._tp_group
+        if group is not None and group.world_size > 1:
+            states = group.all_gather(states, dim=0).view(group.world_size, len(ids))
+        else:
+            states = states.view(1, len(ids))
+        done = (states.min(0).values >= _DONE).tolist()
+        ok = (states.max(0).values == _DONE).tolist()
+        return [(i, bool(k)) for i, d, k in zip(ids, done, ok, strict=True) if d]
 
     def cancel_loads(self, request_ids: set[str]) -> None:
         """A load for an ended request is dropped when it arrives, never written."""
@@ -347,6 +374,7 @@ class TcpConnector(KVConnectorBase):
     def _answer(self, ask: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
         """The blocks a pull asks for, if their request is held here and computed."""
         request_id, block_ids = str(ask["request_id"]), [int(b) for b in ask["block_ids"]]
+        tp_size, tp_rank = int(ask.get("tp_size", 1)), int(ask.get("tp_rank", 0))
         with self._lock:
             entry = self._sendable.get(request_id)
             if entry is None:
@@ -356,17 +384,23 @@ class TcpConnector(KVConnectorBase):
                 return {"status": "wait"}, []
             if not set(block_ids) <= set(entry.block_ids):
                 return {"status": "error", "error": "blocks not held for this request"}, []
-            entry.reading = True
+            if tp_rank in entry.served:
+                return {"status": "error", "error": f"rank {tp_rank} pulled already"}, []
+            entry.reading += 1
             caches, dim = self._caches, self._block_dim
         try:
             index = torch.tensor(block_ids, dtype=torch.long)
-            # Blocks first on the wire, whatever the cache's layout.
-            layers = [cache.index_select(dim, index).movedim(dim, 0).contiguous()
-                      for cache in caches]
+            # Blocks first on the wire, whatever the cache's layout (heads: dim 3 then);
+            # a consumer rank gets the KV heads it holds.
+            layers = [_heads(cache.index_select(dim, index).movedim(dim, 0), tp_size,
+                             tp_rank).contiguous() for cache in caches]
         finally:
             with self._lock:
-                self._sendable.pop(request_id, None)
-                self._sent.add(request_id)
+                entry.reading -= 1
+                entry.served.add(tp_rank)
+                if len(entry.served) >= tp_size:  # every rank has its heads
+                    self._sendable.pop(request_id, None)
+                    self._sent.add(request_id)
         header = {"status": "ok", "dtype": str(layers[0].dtype).removeprefix("torch."),
                   "shapes": [list(t.shape) for t in layers]}
         with self._lock:
@@ -387,8 +421,11 @@ class TcpConnector(KVConnectorBase):
         socket = self._zmq.socket(zmq.DEALER)
         socket.setsockopt(zmq.LINGER, 0)
         socket.connect(f"tcp://{pull.remote_host}:{pull.remote_port}")
+        group = self._tp_group
         ask = json.dumps({"request_id": pull.remote_request_id,
-                          "block_ids": pull.remote_block_ids}).encode()
+                          "block_ids": pull.remote_block_ids,
+                          "tp_size": group.world_size if group is not None else 1,
+                          "tp_rank": group.rank_in_group if group is not None else 0}).encode()
         try:
             while True:
                 socket.send_multipart([b"", ask])
@@ -432,6 +469,21 @@ class TcpConnector(KVConnectorBase):
             converted.append(layer)
         for cache, layer in zip(self._caches, converted, strict=True):  # all or nothing
             cache.index_copy_(self._block_dim, index, layer.to(cache.device))
+
+
+def _heads(blocks: torch.Tensor, tp_size: int, tp_rank: int) -> torch.Tensor:
+    """The KV heads consumer rank `tp_rank` of `tp_size` holds, of blocks laid out
+    [blocks, 2, block_size, kv_heads, row]."""
+    if tp_size == 1:
+        return blocks
+    heads = kv_head_range(blocks.shape[3], tp_size, tp_rank)
+    return blocks[:, :, :, heads.start:heads.stop]
+
+
+def _state(future: Future) -> int:
+    if not future.done():
+        return _PENDING
+    return _FAILED if future.exception() is not None else _DONE
 
 
 def _nbytes(tensor: torch.Tensor) -> int:
