@@ -3,8 +3,10 @@ latency while long prompts arrive, and the long prompts' time to first token.
 
 Two configurations on the same two cores, the same requests, one after the other:
 - disaggregated: a prefill instance (core 0, kv_producer) and a decode instance (core 1,
-  kv_consumer) sharing a folder of KV blocks (SharedStorageConnector), behind the
-  `disagg-proxy`;
+  kv_consumer), the decode side pulling each prompt's blocks from the prefill side over
+  TCP (`--connector tcp`: TcpConnector, vLLM's NixlConnector style; the default) or both
+  sharing a folder of KV blocks (`--connector shared-storage`: SharedStorageConnector),
+  behind the `disagg-proxy`;
 - two ordinary instances (core 0 and core 1) behind a round-robin.
 Each instance runs with one thread (`taskset` and PAGEDLLM_NUM_THREADS=1). `--streams`
 decode streams (short prompts, `--stream-tokens` tokens, streamed) start together; while
@@ -142,6 +144,9 @@ def disaggregated(model: str, streams: list[list[int]], longs: list[list[int]], 
     from pagedllm.entrypoints.disagg_proxy import build_app
 
     def config(role: str) -> str:
+        if args.connector == "tcp":
+            return json.dumps({"kv_connector": "TcpConnector", "kv_role": role,
+                               "kv_port": args.port + 10})
         return json.dumps({"kv_connector": "SharedStorageConnector", "kv_role": role,
                            "kv_connector_extra_config": {
                                "shared_storage_path": str(workdir / "kv")}})
@@ -214,6 +219,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=0.5, help="Long prompts per second.")
     parser.add_argument("--first-long-s", type=float, default=2.0,
                         help="When the first long prompt may arrive (the streams decode).")
+    parser.add_argument("--connector", choices=["tcp", "shared-storage"], default="tcp")
     parser.add_argument("--port", type=int, default=18100)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output-json", default=None)

@@ -188,6 +188,9 @@ class Scheduler:
         """
         if request.request_id in self.requests:
             raise ValueError(f"Request id {request.request_id!r} is already in use.")
+        if request.request_id in self.kv_sending:
+            raise ValueError(f"Request id {request.request_id!r} is still in use: its KV "
+                             "blocks wait for a KV connector's peer to pull them.")
         if request.num_prompt_tokens == 0:
             raise ValueError(f"Request {request.request_id!r} has an empty prompt.")
         if request.num_prompt_tokens > self.max_model_len:
@@ -337,6 +340,7 @@ class Scheduler:
         request = self.remote_kv.ready[-1]
         self.remote_kv.remove(request)
         self.kv_cache_manager.free(request)
+        self.kv_connector.load_failed(request)  # its loaded KV is gone: never again
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.num_cached_tokens = None

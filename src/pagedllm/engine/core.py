@@ -192,16 +192,23 @@ class EngineCore:
         self._publish_kv_events()
         return outputs
 
-    def _add_kv_transfer(self, stats: SchedulerStats, counts: KVTransferCounts | None) -> None:
-        """A KV connector's traffic: cumulative totals, and this step's transfer times."""
-        totals = self.kv_transfer_totals
+    def _add_kv_transfer(self, counts: KVTransferCounts | None) -> None:
+        """A step's KV connector traffic into the cumulative totals."""
         if counts is not None:
-            stats.kv_transfer_seconds = list(counts.seconds)
-            counts.seconds = []  # the totals keep sums, not every step's samples
-            totals.add(counts)
+            # The totals keep sums, not every step's samples (the step's stats carry them).
+            self.kv_transfer_totals.add(KVTransferCounts(
+                counts.bytes_received, counts.bytes_sent, counts.failures))
+
+    def make_stats(self) -> SchedulerStats:
+        """The scheduler's stats with the core's cumulative counters (model time, a KV
+        connector's traffic): what every stats message carries."""
+        stats = self.scheduler.make_stats()
+        stats.model_execute_seconds = self.model_execute_seconds
+        totals = self.kv_transfer_totals
         stats.kv_transfer_bytes_received = totals.bytes_received
         stats.kv_transfer_bytes_sent = totals.bytes_sent
         stats.kv_transfer_failures = totals.failures
+        return stats
 
     def _publish_kv_events(self) -> None:
         """Send the KV cache events since the last call, as one batch (if any)."""
@@ -223,10 +230,12 @@ class EngineCore:
         self._add_grammar_bitmask(scheduler_output)
         start = time.perf_counter()
         model_output = self.executor.execute_model(scheduler_output)
-        self.model_execute_seconds += time.perf_counter() - start
         if scheduler_output.is_empty and scheduler.has_pending_kv_transfers():
-            # Only a KV connector's transfers are under way: poll them, not a busy spin.
+            # Only a KV connector's transfers are under way: poll them, no busy spin (the
+            # process sends nothing while its stats do not change).
             time.sleep(_TRANSFER_POLL_SECONDS)
+        else:
+            self.model_execute_seconds += time.perf_counter() - start
         return self._finish_step(scheduler_output, model_output)
 
     def _step_with_batch_queue(self) -> EngineCoreOutputs:
@@ -244,7 +253,7 @@ class EngineCore:
                     (scheduler_output, self.executor.execute_model_async(scheduler_output))
                 )
                 if not scheduler_output.is_empty:
-                    return EngineCoreOutputs(scheduler_stats=self.scheduler.make_stats())
+                    return EngineCoreOutputs(scheduler_stats=self.make_stats())
         if not queue:
             return EngineCoreOutputs()
         scheduler_output, future = queue.popleft()
@@ -260,9 +269,10 @@ class EngineCore:
         updates = self.scheduler.update_from_output(scheduler_output, model_output)
         if self._loras_to_remove:
             self._drop_unused_loras()
-        stats = self.scheduler.make_stats()
-        stats.model_execute_seconds = self.model_execute_seconds
-        self._add_kv_transfer(stats, model_output.kv_transfer)
+        self._add_kv_transfer(model_output.kv_transfer)
+        stats = self.make_stats()
+        if model_output.kv_transfer is not None:
+            stats.kv_transfer_seconds = list(model_output.kv_transfer.seconds)
         return EngineCoreOutputs(
             outputs=[
                 EngineCoreOutput(
@@ -320,8 +330,9 @@ class EngineCore:
                              "(--enable-sleep-mode).")
         if level not in (1, 2):
             raise ValueError(f"sleep level must be 1 or 2, got {level}.")
-        if self.has_unfinished_requests():
-            raise ValueError("The engine cannot sleep while requests run: wait for them or "
+        if self.has_unfinished_requests() or self.scheduler.has_pending_kv_transfers():
+            raise ValueError("The engine cannot sleep while requests run (or a KV "
+                             "connector's peer has yet to pull blocks): wait for them or "
                              "abort them first.")
         self.scheduler.reset_prefix_cache()  # the cache's contents are given back too
         self._publish_kv_events()

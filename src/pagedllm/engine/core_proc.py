@@ -104,7 +104,7 @@ class EngineCoreProc:
     def _send(self, outputs: EngineCoreOutputs) -> None:
         stats = outputs.scheduler_stats
         if stats is None:
-            stats = self.engine_core.scheduler.make_stats()
+            stats = self.engine_core.make_stats()
             outputs.scheduler_stats = stats
         if not outputs.outputs and stats == self._last_stats:
             return  # an idle turn that changed nothing

@@ -221,3 +221,47 @@ def test_a_one_rank_producer_feeds_a_two_rank_consumer(tiny_llama_dir, expected)
     finally:
         producer.llm_engine.shutdown()
         consumer.llm_engine.shutdown()
+
+
+def test_blocks_the_consumer_does_not_need_are_released_at_once(tiny_llama_dir):
+    # The consumer's own prefix cache has the whole prompt (bar its last token): it pulls
+    # nothing and tells the producer to let the blocks go, long before their lease.
+    producer = _engine(tiny_llama_dir, "kv_producer", free_port(), extra={"lease_s": 600})
+    consumer = _engine(tiny_llama_dir, "kv_consumer", free_port())
+    try:
+        consumer.generate([{"prompt_token_ids": PROMPTS[0]}], DECODE, use_tqdm=False)
+        transfer = _prefill(producer, PROMPTS[:1])
+        # Same prompt: its 2 full blocks are cached locally, the last 7 tokens are not,
+        # so the consumer pulls only the third block; a prompt whose every block but the
+        # last token's is local pulls nothing.
+        short = PROMPTS[0][:33]  # 2 full blocks + the last token
+        transfer_short = _prefill(producer, [short])
+        core = consumer.llm_engine.engine_core.engine_core
+        before = core.kv_transfer_totals.bytes_received
+        _decode(consumer, transfer_short, [short])
+        assert core.kv_transfer_totals.bytes_received == before  # nothing pulled
+        _decode(consumer, transfer, PROMPTS[:1])
+        _, scheduler = _usage(producer)
+        deadline = time.monotonic() + 30
+        while scheduler.kv_sending and time.monotonic() < deadline:
+            producer.generate([{"prompt_token_ids": [3, 4]}], SamplingParams(max_tokens=1),
+                              use_tqdm=False)
+            time.sleep(0.05)
+        assert not scheduler.kv_sending and scheduler.kv_cache_usage == 0.0
+    finally:
+        producer.llm_engine.shutdown()
+        consumer.llm_engine.shutdown()
+
+
+def test_a_held_requests_id_is_not_reused_while_held(tiny_llama_dir):
+    producer = _engine(tiny_llama_dir, "kv_producer", free_port())
+    try:
+        _prefill(producer, PROMPTS[:1])
+        core = producer.llm_engine.engine_core.engine_core
+        (held_id,) = core.scheduler.kv_sending
+        from pagedllm.request import Request, RequestData
+
+        with pytest.raises(ValueError, match="still in use"):
+            core.scheduler.add_request(Request(held_id, RequestData([1, 2, 3], DECODE)))
+    finally:
+        producer.llm_engine.shutdown()

@@ -37,6 +37,7 @@ import json
 import threading
 import time
 import uuid
+import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -70,6 +71,17 @@ class BlockPull:
     remote_host: str
     remote_port: int
     remote_request_id: str
+    deadline: float = 0.0  # monotonic; set when the worker starts it
+
+
+@dataclass
+class BlockRelease:
+    """A consumer lets a producer's held blocks go without pulling them (its own prefix
+    cache had the prompt, the request ended first, its blocks do not fit ours)."""
+
+    remote_host: str
+    remote_port: int
+    remote_request_id: str
 
 
 @dataclass
@@ -90,9 +102,10 @@ class TcpTransfers:
     sends: list[BlockSend] = field(default_factory=list)
     held: list[str] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)
+    releases: list[BlockRelease] = field(default_factory=list)
 
     def __bool__(self) -> bool:
-        return bool(self.pulls or self.sends or self.held or self.dropped)
+        return bool(self.pulls or self.sends or self.held or self.dropped or self.releases)
 
 
 @dataclass
@@ -134,6 +147,7 @@ class TcpConnector(KVConnectorBase):
         self._sendable: dict[str, _Sendable] = {}
         self._sent: set[str] = set()
         self._loads: dict[str, tuple[BlockPull, Future]] = {}
+        self._cancelled: set[str] = set()  # pulls of ended requests: stop asking
         self._failed: set[str] = set()
         self._counts = KVTransferCounts()
         self._zmq: zmq.Context | None = None
@@ -189,6 +203,11 @@ class TcpConnector(KVConnectorBase):
         plan, self._plan = self._plan, TcpTransfers()
         return plan if plan else None
 
+    def _plan_release(self, params: dict[str, Any]) -> None:
+        self._plan.releases.append(BlockRelease(
+            str(params.get("remote_host", "127.0.0.1")), int(params.get("remote_port", 0)),
+            str(params.get("remote_request_id", ""))))
+
     def load_failed(self, request: Any) -> None:
         """Nothing to do: a request is offered remote KV once."""
 
@@ -197,6 +216,10 @@ class TcpConnector(KVConnectorBase):
         """Hold the blocks of a do_remote_decode request that finished by length, and
         say where to pull them from."""
         request_id = request.request_id
+        params = transfer_params(request)
+        if self.config.is_consumer and params.get("do_remote_prefill") and (
+                request_id not in self._pulled):
+            self._plan_release(params)  # its prompt came from elsewhere: not pulled
         self._pulled.discard(request_id)
         if request_id not in self._sending:
             return False, None
@@ -250,10 +273,17 @@ class TcpConnector(KVConnectorBase):
                     self._sent.add(request_id)
             for request_id in metadata.dropped:
                 self._sendable.pop(request_id, None)
-        assert self._pool is not None or not metadata.pulls, "pulls on a producer"
+        assert self._pool is not None or not (metadata.pulls or metadata.releases), (
+            "pulls on a producer")
         for pull in metadata.pulls:
             assert self._pool is not None
+            # The time to give up counts from now, not from when a thread is free.
+            pull.deadline = now + self.pull_timeout_s
             self._loads[pull.request_id] = (pull, self._pool.submit(self._pull, pull))
+        if self._is_first_rank():
+            for release in metadata.releases:
+                assert self._pool is not None
+                self._pool.submit(self._release, release)
 
     def wait_for_save(self, metadata: Any) -> None:
         """The sends whose prompt this step finished may be pulled now."""
@@ -305,7 +335,9 @@ class TcpConnector(KVConnectorBase):
         if not self._loads:
             return []
         ids = list(self._loads)
-        states = torch.tensor([_state(self._loads[i][1]) for i in ids], dtype=torch.int64)
+        # On the caches' device: the group's collective may need it there (NCCL).
+        states = torch.tensor([_state(self._loads[i][1]) for i in ids], dtype=torch.int64,
+                              device=self._caches[0].device if self._caches else "cpu")
         group = self._tp_group
         if group is not None and group.world_size > 1:
             states = group.all_gather(states, dim=0).view(group.world_size, len(ids))
@@ -316,9 +348,23 @@ class TcpConnector(KVConnectorBase):
         return [(i, bool(k)) for i, d, k in zip(ids, done, ok, strict=True) if d]
 
     def cancel_loads(self, request_ids: set[str]) -> None:
-        """A load for an ended request is dropped when it arrives, never written."""
+        """A load for an ended request is never written; its pull stops asking, and the
+        producer is told to let the blocks go."""
         for request_id in request_ids:
-            self._loads.pop(request_id, None)
+            load = self._loads.pop(request_id, None)
+            if load is None:
+                continue
+            pull, future = load
+            if not future.done():
+                with self._lock:
+                    self._cancelled.add(pull.request_id)
+            if future.cancel() and self._is_first_rank():  # it never started
+                assert self._pool is not None
+                self._pool.submit(self._release, BlockRelease(
+                    pull.remote_host, pull.remote_port, pull.remote_request_id))
+
+    def _is_first_rank(self) -> bool:
+        return self._tp_group is None or self._tp_group.rank_in_group == 0
 
     def get_load_failures(self) -> set[str]:
         """Requests whose pull failed since the last call."""
@@ -361,19 +407,29 @@ class TcpConnector(KVConnectorBase):
             while not self._stop.is_set():
                 if not socket.poll(100):
                     continue
-                identity, _, raw = socket.recv_multipart()
+                message = socket.recv_multipart()
                 try:
-                    header, frames = self._answer(json.loads(raw))
+                    header, frames = self._answer(json.loads(message[-1]))
                 except Exception as error:  # noqa: BLE001 - a bad ask gets an error answer
                     header, frames = {"status": "error", "error": str(error)}, []
-                socket.send_multipart([identity, b"", json.dumps(header).encode(), *frames],
+                socket.send_multipart([message[0], b"", json.dumps(header).encode(), *frames],
                                       copy=False)
         finally:
             socket.close()
 
     def _answer(self, ask: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
         """The blocks a pull asks for, if their request is held here and computed."""
-        request_id, block_ids = str(ask["request_id"]), [int(b) for b in ask["block_ids"]]
+        request_id = str(ask["request_id"])
+        if ask.get("release"):
+            with self._lock:
+                entry = self._sendable.get(request_id)
+                if entry is not None and entry.reading:  # let the copy finish first
+                    entry.deadline = 0.0
+                elif entry is not None:
+                    del self._sendable[request_id]
+                    self._sent.add(request_id)
+            return {"status": "ok"}, []
+        block_ids = [int(b) for b in ask["block_ids"]]
         tp_size, tp_rank = int(ask.get("tp_size", 1)), int(ask.get("tp_rank", 0))
         with self._lock:
             entry = self._sendable.get(request_id)
@@ -393,14 +449,17 @@ class TcpConnector(KVConnectorBase):
             # Blocks first on the wire, whatever the cache's layout (heads: dim 3 then);
             # a consumer rank gets the KV heads it holds.
             layers = [_heads(cache.index_select(dim, index).movedim(dim, 0), tp_size,
-                             tp_rank).contiguous() for cache in caches]
-        finally:
+                             tp_rank).contiguous().cpu() for cache in caches]
+        except BaseException:
             with self._lock:
                 entry.reading -= 1
-                entry.served.add(tp_rank)
-                if len(entry.served) >= tp_size:  # every rank has its heads
-                    self._sendable.pop(request_id, None)
-                    self._sent.add(request_id)
+            raise
+        with self._lock:
+            entry.reading -= 1
+            entry.served.add(tp_rank)
+            if len(entry.served) >= tp_size:  # every rank has its heads
+                self._sendable.pop(request_id, None)
+                self._sent.add(request_id)
         header = {"status": "ok", "dtype": str(layers[0].dtype).removeprefix("torch."),
                   "shapes": [list(t.shape) for t in layers]}
         with self._lock:
@@ -417,7 +476,7 @@ class TcpConnector(KVConnectorBase):
                              f"{len(pull.local_block_ids)} are needed")
         assert self._zmq is not None
         start = time.monotonic()
-        deadline = start + self.pull_timeout_s
+        deadline = pull.deadline or start + self.pull_timeout_s
         socket = self._zmq.socket(zmq.DEALER)
         socket.setsockopt(zmq.LINGER, 0)
         socket.connect(f"tcp://{pull.remote_host}:{pull.remote_port}")
@@ -432,18 +491,46 @@ class TcpConnector(KVConnectorBase):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or not socket.poll(int(remaining * 1000) + 1):
                     raise TimeoutError(f"no answer within {self.pull_timeout_s:.0f} s")
-                frames = socket.recv_multipart()
-                header = json.loads(frames[1])
-                if header["status"] == "wait" and not self._stop.is_set():
+                frames = socket.recv_multipart(copy=False)
+                header = json.loads(frames[1].bytes)
+                if header["status"] == "wait":
+                    with self._lock:
+                        cancelled = pull.request_id in self._cancelled
+                    if cancelled or self._stop.is_set():
+                        raise RuntimeError("cancelled")
                     time.sleep(_RETRY_S)
                     continue
                 if header["status"] != "ok":
                     raise RuntimeError(header.get("error", header["status"]))
                 dtype = getattr(torch, header["dtype"])
-                blocks = [torch.frombuffer(bytearray(frame), dtype=torch.uint8)
-                          .view(dtype).reshape(shape)
-                          for frame, shape in zip(frames[2:], header["shapes"], strict=True)]
+                # Views of the received frames, no copy: the step thread copies them
+                # once, into the cache (they are read-only; nothing writes them).
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", UserWarning)  # "not writable"
+                    blocks = [torch.frombuffer(frame.buffer, dtype=torch.uint8)
+                              .view(dtype).reshape(shape)
+                              for frame, shape in zip(frames[2:], header["shapes"],
+                                                      strict=True)]
                 return blocks, time.monotonic() - start
+        finally:
+            socket.close()
+            with self._lock:
+                self._cancelled.discard(pull.request_id)
+
+    def _release(self, release: BlockRelease) -> None:
+        """Tell a producer to let a request's blocks go (best effort: its lease frees
+        them otherwise)."""
+        assert self._zmq is not None
+        socket = self._zmq.socket(zmq.DEALER)
+        socket.setsockopt(zmq.LINGER, 0)
+        try:
+            socket.connect(f"tcp://{release.remote_host}:{release.remote_port}")
+            socket.send_multipart([b"", json.dumps({"request_id": release.remote_request_id,
+                                                    "release": True}).encode()])
+            if socket.poll(1000):
+                socket.recv_multipart()
+        except zmq.ZMQError as error:
+            logger.debug("Releasing %s failed (%s).", release.remote_request_id, error)
         finally:
             socket.close()
 
