@@ -46,6 +46,7 @@ from common import (
 )
 
 SRC = Path(__file__).resolve().parents[1] / "src"
+SERVE_ARGS: list[str] = []  # --serve-args: flags every instance gets
 
 
 def start_instance(model: str, core: int, port: int, extra: list[str], log: Path
@@ -55,15 +56,16 @@ def start_instance(model: str, core: int, port: int, extra: list[str], log: Path
            "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])}
     command = ["taskset", "-c", str(core), sys.executable, "-m", "pagedllm.entrypoints.cli",
                "serve", model, "--port", str(port), "--uvicorn-log-level", "warning",
-               "--max-model-len", "4096", *extra]
+               "--max-model-len", "4096", *SERVE_ARGS, *extra]
     with open(log, "wb") as out:
         return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
 
 
 async def stream_request(client: Any, url: str, body: dict[str, Any]
-                         ) -> tuple[list[float], int]:
-    """Arrival times of a streamed completion's token chunks, and its cached tokens."""
-    times, cached = [], 0
+                         ) -> tuple[list[float], int, str]:
+    """Arrival times of a streamed completion's token chunks, its cached tokens and its
+    text."""
+    times, cached, text = [], 0, ""
     stream_body = {**body, "stream": True, "stream_options": {"include_usage": True}}
     async with client.stream("POST", url, json=stream_body) as response:
         async for line in response.aiter_lines():
@@ -72,10 +74,11 @@ async def stream_request(client: Any, url: str, body: dict[str, Any]
             chunk = json.loads(line[6:])
             if chunk.get("choices"):
                 times.append(time.perf_counter())
+                text += chunk["choices"][0].get("text") or ""
             elif chunk.get("usage"):
                 details = chunk["usage"].get("prompt_tokens_details") or {}
                 cached = int(details.get("cached_tokens") or 0)
-    return times, cached
+    return times, cached, text
 
 
 async def run_load(route: Any, streams: list[list[int]], longs: list[list[int]],
@@ -85,18 +88,19 @@ async def run_load(route: Any, streams: list[list[int]], longs: list[list[int]],
 
     rng = random.Random(args.seed)
     async with httpx.AsyncClient(timeout=None) as client:
-        async def one_stream(index: int, prompt: list[int]) -> tuple[list[float], int]:
+        async def one_stream(index: int, prompt: list[int]) -> tuple[list[float], int, str]:
             body = {"prompt": prompt, "max_tokens": args.stream_tokens, "temperature": 0,
                     "ignore_eos": True}
             return await stream_request(client, route("stream", index), body)
 
-        async def one_long(index: int, prompt: list[int], delay: float) -> tuple[float, int]:
+        async def one_long(index: int, prompt: list[int], delay: float
+                           ) -> tuple[float, int, str]:
             await asyncio.sleep(args.first_long_s + delay)
             start = time.perf_counter()
             body = {"prompt": prompt, "max_tokens": args.long_tokens, "temperature": 0,
                     "ignore_eos": True}
-            times, cached = await stream_request(client, route("long", index), body)
-            return times[0] - start, cached
+            times, cached, text = await stream_request(client, route("long", index), body)
+            return times[0] - start, cached, text
 
         delays, clock = [], 0.0
         for _ in longs:
@@ -108,14 +112,16 @@ async def run_load(route: Any, streams: list[list[int]], longs: list[list[int]],
         results = await asyncio.gather(*stream_tasks, *long_tasks)
     stream_results = results[: len(streams)]
     long_results = results[len(streams):]
-    gaps = [b - a for times, _ in stream_results
+    gaps = [b - a for times, _, _ in stream_results
             for a, b in zip(times, times[1:], strict=False)]
     # Gaps while a long prompt was being prefilled somewhere: the ones disaggregation is for.
     return {"itl": _stats([g * 1000 for g in gaps]),
-            "ttft": _stats([t * 1000 for t, _ in long_results]),
-            "cached_tokens": sum(c for _, c in stream_results) + sum(c for _, c in long_results),
-            "stream_seconds": max(times[-1] for times, _ in stream_results)
-            - min(times[0] for times, _ in stream_results)}
+            "gaps_over_250ms": sum(g > 0.25 for g in gaps), "num_gaps": len(gaps),
+            "ttft": _stats([t * 1000 for t, _, _ in long_results]),
+            "cached_tokens": sum(r[1] for r in stream_results) + sum(r[1] for r in long_results),
+            "stream_seconds": max(times[-1] for times, _, _ in stream_results)
+            - min(times[0] for times, _, _ in stream_results),
+            "texts": [r[2] for r in stream_results] + [r[2] for r in long_results]}
 
 
 def _stats(values: list[float]) -> dict[str, float]:
@@ -220,10 +226,14 @@ def main() -> None:
     parser.add_argument("--first-long-s", type=float, default=2.0,
                         help="When the first long prompt may arrive (the streams decode).")
     parser.add_argument("--connector", choices=["tcp", "shared-storage"], default="tcp")
+    parser.add_argument("--serve-args", default="",
+                        help="Flags for every instance, e.g. '--max-num-batched-tokens 256' "
+                             "(prefill in smaller chunks, between decode steps).")
     parser.add_argument("--port", type=int, default=18100)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output-json", default=None)
     args = parser.parse_args()
+    SERVE_ARGS.extend(args.serve_args.split())
     location = locate_model(args.model)
     tokenizer = load_tokenizer(location)
     rng = random.Random(args.seed)
@@ -241,15 +251,18 @@ def main() -> None:
               f"p99 {_percentile(result['itl'], 'p99'):7.1f} ms  "
               f"max {_percentile(result['itl'], 'max'):7.1f} ms   long TTFT p50 "
               f"{_percentile(result['ttft'], 'p50'):8.1f} ms  p99 "
-              f"{_percentile(result['ttft'], 'p99'):8.1f} ms")
+              f"{_percentile(result['ttft'], 'p99'):8.1f} ms   gaps > 250 ms: "
+              f"{result['gaps_over_250ms']}/{result['num_gaps']}")
     ratio = _percentile(plain["itl"], "p99") / _percentile(disagg["itl"], "p99")
+    same = sum(a == b for a, b in zip(disagg["texts"], plain["texts"], strict=True))
+    print(f"  greedy answers identical in both configurations: {same}/{len(plain['texts'])}")
     print(f"  ITL p99 ratio (round-robin / disaggregated): {ratio:.2f}x; loading cost "
           f"{disagg['transfer']['ms_per_1k_tokens']:.1f} ms per 1k tokens; load average "
           f"{load_average()}")
     if args.output_json:
         write_json(args.output_json, {"machine": machine_info(), "args": vars(args),
                                       "disaggregated": disagg, "round_robin": plain,
-                                      "itl_p99_ratio": ratio})
+                                      "itl_p99_ratio": ratio, "identical_answers": same})
 
 
 if __name__ == "__main__":
