@@ -8,6 +8,7 @@ pulls are freed after their lease; nothing leaks on either side."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -70,11 +71,16 @@ def expected(tiny_llama_dir):
         plain.llm_engine.shutdown()
 
 
+@pytest.mark.parametrize("shared_memory", [True, False])
 def test_consumer_pulls_the_producers_blocks_and_gives_one_instances_tokens(
-        tiny_llama_dir, expected):
+        tiny_llama_dir, expected, shared_memory):
+    # On one host the blocks are handed over in /dev/shm (and the file removed), else as
+    # TCP frames.
     port = free_port()
     producer = _engine(tiny_llama_dir, "kv_producer", port)
-    consumer = _engine(tiny_llama_dir, "kv_consumer", free_port(), enable_prefix_caching=False)
+    consumer = _engine(tiny_llama_dir, "kv_consumer", free_port(), enable_prefix_caching=False,
+                       extra={"shared_memory": shared_memory})
+    shm_before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
     try:
         assert producer.llm_engine.engine_core.engine_core.scheduler.kv_connector is not None
         transfer = _prefill(producer)
@@ -87,6 +93,12 @@ def test_consumer_pulls_the_producers_blocks_and_gives_one_instances_tokens(
         # Every prompt token but the last came from the producer (the 2-token prompt too).
         assert [o.num_cached_tokens for o in outputs] == [len(p) - 1 for p in PROMPTS]
         assert _usage(consumer)[0] == 0.0
+        served = producer.llm_engine.engine_core.engine_core.executor.worker._kv_connector
+        if shared_memory and os.path.isdir("/dev/shm"):
+            assert len(served._shm_files) == len(PROMPTS)  # one file a pull
+            assert set(os.listdir("/dev/shm")) <= shm_before  # each read and removed
+        else:
+            assert not served._shm_files
         # The producer frees the pulled blocks at its next step.
         producer.generate([{"prompt_token_ids": [3, 4]}], SamplingParams(max_tokens=1),
                           use_tqdm=False)

@@ -25,15 +25,17 @@ a dropped connection, a timeout) fails the request or has it compute its prompt 
 Tensor parallelism: a consumer of several ranks (TP=2 fed by a TP=1 producer) pulls on every
 rank the KV heads that rank holds (the producer cuts them: `kv_head_range`); a load counts
 as done, or failed, once every rank agrees (one small all-gather a step while loads are
-under way), and the producer lets the blocks go once every rank pulled. Not built: a
-producer of several ranks, shared memory between instances on one host (the transfer is
-TCP, loopback there), and per-layer overlap with the forward (a pull overlaps other
-requests' steps instead).
+under way), and the producer lets the blocks go once every rank pulled. A producer on
+this host (a loopback address) answers with a file in /dev/shm instead of TCP frames; the
+reader removes it. Not built: a producer of several ranks, and per-layer overlap with the
+forward (a pull overlaps other requests' steps instead).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import os
 import threading
 import time
 import uuid
@@ -59,6 +61,8 @@ DEFAULT_LEASE_S = 30.0
 DEFAULT_PULL_TIMEOUT_S = 10.0
 _RETRY_S = 0.005  # between asks while the producer's step has not finished the prompt
 _PENDING, _DONE, _FAILED = 0, 1, 2  # a load's state on one rank
+_SHM_DIR = "/dev/shm"  # where blocks for a peer on this host are handed over
+_SHM_KEEP_S = 60.0  # a handed-over file its reader has not removed goes after this
 
 
 @dataclass
@@ -135,6 +139,9 @@ class TcpConnector(KVConnectorBase):
         self.advertised_host = str(extra.get("advertised_host", config.kv_ip))
         self.lease_s = float(extra.get("lease_s", DEFAULT_LEASE_S))
         self.pull_timeout_s = float(extra.get("pull_timeout_s", DEFAULT_PULL_TIMEOUT_S))
+        # A producer on this host hands the blocks over in shared memory (a file in
+        # /dev/shm) instead of TCP frames.
+        self.shared_memory = bool(extra.get("shared_memory", True)) and os.path.isdir(_SHM_DIR)
         # Scheduler side.
         self._plan = TcpTransfers()
         self._sending: set[str] = set()  # do_remote_decode requests registered with the worker
@@ -155,6 +162,7 @@ class TcpConnector(KVConnectorBase):
         self._stop = threading.Event()
         self._pool: ThreadPoolExecutor | None = None
         self._tp_group: Any = None
+        self._shm_files: list[tuple[float, str]] = []  # (written at, path): the server's
 
     # ------------------------------------------------------------------ scheduler side
 
@@ -405,6 +413,7 @@ class TcpConnector(KVConnectorBase):
     def _serve(self, socket: zmq.Socket) -> None:
         try:
             while not self._stop.is_set():
+                self._remove_stale_shm_files()
                 if not socket.poll(100):
                     continue
                 message = socket.recv_multipart()
@@ -460,11 +469,31 @@ class TcpConnector(KVConnectorBase):
             if len(entry.served) >= tp_size:  # every rank has its heads
                 self._sendable.pop(request_id, None)
                 self._sent.add(request_id)
-        header = {"status": "ok", "dtype": str(layers[0].dtype).removeprefix("torch."),
-                  "shapes": [list(t.shape) for t in layers]}
+        header: dict[str, Any] = {
+            "status": "ok", "dtype": str(layers[0].dtype).removeprefix("torch."),
+            "shapes": [list(t.shape) for t in layers]}
         with self._lock:
             self._counts.bytes_sent += sum(_nbytes(t) for t in layers)
+        if ask.get("shm") and self.shared_memory:
+            header["shm"] = self._write_shm_file(layers)
+            return header, []
         return header, [t.view(torch.uint8).numpy() for t in layers]
+
+    def _write_shm_file(self, layers: list[torch.Tensor]) -> str:
+        """The layers one after another in a new file in /dev/shm (its reader removes it;
+        the server does after a minute otherwise)."""
+        path = os.path.join(_SHM_DIR, f"pagedllm-kv-{uuid.uuid4().hex}")
+        with open(path, "wb") as out:
+            for layer in layers:
+                out.write(layer.view(torch.uint8).numpy().data)
+        self._shm_files.append((time.monotonic(), path))
+        return path
+
+    def _remove_stale_shm_files(self) -> None:
+        while self._shm_files and self._shm_files[0][0] < time.monotonic() - _SHM_KEEP_S:
+            _, path = self._shm_files.pop(0)
+            if os.path.exists(path):
+                os.unlink(path)
 
     # -------------------------------------------------------------- the consumer's pulls
 
@@ -484,7 +513,9 @@ class TcpConnector(KVConnectorBase):
         ask = json.dumps({"request_id": pull.remote_request_id,
                           "block_ids": pull.remote_block_ids,
                           "tp_size": group.world_size if group is not None else 1,
-                          "tp_rank": group.rank_in_group if group is not None else 0}).encode()
+                          "tp_rank": group.rank_in_group if group is not None else 0,
+                          "shm": self.shared_memory and _is_this_host(pull.remote_host),
+                          }).encode()
         try:
             while True:
                 socket.send_multipart([b"", ask])
@@ -503,6 +534,9 @@ class TcpConnector(KVConnectorBase):
                 if header["status"] != "ok":
                     raise RuntimeError(header.get("error", header["status"]))
                 dtype = getattr(torch, header["dtype"])
+                if "shm" in header:
+                    return (_read_shm_file(header["shm"], dtype, header["shapes"]),
+                            time.monotonic() - start)
                 # Views of the received frames, no copy: the step thread copies them
                 # once, into the cache (they are read-only; nothing writes them).
                 with warnings.catch_warnings():
@@ -556,6 +590,34 @@ class TcpConnector(KVConnectorBase):
             converted.append(layer)
         for cache, layer in zip(self._caches, converted, strict=True):  # all or nothing
             cache.index_copy_(self._block_dim, index, layer.to(cache.device))
+
+
+def _is_this_host(host: str) -> bool:
+    """Whether a peer's address is this machine's loopback (shared memory reaches it)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _read_shm_file(path: str, dtype: torch.dtype, shapes: list[list[int]]
+                   ) -> list[torch.Tensor]:
+    """A producer's handed-over layers, read and the file removed."""
+    try:
+        data = torch.empty(os.path.getsize(path), dtype=torch.uint8)
+        with open(path, "rb") as source:
+            source.readinto(data.numpy().data)
+    finally:
+        if os.path.exists(path):
+            os.unlink(path)
+    layers, offset = [], 0
+    for shape in shapes:
+        size = int(torch.Size(shape).numel()) * torch.empty((), dtype=dtype).element_size()
+        layers.append(data[offset:offset + size].view(dtype).reshape(shape))
+        offset += size
+    return layers
 
 
 def _heads(blocks: torch.Tensor, tp_size: int, tp_rank: int) -> torch.Tensor:
