@@ -74,8 +74,8 @@ def expected(tiny_llama_dir):
 @pytest.mark.parametrize("shared_memory", [True, False])
 def test_consumer_pulls_the_producers_blocks_and_gives_one_instances_tokens(
         tiny_llama_dir, expected, shared_memory):
-    # On one host the blocks are handed over in /dev/shm (and the file removed), else as
-    # TCP frames.
+    # With shared_memory on (off by default), a producer on this host hands the blocks over
+    # in /dev/shm (the file removed once read); else as TCP frames.
     port = free_port()
     producer = _engine(tiny_llama_dir, "kv_producer", port)
     consumer = _engine(tiny_llama_dir, "kv_consumer", free_port(), enable_prefix_caching=False,

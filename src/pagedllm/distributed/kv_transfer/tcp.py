@@ -25,10 +25,11 @@ a dropped connection, a timeout) fails the request or has it compute its prompt 
 Tensor parallelism: a consumer of several ranks (TP=2 fed by a TP=1 producer) pulls on every
 rank the KV heads that rank holds (the producer cuts them: `kv_head_range`); a load counts
 as done, or failed, once every rank agrees (one small all-gather a step while loads are
-under way), and the producer lets the blocks go once every rank pulled. A producer on
-this host (a loopback address) answers with a file in /dev/shm instead of TCP frames; the
-reader removes it. Not built: a producer of several ranks, and per-layer overlap with the
-forward (a pull overlaps other requests' steps instead).
+under way), and the producer lets the blocks go once every rank pulled. With
+`shared_memory: true` a producer on this host (a loopback address) answers with a file in
+/dev/shm instead of TCP frames; the reader removes it (off by default: slower here).
+Not built: a producer of several ranks, and per-layer overlap with the forward (a pull
+overlaps other requests' steps instead).
 """
 
 from __future__ import annotations
@@ -140,8 +141,11 @@ class TcpConnector(KVConnectorBase):
         self.lease_s = float(extra.get("lease_s", DEFAULT_LEASE_S))
         self.pull_timeout_s = float(extra.get("pull_timeout_s", DEFAULT_PULL_TIMEOUT_S))
         # A producer on this host hands the blocks over in shared memory (a file in
-        # /dev/shm) instead of TCP frames.
-        self.shared_memory = bool(extra.get("shared_memory", True)) and os.path.isdir(_SHM_DIR)
+        # /dev/shm) instead of TCP frames. Off unless asked: measured slower than loopback
+        # TCP here (a 2k-token prompt's 47 MB: 89-101 ms against 76-78 ms per pull, the
+        # new file's pages are faulted in on both sides; BENCHMARKS.md).
+        self.shared_memory = (bool(extra.get("shared_memory", False))
+                              and os.path.isdir(_SHM_DIR))
         # Scheduler side.
         self._plan = TcpTransfers()
         self._sending: set[str] = set()  # do_remote_decode requests registered with the worker
@@ -474,7 +478,7 @@ class TcpConnector(KVConnectorBase):
             "shapes": [list(t.shape) for t in layers]}
         with self._lock:
             self._counts.bytes_sent += sum(_nbytes(t) for t in layers)
-        if ask.get("shm") and self.shared_memory:
+        if ask.get("shm") and os.path.isdir(_SHM_DIR):  # the consumer asked for it
             header["shm"] = self._write_shm_file(layers)
             return header, []
         return header, [t.view(torch.uint8).numpy() for t in layers]
