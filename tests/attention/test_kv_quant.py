@@ -146,3 +146,19 @@ def test_codes_round_as_a_true_division_does() -> None:
     x = torch.zeros(1, 16)
     x[0, 0], x[0, 1] = 5.875, -2.9375
     assert kv_quant.quantize_rows(x)[0, :2].tolist() == [127, -64]
+
+
+def test_rows_convert_between_cache_dtypes_as_a_peer_needs() -> None:
+    # A KV connector's peer may keep another cache dtype: int8 rows become the values they
+    # stand for, values become the rows this writer would store.
+    values = torch.randn(3, 2, 64)
+    rows = kv_quant.quantize_rows(values)
+    assert kv_quant.convert_rows(rows, torch.int8) is rows
+    assert torch.equal(kv_quant.convert_rows(rows, torch.float32),
+                       kv_quant.dequantize_rows(rows, torch.float32))
+    as_bf16 = kv_quant.convert_rows(rows, torch.bfloat16)
+    assert as_bf16.dtype == torch.bfloat16 and as_bf16.shape == values.shape
+    assert torch.equal(kv_quant.convert_rows(values, torch.int8), rows)
+    back = kv_quant.convert_rows(values.bfloat16(), torch.int8)
+    assert torch.equal(back, kv_quant.quantize_rows(values.bfloat16().float()))
+    assert torch.equal(kv_quant.convert_rows(values, torch.bfloat16), values.bfloat16())
