@@ -193,6 +193,12 @@ class EngineArgs:
             raise ValueError("kv_transfer_config applies to generating models only.")
         if self.tensor_parallel_size * self.pipeline_parallel_size > 1:
             self._check_kv_transfer_ranks(config)
+        if (self.data_parallel_size > 1 and config.is_producer
+                and config.kv_connector in ("TcpConnector", "NixlConnector")):
+            raise ValueError("kv_transfer_config: a TcpConnector producer with "
+                             "data_parallel_size > 1 is not supported (every engine core "
+                             "would serve blocks at the same kv_port); run one producer "
+                             "instance per core behind the proxy.")
         return config
 
     def _check_kv_transfer_ranks(self, config: KVTransferConfig) -> None:

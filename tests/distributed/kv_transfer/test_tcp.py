@@ -277,3 +277,13 @@ def test_a_held_requests_id_is_not_reused_while_held(tiny_llama_dir):
             core.scheduler.add_request(Request(held_id, RequestData([1, 2, 3], DECODE)))
     finally:
         producer.llm_engine.shutdown()
+
+
+@pytest.mark.parametrize("kwargs, text", [
+    (dict(data_parallel_size=2), "data_parallel_size > 1"),
+    (dict(tensor_parallel_size=2), "tensor parallelism only"),
+])
+def test_producer_layouts_not_built_are_refused(tiny_llama_dir, kwargs, text):
+    config = {"kv_connector": "TcpConnector", "kv_role": "kv_producer"}
+    with pytest.raises(ValueError, match=text):
+        LLM(str(tiny_llama_dir), kv_transfer_config=config, **kwargs)
