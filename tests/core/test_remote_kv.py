@@ -7,6 +7,7 @@ paths with random workloads."""
 
 from __future__ import annotations
 
+from pagedllm.core.snapshot import scheduler_snapshot
 from pagedllm.distributed.kv_transfer.base import KVConnectorOutput
 from pagedllm.request import Request, RequestData, RequestStatus
 from pagedllm.sampling_params import SamplingParams
@@ -45,6 +46,12 @@ def test_a_parked_request_holds_back_nobody_and_runs_once_loaded():
     remote = scheduler.requests["remote"]
     assert remote.status == RequestStatus.WAITING_FOR_REMOTE_KVS
     assert remote.num_computed_tokens == 9 and scheduler.has_pending_kv_transfers()
+    # It counts as waiting (metrics, the dashboard), listed in its own state.
+    assert scheduler.make_stats().num_waiting_reqs == 1
+    snapshot = scheduler_snapshot(scheduler)
+    assert snapshot["num_waiting"] == 1
+    assert [(r["id"], r["state"]) for r in snapshot["requests"]] == [
+        ("local", "running"), ("remote", "waiting_for_remote_kvs")]
     # Its blocks are not in the prefix cache while their KV is missing.
     probe = make_request("probe", 10)
     assert scheduler.kv_cache_manager.get_computed_blocks(probe)[1] == 0

@@ -69,8 +69,11 @@ def scheduler_snapshot(scheduler: Scheduler) -> dict[str, Any]:
     """Counts, the block map and the listed requests' progress."""
     now = time.time()
     listed: list[dict[str, Any]] = []
+    remote_kv = scheduler.remote_kv  # parked while a KV connector loads, or loaded
     for state, requests in (("running", scheduler.running), ("swapped", scheduler.swapped),
-                            ("waiting", scheduler.waiting)):
+                            ("waiting", scheduler.waiting),
+                            ("waiting_for_remote_kvs", [*remote_kv.loading.values(),
+                                                        *remote_kv])):
         for request in requests:
             if len(listed) == MAX_LISTED_REQUESTS:
                 break
@@ -78,7 +81,7 @@ def scheduler_snapshot(scheduler: Scheduler) -> dict[str, Any]:
     manager = scheduler.kv_cache_manager if scheduler.has_kv_cache else None
     return {
         "num_running": len(scheduler.running),
-        "num_waiting": len(scheduler.waiting),
+        "num_waiting": scheduler.num_waiting,
         "num_swapped": len(scheduler.swapped),
         "block_size": manager.block_size if manager is not None else 0,
         "blocks": block_states(manager.block_pool) if manager is not None else "",
