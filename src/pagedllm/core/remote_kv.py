@@ -83,14 +83,18 @@ class RemoteKVAdmission(AdmissionQueue):
         if request is not None:
             self.ready.append(request)
 
-    def load_failed(self, request_id: str) -> Request | None:
-        """Its load failed: it goes on from its own prefix (ready again); the request, or
-        None when it is no longer parked."""
+    def load_failed(self, request_id: str, retry: bool) -> Request | None:
+        """Its load failed: with `retry` it goes on from its own prefix (ready again),
+        else it leaves. The request, or None when it is no longer parked."""
         request = self.loading.pop(request_id, None)
-        if request is not None:
-            request.num_computed_tokens = self._num_local[request_id]
-            request.num_cached_tokens = request.num_computed_tokens  # the loaded never came
-            self.ready.append(request)
+        if request is None:
+            return None
+        if not retry:
+            del self._num_local[request_id]
+            return request
+        request.num_computed_tokens = self._num_local[request_id]
+        request.num_cached_tokens = request.num_computed_tokens  # the loaded never came
+        self.ready.append(request)
         return request
 
     @property

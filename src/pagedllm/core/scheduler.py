@@ -58,7 +58,11 @@ from pagedllm.core.snapshot import scheduler_stats
 from pagedllm.core.spec_tokens import SpecDecodeCounters, drafts_to_schedule
 from pagedllm.core.step_plan import StepPlan
 from pagedllm.core.swap_manager import SwapManager
-from pagedllm.distributed.kv_transfer.base import KVConnectorOutput, ScheduledKV
+from pagedllm.distributed.kv_transfer.base import (
+    KVConnectorOutput,
+    ScheduledKV,
+    transfer_params,
+)
 from pagedllm.metrics.stats import SchedulerStats
 from pagedllm.multimodal.encoder_cache import EncoderScheduler
 from pagedllm.request import Request, RequestStatus
@@ -66,6 +70,9 @@ from pagedllm.request import Request, RequestStatus
 if TYPE_CHECKING:
     from pagedllm.config import LoRAConfig, SpeculativeConfig
     from pagedllm.worker.outputs import ModelRunnerOutput
+
+# A step without news of a KV connector's transfers (read only).
+_NO_TRANSFERS = KVConnectorOutput()
 
 
 class Scheduler:
@@ -335,15 +342,19 @@ class Scheduler:
 
     def _restart_newest_loaded(self) -> None:
         """Loaded requests hold blocks and none could grow, with nothing running to free
-        any: the newest gives its blocks back and waits again, to compute its prompt
-        itself (the connector offers it nothing twice), so the others can run."""
+        any: the newest gives its blocks back and waits again, so the others can run."""
         request = self.remote_kv.ready[-1]
         self.remote_kv.remove(request)
+        self._restart_without_remote_kv(request)
+
+    def _restart_without_remote_kv(self, request: Request) -> None:
+        """Back to the front of the waiting queue with no KV, to compute its prompt
+        itself: its blocks go, and the connector offers it nothing again."""
         self.kv_cache_manager.free(request)
-        self.kv_connector.load_failed(request)  # its loaded KV is gone: never again
+        self.kv_connector.load_failed(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
-        request.num_cached_tokens = None
+        request.num_cached_tokens = None  # none were: counted again at its admission
         request.num_preemptions += 1
         self.waiting.prepend(request)
 
@@ -470,8 +481,7 @@ class Scheduler:
             request.request_id, list(self.kv_cache_manager.block_hashes(request)),
             list(self._get_block_ids(request.request_id)[0]), request.num_computed_tokens,
             plan.num_scheduled_tokens[request.request_id], request.num_prompt_tokens,
-            request.sampling_params.extra_args.get("kv_transfer_params")
-            if request.sampling_params.extra_args else None)
+            transfer_params(request))
 
     @property
     def kv_connector(self) -> Any:
@@ -504,7 +514,7 @@ class Scheduler:
         finished: list[Request] = []
         preemptions = self._in_flight.pop(id(scheduler_output), None)
         failed_ids = set(model_runner_output.failed_request_ids)
-        kv_output = model_runner_output.kv_connector_output or KVConnectorOutput()
+        kv_output = model_runner_output.kv_connector_output or _NO_TRANSFERS
         to_reload: list[Request] = []
         for request_id, token_ids in zip(
             model_runner_output.request_ids, model_runner_output.sampled_token_ids, strict=True
@@ -534,7 +544,8 @@ class Scheduler:
             self._remove_from_running(finished)
         for request in to_reload:
             self._recompute_after_failed_load(request)
-        results += self._apply_async_transfers(kv_output)
+        if kv_output is not _NO_TRANSFERS:
+            results += self._apply_async_transfers(kv_output)
         pooled = self.pooling.finish_step(scheduler_output, model_runner_output.pooler_output)
         for request in pooled:
             self._free_request(request)
@@ -559,11 +570,11 @@ class Scheduler:
         for request_id in kv_output.finished_recving:
             self.remote_kv.loaded(request_id)
         failed: list[tuple[Request, list[int]]] = []
+        retry = self._recomputes_failed_loads
         for request_id in kv_output.failed_recving:
-            request = self.remote_kv.load_failed(request_id)
-            if request is None or self._recomputes_failed_loads:
+            request = self.remote_kv.load_failed(request_id, retry)
+            if request is None or retry:
                 continue
-            self.remote_kv.remove(request)
             request.status = RequestStatus.FINISHED_ERROR
             self._free_request(request)
             failed.append((request, []))
@@ -571,18 +582,11 @@ class Scheduler:
 
     def _recompute_after_failed_load(self, request: Request) -> None:
         """A running request computed this step over blocks that failed to load: those
-        leave the prefix cache and it starts again, computing its prompt itself (the
-        connector offers it nothing again)."""
+        leave the prefix cache and it starts again."""
         self.kv_cache_manager.forget_cached_blocks(request)
-        self.kv_cache_manager.free(request)
         self._remove_from_running([request])
-        request.status = RequestStatus.PREEMPTED
-        request.num_computed_tokens = 0
-        request.num_cached_tokens = None  # none were: counted again at its admission
-        request.num_preemptions += 1
         self._forget_preempted(request)
-        self.kv_connector.load_failed(request)
-        self.waiting.prepend(request)
+        self._restart_without_remote_kv(request)
 
     def _still_scheduled(
         self, request_id: str, scheduler_output: SchedulerOutput,

@@ -60,6 +60,24 @@ def _usage(llm):
     return core.scheduler.kv_cache_usage, core.scheduler
 
 
+def _step_once(producer):
+    """One more step of the producer: its worker reports the blocks pulled (or past their
+    lease) and the scheduler frees them."""
+    producer.generate([{"prompt_token_ids": [3, 4]}], SamplingParams(max_tokens=1),
+                      use_tqdm=False)
+
+
+def _wait_released(producer):
+    """Step the producer until it holds no blocks for a peer (at most 30 s); its
+    scheduler."""
+    _, scheduler = _usage(producer)
+    deadline = time.monotonic() + 30
+    while scheduler.kv_sending and time.monotonic() < deadline:
+        _step_once(producer)
+        time.sleep(0.05)
+    return scheduler
+
+
 @pytest.fixture(scope="module")
 def expected(tiny_llama_dir):
     plain = LLM(str(tiny_llama_dir), dtype="float32", max_model_len=256, block_size=BLOCK,
@@ -99,9 +117,7 @@ def test_consumer_pulls_the_producers_blocks_and_gives_one_instances_tokens(
             assert set(os.listdir("/dev/shm")) <= shm_before  # each read and removed
         else:
             assert not served._shm_files
-        # The producer frees the pulled blocks at its next step.
-        producer.generate([{"prompt_token_ids": [3, 4]}], SamplingParams(max_tokens=1),
-                          use_tqdm=False)
+        _step_once(producer)  # the producer frees the pulled blocks at its next step
         usage, scheduler = _usage(producer)
         assert usage == 0.0 and not scheduler.kv_sending
     finally:
@@ -162,11 +178,7 @@ def test_blocks_nobody_pulls_are_freed_after_their_lease(tiny_llama_dir):
         usage, scheduler = _usage(producer)
         assert usage > 0 and len(scheduler.kv_sending) == 1
         # A later request's steps let the worker see the lease end and the blocks go.
-        deadline = time.monotonic() + 30
-        while scheduler.kv_sending and time.monotonic() < deadline:
-            producer.generate([{"prompt_token_ids": [3, 4]}], SamplingParams(max_tokens=1),
-                              use_tqdm=False)
-            time.sleep(0.1)
+        scheduler = _wait_released(producer)
         assert not scheduler.kv_sending and scheduler.kv_cache_usage == 0.0
     finally:
         producer.llm_engine.shutdown()
@@ -225,9 +237,7 @@ def test_a_one_rank_producer_feeds_a_two_rank_consumer(tiny_llama_dir, expected)
         outputs = _decode(consumer, transfer)
         assert _tokens(outputs) == expected
         assert [o.num_cached_tokens for o in outputs] == [len(p) - 1 for p in PROMPTS]
-        # Every rank pulled: the producer lets the blocks go at its next step.
-        producer.generate([{"prompt_token_ids": [3, 4]}], SamplingParams(max_tokens=1),
-                          use_tqdm=False)
+        _step_once(producer)  # every rank pulled: the blocks go at the next step
         usage, scheduler = _usage(producer)
         assert usage == 0.0 and not scheduler.kv_sending
     finally:
@@ -253,12 +263,7 @@ def test_blocks_the_consumer_does_not_need_are_released_at_once(tiny_llama_dir):
         _decode(consumer, transfer_short, [short])
         assert core.kv_transfer_totals.bytes_received == before  # nothing pulled
         _decode(consumer, transfer, PROMPTS[:1])
-        _, scheduler = _usage(producer)
-        deadline = time.monotonic() + 30
-        while scheduler.kv_sending and time.monotonic() < deadline:
-            producer.generate([{"prompt_token_ids": [3, 4]}], SamplingParams(max_tokens=1),
-                              use_tqdm=False)
-            time.sleep(0.05)
+        scheduler = _wait_released(producer)
         assert not scheduler.kv_sending and scheduler.kv_cache_usage == 0.0
     finally:
         producer.llm_engine.shutdown()

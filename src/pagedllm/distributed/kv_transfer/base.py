@@ -40,7 +40,7 @@ class ScheduledKV:
         num_computed_tokens: tokens computed before this step.
         num_scheduled_tokens: tokens this step computes.
         num_prompt_tokens: its prompt's length.
-        kv_transfer_params: the request's own kv_transfer_params (vLLM's), or None.
+        kv_transfer_params: the request's own kv_transfer_params (vLLM's; {} if none).
     """
 
     request_id: str
@@ -49,7 +49,15 @@ class ScheduledKV:
     num_computed_tokens: int
     num_scheduled_tokens: int
     num_prompt_tokens: int
-    kv_transfer_params: dict[str, Any] | None = None
+    kv_transfer_params: dict[str, Any] = field(default_factory=dict)
+
+
+def transfer_params(request: Any) -> dict[str, Any]:
+    """A request's own kv_transfer_params, where vLLM carries them
+    (`SamplingParams.extra_args`); {} when it has none."""
+    extra = request.sampling_params.extra_args or {}
+    params = extra.get("kv_transfer_params")
+    return params if isinstance(params, dict) else {}
 
 
 @dataclass

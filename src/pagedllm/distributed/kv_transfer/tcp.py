@@ -49,7 +49,12 @@ import torch
 import zmq
 
 from pagedllm.distributed import parallel_state
-from pagedllm.distributed.kv_transfer.base import KVConnectorBase, KVConnectorRole, ScheduledKV
+from pagedllm.distributed.kv_transfer.base import (
+    KVConnectorBase,
+    KVConnectorRole,
+    ScheduledKV,
+    transfer_params,
+)
 from pagedllm.distributed.kv_transfer.config import KVTransferConfig
 from pagedllm.distributed.sharding import kv_head_range
 from pagedllm.logger import init_logger
@@ -67,26 +72,31 @@ _SHM_KEEP_S = 60.0  # a handed-over file its reader has not removed goes after t
 
 
 @dataclass
+class RemoteRequest:
+    """A request held by a producer: where it serves, and its id there. A consumer pulls
+    its blocks, or releases them unpulled (its own prefix cache had the prompt, the request
+    ended first, its blocks do not fit ours)."""
+
+    host: str
+    port: int
+    request_id: str
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any]) -> RemoteRequest:
+        """From a consumer request's kv_transfer_params."""
+        return cls(str(params.get("remote_host", "127.0.0.1")),
+                   int(params.get("remote_port", 0)), str(params.get("remote_request_id", "")))
+
+
+@dataclass
 class BlockPull:
     """A consumer's load: the producer's blocks into this cache's blocks (same order)."""
 
     request_id: str
     local_block_ids: list[int]
     remote_block_ids: list[int]
-    remote_host: str
-    remote_port: int
-    remote_request_id: str
+    remote: RemoteRequest
     deadline: float = 0.0  # monotonic; set when the worker starts it
-
-
-@dataclass
-class BlockRelease:
-    """A consumer lets a producer's held blocks go without pulling them (its own prefix
-    cache had the prompt, the request ended first, its blocks do not fit ours)."""
-
-    remote_host: str
-    remote_port: int
-    remote_request_id: str
 
 
 @dataclass
@@ -107,7 +117,7 @@ class TcpTransfers:
     sends: list[BlockSend] = field(default_factory=list)
     held: list[str] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)
-    releases: list[BlockRelease] = field(default_factory=list)
+    releases: list[RemoteRequest] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(self.pulls or self.sends or self.held or self.dropped or self.releases)
@@ -120,13 +130,6 @@ class _Sendable:
     deadline: float | None = None  # set once held
     reading: int = 0  # pulls copying it now: the lease cannot end meanwhile
     served: set[int] = field(default_factory=set)  # the consumer's ranks served
-
-
-def transfer_params(request: Any) -> dict[str, Any]:
-    """A request's own kv_transfer_params ({} when it has none)."""
-    extra = request.sampling_params.extra_args or {}
-    params = extra.get("kv_transfer_params")
-    return params if isinstance(params, dict) else {}
 
 
 class TcpConnector(KVConnectorBase):
@@ -197,16 +200,14 @@ class TcpConnector(KVConnectorBase):
         first, last = (end - num_external_tokens) // self.block_size, -(-end // self.block_size)
         remote = [int(b) for b in params.get("remote_block_ids") or []]
         self._pulled.add(request.request_id)
-        self._plan.pulls.append(BlockPull(
-            request.request_id, list(block_ids[first:last]), remote[first:last],
-            str(params.get("remote_host", "127.0.0.1")), int(params.get("remote_port", 0)),
-            str(params.get("remote_request_id", ""))))
+        self._plan.pulls.append(BlockPull(request.request_id, list(block_ids[first:last]),
+                                          remote[first:last], RemoteRequest.from_params(params)))
 
     def build_connector_meta(self, scheduled: list[ScheduledKV]) -> TcpTransfers | None:
         """This step's pulls, and the prompt requests a peer will pull from us."""
         if self.config.is_producer:
             for request in scheduled:
-                if (request.kv_transfer_params or {}).get("do_remote_decode"):
+                if request.kv_transfer_params.get("do_remote_decode"):
                     self._sending.add(request.request_id)
                     end = request.num_computed_tokens + request.num_scheduled_tokens
                     self._plan.sends.append(BlockSend(
@@ -214,14 +215,6 @@ class TcpConnector(KVConnectorBase):
                         end >= request.num_prompt_tokens))
         plan, self._plan = self._plan, TcpTransfers()
         return plan if plan else None
-
-    def _plan_release(self, params: dict[str, Any]) -> None:
-        self._plan.releases.append(BlockRelease(
-            str(params.get("remote_host", "127.0.0.1")), int(params.get("remote_port", 0)),
-            str(params.get("remote_request_id", ""))))
-
-    def load_failed(self, request: Any) -> None:
-        """Nothing to do: a request is offered remote KV once."""
 
     def request_finished(self, request: Any, block_ids: list[int]
                          ) -> tuple[bool, dict[str, Any] | None]:
@@ -231,7 +224,8 @@ class TcpConnector(KVConnectorBase):
         params = transfer_params(request)
         if self.config.is_consumer and params.get("do_remote_prefill") and (
                 request_id not in self._pulled):
-            self._plan_release(params)  # its prompt came from elsewhere: not pulled
+            # Its prompt's KV came from elsewhere, or it ended first: never pulled.
+            self._plan.releases.append(RemoteRequest.from_params(params))
         self._pulled.discard(request_id)
         if request_id not in self._sending:
             return False, None
@@ -330,7 +324,7 @@ class TcpConnector(KVConnectorBase):
                 self._write(pull, blocks)
             except Exception as error:  # noqa: BLE001 - the request fails, the engine goes on
                 logger.warning("KV blocks of request %s failed to load from %s:%d (%s).",
-                               request_id, pull.remote_host, pull.remote_port, error)
+                               request_id, pull.remote.host, pull.remote.port, error)
                 self._failed.add(request_id)
                 with self._lock:
                     self._counts.failures += 1
@@ -372,8 +366,7 @@ class TcpConnector(KVConnectorBase):
                     self._cancelled.add(pull.request_id)
             if future.cancel() and self._is_first_rank():  # it never started
                 assert self._pool is not None
-                self._pool.submit(self._release, BlockRelease(
-                    pull.remote_host, pull.remote_port, pull.remote_request_id))
+                self._pool.submit(self._release, pull.remote)
 
     def _is_first_rank(self) -> bool:
         return self._tp_group is None or self._tp_group.rank_in_group == 0
@@ -512,13 +505,13 @@ class TcpConnector(KVConnectorBase):
         deadline = pull.deadline or start + self.pull_timeout_s
         socket = self._zmq.socket(zmq.DEALER)
         socket.setsockopt(zmq.LINGER, 0)
-        socket.connect(f"tcp://{pull.remote_host}:{pull.remote_port}")
+        socket.connect(f"tcp://{pull.remote.host}:{pull.remote.port}")
         group = self._tp_group
-        ask = json.dumps({"request_id": pull.remote_request_id,
+        ask = json.dumps({"request_id": pull.remote.request_id,
                           "block_ids": pull.remote_block_ids,
                           "tp_size": group.world_size if group is not None else 1,
                           "tp_rank": group.rank_in_group if group is not None else 0,
-                          "shm": self.shared_memory and _is_this_host(pull.remote_host),
+                          "shm": self.shared_memory and _is_this_host(pull.remote.host),
                           }).encode()
         try:
             while True:
@@ -555,20 +548,20 @@ class TcpConnector(KVConnectorBase):
             with self._lock:
                 self._cancelled.discard(pull.request_id)
 
-    def _release(self, release: BlockRelease) -> None:
+    def _release(self, release: RemoteRequest) -> None:
         """Tell a producer to let a request's blocks go (best effort: its lease frees
         them otherwise)."""
         assert self._zmq is not None
         socket = self._zmq.socket(zmq.DEALER)
         socket.setsockopt(zmq.LINGER, 0)
         try:
-            socket.connect(f"tcp://{release.remote_host}:{release.remote_port}")
-            socket.send_multipart([b"", json.dumps({"request_id": release.remote_request_id,
+            socket.connect(f"tcp://{release.host}:{release.port}")
+            socket.send_multipart([b"", json.dumps({"request_id": release.request_id,
                                                     "release": True}).encode()])
             if socket.poll(1000):
                 socket.recv_multipart()
         except zmq.ZMQError as error:
-            logger.debug("Releasing %s failed (%s).", release.remote_request_id, error)
+            logger.debug("Releasing %s failed (%s).", release.request_id, error)
         finally:
             socket.close()
 
