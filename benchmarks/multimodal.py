@@ -298,7 +298,7 @@ def measure_pagedllm(folder: Path, args: argparse.Namespace) -> dict[str, Any]:
 
     n, out = args.num_requests, args.max_tokens
     start = time.perf_counter()
-    llm = LLM(str(folder), dtype="float32", enable_prefix_caching=args.prefix_caching)
+    llm = LLM(str(folder), dtype=args.dtype, enable_prefix_caching=args.prefix_caching)
     load_s = time.perf_counter() - start
     counter = EncodeCounter(llm)
     engine_pass(llm, make_requests(min(n, 4), SEED_WARMUP), 4)  # warm-up
@@ -394,7 +394,9 @@ def measure_hf(folder: Path, args: argparse.Namespace) -> dict[str, Any]:
     start = time.perf_counter()
     processor = MODELS[args.arch].load_processor(folder)
     processor.tokenizer.padding_side = "left"
-    model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32).eval()
+    model = AutoModelForImageTextToText.from_pretrained(
+        folder, dtype=getattr(torch, args.dtype)
+    ).eval()
     result: dict[str, Any] = {"load_s": time.perf_counter() - start}
     hf_generate(model, processor, make_requests(2, SEED_WARMUP), 2)  # warm-up
     requests = make_requests(n, SEED_MAIN)
@@ -561,6 +563,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--skip-hf", action="store_true", help="pagedllm only")
     parser.add_argument("--skip-hf-batched", action="store_true",
                         help="transformers one request at a time only")  # fmt: skip
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                        help="both systems' dtype (the checkpoint is float32)")  # fmt: skip
     parser.add_argument("--output-json", default=None)
     args = parser.parse_args(argv)
     if not 1 <= args.num_requests <= SEED_STEP or args.num_iters < 1 or args.ttft_repeats < 1:

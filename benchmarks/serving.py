@@ -16,7 +16,13 @@ at a time, so they never share the CPU) and prints a comparison table:
   llama-server`; minutes, so never in CI);
 - llamacpp: llama-cpp-python's server (one request at a time);
 - offline: the same requests through pagedllm's offline `LLM.generate` in this process (no
-  server): what serving costs against the engine's own speed.
+  server): what serving costs against the engine's own speed. Once with every request in
+  one call (the batch holds them all), and once per `--max-concurrency` level N with the
+  batch capped at N (`max_num_seqs=N`, that level's requests): the server's batch never
+  holds more requests than its clients have in flight, so that row is the engine's speed
+  at the server's batch size.
+
+`--serve-args` passes more flags to `pagedllm serve` (e.g. '--max-num-batched-tokens 512').
 
 `--max-concurrency 8,32` runs the workload at each level against each server.
 
@@ -30,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -119,7 +126,8 @@ def server_command(kind: str, gguf: str, port: int, args: argparse.Namespace) ->
     if kind == "pagedllm":
         return [sys.executable, "-m", "pagedllm.entrypoints.cli", "serve", gguf,
                 "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "bench",
-                "--max-model-len", str(args.max_model_len), "--uvicorn-log-level", "warning"]
+                "--max-model-len", str(args.max_model_len), "--uvicorn-log-level", "warning",
+                *shlex.split(args.serve_args)]
     if kind == "llama-server":
         capped = [level for level in concurrency_levels(args) if level is not None]
         slots = max(capped) if capped else args.num_prompts  # a slot per client in flight
@@ -218,12 +226,16 @@ def concurrency_levels(args: argparse.Namespace) -> list[int | None]:
 
 
 def offline_run(gguf: str, prompts: list[str], warm_prompts: list[str],
-                args: argparse.Namespace, extra: dict[str, Any]) -> dict:
+                args: argparse.Namespace, extra: dict[str, Any],
+                max_num_seqs: int | None = None) -> dict:
     """The same requests through pagedllm's offline LLM.generate (greedy, the same
-    output_len and logit_bias as the server requests): output tokens/s."""
+    output_len and logit_bias as the server requests): output tokens/s. `max_num_seqs`
+    caps the engine's batch (a client level's concurrency: the server's batch never holds
+    more requests than the clients have in flight)."""
     from pagedllm import LLM, SamplingParams
 
-    llm = LLM(model=gguf, max_model_len=args.max_model_len)
+    cap = {"max_num_seqs": max_num_seqs} if max_num_seqs else {}
+    llm = LLM(model=gguf, max_model_len=args.max_model_len, **cap)
     bias = {int(t): v for t, v in extra.get("logit_bias", {}).items()}
     params = SamplingParams(temperature=0.0, max_tokens=args.output_len,
                             logit_bias=bias or None, ignore_eos=bool(extra.get("ignore_eos")))
@@ -273,6 +285,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=os.cpu_count() or 2,
                    help="llama.cpp threads (torch uses all cores by default)")
     p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--serve-args", default="",
+                   help="more flags for `pagedllm serve` (--launch), e.g. "
+                   "'--max-num-batched-tokens 512'")  # fmt: skip
     p.add_argument("--num-prompts", type=int, default=32)
     p.add_argument("--request-rate", type=float, default=float("inf"),
                    help="requests/s of a Poisson process; inf sends all at once")
@@ -316,8 +331,13 @@ def main(argv: list[str] | None = None) -> None:
                 request_extra("server", extra, args), tokenizer, level))
     for kind in (args.launch.split(",") if args.launch else []):
         if kind == "offline":
+            offline_extra = request_extra(kind, extra, args)
             summaries["offline"] = offline_run(  # the first level's requests, fresh engine
-                args.gguf, prompt_sets[0], warm, args, request_extra(kind, extra, args))
+                args.gguf, prompt_sets[0], warm, args, offline_extra)
+            for level, prompts in zip(levels, prompt_sets, strict=True):
+                if level is not None:  # the level's requests, batch capped at the level
+                    summaries[f"offline {level} seqs"] = offline_run(
+                        args.gguf, prompts, warm, args, offline_extra, max_num_seqs=level)
             continue
         process, base_url = start_server(kind, args.gguf, args, Path(args.log_dir))
         try:

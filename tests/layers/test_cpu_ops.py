@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from pagedllm.layers import cpu_ops
-from pagedllm.layers.activation import ActivationAndMul, SiluAndMul
+from pagedllm.layers.activation import Activation, ActivationAndMul, SiluAndMul
 from pagedllm.layers.layernorm import LayerNorm, RMSNorm
 from pagedllm.layers.rotary import RotaryEmbedding
 
@@ -103,6 +103,20 @@ def test_plain_mlp_activations(torch_ops):
     out = cpu_ops.activation("gelu_tanh", x)
     want = torch.nn.functional.gelu(x, approximate="tanh")
     torch.testing.assert_close(out.float(), want.float(), rtol=2 * BF16_STEP, atol=1e-5)
+
+
+def test_quick_gelu_matches_torch_chain(torch_ops):
+    """CLIP's quick GELU (vision towers) as one C pass: torch's three bfloat16 ops rounded
+    the same way, so equal to within one libm ulp of the sigmoid; a [B, N, d] tower
+    activation goes through the fused pass too."""
+    x = (torch.randn(2, 197, 768, generator=torch.Generator().manual_seed(9)) * 3).bfloat16()
+    act = Activation("quick_gelu")
+    out = act(x)
+    with torch_ops:
+        want = act(x)
+    assert out.shape == want.shape
+    _assert_same_up_to_rounding(out, want)
+    assert (out == want).float().mean() > 0.99
 
 
 @pytest.mark.parametrize("num_tokens", [1, 40])

@@ -49,6 +49,7 @@ class StackDims(ctypes.Structure):
 
 
 STACK_SILU, STACK_GELU_TANH, STACK_RELU = 0, 1, 2
+STACK_QUICK_GELU = 3  # activation_bf16 only (vision towers), never a stack's MLP
 
 
 # The byte dot products' weight formats (kernels.h FMT_*): int4 codes with float32 (d, m),

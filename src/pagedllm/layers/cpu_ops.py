@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from pagedllm.kernels import pointer
-from pagedllm.kernels.abi import STACK_GELU_TANH, STACK_RELU
+from pagedllm.kernels.abi import STACK_GELU_TANH, STACK_QUICK_GELU, STACK_RELU
 from pagedllm.platform import cpu_platform
 
 
@@ -95,12 +95,20 @@ PLAIN_ACTIVATIONS = {"gelu_tanh": STACK_GELU_TANH, "relu": STACK_RELU}
 
 def activation(name: str, x: torch.Tensor) -> torch.Tensor:
     """x [T, d] bfloat16 → act(x) for `name` in PLAIN_ACTIVATIONS."""
+    return _activation(PLAIN_ACTIVATIONS[name], x)
+
+
+def quick_gelu(x: torch.Tensor) -> torch.Tensor:
+    """x [T, d] bfloat16 → CLIP's x * sigmoid(1.702 x), rounded as torch's three ops round
+    it, in one pass (the vision towers' MLPs; torch takes three passes over the rows)."""
+    return _activation(STACK_QUICK_GELU, x)
+
+
+def _activation(code: int, x: torch.Tensor) -> torch.Tensor:
     library = _fused_lib()
     num_tokens, width = x.shape
     out = torch.empty(num_tokens, width, dtype=torch.bfloat16)
-    library.activation_bf16(
-        PLAIN_ACTIVATIONS[name], num_tokens, width, pointer(x), x.stride(0), pointer(out)
-    )
+    library.activation_bf16(code, num_tokens, width, pointer(x), x.stride(0), pointer(out))
     return out
 
 

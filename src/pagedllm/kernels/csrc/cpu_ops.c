@@ -72,14 +72,25 @@ void add_layer_norm_bf16(int64_t T, int64_t H, const uint16_t *x, int64_t x_stri
     }
 }
 
+/* CLIP's quick GELU as torch computes x * torch.sigmoid(1.702 * x) in bfloat16: each of the
+ * three ops' results rounded to bfloat16. */
+static inline uint16_t quick_gelu_bf16(float v) {
+    const float sig = round_bf16(1.f / (1.f + expf(-round_bf16(1.702f * v))));
+    return float_to_bf16(v * sig);
+}
+
 /* out [T, d] = act(x) of a plain MLP's hidden rows (x_stride apart): STACK_GELU_TANH
- * (GPT-2's gelu_new) or STACK_RELU (OPT). */
+ * (GPT-2's gelu_new), STACK_RELU (OPT) or STACK_QUICK_GELU (CLIP's vision tower). */
 void activation_bf16(int64_t kind, int64_t T, int64_t d, const uint16_t *x, int64_t x_stride,
                      uint16_t *out) {
 #pragma omp parallel for if (T >= PARALLEL_ROWS)
     for (int64_t t = 0; t < T; t++) {
         const uint16_t *xt = x + t * x_stride;
         uint16_t *o = out + t * d;
+        if (kind == STACK_QUICK_GELU) { /* a loop of its own: it vectorizes (expf too) */
+            for (int64_t j = 0; j < d; j++) o[j] = quick_gelu_bf16(bf16_to_float(xt[j]));
+            continue;
+        }
         for (int64_t j = 0; j < d; j++) {
             const float v = bf16_to_float(xt[j]);
             o[j] = kind == STACK_RELU ? (v > 0.f ? xt[j] : 0) : float_to_bf16(gelu_tanh(v));

@@ -34,6 +34,7 @@ typedef struct {
 #define STACK_SILU 0
 #define STACK_GELU_TANH 1
 #define STACK_RELU 2
+#define STACK_QUICK_GELU 3 /* CLIP: x * sigmoid(1.702 x); activation_bf16 only */
 
 /* Decode attention: one query row per request (token_rows), context read from the cache.
  * Four entry points by (query dtype, cache format); returns non-zero when out of memory. */
