@@ -101,7 +101,15 @@ class StackLayer(ctypes.Structure):
 class StackGroup(ctypes.Structure):
     """kernels.h StackGroup: one KV cache group's slots and block tables for a step."""
 
-    _fields_ = [("slots", _PTR), ("block_tables", _PTR), ("max_blocks", _I64)]
+    _fields_ = [("slots", _PTR), ("block_tables", _PTR), ("max_blocks", _I64),
+                ("prefill_block_tables", _PTR), ("prefill_max_blocks", _I64)]
+
+
+class StackPrefills(ctypes.Structure):
+    """kernels.h StackPrefills: a mixed step's prefill chunks beside its decodes."""
+
+    _fields_ = [("num_decodes", _I64), ("num", _I64), ("query_starts", _PTR),
+                ("query_lens", _PTR), ("context_lens", _PTR), ("max_seq_len", _I64)]
 
 
 class StackLoRA(ctypes.Structure):
@@ -188,10 +196,10 @@ FUNCTIONS: tuple[Function, ...] = (
         "greedy_head_bf16", (_PTR, _I64, _I64, _I64, _PTR, _I64, _PTR, _I64, _PTR), ctypes.c_int
     ),
     # decode_stack_bf16(dims, layers, T, input_ids, hidden, residual, positions, groups,
-    # seq_lens, token_rows, max_seq_len, lora)
+    # seq_lens, token_rows, max_seq_len, lora, prefills)
     Function(
         "decode_stack_bf16",
-        (_PTR, _PTR, _I64, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _I64, _PTR),
+        (_PTR, _PTR, _I64, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _I64, _PTR, _PTR),
         ctypes.c_int,
     ),
 )

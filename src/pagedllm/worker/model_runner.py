@@ -35,7 +35,7 @@ from pagedllm.worker.block_table import (
     make_block_table_array,
     null_skipped_blocks,
 )
-from pagedllm.worker.decode_step.base import DecodeBatch, DecodeStep
+from pagedllm.worker.decode_step.base import DecodeBatch, DecodeStep, StepRequests
 from pagedllm.worker.input_batch import CachedRequestState, StepInputs
 from pagedllm.worker.model_forward import ForwardInputs, make_model_forward
 from pagedllm.worker.outputs import ModelRunnerOutput
@@ -249,13 +249,20 @@ class ModelRunner:
 
     def _decode_batch(self, inputs: StepInputs, rows: AttentionRows) -> DecodeBatch | None:
         """The step for the decode-step fast path, when it is decode-only (one token a
-        row) and the fast path serves it; else None."""
+        row) or mixed where the path takes mixed steps, and the path serves it; else
+        None."""
         fast_path = self.decode_step
-        if fast_path is None or not bool((rows.query_lens == 1).all()):
+        if fast_path is None:
             return None
+        requests = None
+        if not bool((rows.query_lens == 1).all()):
+            if not fast_path.takes_mixed_steps:
+                return None
+            requests = StepRequests(rows.query_start_loc, rows.query_lens, rows.context_lens)
         batch = DecodeBatch(
             inputs.input_ids, inputs.positions, inputs.slot_mapping, rows.block_tables[0],
             tuple(zip(inputs.slot_mappings[1:], rows.block_tables[1:], strict=True)),
+            requests,
         )
         return batch if fast_path.serves(batch) else None
 

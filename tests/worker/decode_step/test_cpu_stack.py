@@ -80,14 +80,23 @@ def test_a_token_id_outside_the_vocabulary_is_refused_before_anything_runs(llm):
         stack.run(batch)
 
 
+class StackCalls(list):
+    """The token counts of the decode-only steps the stack ran; `mixed`: of the others
+    (prefill chunks, with or without decodes)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mixed: list[int] = []
+
+
 @pytest.fixture
-def stack_calls(monkeypatch) -> list[int]:
+def stack_calls(monkeypatch) -> StackCalls:
     """The token count of every step the stack runs (it still runs them)."""
-    calls: list[int] = []
+    calls = StackCalls()
     original = CpuDecodeStack.run
 
     def counting(self, batch):
-        calls.append(batch.num_rows)
+        (calls if batch.requests is None else calls.mixed).append(batch.num_rows)
         return original(self, batch)
 
     monkeypatch.setattr(CpuDecodeStack, "run", counting)
@@ -139,18 +148,31 @@ def test_every_kernel_variant_gives_the_layer_loops_output(
         assert _generate(llm, PROMPTS[:2]) == with_stack
 
 
-def test_prefills_and_mixed_steps_run_the_python_layers(tiny_llama_dir, stack_calls):
-    calls = stack_calls
-    # A step budget of 6 tokens: the 9-token prompt is prefilled in chunks beside decodes.
+@pytest.mark.parametrize("kv_cache_dtype", ["int8", "auto"])
+def test_mixed_steps_run_on_the_stack_bit_identically(
+    tiny_llama_dir, stack_calls, kv_cache_dtype
+):
+    """A step budget of 6 tokens: prompts are prefilled in chunks beside other requests'
+    decodes (chunks after the prompt's earlier chunks among them), and those mixed steps
+    run on the stack, with the layer loop's tokens and logprobs."""
     small_steps = LLM(
         str(tiny_llama_dir), dtype="bfloat16", quantization="int4",
         max_model_len=256, max_num_batched_tokens=6, max_num_seqs=4,
-        enable_chunked_prefill=True,
+        enable_chunked_prefill=True, kv_cache_dtype=kv_cache_dtype,
     )
-    outputs = _generate(small_steps, PROMPTS)
-    assert all(len(tokens) == 24 for tokens, _ in outputs)
-    # Only decode-only steps reached the stack: never more tokens than requests.
-    assert calls and max(calls) <= len(PROMPTS)
+    runner = _runner(small_steps)
+    stack = runner.decode_step
+    prompts = [*PROMPTS, PROMPTS[2] + [5, 6, 7, 8]]
+    with_stack = _generate(small_steps, prompts)
+    assert all(len(tokens) == 24 for tokens, _ in with_stack)
+    # Steps with prefill chunks ran on it, and decode-only steps.
+    assert stack_calls and stack_calls.mixed and max(stack_calls.mixed) == 6
+    runner.decode_step = None
+    try:
+        without = _generate(small_steps, prompts)
+    finally:
+        runner.decode_step = stack
+    assert with_stack == without
 
 
 def test_models_outside_its_scope_run_without_it(tiny_llama_dir, tiny_arch_checkpoint):

@@ -1,5 +1,7 @@
 /*
- * A decoder stack for decode-only steps on CPU (any number of requests), in one C call.
+ * A decoder stack for decode steps on CPU (any number of requests), in one C call; a step
+ * mixing decodes with prefill chunks too (StackPrefills: the chunks are attended by the
+ * prefill kernel, as the Python layers' backend attends them).
  *
  * At one token per step a small model's layer is a dozen tiny ops; called one by one from
  * Python, their dispatch costs more than their work. This loop runs the same kernels the
@@ -166,13 +168,15 @@ static void *buffers_alloc(const StackDims *d, int64_t T, Buffers *b) {
  * StackDims.embedding is set: 3 for an id outside the vocabulary), the last layer's output
  * out (through the final norm where StackDims.final_norm is set); residual [T, hidden]
  * float32 out. positions [T] int64; seq_lens and token_rows [T]
- * int32: token t is request t's query; groups: each KV cache group's slots and tables. */
+ * int32: token t is request t's query; groups: each KV cache group's slots and tables.
+ * With `prefills`, seq_lens / token_rows / the groups' block_tables hold its num_decodes
+ * decode requests only, and its chunks are the other requests. */
 int decode_stack_bf16(const StackDims *d, const StackLayer *layers, int64_t T,
                       const int64_t *input_ids, uint16_t *hidden, float *residual,
                       const int64_t *positions,
                       const StackGroup *groups, const int32_t *seq_lens,
                       const int32_t *token_rows, int64_t max_seq_len,
-                      const StackLoRAStep *lora) {
+                      const StackLoRAStep *lora, const StackPrefills *prefills) {
     const int64_t H = d->hidden, D = d->head_size, I = d->intermediate;
     const int64_t q_size = d->num_heads * D, kv_size = d->num_kv_heads * D;
     const int64_t qkv_size = q_size + 2 * kv_size;
@@ -186,12 +190,17 @@ int decode_stack_bf16(const StackDims *d, const StackLayer *layers, int64_t T,
     void *base = buffers_alloc(d, T, &b);
     if (base == NULL) return 2;
     float *head_norm = b.norm + T * H; /* a token's heads' statistics (norm_heads) */
+    /* A mixed step attends its decodes and its prefill chunks with their own kernels. */
+    const int64_t num_decodes = prefills != NULL ? prefills->num_decodes : T;
+    const int64_t num_chunks = prefills != NULL ? prefills->num : 0;
     int failed = 0;
     for (int64_t l = 0; l < d->num_layers && !failed; l++) {
         const StackLayer *L = layers + l;
         const StackGroup *G = groups + L->group;
         const PagedDims paged = {d->num_blocks, d->block_size, d->num_kv_heads,
                                  d->num_heads, D, G->max_blocks, L->window};
+        const PagedDims chunks = {d->num_blocks, d->block_size, d->num_kv_heads,
+                                  d->num_heads, D, G->prefill_max_blocks, L->window};
         norm(d, T, hidden, residual, l > 0, L->input_norm, L->input_norm_bias, b.x);
         failed |= stack_matmul(&L->qkv, T, qkv_size, H, b.x, H, b.qkv, qkv_size, b.part);
         failed |= add_lora(lora, l, 0, H, qkv_size, b.x, H, b.qkv, qkv_size);
@@ -211,14 +220,28 @@ int decode_stack_bf16(const StackDims *d, const StackLayer *layers, int64_t T,
         if (d->kv_bf16) {
             store_bf16_rows(&paged, (uint16_t *)L->kv_cache, key, qk_stride, value, qkv_size,
                             G->slots, T);
-            failed |= paged_decode_bf16(&paged, b.query, b.attn, L->kv_cache, G->block_tables,
-                                        seq_lens, token_rows, T, max_seq_len, d->scale);
+            if (num_decodes > 0)
+                failed |= paged_decode_bf16(&paged, b.query, b.attn, L->kv_cache,
+                                            G->block_tables, seq_lens, token_rows, num_decodes,
+                                            max_seq_len, d->scale);
+            if (num_chunks > 0)
+                failed |= paged_prefill_bf16(&chunks, b.query, q_size, b.attn, L->kv_cache,
+                                             G->prefill_block_tables, prefills->query_starts,
+                                             prefills->query_lens, prefills->context_lens,
+                                             num_chunks, prefills->max_seq_len, d->scale);
         } else {
             store_int8_bf16(&paged, (int8_t *)L->kv_cache, key, value, qk_stride, qkv_size,
                             G->slots, T, 0);
-            failed |= paged_decode_bf16_int8(&paged, b.query, b.attn, L->kv_cache,
-                                             G->block_tables, seq_lens, token_rows, T,
-                                             max_seq_len, d->scale);
+            if (num_decodes > 0)
+                failed |= paged_decode_bf16_int8(&paged, b.query, b.attn, L->kv_cache,
+                                                 G->block_tables, seq_lens, token_rows,
+                                                 num_decodes, max_seq_len, d->scale);
+            if (num_chunks > 0)
+                failed |= paged_prefill_bf16_int8(&chunks, b.query, q_size, b.attn,
+                                                  L->kv_cache, G->prefill_block_tables,
+                                                  prefills->query_starts, prefills->query_lens,
+                                                  prefills->context_lens, num_chunks,
+                                                  prefills->max_seq_len, d->scale);
         }
         failed |= stack_matmul(&L->o, T, H, q_size, b.attn, q_size, hidden, H, b.part);
         failed |= add_lora(lora, l, 1, q_size, H, b.attn, q_size, hidden, H);

@@ -175,9 +175,22 @@ typedef struct {
 
 typedef struct {
     const int64_t *slots; /* [T] */
-    const int32_t *block_tables; /* [T, max_blocks] */
+    const int32_t *block_tables; /* the decode requests' [num_decodes, max_blocks] */
     int64_t max_blocks;
+    /* a mixed step's prefill requests' [StackPrefills.num, prefill_max_blocks] (else NULL) */
+    const int32_t *prefill_block_tables;
+    int64_t prefill_max_blocks;
 } StackGroup;
+
+/* A mixed step's requests that compute several tokens (prefill chunks), attended by the
+ * prefill kernel as the Python layers' backend attends them (paged_attention.c); the
+ * decode requests are the first num_decodes of seq_lens / token_rows. NULL: every token is
+ * a decode request (token t is request t). */
+typedef struct {
+    int64_t num_decodes, num;
+    const int32_t *query_starts, *query_lens, *context_lens; /* [num] */
+    int64_t max_seq_len;
+} StackPrefills;
 
 typedef struct {
     const uint16_t *a, *b;
@@ -221,6 +234,6 @@ PAGEDLLM_API int decode_stack_bf16(const StackDims *d, const StackLayer *layers,
                                    const int64_t *positions,
                                    const StackGroup *groups, const int32_t *seq_lens,
                                    const int32_t *token_rows, int64_t max_seq_len,
-                                   const StackLoRAStep *lora);
+                                   const StackLoRAStep *lora, const StackPrefills *prefills);
 
 #endif

@@ -19,15 +19,28 @@ import torch
 
 
 @dataclass
+class StepRequests:
+    """A mixed step's requests, in batch order: some compute one token (decodes), others
+    several (prefill chunks). [n] each; a request's tokens are contiguous in the batch."""
+
+    query_start_loc: np.ndarray
+    query_lens: np.ndarray
+    context_lens: np.ndarray  # tokens cached before this step
+
+
+@dataclass
 class DecodeBatch:
-    """A decode-only step as the fast paths take it: one query token per row (a request's
-    decode, or one verified position of speculative decoding), as host arrays.
+    """A step as the fast paths take it, as host arrays: decode-only, one query token per
+    row (a request's decode, or one verified position of speculative decoding); or, for a
+    path that takes them (`DecodeStep.takes_mixed_steps`), a mixed step (`requests`).
 
     Attributes:
-        input_ids / positions / slot_mapping: [n] int64 (slots: of KV cache group 0).
-        block_table: [n, max_blocks] the row's blocks in KV cache group 0.
+        input_ids / positions / slot_mapping: [T] int64 (slots: of KV cache group 0).
+        block_table: [rows, max_blocks] each row's blocks in KV cache group 0 (a row: a
+            token of a decode-only step, a request of a mixed one).
         more_groups: (slot_mapping, block_table) of each further group (a hybrid model's
             sliding-window layers keep their own table), in group order.
+        requests: a mixed step's requests; None for a decode-only step.
     """
 
     input_ids: np.ndarray
@@ -35,6 +48,7 @@ class DecodeBatch:
     slot_mapping: np.ndarray
     block_table: np.ndarray
     more_groups: tuple[tuple[np.ndarray, np.ndarray], ...] = ()
+    requests: StepRequests | None = None
 
     @property
     def groups(self) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -49,6 +63,9 @@ class DecodeBatch:
 
 class DecodeStep(ABC):
     """A decode-step fast path: it returns the final hidden states the model would."""
+
+    # Whether it also runs steps that mix decodes with prefill chunks.
+    takes_mixed_steps = False
 
     @abstractmethod
     def serves(self, batch: DecodeBatch) -> bool:

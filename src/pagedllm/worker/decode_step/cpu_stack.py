@@ -14,10 +14,15 @@ Where the layers keep dense weights for large steps (CPUs with matrix units,
 layers/quantization/crossover.py), the stack takes only the steps small enough for the
 byte dot-product weights.
 
+Steps that mix decodes with prefill chunks (chunked prefill beside running requests: most
+serving steps that admit a request) run here as well: the C loop attends the chunks with the
+prefill kernel and the decodes with the decode kernel, as the Python layers' backend does,
+so they too are bit-identical; a chunked prefill under a small step budget then costs the
+layers' dispatch no more (measured: benchmarks/serving.py with --max-num-batched-tokens).
 LoRA steps run here too: after each matrix the C loop adds the tokens' adapter deltas
 with the kernel the layers' LoRA slots call (csrc/lora.c), unless that step's deltas go to
-torch instead (lora/cpu_kernel.py). Anything else (prefills, mixed steps, float32, other
-layer types) runs the Python layers. PAGEDLLM_DECODE_STACK=python switches the stack off.
+torch instead (lora/cpu_kernel.py). Anything else (float32, other layer types, multimodal
+steps) runs the Python layers. PAGEDLLM_DECODE_STACK=python switches the stack off.
 """
 
 from __future__ import annotations
@@ -31,11 +36,18 @@ import torch
 from torch import nn
 
 from pagedllm.kernels import pointer
-from pagedllm.kernels.abi import StackDims, StackGroup, StackLayer, StackLoRA, StackLoRAStep
+from pagedllm.kernels.abi import (
+    StackDims,
+    StackGroup,
+    StackLayer,
+    StackLoRA,
+    StackLoRAStep,
+    StackPrefills,
+)
 from pagedllm.lora.layers import LoRALinearMethod, LoRALinearSlots
 from pagedllm.models.common import DecoderLayer, DecoderModel
 from pagedllm.platform import cpu_platform
-from pagedllm.worker.decode_step.base import DecodeBatch, DecodeStep
+from pagedllm.worker.decode_step.base import DecodeBatch, DecodeStep, StepRequests
 from pagedllm.worker.decode_step.cpu_stack_layers import (
     activation_of,
     dense_mlp,
@@ -165,6 +177,8 @@ class CpuDecodeStack(DecodeStep):
         library = _library()
         return None if library is None else cls(decoder, kv_caches, groups, library)
 
+    takes_mixed_steps = True
+
     def serves(self, batch: DecodeBatch) -> bool:
         """Steps the byte dot-product weights serve (not those sent to kept dense weights),
         whose LoRA deltas the C kernel takes, on a model that keeps no aux hidden states
@@ -190,19 +204,17 @@ class CpuDecodeStack(DecodeStep):
         else:
             hidden = self.decoder.embed(input_ids, positions).contiguous()  # [T, hidden]
         residual = torch.empty(num_tokens, hidden.shape[1], dtype=torch.float32)
-        # int32 rows, contiguous, kept alive here for the C call (which reads them).
-        seq_lens = torch.from_numpy((batch.positions + 1).astype(np.int32))
-        token_rows = torch.arange(num_tokens, dtype=torch.int32)
-        groups, keep_alive = _group_table(batch)
+        attention = _AttentionRows(batch)  # int32 arrays the C call reads: kept alive here
         lora_step = self._lora_step()
         failed = self.library.decode_stack_bf16(
             ctypes.byref(self.dims), self.table, num_tokens, pointer(input_ids),
             pointer(hidden), pointer(residual),
-            pointer(positions), groups, pointer(seq_lens), pointer(token_rows),
-            int(batch.positions.max()) + 1,
+            pointer(positions), attention.groups, pointer(attention.seq_lens),
+            pointer(attention.token_rows), attention.max_seq_len,
             None if lora_step is None else ctypes.byref(lora_step),
+            None if attention.prefills is None else ctypes.byref(attention.prefills),
         )
-        del keep_alive
+        del attention
         if failed == 3:
             raise IndexError("The CPU decode stack: a token id outside the vocabulary.")
         if failed:
@@ -246,15 +258,50 @@ class CpuDecodeStack(DecodeStep):
         )
 
 
-def _group_table(batch: DecodeBatch) -> tuple[ctypes.Array[StackGroup], list[torch.Tensor]]:
-    """Each KV cache group's slots and int32 block tables as StackGroup entries, and the
-    tensors they point into (to keep alive through the call)."""
-    table = (StackGroup * len(batch.groups))()
-    keep: list[torch.Tensor] = []
-    for entry, (slot_mapping, block_table) in zip(table, batch.groups, strict=True):
-        slots = torch.from_numpy(slot_mapping.astype(np.int64, copy=False))
-        tables = torch.from_numpy(np.ascontiguousarray(block_table, np.int32))
-        entry.slots, entry.block_tables = pointer(slots), pointer(tables)
-        entry.max_blocks = tables.shape[1]  # changes from step to step
-        keep += [slots, tables]
-    return table, keep
+def _int32(values: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(values, np.int32))
+
+
+class _AttentionRows:
+    """A step's attention inputs as the C call takes them (the arrays it points into are
+    this object's, alive as long as it is): the decode requests' seq_lens, token rows and
+    block tables; a mixed step's prefill chunks (StackPrefills) and their tables. The rows
+    are split as the Python layers' backend splits them (one query token: a decode)."""
+
+    def __init__(self, batch: DecodeBatch) -> None:
+        requests = batch.requests
+        if requests is None:  # decode-only: token t is request t
+            decodes = np.arange(batch.num_rows)
+            self.token_rows = _int32(decodes)
+            self.seq_lens = _int32(batch.positions + 1)
+            chunks = decodes[:0]
+        else:
+            decodes = np.flatnonzero(requests.query_lens == 1)
+            chunks = np.flatnonzero(requests.query_lens > 1)
+            self.token_rows = _int32(requests.query_start_loc[decodes])
+            self.seq_lens = _int32(requests.context_lens[decodes] + 1)
+        self.max_seq_len = int(self.seq_lens.max()) if len(decodes) else 1
+        self.keep: list[torch.Tensor] = []
+        self.prefills = None if requests is None else self._prefills(requests, decodes, chunks)
+        self.groups = (StackGroup * len(batch.groups))()
+        for entry, (slot_mapping, block_table) in zip(self.groups, batch.groups, strict=True):
+            slots = torch.from_numpy(slot_mapping.astype(np.int64, copy=False))
+            tables = _int32(block_table[decodes] if requests is not None else block_table)
+            entry.slots, entry.block_tables = pointer(slots), pointer(tables)
+            entry.max_blocks = tables.shape[1]  # changes from step to step
+            self.keep += [slots, tables]
+            if len(chunks):
+                chunk_tables = _int32(block_table[chunks])
+                entry.prefill_block_tables = pointer(chunk_tables)
+                entry.prefill_max_blocks = chunk_tables.shape[1]
+                self.keep.append(chunk_tables)
+
+    def _prefills(
+        self, requests: StepRequests, decodes: np.ndarray, chunks: np.ndarray
+    ) -> StackPrefills:
+        starts, lens = requests.query_start_loc[chunks], requests.query_lens[chunks]
+        contexts = requests.context_lens[chunks]
+        arrays = [_int32(starts), _int32(lens), _int32(contexts)]
+        self.keep += arrays
+        longest = int((contexts + lens).max()) if len(chunks) else 1
+        return StackPrefills(len(decodes), len(chunks), *(pointer(a) for a in arrays), longest)
