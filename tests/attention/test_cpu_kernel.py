@@ -122,3 +122,35 @@ def test_a_cache_of_another_row_size_is_refused():
     key = torch.randn(2, 3, 64)
     with pytest.raises(ValueError, match="do not hold head size 64"):
         cpu_kernel.store_int8(cache, key, key.clone(), torch.tensor([17, 18]))
+
+
+@needs_kernel
+@pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.int8])
+def test_a_decode_alone_equals_it_in_a_large_batch(cache_dtype):
+    """A request's decode attention is bit-identical alone and among 40 others (the batch
+    never changes a result: a kernel that splits its work by the batch's size, e.g. a
+    single stream's heads over the threads, must keep this)."""
+    gen = torch.Generator().manual_seed(4)
+    block_size, kv_heads, heads, head_size, num_reqs, length = 16, 3, 9, 64, 40, 100
+    blocks_each = -(-length // block_size)
+    rows = torch.randn(2, num_reqs * blocks_each + 1, block_size, kv_heads, head_size,
+                       generator=gen)
+    cache = kv_quant.quantize_rows(rows) if cache_dtype == torch.int8 else rows.bfloat16()
+    order = torch.randperm(num_reqs * blocks_each, generator=gen).int() + 1
+    tables = order.view(num_reqs, blocks_each).contiguous()
+    seq_lens = torch.full((num_reqs,), length, dtype=torch.int32)
+    query = torch.randn(num_reqs, heads, head_size, generator=gen).bfloat16()
+
+    def attend(index: slice) -> torch.Tensor:
+        count = len(range(num_reqs)[index])
+        out = torch.zeros(count, heads, head_size, dtype=torch.bfloat16)
+        cpu_kernel.paged_decode_attention(
+            out, query[index].contiguous(), cache, tables[index].contiguous(),
+            seq_lens[index].contiguous(), torch.arange(count, dtype=torch.int32), length,
+            head_size**-0.5,
+        )
+        return out
+
+    batched = attend(slice(None))
+    for r in (0, 17, num_reqs - 1):
+        assert torch.equal(attend(slice(r, r + 1))[0], batched[r])
