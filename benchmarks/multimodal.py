@@ -16,15 +16,18 @@ ignored. Every timed pass gets images no earlier pass has seen, so nothing comes
 engine's encoder cache unless the pass is about it; prefix caching is off (`--prefix-caching`
 turns it on). Model loading is excluded from every time.
 
-- pagedllm: `LLM(folder, dtype="float32")`, an untimed warm-up, then `LLM.generate` over all
+Both systems run in `--dtype` (float32, the checkpoint's; or bfloat16, the fastest mode of
+each where bf16 matmuls are native).
+
+- pagedllm: `LLM(folder, dtype=...)`, an untimed warm-up, then `LLM.generate` over all
   requests at once (`--num-iters` passes, median [min-max]): images/s = requests / wall,
   output tok/s, each request's TTFT from its metrics (queueing included), and the share of
   the wall spent in the vision encoder. TTFT per image: all requests with `max_tokens=1`,
   wall / requests; single-image TTFT: one request alone with `max_tokens=1`
   (`--ttft-repeats` passes: median and min, the min being the least disturbed by other load).
 - transformers: `AutoModelForImageTextToText` and `AutoProcessor` from the same folder,
-  float32, greedy `generate` with `min_new_tokens = max_new_tokens` (no EOS stop), its
-  processor's time included: one request at a time (its usual use; once) and all at once
+  in the same dtype, greedy `generate` with `min_new_tokens = max_new_tokens` (no EOS
+  stop), its processor's time included: one request at a time (its usual use; once) and all at once
   (left padding; `--num-iters` passes); single-image TTFT is `generate` with
   `max_new_tokens=1`, TTFT per image the batched one / requests.
 - Encoder cache: the same questions with one image shared by every request vs distinct
@@ -41,6 +44,7 @@ CPU timings need an otherwise idle machine; the load average is printed and save
     python benchmarks/multimodal.py
     python benchmarks/multimodal.py --model-dir /tmp/llava-bench --output-json results/mm.json
     python benchmarks/multimodal.py --skip-hf --num-requests 8
+    python benchmarks/multimodal.py --model-dir /tmp/llava-bench --dtype bfloat16
     python benchmarks/multimodal.py --arch qwen2_vl --model-dir /tmp/qwen2-vl-bench
 """
 
@@ -587,7 +591,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{kind.description}, "
               f"{checkpoint['parameters_m']}M parameters ({checkpoint['vision_parameters_m']}M "
               f"vision), {checkpoint['image_tokens']} image tokens (at most), tokenizer "
-              f"{checkpoint['tokenizer']}, float32, random weights; in {folder}")  # fmt: skip
+              f"{checkpoint['tokenizer']}, float32, random weights, run in {args.dtype}; in "
+              f"{folder}")  # fmt: skip
         print(f"{args.num_requests} requests, one image each, {args.max_tokens} tokens out")
         results: dict[str, Any] = {"benchmark": "multimodal", "config": vars(args),
                                    "machine": machine, "checkpoint": checkpoint}  # fmt: skip
