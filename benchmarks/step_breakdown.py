@@ -102,7 +102,7 @@ def instrument(llm: Any, timer: PhaseTimer) -> Callable[[], Any]:
         timer.wrap(ModelRunner, name, "input preparation")
     timer.wrap(runner.backend, "build_metadata", "input preparation")
     timer.wrap(runner.model, "forward", "forward")
-    if runner.decode_step is not None:  # the one-call decode stack runs decode-only steps
+    if runner.decode_step is not None:  # the one-call decode stack runs decode and mixed steps
         timer.wrap(runner.decode_step, "run", "forward")
     timer.wrap(runner.model, "compute_logits", "logits")
     timer.wrap(SamplingPipeline, "sample", "sampling")  # (its LM head is subtracted)

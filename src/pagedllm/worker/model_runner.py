@@ -2,7 +2,7 @@
 
 It applies the scheduler's diff to its own per-request state, flattens the scheduled tokens
 of all requests (prefill chunks, decodes and verified drafts alike) into one batch, runs the
-model (or, for a decode-only step the platform has a fast path for, that fast path:
+model (or, for a step the platform has a fast path for, that fast path:
 worker/decode_step/), samples with the one sampling pipeline (worker/sampling.py), and
 answers with plain lists. It never touches scheduling state.
 
@@ -232,7 +232,10 @@ class ModelRunner:
         rows = None
         if self.model_forward.uses_kv_cache:
             rows = _attention_rows(inputs)
-            plain = step.mm_embeds is None and step.rope_positions is None
+            # Image items that attend both ways (key_ends) need the reference backend.
+            plain = (
+                step.mm_embeds is None and step.rope_positions is None and step.key_ends is None
+            )
             batch = self._decode_batch(inputs, rows) if plain else None
             if batch is not None:
                 return cast(DecodeStep, self.decode_step).run(batch)

@@ -249,6 +249,29 @@ def test_every_served_architecture_gives_the_layer_loops_output(
     _check_against_the_layer_loop(llm, stack_calls)
 
 
+@pytest.mark.parametrize("arch, kv_cache_dtype", [("gemma3", "int8"), ("gemma3", "auto"),
+                                                  ("mistral_window", "auto")])
+def test_chunked_prefills_with_windows_and_groups_give_the_layer_loops_output(
+    tiny_arch_checkpoint, stack_calls, arch, kv_cache_dtype
+):
+    """Mixed steps of 7 tokens on sliding-window layers (Gemma 3: three KV cache groups, two
+    of them 6-token windows; Mistral: one windowed group): the chunks cross the windows, and
+    tokens and logprobs equal the layer loop's."""
+    llm = LLM(str(tiny_arch_checkpoint(arch)), dtype="bfloat16", quantization="int4",
+              max_model_len=256, kv_cache_dtype=kv_cache_dtype, max_num_batched_tokens=7,
+              max_num_seqs=4, enable_chunked_prefill=True)
+    runner = _runner(llm)
+    stack = runner.decode_step
+    prompts = [*PROMPTS, [i % 50 + 3 for i in range(20)]]  # a prompt of 3 chunks
+    with_stack = _generate(llm, prompts)
+    assert stack_calls.mixed and max(stack_calls.mixed) == 7
+    runner.decode_step = None
+    try:
+        assert _generate(llm, prompts) == with_stack
+    finally:
+        runner.decode_step = stack
+
+
 def test_switched_off_by_environment(monkeypatch, tiny_llama_dir):
     monkeypatch.setenv("PAGEDLLM_DECODE_STACK", "python")
     llm = LLM(str(tiny_llama_dir), dtype="bfloat16", quantization="int4", max_model_len=128)

@@ -31,7 +31,8 @@
  *
  * The model's final norm follows where StackDims.final_norm is set (else the caller
  * applies it). Returns 0, or non-zero when a kernel refused its
- * shapes or a buffer could not be allocated (the caller then runs the Python layers).
+ * shapes or a buffer could not be allocated (cpu_stack.py raises: the buffers grow with
+ * the step's tokens, which the step budget bounds).
  */
 #include <stdint.h>
 #include <stdlib.h>

@@ -1,11 +1,12 @@
-"""DecodeStep: a faster way than the model's layer loop to run a decode-only step.
+"""DecodeStep: a faster way than the model's layer loop to run a decode step.
 
 A decode step of a small model is bound by dispatch, not by its work: hundreds of small
 ops, each a few microseconds of Python and launching. The worker owns one fast path per
 platform (the platform names which): on CPU the whole decoder stack in one C call
 (cpu_stack.py), on CUDA forwards captured as graphs and replayed (cuda_graphs.py). The
-model runner asks it before each decode-only step (`serves`) and runs it instead of the
-model (`run`); anything it does not serve runs the model's layers, which are the reference:
+model runner asks it before each decode-only step, and each mixed step where the path takes
+them (`takes_mixed_steps`: the CPU stack), whether it `serves` the step, and runs it instead
+of the model (`run`); anything it does not serve runs the model's layers, which are the reference:
 the fast paths give the same hidden states (bit for bit on CPU).
 """
 
@@ -20,8 +21,10 @@ import torch
 
 @dataclass
 class StepRequests:
-    """A mixed step's requests, in batch order: some compute one token (decodes), others
-    several (prefill chunks). [n] each; a request's tokens are contiguous in the batch."""
+    """A mixed step's attention rows, in batch order: some compute one token (decodes),
+    others several (prefill chunks); a speculative verification is split into one decode
+    row per position (spec_decode/verify.py). [n] each; a row's tokens are contiguous in
+    the batch. A step of prefill chunks alone is a mixed step too."""
 
     query_start_loc: np.ndarray
     query_lens: np.ndarray

@@ -1,10 +1,11 @@
-"""The whole decoder stack in one C call for decode steps on CPU (csrc/decode_stack.c).
+"""The whole decoder stack in one C call for decode (and mixed) steps on CPU
+(csrc/decode_stack.c).
 
 A decode step of one token through a 30-layer model is about 400 small ops. Each costs a
 few microseconds of Python and torch dispatch, more than the work of most of them: a
 single stream spends most of its step there. For bfloat16 models whose matrices are byte
 dot-product weights (W4A8 / W8A8: int4 quantization, the CPU default, and GGUF files),
-steps made only of decodes (one token per row, any number of rows) run the embedding
+decode steps (one token per row, any number of rows) run the embedding
 lookup, every layer in one C loop over the same kernels the Python layers call, in the
 same order, and the final norm: the result is bit-identical to the model's forward
 (tested), only the dispatch is gone. cpu_stack_layers.py says which layers qualify
@@ -101,7 +102,7 @@ def _qualifies(decoder: DecoderModel) -> bool:
 
 
 class CpuDecodeStack(DecodeStep):
-    """Runs a decoder model's decode-only steps in one C call (see the module docstring).
+    """Runs a decoder model's decode and mixed steps in one C call (module docstring).
 
     Build it with `CpuDecodeStack.build`, which returns None when the model or the cache
     does not qualify. It holds no weights of its own: only pointers into the model's tensors
