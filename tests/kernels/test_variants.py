@@ -184,7 +184,7 @@ def test_fused_ops_match_scalar(libraries, variant):
         cpu_ops.rope_neox_(rotated, positions, cos_sin, 64)
         return [normed, new_residual, layer_normed, cpu_ops.silu_and_mul(gate_up),
                 cpu_ops.gelu_tanh_and_mul(gate_up), cpu_ops.activation("gelu_tanh", x),
-                cpu_ops.activation("relu", x), rotated]
+                cpu_ops.activation("relu", x), cpu_ops.quick_gelu(x), rotated]
 
     reference = _run(libraries, "scalar", ops)
     for got, want in zip(_run(libraries, variant, ops), reference, strict=True):

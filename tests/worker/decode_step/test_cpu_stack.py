@@ -59,6 +59,16 @@ def _generate(llm: LLM, prompts: list[list[int]]) -> list[tuple[list[int], list[
     return results
 
 
+def _generate_without_stack(llm: LLM, prompts: list[list[int]]):
+    """`_generate` with the runner's stack switched off for the call (the layer loop)."""
+    runner = _runner(llm)
+    stack, runner.decode_step = runner.decode_step, None
+    try:
+        return _generate(llm, prompts)
+    finally:
+        runner.decode_step = stack
+
+
 def test_default_quantized_model_gets_the_stack(llm):
     stack = _runner(llm).decode_step
     assert isinstance(stack, CpuDecodeStack)
@@ -107,8 +117,7 @@ def stack_calls(monkeypatch) -> StackCalls:
     "prompts", [PROMPTS[:1], PROMPTS, MANY_PROMPTS], ids=["one", "four", "ten"]
 )
 def test_stack_output_is_bit_identical_to_the_python_layers(llm, stack_calls, prompts):
-    runner = _runner(llm)
-    stack = runner.decode_step
+    stack = _runner(llm).decode_step
     if stack.max_tokens is not None and stack.max_tokens < len(prompts):
         # The dense/int4 crossover is measured at load; on a busy machine it may send a
         # step this wide to the dense weights, which the stack leaves to the layers.
@@ -117,12 +126,7 @@ def test_stack_output_is_bit_identical_to_the_python_layers(llm, stack_calls, pr
     with_stack = _generate(llm, prompts)
     # The decode steps ran on it (each prompt has more than one token: no prefill did).
     assert calls and max(calls) == len(prompts)
-    runner.decode_step = None
-    try:
-        without = _generate(llm, prompts)
-    finally:
-        runner.decode_step = stack
-    assert with_stack == without
+    assert _generate_without_stack(llm, prompts) == with_stack
 
 
 # The stack runs on the vector variants (the scalar build leaves quantized steps to torch).
@@ -135,17 +139,16 @@ def test_every_kernel_variant_gives_the_layer_loops_output(
     tiny_llama_dir, stack_calls, variant, kv_cache_dtype
 ):
     """On each vector variant this CPU runs (AVX-512, AVX2...), with either cache, the
-    stack still agrees bit for bit with the Python layers of the same variant."""
+    stack still agrees bit for bit with the Python layers of the same variant: decode
+    steps, and (a budget of 6 tokens) prefill chunks beside decodes."""
     with cpu_platform().use_kernels(kernels.load_variant(variant)):
         llm = LLM(str(tiny_llama_dir), dtype="bfloat16", quantization="int4",
-                  max_model_len=256, kv_cache_dtype=kv_cache_dtype)
-        runner = _runner(llm)
-        stack = runner.decode_step
-        assert isinstance(stack, CpuDecodeStack)
-        with_stack = _generate(llm, PROMPTS[:2])
-        assert stack_calls
-        runner.decode_step = None
-        assert _generate(llm, PROMPTS[:2]) == with_stack
+                  max_model_len=256, kv_cache_dtype=kv_cache_dtype,
+                  max_num_batched_tokens=6, max_num_seqs=4, enable_chunked_prefill=True)
+        assert isinstance(_runner(llm).decode_step, CpuDecodeStack)
+        with_stack = _generate(llm, PROMPTS)
+        assert stack_calls and stack_calls.mixed
+        assert _generate_without_stack(llm, PROMPTS) == with_stack
 
 
 @pytest.mark.parametrize("kv_cache_dtype", ["int8", "auto"])
@@ -160,19 +163,12 @@ def test_mixed_steps_run_on_the_stack_bit_identically(
         max_model_len=256, max_num_batched_tokens=6, max_num_seqs=4,
         enable_chunked_prefill=True, kv_cache_dtype=kv_cache_dtype,
     )
-    runner = _runner(small_steps)
-    stack = runner.decode_step
     prompts = [*PROMPTS, PROMPTS[2] + [5, 6, 7, 8]]
     with_stack = _generate(small_steps, prompts)
     assert all(len(tokens) == 24 for tokens, _ in with_stack)
     # Steps with prefill chunks ran on it, and decode-only steps.
     assert stack_calls and stack_calls.mixed and max(stack_calls.mixed) == 6
-    runner.decode_step = None
-    try:
-        without = _generate(small_steps, prompts)
-    finally:
-        runner.decode_step = stack
-    assert with_stack == without
+    assert _generate_without_stack(small_steps, prompts) == with_stack
 
 
 def test_models_outside_its_scope_run_without_it(tiny_llama_dir, tiny_arch_checkpoint):
@@ -186,17 +182,12 @@ def test_models_outside_its_scope_run_without_it(tiny_llama_dir, tiny_arch_check
 def _check_against_the_layer_loop(llm: LLM, stack_calls: list[int]) -> None:
     """The stack runs the batched decode steps, and the same requests without it give the
     same tokens and logprobs."""
-    runner = _runner(llm)
-    stack = runner.decode_step
+    stack = _runner(llm).decode_step
     assert isinstance(stack, CpuDecodeStack)
     assert stack.dims.final_norm  # the model's final norm runs in the same call
     with_stack = _generate(llm, PROMPTS)
     assert stack_calls and max(stack_calls) == len(PROMPTS)
-    runner.decode_step = None
-    try:
-        assert _generate(llm, PROMPTS) == with_stack
-    finally:
-        runner.decode_step = stack
+    assert _generate_without_stack(llm, PROMPTS) == with_stack
 
 
 @pytest.fixture(scope="module")
@@ -260,16 +251,10 @@ def test_chunked_prefills_with_windows_and_groups_give_the_layer_loops_output(
     llm = LLM(str(tiny_arch_checkpoint(arch)), dtype="bfloat16", quantization="int4",
               max_model_len=256, kv_cache_dtype=kv_cache_dtype, max_num_batched_tokens=7,
               max_num_seqs=4, enable_chunked_prefill=True)
-    runner = _runner(llm)
-    stack = runner.decode_step
     prompts = [*PROMPTS, [i % 50 + 3 for i in range(20)]]  # a prompt of 3 chunks
     with_stack = _generate(llm, prompts)
     assert stack_calls.mixed and max(stack_calls.mixed) == 7
-    runner.decode_step = None
-    try:
-        assert _generate(llm, prompts) == with_stack
-    finally:
-        runner.decode_step = stack
+    assert _generate_without_stack(llm, prompts) == with_stack
 
 
 def test_switched_off_by_environment(monkeypatch, tiny_llama_dir):
@@ -297,11 +282,8 @@ def test_steps_for_kept_dense_weights_run_the_python_layers(
     assert runner.decode_step.max_tokens == 3
     with_stack = [_generate(llm, prompts) for prompts in (PROMPTS[:2], MANY_PROMPTS)]
     assert stack_calls == [2] * 23  # the 2-request decode steps; the 10-request ones ran dense
-    stack, runner.decode_step = runner.decode_step, None
-    try:
-        assert [_generate(llm, prompts) for prompts in (PROMPTS[:2], MANY_PROMPTS)] == with_stack
-    finally:
-        runner.decode_step = stack
+    without = [_generate_without_stack(llm, prompts) for prompts in (PROMPTS[:2], MANY_PROMPTS)]
+    assert without == with_stack
 
 
 @pytest.mark.parametrize("arch", ["gemma3", "gpt2", "qwen2_moe"])

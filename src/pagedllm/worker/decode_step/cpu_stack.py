@@ -273,15 +273,16 @@ class _AttentionRows:
         requests = batch.requests
         if requests is None:  # decode-only: token t is request t
             decodes = np.arange(batch.num_rows)
-            self.token_rows = _int32(decodes)
-            self.seq_lens = _int32(batch.positions + 1)
+            token_rows, seq_lens = decodes, batch.positions + 1
             chunks = decodes[:0]
         else:
             decodes = np.flatnonzero(requests.query_lens == 1)
             chunks = np.flatnonzero(requests.query_lens > 1)
-            self.token_rows = _int32(requests.query_start_loc[decodes])
-            self.seq_lens = _int32(requests.context_lens[decodes] + 1)
-        self.max_seq_len = int(self.seq_lens.max()) if len(decodes) else 1
+            token_rows = requests.query_start_loc[decodes]
+            seq_lens = requests.context_lens[decodes] + 1
+        self.token_rows, self.seq_lens = _int32(token_rows), _int32(seq_lens)
+        # (numpy's max: a torch reduction costs more on this per-step path)
+        self.max_seq_len = int(seq_lens.max()) if len(decodes) else 1
         self.keep: list[torch.Tensor] = []
         self.prefills = None if requests is None else self._prefills(requests, decodes, chunks)
         self.groups = (StackGroup * len(batch.groups))()
