@@ -144,6 +144,11 @@ class CacheConfig:
             raise ValueError(f"swap_space must be non-negative (GiB), got {self.swap_space}.")
 
 
+# The smallest prefill cap SchedulerConfig.prefill_tokens_per_decode sets: with a decode
+# or two running, a chunk of a block's worth keeps a long prompt moving.
+MIN_PREFILL_CHUNK = 16
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     """Continuous-batching limits.
@@ -160,6 +165,13 @@ class SchedulerConfig:
         max_num_encoder_input_tokens: a vision-language model's encoder budget: embedding
             rows its encoder may produce in one step (vLLM's name; 0: no encoder).
         encoder_cache_size: embedding rows the runner's encoder cache holds (0: none).
+        prefill_tokens_per_decode: while requests decode, the prompt tokens (prefill
+            chunks) a step computes beside them are capped at this many per decoding
+            request (at least MIN_PREFILL_CHUNK), so a new request's prefill does not
+            stretch their inter-token gap (Sarathi-Serve's stall-free batching) and the
+            cap follows the decode step's own cost; 0: only max_num_batched_tokens bounds
+            them. Steps without decodes and prompts that must run whole (pooling) are not
+            capped; needs chunked prefill.
     """
 
     max_num_seqs: int = 256
@@ -170,8 +182,14 @@ class SchedulerConfig:
     scheduling_policy: str = "fcfs"
     max_num_encoder_input_tokens: int = 0
     encoder_cache_size: int = 0
+    prefill_tokens_per_decode: int = 0
 
     def __post_init__(self) -> None:
+        if self.prefill_tokens_per_decode < 0:
+            raise ValueError(
+                "prefill_tokens_per_decode must be non-negative (0: no cap), got "
+                f"{self.prefill_tokens_per_decode}."
+            )
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be at least 1, got {self.max_num_seqs}.")
         if self.max_num_batched_tokens < 1:

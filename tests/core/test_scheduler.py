@@ -38,6 +38,7 @@ def make_scheduler(
     num_cpu_blocks: int = 0,
     kv_cache_groups: tuple[KVCacheGroupSpec, ...] | None = None,
     num_lookahead_slots: int = 0,
+    prefill_tokens_per_decode: int = 0,
 ) -> Scheduler:
     """A scheduler with tiny limits; prefix caching is off unless asked for, so that the
     identical prompts of these tests do not share blocks."""
@@ -48,6 +49,7 @@ def make_scheduler(
         enable_chunked_prefill=enable_chunked_prefill,
         preemption_mode=preemption_mode,
         scheduling_policy=scheduling_policy,
+        prefill_tokens_per_decode=prefill_tokens_per_decode,
     )
     cache_config = CacheConfig(block_size=block_size, enable_prefix_caching=enable_prefix_caching)
     speculative_config = None

@@ -357,6 +357,8 @@ def workloads(draw: st.DrawFn) -> dict[str, object]:
             # A drafter with a KV cache of its own takes lookahead slots each step (the
             # engine runs one only where every layer attends to the whole context).
             num_lookahead_slots=draw(st.sampled_from([0, 0, 2])) if groups is None else 0,
+            # Prompt tokens a step may compute beside decodes (0: no cap).
+            prefill_tokens_per_decode=draw(st.sampled_from([0, 0, 1, 5])),
         ),
         "requests": draw(st.lists(request, min_size=2, max_size=10)),
         "seed": draw(st.integers(0, 2**16)),

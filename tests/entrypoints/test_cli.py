@@ -114,3 +114,13 @@ def test_bad_tool_calling_flags_are_usage_errors(argv, capsys):
     with pytest.raises(SystemExit):
         parse_serve_args(["serve", *argv])
     assert "tool-call-parser" in capsys.readouterr().err
+
+
+def test_the_server_caps_prefill_beside_decodes_by_default_on_cpu():
+    _, engine = parse_serve_args(["serve", "--device", "cpu"])
+    assert engine.prefill_tokens_per_decode is None
+    assert engine.for_serving().prefill_tokens_per_decode == 3  # the CPU's default
+    _, engine = parse_serve_args(["serve", "--prefill-tokens-per-decode", "0"])
+    assert engine.for_serving().prefill_tokens_per_decode == 0  # the user's: no cap
+    _, engine = parse_serve_args(["serve", "--prefill-tokens-per-decode", "8"])
+    assert engine.for_serving().prefill_tokens_per_decode == 8

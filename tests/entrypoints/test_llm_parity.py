@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from pagedllm import LLM, SamplingParams
+from pagedllm.engine.arg_utils import EngineArgs
 from tests.conftest import hf_greedy_tokens
 
 MAX_TOKENS = 20
@@ -91,3 +92,15 @@ def test_small_batches_and_block_size_one(model_and_reference):
         max_num_batched_tokens=40,
     )
     assert _engine_tokens(llm, prompts) == expected
+
+
+def test_prefill_capped_beside_decodes(model_and_reference):
+    model_dir, prompts, expected = model_and_reference
+    # 3 seats: later prompts are admitted while others decode, 16 or 1 per decode (at
+    # most 2 decode) prompt tokens a step.
+    llm = LLM(str(model_dir), dtype="float32", max_model_len=256, max_num_seqs=3,
+              prefill_tokens_per_decode=1)
+    assert _scheduler(llm).scheduler_config.prefill_tokens_per_decode == 1
+    assert _engine_tokens(llm, prompts) == expected
+    offline = EngineArgs(model=str(model_dir), dtype="float32").create_engine_config()
+    assert offline.scheduler_config.prefill_tokens_per_decode == 0  # offline: no cap

@@ -154,7 +154,9 @@ class TokenBudget(AdmissionCheck):
     def check(self, candidate: Candidate, plan: StepPlan) -> Verdict:
         """STOP when nothing fits; else the count goes on the candidate."""
         candidate.num_new_tokens = self.num_tokens(
-            candidate.request, plan.token_budget - candidate.reserve,
+            candidate.request,
+            plan.budget_for(candidate.request, candidate.num_computed_tokens, candidate.whole)
+            - candidate.reserve,
             candidate.num_computed_tokens, candidate.whole,
         )
         return Verdict.ADMIT if candidate.num_new_tokens > 0 else Verdict.STOP

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from pagedllm.config import CacheConfig, ParallelConfig, SchedulerConfig
+from pagedllm.config import MIN_PREFILL_CHUNK, CacheConfig, ParallelConfig, SchedulerConfig
 from pagedllm.core.admission import (
     AdmissionCheck,
     Candidate,
@@ -56,7 +56,7 @@ from pagedllm.core.request_queue import RequestQueue, create_request_queue
 from pagedllm.core.sched_output import SchedulerOutput
 from pagedllm.core.snapshot import scheduler_stats
 from pagedllm.core.spec_tokens import SpecDecodeCounters, drafts_to_schedule
-from pagedllm.core.step_plan import StepPlan
+from pagedllm.core.step_plan import StepPlan, is_prefill
 from pagedllm.core.swap_manager import SwapManager
 from pagedllm.distributed.kv_transfer.base import (
     KVConnectorOutput,
@@ -276,7 +276,8 @@ class Scheduler:
         Advances each scheduled request's `num_computed_tokens` by its scheduled count, so
         `update_from_output` only has to append sampled tokens.
         """
-        plan = StepPlan(token_budget=self.scheduler_config.max_num_batched_tokens)
+        plan = StepPlan(token_budget=self.scheduler_config.max_num_batched_tokens,
+                        prefill_budget=self._prefill_cap())
         self.encoder.start_step()
         self._admit(self.pooling, plan)
         self.running = self.waiting.order_running(self.running)
@@ -293,6 +294,19 @@ class Scheduler:
                 self._admit(self.remote_kv, plan)
             self._admit(self.waiting_admission, plan)
         return self._make_output(plan)
+
+    def _prefill_cap(self) -> int | None:
+        """The step's cap on prefill tokens while requests decode (a long prefill beside
+        decodes stretches every decoding request's inter-token gap):
+        `prefill_tokens_per_decode` per decoding request, at least MIN_PREFILL_CHUNK, so
+        the prefill's share grows with the decode step's own cost. None without decodes
+        (a cold start or a lone long prompt prefills at the full budget)."""
+        config = self.scheduler_config
+        per_decode = config.prefill_tokens_per_decode
+        if not per_decode or not config.enable_chunked_prefill:
+            return None
+        decoding = sum(1 for r in self.running if not is_prefill(r, r.num_computed_tokens))
+        return max(MIN_PREFILL_CHUNK, per_decode * decoding) if decoding else None
 
     def _admit(self, queue: AdmissionQueue, plan: StepPlan) -> None:
         """Admit requests from `queue` in its order while seats and budget last and every
@@ -389,7 +403,8 @@ class Scheduler:
         ):
             request = self.running[index]
             num_new_tokens = self.token_budget.num_tokens(
-                request, plan.token_budget, request.num_computed_tokens
+                request, plan.budget_for(request, request.num_computed_tokens),
+                request.num_computed_tokens,
             )
             encoder_plan = None
             if request.mm_features and num_new_tokens:
@@ -425,7 +440,9 @@ class Scheduler:
         if len(self.running) >= self.scheduler_config.max_num_seqs:
             return False
         blocks, num_cached = self.kv_cache_manager.get_computed_blocks(request)
-        num_new_tokens = self.token_budget.num_tokens(request, plan.token_budget, num_cached)
+        num_new_tokens = self.token_budget.num_tokens(
+            request, plan.budget_for(request, num_cached), num_cached
+        )
         num_lookahead = self._lookahead(request, num_new_tokens, num_cached)
         return num_new_tokens > 0 and self.kv_cache_manager.can_allocate(
             request, num_new_tokens + num_lookahead, blocks

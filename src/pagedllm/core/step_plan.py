@@ -14,11 +14,20 @@ from pagedllm.core.sched_output import CachedRequestData, NewRequestData, Schedu
 from pagedllm.request import Request
 
 
+def is_prefill(request: Request, start: int) -> bool:
+    """True when `request`, computed up to `start`, has more than its next token left: a
+    prompt (or a recomputed context) rather than a decode."""
+    return request.num_tokens - start > 1
+
+
 @dataclass
 class StepPlan:
     """What one `schedule()` call has decided so far."""
 
     token_budget: int
+    # Tokens the step's prefill chunks may still take (None: only token_budget bounds
+    # them): SchedulerConfig.prefill_tokens_per_decode, set when decodes run.
+    prefill_budget: int | None = None
     num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
     new_requests: list[Request] = field(default_factory=list)
     cached_requests: list[Request] = field(default_factory=list)
@@ -45,6 +54,8 @@ class StepPlan:
         """Record that `request` computes `num_tokens` tokens this step (the last ones
         being `spec_token_ids`, drafts to verify, if any)."""
         assert 0 < num_tokens <= self.token_budget
+        if self.prefill_budget is not None and is_prefill(request, request.num_computed_tokens):
+            self.prefill_budget = max(0, self.prefill_budget - num_tokens)
         self.num_scheduled_tokens[request.request_id] = num_tokens
         if request.lora_request is not None:
             self.lora_ids.add(request.lora_request.lora_int_id)
@@ -53,6 +64,14 @@ class StepPlan:
         self.token_budget -= num_tokens
         self.new_block_ids[request.request_id] = block_ids
         (self.new_requests if is_new else self.cached_requests).append(request)
+
+    def budget_for(self, request: Request, start: int, whole: bool = False) -> int:
+        """Tokens `request` may compute from `start` this step: the step's budget, and
+        for a prefill chunk also the prefill cap (never for a prompt that must run
+        `whole`, which a cap would hold back for as long as decodes run)."""
+        if self.prefill_budget is None or whole or not is_prefill(request, start):
+            return self.token_budget
+        return min(self.token_budget, self.prefill_budget)
 
     def _new_token_ids(self, request: Request) -> list[int]:
         """The output tokens among those `request` computes this step."""

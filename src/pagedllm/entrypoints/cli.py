@@ -58,6 +58,10 @@ ENGINE_ARG_HELP = {
     "block_size": "Tokens per KV-cache block.",
     "max_num_seqs": "Most requests in one engine step.",
     "max_num_batched_tokens": "Token budget of one engine step.",
+    "prefill_tokens_per_decode": "While requests decode, the prompt tokens a step computes "
+                                 "beside them are capped at this many per decoding request "
+                                 "(at least 16), so their inter-token gap stays short; 0: "
+                                 "no cap. Default: 3 in `serve` on CPU, else 0.",
     "enable_chunked_prefill": "Split long prompts across steps.",
     "kv_cache_memory_bytes": "KV cache size in bytes (CPU default: PAGEDLLM_CPU_KVCACHE_SPACE "
                              "GiB, 1).",
@@ -66,9 +70,8 @@ ENGINE_ARG_HELP = {
     "device": "Where the model runs.",
     "enable_prefix_caching": "Reuse the KV cache of shared prompt prefixes across requests.",
     "swap_space": "Host memory for KV blocks of requests preempted by swap, in GiB.",
-    "kv_cache_dtype": "KV cache format: auto (the model's dtype) or int8 (one float32 scale "
-                      "per position and kv head; half of bf16's memory). Default: int8 on CPU "
-                      "when the weights run quantized (a 4-bit GGUF), else auto.",
+    "kv_cache_dtype": "KV cache format: auto (the model's dtype, the default, as vLLM's) or "
+                      "int8 (a float32 scale per 16 values; 0.6x bf16's memory).",
     "preemption_mode": "How requests are preempted when KV blocks run out (recompute, swap).",
     "scheduling_policy": "Admission order: fcfs, or priority (the request's `priority`).",
     "structured_outputs_config": "JSON, e.g. '{\"backend\": \"xgrammar\"}': the grammar "

@@ -46,9 +46,8 @@ class LLM(PoolingMethods):
             steps; default: the checkpoint's (int4 for a 4-bit GGUF on CPU). With
             keep_dense_weights=False (keyword) the dense weights are dropped to save memory
             and every step uses the quantized ones.
-        kv_cache_dtype (keyword): "auto" (the model's dtype) or "int8" (codes with one
-            float32 scale per position and kv head); default: int8 on CPU when the weights
-            run quantized, else auto.
+        kv_cache_dtype (keyword): "auto" (the model's dtype, the default) or "int8"
+            (codes with a float32 scale per 16 values; 0.6x bf16's memory).
         seed: seed for requests without their own.
         max_model_len: longest prompt + output (default: the model's context length).
         block_size: tokens per KV block.
@@ -60,7 +59,10 @@ class LLM(PoolingMethods):
         **kwargs: further EngineArgs fields (enable_chunked_prefill, gpu_memory_utilization,
             device, enable_prefix_caching, swap_space (GiB), preemption_mode ("recompute" or
             "swap"; default recompute on CPU, swap on CUDA), scheduling_policy ("fcfs" or
-            "priority"), runner ("auto", "generate", "pooling"), convert ("auto", "none",
+            "priority"), prefill_tokens_per_decode (while requests decode, the prompt
+            tokens a step computes beside them per decoding request; 0, the offline
+            default: no cap),
+            runner ("auto", "generate", "pooling"), convert ("auto", "none",
             "embed", "classify"; with runner="generate", "embed" adds embeddings to
             generation), pooler_config (PoolerConfig or dict: pooling_type, normalize,
             softmax, dimensions), enforce_eager (True: no CUDA graphs for decode steps),
