@@ -116,11 +116,9 @@ def test_bad_tool_calling_flags_are_usage_errors(argv, capsys):
     assert "tool-call-parser" in capsys.readouterr().err
 
 
-def test_the_server_caps_prefill_beside_decodes_by_default_on_cpu():
-    _, engine = parse_serve_args(["serve", "--device", "cpu"])
-    assert engine.prefill_tokens_per_decode is None
-    assert engine.for_serving().prefill_tokens_per_decode == 3  # the CPU's default
-    _, engine = parse_serve_args(["serve", "--prefill-tokens-per-decode", "0"])
-    assert engine.for_serving().prefill_tokens_per_decode == 0  # the user's: no cap
-    _, engine = parse_serve_args(["serve", "--prefill-tokens-per-decode", "8"])
-    assert engine.for_serving().prefill_tokens_per_decode == 8
+
+def test_the_prefill_cap_beside_decodes_is_a_flag_off_by_default():
+    _, engine = parse_serve_args(["serve"])
+    assert engine.prefill_tokens_per_decode == 0  # vLLM's behaviour: no cap
+    _, engine = parse_serve_args(["serve", "--prefill-tokens-per-decode", "3"])
+    assert engine.prefill_tokens_per_decode == 3

@@ -102,5 +102,5 @@ def test_prefill_capped_beside_decodes(model_and_reference):
               prefill_tokens_per_decode=1)
     assert _scheduler(llm).scheduler_config.prefill_tokens_per_decode == 1
     assert _engine_tokens(llm, prompts) == expected
-    offline = EngineArgs(model=str(model_dir), dtype="float32").create_engine_config()
-    assert offline.scheduler_config.prefill_tokens_per_decode == 0  # offline: no cap
+    default = EngineArgs(model=str(model_dir), dtype="float32").create_engine_config()
+    assert default.scheduler_config.prefill_tokens_per_decode == 0  # no cap

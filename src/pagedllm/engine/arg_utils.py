@@ -88,9 +88,8 @@ class EngineArgs:
     block_size: int = 16
     max_num_seqs: int = 256
     max_num_batched_tokens: int | None = None
-    # Prompt tokens a step may compute per decoding request (SchedulerConfig's); None: 0
-    # offline, the platform's serving default in `pagedllm serve` (for_serving).
-    prefill_tokens_per_decode: int | None = None
+    # Prompt tokens a step may compute per decoding request (SchedulerConfig's; 0: no cap).
+    prefill_tokens_per_decode: int = 0
     enable_chunked_prefill: bool = True
     kv_cache_memory_bytes: int | None = None
     num_gpu_blocks_override: int | None = None
@@ -131,15 +130,6 @@ class EngineArgs:
     limit_mm_per_prompt: dict | str | None = None
     mm_processor_kwargs: dict | str | None = None
 
-    def for_serving(self) -> EngineArgs:
-        """These arguments with the server's defaults where the user left them unset: the
-        platform's cap on prefill tokens beside decodes (a server's clients read every
-        token as it comes; an offline batch only its total time)."""
-        if self.prefill_tokens_per_decode is not None:
-            return self
-        cap = get_platform(self._resolve_device()).serving_prefill_cap
-        return dataclasses.replace(self, prefill_tokens_per_decode=cap)
-
     def create_engine_config(self) -> EngineConfig:
         """Validate the arguments and resolve everything the engine needs to start."""
         device = self._resolve_device()
@@ -170,7 +160,7 @@ class EngineArgs:
                 preemption_mode=self.preemption_mode
                 or get_platform(device).default_preemption_mode,
                 scheduling_policy=self.scheduling_policy,
-                prefill_tokens_per_decode=self.prefill_tokens_per_decode or 0,
+                prefill_tokens_per_decode=self.prefill_tokens_per_decode,
                 **_encoder_budget(model_config, budget),
             ),
             device_config=DeviceConfig(device),

@@ -32,8 +32,6 @@ _NO_KERNELS_COST = (
 # n-gram drafts where bfloat16 matmuls are native (AMX: a batch of 32 verifying its drafts
 # ran 1.19x the tokens/s of plain decoding; AVX2: the same batch is compute-bound and ran
 # 0.94x, so the config's default of 4 stays there; BENCHMARKS.md).
-# The server's prompt tokens a step computes per decoding request (serving_prefill_cap).
-_SERVING_PREFILL_CAP = 3
 _NATIVE_BF16_NGRAM_BATCH_LIMIT = 32
 
 
@@ -174,15 +172,6 @@ class CpuPlatform(Platform):
     def default_preemption_mode(self) -> str:
         """Recompute: host and device pools are the same memory here."""
         return "recompute"
-
-    @property
-    def serving_prefill_cap(self) -> int:
-        """3 prompt tokens per decoding request. A CPU step is bound by arithmetic: a
-        prompt token costs about half a decoding request's token (measured on the default
-        model: 0.30 against 0.61 ms, plus 1.5 ms a step), so 3 per decode keep a step
-        within about twice a decode-only step's time at any batch (BENCHMARKS.md: ITL
-        p99 1.2-1.3x its p50 at 32 clients against 4-7x uncapped, the same tokens/s)."""
-        return _SERVING_PREFILL_CAP
 
     def ngram_batch_limit(self, dtype: str) -> int | None:
         """32 running requests for bfloat16 with native bf16 matmuls."""

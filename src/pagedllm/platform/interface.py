@@ -156,13 +156,6 @@ class Platform(ABC):
     def default_preemption_mode(self) -> str:
         """"swap" where device memory is scarce and host copies cheap, else "recompute"."""
 
-    @property
-    def serving_prefill_cap(self) -> int:
-        """The server's default `prefill_tokens_per_decode` (0: no cap). No cap
-        unless a platform measured one: where a decode step is bound by reading the
-        weights (a GPU), a prefill chunk beside it adds little time."""
-        return 0
-
     def ngram_batch_limit(self, dtype: str) -> int | None:
         """The most running requests that still get n-gram drafts (None: the config's
         default)."""

@@ -529,7 +529,6 @@ def _bind_socket(host: str, port: int) -> socket.socket:
 def run_server(server_args: ServerArgs, engine_args: EngineArgs) -> None:
     """Load the engine and serve until interrupted (SIGTERM drains first: drain.py)."""
     sock = _bind_socket(server_args.host, server_args.port)
-    engine_args = engine_args.for_serving()
     names = served_model_names(server_args, engine_args.model)
     engine = AsyncLLM.from_engine_args(
         engine_args, log_stats=not server_args.disable_log_stats, model_name=names[0],
