@@ -145,7 +145,7 @@ class CacheConfig:
 
 
 # The smallest prefill cap SchedulerConfig.prefill_tokens_per_decode sets: with a decode
-# or two running, a chunk of a block's worth keeps a long prompt moving.
+# or two running, a 16-token chunk keeps a long prompt moving.
 MIN_PREFILL_CHUNK = 16
 
 
@@ -170,8 +170,8 @@ class SchedulerConfig:
             request (at least MIN_PREFILL_CHUNK), so a new request's prefill does not
             stretch their inter-token gap (Sarathi-Serve's stall-free batching) and the
             cap follows the decode step's own cost; 0: only max_num_batched_tokens bounds
-            them. Steps without decodes and prompts that must run whole (pooling) are not
-            capped; needs chunked prefill.
+            them. Steps without decodes, prompts that must run whole (pooling) and an
+            image that must be computed in one step are not capped; needs chunked prefill.
     """
 
     max_num_seqs: int = 256

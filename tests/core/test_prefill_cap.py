@@ -8,8 +8,13 @@ from __future__ import annotations
 
 import pytest
 
-from pagedllm.config import MIN_PREFILL_CHUNK, SchedulerConfig
-from tests.core.test_scheduler import make_request, make_scheduler, step
+from pagedllm.config import MIN_PREFILL_CHUNK, CacheConfig, SchedulerConfig
+from pagedllm.core.kv_cache_groups import KVCacheCapacity
+from pagedllm.core.scheduler import Scheduler
+from pagedllm.multimodal.inputs import MultiModalFeature
+from pagedllm.request import Request, RequestData
+from pagedllm.sampling_params import SamplingParams
+from tests.core.test_scheduler import EOS, make_request, make_scheduler, step
 
 
 def test_prefill_beside_one_decode_gets_the_smallest_chunk() -> None:
@@ -102,3 +107,46 @@ def test_a_pooling_input_beside_decodes_runs_whole_past_the_cap() -> None:
 def test_a_negative_cap_is_refused_by_name() -> None:
     with pytest.raises(ValueError, match="prefill_tokens_per_decode"):
         SchedulerConfig(prefill_tokens_per_decode=-1)
+
+
+def _scheduler_with_encoder() -> Scheduler:
+    config = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64, max_model_len=128,
+                             max_num_encoder_input_tokens=64, encoder_cache_size=64,
+                             prefill_tokens_per_decode=1)
+    return Scheduler(config, CacheConfig(block_size=4, enable_prefix_caching=False),
+                     KVCacheCapacity(64, 0, None))
+
+
+def _image_request(request_id: str, offset: int) -> Request:
+    # Gemma 3's kind: 40 image tokens that attend both ways, computed in one step.
+    image = MultiModalFeature("image", f"img-{request_id}", offset, 40, bidirectional=True)
+    data = RequestData([10 + i for i in range(80)], SamplingParams(max_tokens=4), EOS,
+                       mm_features=[image])
+    return Request(request_id, data)
+
+
+@pytest.mark.parametrize("offset", [0, 4], ids=["admitted at the image", "running into it"])
+def test_an_image_the_cap_cuts_off_passes_it_instead_of_waiting(offset: int) -> None:
+    # The cap beside one decode is 16 tokens; the image is 40 and cannot be split.
+    scheduler = _scheduler_with_encoder()
+    scheduler.add_request(make_request("a", 5, max_tokens=30))
+    step(scheduler)
+    scheduler.add_request(_image_request("img", offset))
+    for _ in range(4):
+        output, _ = step(scheduler)
+        assert "a" in output.num_scheduled_tokens  # a decodes all along
+    assert scheduler.requests["img"].num_computed_tokens >= offset + 40
+
+
+def test_pooling_inputs_leave_the_cap_to_the_prompts_it_caps() -> None:
+    from tests.core.test_scheduler_pooling import pooling_request, run_step
+
+    scheduler = make_scheduler(max_num_batched_tokens=64, max_model_len=128,
+                               prefill_tokens_per_decode=1)
+    scheduler.add_request(make_request("d", 5, max_tokens=40))
+    run_step(scheduler)
+    scheduler.add_request(make_request("r", 60))
+    for i in range(3):  # a 20-token pooling input every step beside d and r's chunks
+        scheduler.add_request(pooling_request(f"p{i}", 20))
+        scheduled, _ = run_step(scheduler)
+        assert scheduled[f"p{i}"] == 20 and scheduled["r"] == MIN_PREFILL_CHUNK

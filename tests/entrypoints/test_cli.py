@@ -116,7 +116,6 @@ def test_bad_tool_calling_flags_are_usage_errors(argv, capsys):
     assert "tool-call-parser" in capsys.readouterr().err
 
 
-
 def test_the_prefill_cap_beside_decodes_is_a_flag_off_by_default():
     _, engine = parse_serve_args(["serve"])
     assert engine.prefill_tokens_per_decode == 0  # vLLM's behaviour: no cap

@@ -94,13 +94,18 @@ def test_small_batches_and_block_size_one(model_and_reference):
     assert _engine_tokens(llm, prompts) == expected
 
 
-def test_prefill_capped_beside_decodes(model_and_reference):
+def test_prefill_capped_beside_decodes(model_and_reference, monkeypatch):
     model_dir, prompts, expected = model_and_reference
-    # 3 seats: later prompts are admitted while others decode, 16 or 1 per decode (at
-    # most 2 decode) prompt tokens a step.
+    # 3 seats and a 40-token budget: later prompts come in while others decode, 16 prompt
+    # tokens a step (the floor: at most 2 decode beside them).
     llm = LLM(str(model_dir), dtype="float32", max_model_len=256, max_num_seqs=3,
-              prefill_tokens_per_decode=1)
-    assert _scheduler(llm).scheduler_config.prefill_tokens_per_decode == 1
+              max_num_batched_tokens=40, prefill_tokens_per_decode=1)
+    scheduler = _scheduler(llm)
+    caps = []
+    prefill_cap = type(scheduler)._prefill_cap
+    monkeypatch.setattr(type(scheduler), "_prefill_cap",
+                        lambda self: caps.append(prefill_cap(self)) or caps[-1])
     assert _engine_tokens(llm, prompts) == expected
+    assert 16 in caps  # the cap was on in some steps
     default = EngineArgs(model=str(model_dir), dtype="float32").create_engine_config()
     assert default.scheduler_config.prefill_tokens_per_decode == 0  # no cap

@@ -142,8 +142,8 @@ class TorchPagedBackend(AttentionBackend):
     KV cache of one layer: [2, num_blocks, block_size, num_kv_heads, head_size], K then V;
     slot s is (block s // block_size, offset s % block_size). Block 0 is the null block
     that pads block tables; it must hold finite values (the engine zero-initialises it).
-    An int8 cache (kv_cache_dtype="int8") has int8 rows of head_size + 4 bytes instead:
-    the codes and their scale (kv_quant.py).
+    An int8 cache (kv_cache_dtype="int8") has int8 rows of head_size + head_size / 4
+    bytes instead: the codes and a float32 scale per 16 of them (kv_quant.py).
     """
 
     name = "torch"

@@ -136,8 +136,9 @@ class LoRASlots(AdmissionCheck):
 
 
 class TokenBudget(AdmissionCheck):
-    """How many tokens the request computes now, within the step's budget, max_model_len
-    and (without chunked prefill, or for a `whole` candidate) all of its rest at once."""
+    """How many tokens the request computes now, within the step's budget (for a prompt
+    chunk, the prefill cap's too: StepPlan.budget_for), max_model_len and (without
+    chunked prefill, or for a `whole` candidate) all of its rest at once."""
 
     def __init__(self, config: SchedulerConfig) -> None:
         self.max_model_len = config.max_model_len
@@ -169,20 +170,38 @@ class EncoderInputs(AdmissionCheck):
     chunked prefill (or for a `whole` candidate) a cut chunk waits for the next step
     instead."""
 
-    def __init__(self, encoder: EncoderScheduler, chunked: bool = True) -> None:
+    def __init__(self, encoder: EncoderScheduler, chunked: bool = True,
+                 tokens: TokenBudget | None = None) -> None:
         self.encoder = encoder
         self.chunked = chunked
+        self.tokens = tokens  # to retry a chunk the prefill cap cut before an image
 
-    def check(self, candidate: Candidate, plan: StepPlan) -> Verdict:
-        """STOP when not one token fits; else the cut count and the plan go on the
-        candidate."""
+    def _plan(self, candidate: Candidate, plan: StepPlan) -> EncoderPlan:
+        """The encoder plan of the candidate's chunk. An image that must be computed in
+        one step and that only the prefill cap cuts off gets the step's full budget, or
+        the request would wait for as long as requests decode."""
         request = candidate.request
-        if not request.mm_features:
-            return Verdict.ADMIT
         encoder_plan = self.encoder.plan(
             request.request_id, request.mm_features, candidate.num_computed_tokens,
             candidate.num_new_tokens,
         )
+        if encoder_plan.num_new_tokens or self.tokens is None:
+            return encoder_plan
+        uncapped = self.tokens.num_tokens(
+            request, plan.token_budget - candidate.reserve, candidate.num_computed_tokens,
+            candidate.whole,
+        )
+        if uncapped <= candidate.num_new_tokens:
+            return encoder_plan
+        return self.encoder.plan(request.request_id, request.mm_features,
+                                 candidate.num_computed_tokens, uncapped)
+
+    def check(self, candidate: Candidate, plan: StepPlan) -> Verdict:
+        """STOP when not one token fits; else the cut count and the plan go on the
+        candidate."""
+        if not candidate.request.mm_features:
+            return Verdict.ADMIT
+        encoder_plan = self._plan(candidate, plan)
         if encoder_plan.num_new_tokens < candidate.num_new_tokens and (
             candidate.whole or not self.chunked
         ):

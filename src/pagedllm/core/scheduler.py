@@ -3,7 +3,8 @@
 One token-budget loop in the style of vLLM v1: pooling requests first (admission_queues.py:
 whole, one step each), then the running requests' next tokens, then admission from the
 swapped and waiting queues, in queue order, within `max_num_batched_tokens` and
-`max_num_seqs`. Admission is one loop over a queue that asks a list of checks
+`max_num_seqs` (and, while requests decode, `prefill_tokens_per_decode` prompt tokens per
+decoding request where set). Admission is one loop over a queue that asks a list of checks
 (admission.py: eligibility, the queue's order, budget and blocks); when KV blocks run out
 for a running request the running batch's tail (the newest request; under the priority
 policy the lowest-priority one) is preempted by swap or recompute (preemption.py).
@@ -64,7 +65,7 @@ from pagedllm.distributed.kv_transfer.base import (
     transfer_params,
 )
 from pagedllm.metrics.stats import SchedulerStats
-from pagedllm.multimodal.encoder_cache import EncoderScheduler
+from pagedllm.multimodal.encoder_cache import EncoderPlan, EncoderScheduler
 from pagedllm.request import Request, RequestStatus
 
 if TYPE_CHECKING:
@@ -165,7 +166,8 @@ class Scheduler:
         self.token_budget = TokenBudget(self.scheduler_config)
         self.capacity_checks: list[AdmissionCheck] = [
             self.token_budget,
-            EncoderInputs(self.encoder, self.scheduler_config.enable_chunked_prefill),
+            EncoderInputs(self.encoder, self.scheduler_config.enable_chunked_prefill,
+                          self.token_budget),
             KVBlocks(self.kv_cache_manager, self.has_kv_cache, self._lookahead),
         ]
         manager = self.kv_cache_manager
@@ -402,15 +404,7 @@ class Scheduler:
             and len(plan.cached_requests) < share
         ):
             request = self.running[index]
-            num_new_tokens = self.token_budget.num_tokens(
-                request, plan.budget_for(request, request.num_computed_tokens),
-                request.num_computed_tokens,
-            )
-            encoder_plan = None
-            if request.mm_features and num_new_tokens:
-                encoder_plan = self.encoder.plan(request.request_id, request.mm_features,
-                                                 request.num_computed_tokens, num_new_tokens)
-                num_new_tokens = encoder_plan.num_new_tokens
+            num_new_tokens, encoder_plan = self._next_chunk(request, plan)
             if num_new_tokens == 0 or (
                 self.lora_slots is not None and not self.lora_slots.fits(request, plan)
             ):
@@ -434,6 +428,26 @@ class Scheduler:
                                     request.num_computed_tokens, encoder_plan)
             plan.add(request, num_new_tokens, new_block_ids, is_new=False, spec_token_ids=drafts)
             index += 1
+
+    def _next_chunk(self, request: Request, plan: StepPlan) -> tuple[int, EncoderPlan | None]:
+        """The tokens running `request` computes this step and its encoder plan: within
+        the budget and the prefill cap, cut before an image the encoder cannot take.
+        An image that must be computed in one step (its tokens attend both ways) and
+        that only the cap cuts off gets the full budget, or it would wait for as long as
+        requests decode."""
+        start = request.num_computed_tokens
+        capped = plan.budget_for(request, start)
+        encoder_plan = None
+        for budget in dict.fromkeys((capped, plan.token_budget)):
+            num_new_tokens = self.token_budget.num_tokens(request, budget, start)
+            if not request.mm_features or num_new_tokens == 0:
+                return num_new_tokens, None
+            encoder_plan = self.encoder.plan(request.request_id, request.mm_features,
+                                             start, num_new_tokens)
+            if encoder_plan.num_new_tokens:
+                break
+        assert encoder_plan is not None
+        return encoder_plan.num_new_tokens, encoder_plan
 
     def _can_admit(self, request: Request, plan: StepPlan) -> bool:
         """True if the waiting `request` would get a seat and blocks now."""

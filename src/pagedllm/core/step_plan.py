@@ -54,7 +54,9 @@ class StepPlan:
         """Record that `request` computes `num_tokens` tokens this step (the last ones
         being `spec_token_ids`, drafts to verify, if any)."""
         assert 0 < num_tokens <= self.token_budget
-        if self.prefill_budget is not None and is_prefill(request, request.num_computed_tokens):
+        if (self.prefill_budget is not None and not request.is_pooling
+                and is_prefill(request, request.num_computed_tokens)):
+            # A pooling input runs whole past the cap and leaves it to the chunks.
             self.prefill_budget = max(0, self.prefill_budget - num_tokens)
         self.num_scheduled_tokens[request.request_id] = num_tokens
         if request.lora_request is not None:

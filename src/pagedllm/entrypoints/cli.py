@@ -61,9 +61,9 @@ ENGINE_ARG_HELP = {
     "prefill_tokens_per_decode": "While requests decode, the prompt tokens a step computes "
                                  "beside them are capped at this many per decoding request "
                                  "(at least 16), so their inter-token gap stays short; 0: "
-                                 "no cap (the default, as vLLM). On CPU 3 keeps ITL p99 "
-                                 "within 1.5x its p50 at 8-32 streaming clients, for 6-21%% "
-                                 "fewer tokens/s (BENCHMARKS.md).",
+                                 "no cap (the default, as vLLM); needs chunked prefill. On CPU "
+                                 "3 kept ITL p99 at 1.4-1.6x its p50 at 8 and 32 streaming "
+                                 "clients, for 6-21%% fewer tokens/s (BENCHMARKS.md).",
     "enable_chunked_prefill": "Split long prompts across steps.",
     "kv_cache_memory_bytes": "KV cache size in bytes (CPU default: PAGEDLLM_CPU_KVCACHE_SPACE "
                              "GiB, 1).",

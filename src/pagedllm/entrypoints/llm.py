@@ -60,9 +60,9 @@ class LLM(PoolingMethods):
             device, enable_prefix_caching, swap_space (GiB), preemption_mode ("recompute" or
             "swap"; default recompute on CPU, swap on CUDA), scheduling_policy ("fcfs" or
             "priority"), prefill_tokens_per_decode (while requests decode, the prompt
-            tokens a step computes beside them per decoding request; 0, the default:
-            no cap),
-            runner ("auto", "generate", "pooling"), convert ("auto", "none",
+            tokens a step computes beside them per decoding request, at least 16, with
+            chunked prefill; 0, the default: no cap), runner ("auto", "generate",
+            "pooling"), convert ("auto", "none",
             "embed", "classify"; with runner="generate", "embed" adds embeddings to
             generation), pooler_config (PoolerConfig or dict: pooling_type, normalize,
             softmax, dimensions), enforce_eager (True: no CUDA graphs for decode steps),
