@@ -36,10 +36,12 @@ from dataclasses import dataclass
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pagedllm.config import MIN_PREFILL_CHUNK
 from pagedllm.core.kv_cache_groups import KVCacheGroupSpec
 from pagedllm.core.kv_cache_manager import KVCacheManager
 from pagedllm.core.sched_output import SchedulerOutput
 from pagedllm.core.scheduler import Scheduler
+from pagedllm.core.step_plan import is_prefill
 from pagedllm.distributed.kv_transfer.base import KVConnectorOutput
 from pagedllm.request import Request, RequestData, RequestStatus
 from pagedllm.sampling_params import SamplingParams
@@ -308,6 +310,20 @@ def check_output(scheduler: Scheduler, output: SchedulerOutput) -> None:
     assert sorted(scheduled) == sorted(counts)
 
 
+def check_prefill_cap(scheduler: Scheduler, output: SchedulerOutput, num_decoding: int) -> None:
+    """With decodes running, the step's prompt tokens stay within the prefill cap."""
+    config = scheduler.scheduler_config
+    if not (config.prefill_tokens_per_decode and config.enable_chunked_prefill
+            and num_decoding):
+        return
+    prompt_tokens = 0
+    for request_id, count in output.num_scheduled_tokens.items():
+        request = scheduler.requests[request_id]
+        if is_prefill(request, request.num_computed_tokens - count):  # its start this step
+            prompt_tokens += count
+    assert prompt_tokens <= max(MIN_PREFILL_CHUNK, config.prefill_tokens_per_decode * num_decoding)
+
+
 @st.composite
 def kv_cache_groups(draw: st.DrawFn) -> tuple[KVCacheGroupSpec, ...] | None:
     """None (one full-attention group), one sliding group, or sliding and full groups."""
@@ -417,9 +433,12 @@ def test_random_workloads_keep_invariants_and_finish(workload: dict) -> None:
                 scheduler.add_request(request)
             if spec[4] == step_index and not spec[5]:
                 scheduler.abort_requests([request.request_id])
+        num_decoding = sum(1 for r in scheduler.running
+                           if not is_prefill(r, r.num_computed_tokens))
         output = scheduler.schedule()
         scheduler.check_integrity()
         check_output(scheduler, output)
+        check_prefill_cap(scheduler, output, num_decoding)
         check_blocks(scheduler, requests)
         runner_output = worker.execute(output)
         for request, spec in zip(requests, specs, strict=True):
