@@ -125,13 +125,49 @@ def test_a_cache_of_another_row_size_is_refused():
 
 
 @needs_kernel
+@pytest.mark.parametrize("window", [None, 300])
+def test_long_contexts_are_attended_in_partitions_exactly(window):
+    """Contexts of several partitions (the kernel splits a context of n positions into
+    parts of ceil(n / 8), at least 256, merged by their softmax statistics): float32
+    output equals a float64 reference, with and without a window."""
+    gen = torch.Generator().manual_seed(7)
+    block_size, kv_heads, heads, head_size = 16, 3, 9, 64
+    lengths = [2000, 700, 257, 256, 5]
+    blocks = [-(-n // block_size) for n in lengths]
+    cache = torch.randn(2, sum(blocks) + 1, block_size, kv_heads, head_size, generator=gen)
+    order = (torch.randperm(sum(blocks), generator=gen) + 1).int()
+    tables = torch.zeros(len(lengths), max(blocks), dtype=torch.int32)
+    start = 0
+    for r, count in enumerate(blocks):
+        tables[r, :count] = order[start : start + count]
+        start += count
+    query = torch.randn(len(lengths), heads, head_size, generator=gen)
+    out = torch.zeros_like(query)
+    seq_lens = torch.tensor(lengths, dtype=torch.int32)
+    cpu_kernel.paged_decode_attention(
+        out, query, cache, tables, seq_lens, torch.arange(len(lengths), dtype=torch.int32),
+        max(lengths), head_size**-0.5, window,
+    )
+    for r, n in enumerate(lengths):
+        slots = (tables[r].long()[:, None] * block_size + torch.arange(block_size)).flatten()
+        lo = n - window if window is not None and n > window else 0
+        keys, values = (cache[i].reshape(-1, kv_heads, head_size)[slots[lo:n]].double()
+                        for i in (0, 1))
+        q = query[r].double().view(kv_heads, heads // kv_heads, head_size)
+        scores = torch.einsum("ghd,pgd->ghp", q, keys) * head_size**-0.5
+        want = torch.einsum("ghp,pgd->ghd", scores.softmax(-1), values).reshape(heads, -1)
+        torch.testing.assert_close(out[r].double(), want, atol=2e-6, rtol=2e-6)
+
+
+@needs_kernel
 @pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.int8])
-def test_a_decode_alone_equals_it_in_a_large_batch(cache_dtype):
+@pytest.mark.parametrize("length", [100, 700])
+def test_a_decode_alone_equals_it_in_a_large_batch(cache_dtype, length):
     """A request's decode attention is bit-identical alone and among 40 others (the batch
     never changes a result: a kernel that splits its work by the batch's size, e.g. a
     single stream's heads over the threads, must keep this)."""
     gen = torch.Generator().manual_seed(4)
-    block_size, kv_heads, heads, head_size, num_reqs, length = 16, 3, 9, 64, 40, 100
+    block_size, kv_heads, heads, head_size, num_reqs = 16, 3, 9, 64, 40
     blocks_each = -(-length // block_size)
     rows = torch.randn(2, num_reqs * blocks_each + 1, block_size, kv_heads, head_size,
                        generator=gen)

@@ -3,10 +3,13 @@
  * cache's writer.
  *
  * One query token per request attends to the request's whole context, read block by block
- * through its block table: no dense copy of the context is ever made. Per request the keys
- * of a position are read once for all heads (the cache stores a position's kv heads next to
+ * through its block table: no dense copy of the context is ever made. The keys of a
+ * position are read once for all heads (the cache stores a position's kv heads next to
  * each other), scores and softmax are kept in float32 and each output row is rounded once.
- * Requests are spread over OpenMP threads. This code is the same on every ISA (the compiler
+ * A context is cut into partitions by its own length (DEFINE_PART), so a long context is
+ * shared by the threads even when it is the only request (a position's heads stay on one
+ * thread: split by head, each core would pull the others' cache lines), and a request's
+ * result never depends on the batch. This code is the same on every ISA (the compiler
  * vectorizes its loops for the variant's flags); the prefill's inner products are isa.h's.
  *
  * Layout (see TorchPagedBackend): kv_cache [2, num_blocks, block_size, num_kv_heads, ROW],
@@ -66,21 +69,38 @@ static inline void softmax(float *s, int64_t n) {
     for (int64_t p = 0; p < n; p++) s[p] *= inv;
 }
 
-/* One request's attention. T is the query/output type with LOAD/STORE conversions, CACHE
- * names the cache row format; HEAD_DIM is the head size, a constant in the specialised
- * versions so the compiler unrolls the dot products. */
-#define DEFINE_ONE(NAME, T, LOAD, STORE, CACHE, HEAD_DIM)                                    \
-static void NAME(const PagedDims *d, const T *q, T *out, const char *keys, const char *values,   \
-                 const int32_t *blocks, int64_t seq_len, float scale, float *scores,        \
-                 float *qf, float *acc) {                                                   \
+/* A request's context is attended in partitions of at most ceil(n / MAX_PARTS) positions
+ * (at least MIN_PART): each partition is one work item, so a lone request's attention is
+ * spread over the threads too, and the split depends only on the request's own context
+ * length, never on the batch or the thread count (a request's output is the same alone or
+ * batched). An item keeps, per query head, its scores' maximum m, the sum l of
+ * exp(score - m) and acc = sum exp(score - m) v; merge_partials combines a request's items
+ * in order: out = sum_i exp(m_i - M) acc_i / sum_i exp(m_i - M) l_i, M the largest m_i. */
+#define MAX_PARTS 8
+#define MIN_PART 256
+
+static inline int64_t part_size(int64_t n) {
+    const int64_t even = (n + MAX_PARTS - 1) / MAX_PARTS;
+    return even > MIN_PART ? even : MIN_PART;
+}
+
+static inline int64_t num_parts(int64_t n) { return (n + part_size(n) - 1) / part_size(n); }
+
+/* One partition [p0, p1) of one request's attention into its partial (m [H], l [H],
+ * acc [H * D]). T is the query type with its LOAD conversion, CACHE names the cache row
+ * format; HEAD_DIM is the head size, a constant in the specialised versions so the
+ * compiler unrolls the dot products. */
+#define DEFINE_PART(NAME, T, LOAD, CACHE, HEAD_DIM)                                          \
+static void NAME(const PagedDims *d, const T *q, const char *keys, const char *values,      \
+                 const int32_t *blocks, int64_t p0, int64_t p1, float scale, float *scores, \
+                 float *qf, float *partial) {                                               \
     const int64_t D = (HEAD_DIM), H = d->num_heads, Hkv = d->num_kv_heads;                  \
     const int64_t G = H / Hkv, bs = d->block_size, rb = ROW_BYTES_##CACHE(D);               \
+    const int64_t n = p1 - p0; /* scores[h * n + p - p0] = q_h . k_p */                     \
+    float *m = partial, *l = partial + H, *acc = partial + 2 * H;                           \
     for (int64_t i = 0; i < H * D; i++) qf[i] = LOAD(q[i]) * scale;                         \
-    /* A window keeps the last `window` positions: keys [lo, seq_len), scores from lo. */   \
-    const int64_t lo = d->window > 0 && seq_len > d->window ? seq_len - d->window : 0;      \
-    const int64_t n = seq_len - lo; /* scores[h * n + p - lo] = q_h . k_p */                \
     float kv[D]; /* one kv head's row of K or V, converted to float once */                 \
-    for (int64_t p = lo; p < seq_len; p++) {                                                \
+    for (int64_t p = p0; p < p1; p++) {                                                     \
         const char *k = keys + ((int64_t)blocks[p / bs] * bs + p % bs) * Hkv * rb;          \
         for (int64_t g = 0; g < Hkv; g++) {                                                 \
             LOAD_ROW_##CACHE(kv, k + g * rb, D);                                            \
@@ -88,61 +108,120 @@ static void NAME(const PagedDims *d, const T *q, T *out, const char *keys, const
                 const float *qh = qf + h * D;                                               \
                 float s = 0.f;                                                              \
                 for (int64_t j = 0; j < D; j++) s += qh[j] * kv[j];                         \
-                scores[h * n + p - lo] = s;                                                 \
+                scores[h * n + p - p0] = s;                                                 \
             }                                                                               \
         }                                                                                   \
     }                                                                                       \
-    for (int64_t h = 0; h < H; h++) softmax(scores + h * n, n);                             \
+    for (int64_t h = 0; h < H; h++) { /* exp(s - m) in place, their sum l */                \
+        float *s = scores + h * n, mx = -INFINITY, sum = 0.f;                               \
+        for (int64_t p = 0; p < n; p++) mx = s[p] > mx ? s[p] : mx;                         \
+        for (int64_t p = 0; p < n; p++) { s[p] = expf(s[p] - mx); sum += s[p]; }            \
+        m[h] = mx;                                                                          \
+        l[h] = sum;                                                                         \
+    }                                                                                       \
     memset(acc, 0, sizeof(float) * H * D);                                                  \
-    for (int64_t p = lo; p < seq_len; p++) {                                                \
+    for (int64_t p = p0; p < p1; p++) {                                                     \
         const char *v = values + ((int64_t)blocks[p / bs] * bs + p % bs) * Hkv * rb;        \
         for (int64_t g = 0; g < Hkv; g++) {                                                 \
             LOAD_ROW_##CACHE(kv, v + g * rb, D);                                            \
             for (int64_t h = g * G; h < (g + 1) * G; h++) {                                 \
-                const float w = scores[h * n + p - lo];                                     \
+                const float w = scores[h * n + p - p0];                                     \
                 float *a = acc + h * D;                                                     \
                 for (int64_t j = 0; j < D; j++) a[j] += w * kv[j];                          \
             }                                                                               \
         }                                                                                   \
     }                                                                                       \
-    for (int64_t i = 0; i < H * D; i++) out[i] = STORE(acc[i]);                             \
 }
 
-/* The entry point per (query type, cache format): requests spread over OpenMP threads. */
+/* A request's partials (parts of them, `stride` floats apart) combined into out [H * D]. */
+#define DEFINE_MERGE(NAME, T, STORE)                                                         \
+static void NAME(int64_t H, int64_t D, const float *partials, int64_t parts,                \
+                 int64_t stride, T *out) {                                                  \
+    if (parts == 0) { /* an empty context (never scheduled): zeros, as before */          \
+        for (int64_t i = 0; i < H * D; i++) out[i] = STORE(0.f);                            \
+        return;                                                                             \
+    }                                                                                       \
+    for (int64_t h = 0; h < H; h++) {                                                       \
+        float M = -INFINITY, den = 0.f;                                                     \
+        for (int64_t i = 0; i < parts; i++) {                                               \
+            const float mi = partials[i * stride + h];                                      \
+            M = mi > M ? mi : M;                                                            \
+        }                                                                                   \
+        float o[D];                                                                         \
+        for (int64_t j = 0; j < D; j++) o[j] = 0.f;                                         \
+        for (int64_t i = 0; i < parts; i++) {                                               \
+            const float *part = partials + i * stride;                                      \
+            const float c = expf(part[h] - M);                                              \
+            den += c * part[H + h];                                                         \
+            const float *a = part + 2 * H + h * D;                                          \
+            for (int64_t j = 0; j < D; j++) o[j] += c * a[j];                               \
+        }                                                                                   \
+        const float inv = 1.f / den;                                                        \
+        for (int64_t j = 0; j < D; j++) out[h * D + j] = STORE(o[j] * inv);                 \
+    }                                                                                       \
+}
+
+/* The entry point per (query type, cache format): a request's partitions are work items
+ * spread over OpenMP threads, then each request's are merged. */
 #define DEFINE_DECODE(NAME, T, LOAD, STORE, CACHE)                                           \
-DEFINE_ONE(NAME##_one_64, T, LOAD, STORE, CACHE, 64)                                        \
-DEFINE_ONE(NAME##_one_128, T, LOAD, STORE, CACHE, 128)                                      \
-DEFINE_ONE(NAME##_one_any, T, LOAD, STORE, CACHE, d->head_size)                             \
+DEFINE_PART(NAME##_part_64, T, LOAD, CACHE, 64)                                             \
+DEFINE_PART(NAME##_part_128, T, LOAD, CACHE, 128)                                           \
+DEFINE_PART(NAME##_part_any, T, LOAD, CACHE, d->head_size)                                  \
+DEFINE_MERGE(NAME##_merge, T, STORE)                                                        \
                                                                                             \
 int NAME(const PagedDims *d, const T *query, T *out, const char *kv_cache,                       \
          const int32_t *block_tables, const int32_t *seq_lens, const int32_t *token_rows,   \
          int64_t num_reqs, int64_t max_seq_len, float scale) {                              \
-    const int64_t HD = d->num_heads * d->head_size;                                         \
+    const int64_t H = d->num_heads, HD = H * d->head_size, stride = 2 * H + HD;             \
     const char *keys = kv_cache;                                                            \
     const char *values = kv_cache + d->num_blocks * d->block_size * d->num_kv_heads         \
                                     * ROW_BYTES_##CACHE(d->head_size);                      \
+    /* item_starts[r]: request r's first item; a window keeps positions [lo, seq_len) */     \
+    int64_t *item_starts = malloc(sizeof(int64_t) * (num_reqs + 1));                        \
+    if (item_starts == NULL) return 1;                                                      \
+    item_starts[0] = 0;                                                                     \
+    for (int64_t r = 0; r < num_reqs; r++) {                                                \
+        const int64_t len = seq_lens[r];                                                    \
+        const int64_t n = d->window > 0 && len > d->window ? d->window : len;               \
+        item_starts[r + 1] = item_starts[r] + num_parts(n);                                 \
+    }                                                                                       \
+    float *partials = malloc(sizeof(float) * (size_t)(item_starts[num_reqs] * stride + 1)); \
+    if (partials == NULL) { free(item_starts); return 1; }                                  \
     int failed = 0;                                                                         \
+    void (*part)(const PagedDims *, const T *, const char *, const char *, const int32_t *, \
+                 int64_t, int64_t, float, float *, float *, float *) =                      \
+        d->head_size == 64 ? NAME##_part_64                                                 \
+        : d->head_size == 128 ? NAME##_part_128 : NAME##_part_any;                          \
     _Pragma("omp parallel")                                                                 \
     {                                                                                       \
-        float *scores = malloc(sizeof(float) * (d->num_heads * max_seq_len + 2 * HD));      \
+        const int64_t most = part_size(max_seq_len); /* the longest partition */            \
+        float *scores = malloc(sizeof(float) * (d->num_heads * most + HD));                 \
         if (scores == NULL) {                                                               \
             _Pragma("omp atomic write")                                                     \
             failed = 1;                                                                     \
         }                                                                                   \
         _Pragma("omp for schedule(dynamic, 1)")                                             \
-        for (int64_t r = 0; r < num_reqs; r++) {                                            \
+        for (int64_t item = 0; item < item_starts[num_reqs]; item++) {                      \
             if (scores == NULL) continue;                                                   \
-            const int64_t t = token_rows[r];                                                \
-            void (*one)(const PagedDims *, const T *, T *, const char *, const char *,           \
-                        const int32_t *, int64_t, float, float *, float *, float *) =       \
-                d->head_size == 64 ? NAME##_one_64                                          \
-                : d->head_size == 128 ? NAME##_one_128 : NAME##_one_any;                    \
-            one(d, query + t * HD, out + t * HD, keys, values,                              \
-                block_tables + r * d->max_blocks, seq_lens[r], scale, scores + 2 * HD,      \
-                scores, scores + HD);                                                       \
+            int64_t r = 0;                                                                  \
+            while (item_starts[r + 1] <= item) r++;                                         \
+            const int64_t len = seq_lens[r];                                                \
+            const int64_t lo = d->window > 0 && len > d->window ? len - d->window : 0;      \
+            const int64_t size = part_size(len - lo), i = item - item_starts[r];            \
+            const int64_t p0 = lo + i * size, p1 = p0 + size < len ? p0 + size : len;       \
+            part(d, query + token_rows[r] * HD, keys, values,                               \
+                 block_tables + r * d->max_blocks, p0, p1, scale, scores + HD, scores,      \
+                 partials + item * stride);                                                 \
         }                                                                                   \
+        _Pragma("omp for schedule(static)")                                                 \
+        for (int64_t r = 0; r < num_reqs; r++)                                              \
+            NAME##_merge(H, d->head_size, partials + item_starts[r] * stride,               \
+                         item_starts[r + 1] - item_starts[r], stride,                       \
+                         out + token_rows[r] * HD);                                         \
         free(scores);                                                                       \
     }                                                                                       \
+    free(partials);                                                                         \
+    free(item_starts);                                                                      \
     return failed;                                                                          \
 }
 
