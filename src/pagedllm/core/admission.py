@@ -176,32 +176,30 @@ class EncoderInputs(AdmissionCheck):
         self.chunked = chunked
         self.tokens = tokens  # to retry a chunk the prefill cap cut before an image
 
-    def _plan(self, candidate: Candidate, plan: StepPlan) -> EncoderPlan:
-        """The encoder plan of the candidate's chunk. An image that must be computed in
-        one step and that only the prefill cap cuts off gets the step's full budget, or
-        the request would wait for as long as requests decode."""
-        request = candidate.request
-        encoder_plan = self.encoder.plan(
-            request.request_id, request.mm_features, candidate.num_computed_tokens,
-            candidate.num_new_tokens,
-        )
+    def plan_chunk(self, request: Request, start: int, num_tokens: int, full_budget: int,
+                   whole: bool = False) -> EncoderPlan:
+        """The encoder plan of `request`'s chunk of `num_tokens` from `start` (for a
+        waiting candidate and a running request alike). An image that must be computed in
+        one step and that only the prefill cap cuts off is planned within the step's
+        `full_budget` instead, or the request would wait for as long as requests decode."""
+        encoder_plan = self.encoder.plan(request.request_id, request.mm_features, start,
+                                         num_tokens)
         if encoder_plan.num_new_tokens or self.tokens is None:
             return encoder_plan
-        uncapped = self.tokens.num_tokens(
-            request, plan.token_budget - candidate.reserve, candidate.num_computed_tokens,
-            candidate.whole,
-        )
-        if uncapped <= candidate.num_new_tokens:
+        uncapped = self.tokens.num_tokens(request, full_budget, start, whole)
+        if uncapped <= num_tokens:
             return encoder_plan
-        return self.encoder.plan(request.request_id, request.mm_features,
-                                 candidate.num_computed_tokens, uncapped)
+        return self.encoder.plan(request.request_id, request.mm_features, start, uncapped)
 
     def check(self, candidate: Candidate, plan: StepPlan) -> Verdict:
         """STOP when not one token fits; else the cut count and the plan go on the
         candidate."""
         if not candidate.request.mm_features:
             return Verdict.ADMIT
-        encoder_plan = self._plan(candidate, plan)
+        encoder_plan = self.plan_chunk(
+            candidate.request, candidate.num_computed_tokens, candidate.num_new_tokens,
+            plan.token_budget - candidate.reserve, candidate.whole,
+        )
         if encoder_plan.num_new_tokens < candidate.num_new_tokens and (
             candidate.whole or not self.chunked
         ):

@@ -164,10 +164,12 @@ class Scheduler:
             self.eligibility.append(self.lora_slots)
         self.eligibility.append(GrammarReady())
         self.token_budget = TokenBudget(self.scheduler_config)
+        self.encoder_inputs = EncoderInputs(
+            self.encoder, self.scheduler_config.enable_chunked_prefill, self.token_budget
+        )
         self.capacity_checks: list[AdmissionCheck] = [
             self.token_budget,
-            EncoderInputs(self.encoder, self.scheduler_config.enable_chunked_prefill,
-                          self.token_budget),
+            self.encoder_inputs,
             KVBlocks(self.kv_cache_manager, self.has_kv_cache, self._lookahead),
         ]
         manager = self.kv_cache_manager
@@ -431,22 +433,16 @@ class Scheduler:
 
     def _next_chunk(self, request: Request, plan: StepPlan) -> tuple[int, EncoderPlan | None]:
         """The tokens running `request` computes this step and its encoder plan: within
-        the budget and the prefill cap, cut before an image the encoder cannot take.
-        An image that must be computed in one step (its tokens attend both ways) and
-        that only the cap cuts off gets the full budget, or it would wait for as long as
-        requests decode."""
+        the budget and the prefill cap, cut before an image the encoder cannot take (as
+        a waiting request's chunk is: EncoderInputs.plan_chunk)."""
         start = request.num_computed_tokens
-        capped = plan.budget_for(request, start)
-        encoder_plan = None
-        for budget in dict.fromkeys((capped, plan.token_budget)):
-            num_new_tokens = self.token_budget.num_tokens(request, budget, start)
-            if not request.mm_features or num_new_tokens == 0:
-                return num_new_tokens, None
-            encoder_plan = self.encoder.plan(request.request_id, request.mm_features,
-                                             start, num_new_tokens)
-            if encoder_plan.num_new_tokens:
-                break
-        assert encoder_plan is not None
+        num_new_tokens = self.token_budget.num_tokens(
+            request, plan.budget_for(request, start), start
+        )
+        if not request.mm_features or num_new_tokens == 0:
+            return num_new_tokens, None
+        encoder_plan = self.encoder_inputs.plan_chunk(request, start, num_new_tokens,
+                                                      plan.token_budget)
         return encoder_plan.num_new_tokens, encoder_plan
 
     def _can_admit(self, request: Request, plan: StepPlan) -> bool:
