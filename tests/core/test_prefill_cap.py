@@ -55,8 +55,13 @@ def test_a_step_without_decodes_prefills_at_the_full_budget() -> None:
     assert output.num_scheduled_tokens == {"a": 30, "b": 30}
 
 
-def test_no_cap_keeps_the_token_budget_alone() -> None:
-    scheduler = make_scheduler(max_num_batched_tokens=64)
+@pytest.mark.parametrize("options", [
+    {},  # no cap: the token budget alone
+    # An unchunked prompt must run whole: a cap would hold it back while decodes run.
+    {"enable_chunked_prefill": False, "prefill_tokens_per_decode": 1},
+], ids=["no cap", "unchunked"])
+def test_a_prompt_beside_a_decode_runs_whole_without_a_cap(options: dict) -> None:
+    scheduler = make_scheduler(max_num_batched_tokens=64, **options)
     scheduler.add_request(make_request("a", 5))
     step(scheduler)
     scheduler.add_request(make_request("b", 40))
@@ -79,17 +84,6 @@ def test_a_preempted_request_recomputes_under_the_cap() -> None:
         if "b" in output.num_scheduled_tokens and output.num_scheduled_tokens.get("a", 0) > 1:
             recomputed.append(output.num_scheduled_tokens["a"])
     assert recomputed == [MIN_PREFILL_CHUNK, MIN_PREFILL_CHUNK]
-
-
-def test_without_chunked_prefill_prompts_are_not_capped() -> None:
-    # An unchunked prompt must run whole: a cap would hold it back while decodes run.
-    scheduler = make_scheduler(max_num_batched_tokens=64, enable_chunked_prefill=False,
-                               prefill_tokens_per_decode=1)
-    scheduler.add_request(make_request("a", 5))
-    step(scheduler)
-    scheduler.add_request(make_request("b", 40))
-    output, _ = step(scheduler)
-    assert output.num_scheduled_tokens == {"a": 1, "b": 40}
 
 
 def test_a_pooling_input_beside_decodes_runs_whole_past_the_cap() -> None:
