@@ -61,6 +61,43 @@ def _unpatchify(patches: np.ndarray) -> np.ndarray:
     return blocks.transpose(4, 0, 2, 5, 1, 3, 6).reshape(3, 48, 40)
 
 
+class _TorchvisionLikeProcessor:
+    """Calls `patchify` as transformers' torchvision backend does (the backend where
+    torchvision is installed: it cannot load in this suite): once on a tensor stack of the
+    same-sized frames, (B, C, H, W), whose result is cut into one entry per frame and
+    concatenated with torch.cat. The frames are given already normalised."""
+
+    patch_size, merge_size, temporal_patch_size = 4, 2, 2
+
+    def __init__(self, frames: list[np.ndarray]) -> None:
+        self.frames = frames
+
+    def patchify(self, images: torch.Tensor, **kwargs: int) -> tuple[torch.Tensor, int, int]:
+        raise AssertionError("QwenVideoProcessor replaces it")
+
+    def __call__(self, images: list, return_tensors: str | None = None, **kwargs) -> dict:
+        stacked = torch.from_numpy(np.stack(self.frames))
+        patches, _, _ = self.patchify(stacked, patch_size=4, merge_size=2, temporal_patch_size=2)
+        return {"pixel_values": torch.cat([patches[i] for i in range(len(images))], dim=0)}
+
+
+def test_frames_from_the_torchvision_backend_are_cut_the_same(image_processor):
+    """Where torchvision is installed, transformers' Qwen2-VL image processor is its
+    torchvision backend, which hands patchify a tensor stack of frames (a GPU machine's
+    failure: torch.cat got the stand-in's numpy array). The video must be cut as from the
+    PIL backend's frames."""
+    frames = random_video(7, 3, (40, 52))
+    normalized = [
+        _unpatchify(image_processor(images=[f], return_tensors=None)["pixel_values"])
+        for f in frames
+    ]
+    expected = QwenVideoProcessor(image_processor)([frames])
+    got = QwenVideoProcessor(_TorchvisionLikeProcessor(normalized))([frames])
+    assert got["video_grid_thw"].tolist() == expected["video_grid_thw"].tolist()
+    torch.testing.assert_close(got["pixel_values_videos"], expected["pixel_values_videos"],
+                               rtol=0, atol=0)
+
+
 def test_frame_rate_sets_seconds_per_temporal_patch(image_processor):
     processor = QwenVideoProcessor(image_processor)
     frames = random_video(1, 4)

@@ -50,7 +50,8 @@ class QwenVideoProcessor:
     transformers' Qwen2-VL video processor makes them.
 
     Args:
-        image_processor: the checkpoint's Qwen2-VL image processor (PIL backend).
+        image_processor: the checkpoint's Qwen2-VL image processor (PIL or torchvision
+            backend).
     """
 
     def __init__(self, image_processor: Any) -> None:
@@ -73,7 +74,10 @@ class QwenVideoProcessor:
             seconds.append(self.temporal_patch_size / float(rate))
             frames = video_frames(video)
             normalised = self._frames_processor(images=frames, return_tensors=None, **kwargs)
-            video_patches, grid = self.patchify(np.asarray(normalised["pixel_values"]))
+            pixels = normalised["pixel_values"]
+            if isinstance(pixels, torch.Tensor):  # the torchvision backend's
+                pixels = pixels.numpy()
+            video_patches, grid = self.patchify(np.asarray(pixels))
             patches.append(video_patches)
             grids.append(grid)
         return {
@@ -97,6 +101,13 @@ class QwenVideoProcessor:
         return np.ascontiguousarray(flat, dtype=np.float32), (grid_t, grid_h, grid_w)
 
 
-def _unpatched(image: np.ndarray, **kwargs: Any) -> tuple[np.ndarray, int, int]:
-    """Stands in for the image processor's patchify: the frame itself, (1, C, H, W)."""
-    return np.asarray(image, dtype=np.float32)[None], 1, 1
+def _unpatched(
+    images: np.ndarray | torch.Tensor, **kwargs: Any
+) -> tuple[np.ndarray | torch.Tensor, int, int]:
+    """Stands in for the image processor's patchify: the frames themselves. The PIL backend
+    patchifies one (C, H, W) frame: (1, C, H, W). The torchvision backend (where torchvision
+    is installed) patchifies a stack of same-sized frames, (B, C, H, W), and cuts the result
+    into one entry per frame: (B, 1, C, H, W). Either way the frames come out (T, C, H, W)."""
+    if isinstance(images, torch.Tensor):
+        return images.float().unsqueeze(1), 1, 1
+    return np.asarray(images, dtype=np.float32)[None], 1, 1
