@@ -57,10 +57,10 @@ if want multimodal; then
     # LLaVA-shaped (CLIP ViT-B/16 + a SmolLM2-135M-sized Llama), built here (~0.9 GB), bf16.
     TOKENIZER=(); [ -d ../.gpu/smollm2_tokenizer ] && TOKENIZER=(--tokenizer ../.gpu/smollm2_tokenizer)
     timeout 150 python3 multimodal.py --device cuda --model-dir /tmp/llava-bench "${TOKENIZER[@]}" \
-        --dtype bfloat16 --num-requests 32 --max-tokens 16 --num-iters 3 --ttft-repeats 3 \
+        --dtype bfloat16 --num-requests 32 --max-tokens 16 --num-iters 5 --ttft-repeats 3 \
         --output-json "$RESULTS/multimodal_llava_16.json" 2>&1 | tee "$RESULTS/multimodal.log"
     timeout 100 python3 multimodal.py --device cuda --model-dir /tmp/llava-bench \
-        --dtype bfloat16 --num-requests 32 --max-tokens 128 --num-iters 2 --ttft-repeats 1 \
+        --dtype bfloat16 --num-requests 32 --max-tokens 128 --num-iters 3 --ttft-repeats 1 \
         --skip-hf-sequential --output-json "$RESULTS/multimodal_llava_128.json" 2>&1 \
         | tee -a "$RESULTS/multimodal.log"
 fi

@@ -17,18 +17,20 @@ engine's encoder cache unless the pass is about it; prefix caching is off (`--pr
 turns it on). Model loading is excluded from every time.
 
 Both systems run in `--dtype` (float32, the checkpoint's; or bfloat16, the fastest mode of
-each where bf16 matmuls are native).
+each where bf16 matmuls are native), on `--device` (a GPU where torch sees one).
 
-- pagedllm: `LLM(folder, dtype=...)`, an untimed warm-up, then `LLM.generate` over all
-  requests at once (`--num-iters` passes, median [min-max]): images/s = requests / wall,
-  output tok/s, each request's TTFT from its metrics (queueing included), and the share of
-  the wall spent in the vision encoder. TTFT per image: all requests with `max_tokens=1`,
-  wall / requests; single-image TTFT: one request alone with `max_tokens=1`
-  (`--ttft-repeats` passes: median and min, the min being the least disturbed by other load).
+- pagedllm: `LLM(folder, dtype=...)`, an untimed warm-up at the batch's size, then
+  `LLM.generate` over all requests at once (`--num-iters` passes, median [min-max]):
+  images/s = requests / wall, output tok/s, each request's TTFT from its metrics (queueing
+  included), and the share of the wall spent in the vision encoder. TTFT per image: all
+  requests with `max_tokens=1`, wall / requests; single-image TTFT: one request alone with
+  `max_tokens=1` (`--ttft-repeats` passes: median and min, the min being the least
+  disturbed by other load).
 - transformers: `AutoModelForImageTextToText` and `AutoProcessor` from the same folder,
   in the same dtype, greedy `generate` with `min_new_tokens = max_new_tokens` (no EOS
-  stop), its processor's time included: one request at a time (its usual use; once) and all at once
-  (left padding; `--num-iters` passes); single-image TTFT is `generate` with
+  stop), its processor's time included, after an untimed warm-up at the batch's size: one
+  request at a time (its usual use; once) and all at once (left padding; `--num-iters`
+  passes); single-image TTFT is `generate` with
   `max_new_tokens=1`, TTFT per image the batched one / requests.
 - Encoder cache: the same questions with one image shared by every request vs distinct
   images, on pagedllm: wall times, and how many items the vision encoder ran on and for how
@@ -320,7 +322,8 @@ def measure_pagedllm(folder: Path, args: argparse.Namespace) -> dict[str, Any]:
               device=args.device)
     load_s = time.perf_counter() - start
     counter = EncodeCounter(llm)
-    engine_pass(llm, make_requests(min(n, 4), SEED_WARMUP), 4)  # warm-up
+    # Warm-up at the timed batch's size: a GPU picks its kernels per shape on first use.
+    engine_pass(llm, make_requests(n, SEED_WARMUP), 4)
     result: dict[str, Any] = {"load_s": load_s}
 
     passes = []
@@ -447,7 +450,9 @@ def measure_hf(folder: Path, args: argparse.Namespace) -> dict[str, Any]:
         folder, dtype=getattr(torch, args.dtype)
     ).eval().to(resolved_device(args.device))
     result: dict[str, Any] = {"load_s": time.perf_counter() - start}
-    hf_generate(model, processor, make_requests(2, SEED_WARMUP), 2)  # warm-up
+    # Warm-up at the batch's size (one request when only that runs), as for pagedllm.
+    warm = 1 if args.skip_hf_batched else n
+    hf_generate(model, processor, make_requests(warm, SEED_WARMUP), 2)
     requests = make_requests(n, SEED_MAIN)
 
     if not args.skip_hf_sequential:
