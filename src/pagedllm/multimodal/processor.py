@@ -114,7 +114,7 @@ class MultiModalProcessor:
             )
         except (ValueError, TypeError, OSError) as error:
             raise ValueError(f"multi_modal_data could not be processed: {error}") from None
-        input_ids = [int(t) for t in outputs["input_ids"][0].tolist()]  # not per-element tensors
+        input_ids: list[int] = outputs["input_ids"][0].tolist()  # ints, not 0-d tensors
         features: list[MultiModalFeature] = []
         for modality, values in items.items():
             features += self._features(modality, len(values), outputs, input_ids, kwargs,
