@@ -15,11 +15,16 @@
 # Arguments pick the parts (default: all): tests decode throughput multimodal, e.g.
 #   bash benchmarks/gpu_run.sh tests multimodal
 # Results go to $OUT (the device tool brings them back) or ./gpu_results. The timeouts keep
-# each part under ~4 minutes; pick two parts a call, so a session's 15 minutes of device time
-# allow a rerun.
+# each part under ~4 minutes (tests and multimodal together ran 4.5 minutes on an H100); a
+# session's 15 minutes of device time then allow one rerun of a part.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PARTS=" ${*:-tests decode throughput multimodal} "
+for part in $PARTS; do
+    case "$part" in tests|decode|throughput|multimodal) ;;
+        *) echo "unknown part '$part' (tests, decode, throughput, multimodal)" >&2; exit 2 ;;
+    esac
+done
 want() { [[ "$PARTS" == *" $1 "* ]]; }
 RESULTS=${OUT:-gpu_results}
 mkdir -p "$RESULTS"
@@ -56,10 +61,12 @@ fi
 if want multimodal; then
     # LLaVA-shaped (CLIP ViT-B/16 + a SmolLM2-135M-sized Llama), built here (~0.9 GB), bf16.
     TOKENIZER=(); [ -d ../.gpu/smollm2_tokenizer ] && TOKENIZER=(--tokenizer ../.gpu/smollm2_tokenizer)
-    timeout 150 python3 multimodal.py --device cuda --model-dir /tmp/llava-bench "${TOKENIZER[@]}" \
+    timeout 150 python3 multimodal.py --device cuda --model-dir /tmp/llava-bench \
+        ${TOKENIZER[@]+"${TOKENIZER[@]}"} \
         --dtype bfloat16 --num-requests 32 --max-tokens 16 --num-iters 5 --ttft-repeats 3 \
         --output-json "$RESULTS/multimodal_llava_16.json" 2>&1 | tee "$RESULTS/multimodal.log"
     timeout 100 python3 multimodal.py --device cuda --model-dir /tmp/llava-bench \
+        ${TOKENIZER[@]+"${TOKENIZER[@]}"} \
         --dtype bfloat16 --num-requests 32 --max-tokens 128 --num-iters 3 --ttft-repeats 1 \
         --skip-hf-sequential --output-json "$RESULTS/multimodal_llava_128.json" 2>&1 \
         | tee -a "$RESULTS/multimodal.log"

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from pagedllm.core.swap_manager import SwapManager
 from tests.multimodal.tiny_vlm import (
     QWEN2VL_IMAGE,
     check_engine_matches_transformers,
@@ -32,16 +33,21 @@ def _on_cuda(llm: Any) -> None:
 
 @pytest.mark.parametrize("preemption_mode", ["recompute", "swap"])
 def test_llava_on_cuda_matches_transformers(preemption_mode: str, tiny_tokenizer_dir: Path,
-                                            tmp_path: Path) -> None:
+                                            tmp_path: Path, monkeypatch) -> None:
     path = make_tiny_llava(tmp_path / "llava", tiny_tokenizer_dir, "clip", "llama", "default",
                            -2)
+    swaps = []
+    swap_out = SwapManager.swap_out
+    monkeypatch.setattr(SwapManager, "swap_out",
+                        lambda self, *args: swaps.append(args) or swap_out(self, *args))
     # 24 blocks of 4 tokens cannot hold the batch: requests are preempted.
     llm = check_engine_matches_transformers(
         path, "<image>", max_model_len=80, max_num_batched_tokens=8,
-        num_gpu_blocks_override=24, preemption_mode=preemption_mode,
+        num_gpu_blocks_override=24, preemption_mode=preemption_mode, swap_space=0.01,
         kv_cache_memory_bytes=KV_CACHE_BYTES,
     )
     assert llm.llm_engine.engine_core.engine_core.scheduler.num_preemptions > 0
+    assert bool(swaps) == (preemption_mode == "swap")  # swapped to the host, or recomputed
     _on_cuda(llm)
 
 

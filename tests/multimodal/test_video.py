@@ -63,36 +63,46 @@ def _unpatchify(patches: np.ndarray) -> np.ndarray:
 
 class _TorchvisionLikeProcessor:
     """Calls `patchify` as transformers' torchvision backend does (the backend where
-    torchvision is installed: it cannot load in this suite): once on a tensor stack of the
-    same-sized frames, (B, C, H, W), whose result is cut into one entry per frame and
-    concatenated with torch.cat. The frames are given already normalised."""
+    torchvision is installed: it cannot load in this suite): on tensor stacks of frames,
+    (B, C, H, W), one stack of all the same-sized frames (`grouped`) or one per frame, each
+    result cut into one entry per frame, the entries concatenated with torch.cat (or, for a
+    single frame, taken as they are). The frames are given already normalised."""
 
     patch_size, merge_size, temporal_patch_size = 4, 2, 2
 
-    def __init__(self, frames: list[np.ndarray]) -> None:
+    def __init__(self, frames: list[np.ndarray], grouped: bool) -> None:
         self.frames = frames
+        self.grouped = grouped
 
     def patchify(self, images: torch.Tensor, **kwargs: int) -> tuple[torch.Tensor, int, int]:
         raise AssertionError("QwenVideoProcessor replaces it")
 
     def __call__(self, images: list, return_tensors: str | None = None, **kwargs) -> dict:
-        stacked = torch.from_numpy(np.stack(self.frames))
-        patches, _, _ = self.patchify(stacked, patch_size=4, merge_size=2, temporal_patch_size=2)
-        return {"pixel_values": torch.cat([patches[i] for i in range(len(images))], dim=0)}
+        stacks = ([np.stack(self.frames)] if self.grouped
+                  else [frame[None] for frame in self.frames])
+        entries = []
+        for stack in stacks:
+            patches, _, _ = self.patchify(torch.from_numpy(stack), patch_size=4, merge_size=2,
+                                          temporal_patch_size=2)
+            entries += [patches[i] for i in range(len(stack))]
+        pixels = entries[0] if len(entries) == 1 else torch.cat(entries, dim=0)
+        return {"pixel_values": pixels}
 
 
-def test_frames_from_the_torchvision_backend_are_cut_the_same(image_processor):
+@pytest.mark.parametrize(("num_frames", "grouped"), [(3, True), (3, False), (1, True)])
+def test_frames_from_the_torchvision_backend_are_cut_the_same(image_processor, num_frames,
+                                                              grouped):
     """Where torchvision is installed, transformers' Qwen2-VL image processor is its
-    torchvision backend, which hands patchify a tensor stack of frames (a GPU machine's
+    torchvision backend, which hands patchify tensor stacks of frames (a GPU machine's
     failure: torch.cat got the stand-in's numpy array). The video must be cut as from the
     PIL backend's frames."""
-    frames = random_video(7, 3, (40, 52))
+    frames = random_video(7, num_frames, (40, 52))
     normalized = [
         _unpatchify(image_processor(images=[f], return_tensors=None)["pixel_values"])
         for f in frames
     ]
     expected = QwenVideoProcessor(image_processor)([frames])
-    got = QwenVideoProcessor(_TorchvisionLikeProcessor(normalized))([frames])
+    got = QwenVideoProcessor(_TorchvisionLikeProcessor(normalized, grouped))([frames])
     assert got["video_grid_thw"].tolist() == expected["video_grid_thw"].tolist()
     torch.testing.assert_close(got["pixel_values_videos"], expected["pixel_values_videos"],
                                rtol=0, atol=0)

@@ -76,7 +76,7 @@ class QwenVideoProcessor:
             normalised = self._frames_processor(images=frames, return_tensors=None, **kwargs)
             pixels = normalised["pixel_values"]
             if isinstance(pixels, torch.Tensor):  # the torchvision backend's
-                pixels = pixels.numpy()
+                pixels = pixels.cpu().numpy()
             video_patches, grid = self.patchify(np.asarray(pixels))
             patches.append(video_patches)
             grids.append(grid)
