@@ -74,7 +74,7 @@ static inline void softmax(float *s, int64_t n) {
  * spread over the threads too, and the split depends only on the request's own context
  * length, never on the batch or the thread count (a request's output is the same alone or
  * batched). An item keeps, per query head, its scores' maximum m, the sum l of
- * exp(score - m) and acc = sum exp(score - m) v; merge_partials combines a request's items
+ * exp(score - m) and acc = sum exp(score - m) v; DEFINE_MERGE combines a request's items
  * in order: out = sum_i exp(m_i - M) acc_i / sum_i exp(m_i - M) l_i, M the largest m_i. */
 #define MAX_PARTS 8
 #define MIN_PART 256
@@ -185,8 +185,17 @@ int NAME(const PagedDims *d, const T *query, T *out, const char *kv_cache,      
         const int64_t n = d->window > 0 && len > d->window ? d->window : len;               \
         item_starts[r + 1] = item_starts[r] + num_parts(n);                                 \
     }                                                                                       \
-    float *partials = malloc(sizeof(float) * (size_t)(item_starts[num_reqs] * stride + 1)); \
-    if (partials == NULL) { free(item_starts); return 1; }                                  \
+    const int64_t items = item_starts[num_reqs];                                            \
+    /* each item's request, then the partials */                                            \
+    int64_t *item_reqs = malloc(sizeof(int64_t) * (size_t)(items + 1));                     \
+    float *partials = malloc(sizeof(float) * (size_t)(items * stride + 1));                 \
+    if (item_reqs == NULL || partials == NULL) {                                            \
+        free(item_reqs), free(partials), free(item_starts);                                 \
+        return 1;                                                                           \
+    }                                                                                       \
+    for (int64_t r = 0; r < num_reqs; r++)                                                  \
+        for (int64_t item = item_starts[r]; item < item_starts[r + 1]; item++)              \
+            item_reqs[item] = r;                                                            \
     int failed = 0;                                                                         \
     void (*part)(const PagedDims *, const T *, const char *, const char *, const int32_t *, \
                  int64_t, int64_t, float, float *, float *, float *) =                      \
@@ -201,10 +210,9 @@ int NAME(const PagedDims *d, const T *query, T *out, const char *kv_cache,      
             failed = 1;                                                                     \
         }                                                                                   \
         _Pragma("omp for schedule(dynamic, 1)")                                             \
-        for (int64_t item = 0; item < item_starts[num_reqs]; item++) {                      \
+        for (int64_t item = 0; item < items; item++) {                                      \
             if (scores == NULL) continue;                                                   \
-            int64_t r = 0;                                                                  \
-            while (item_starts[r + 1] <= item) r++;                                         \
+            const int64_t r = item_reqs[item];                                              \
             const int64_t len = seq_lens[r];                                                \
             const int64_t lo = d->window > 0 && len > d->window ? len - d->window : 0;      \
             const int64_t size = part_size(len - lo), i = item - item_starts[r];            \
@@ -221,6 +229,7 @@ int NAME(const PagedDims *d, const T *query, T *out, const char *kv_cache,      
         free(scores);                                                                       \
     }                                                                                       \
     free(partials);                                                                         \
+    free(item_reqs);                                                                        \
     free(item_starts);                                                                      \
     return failed;                                                                          \
 }
