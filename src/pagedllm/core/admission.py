@@ -177,11 +177,14 @@ class EncoderInputs(AdmissionCheck):
         self.tokens = tokens  # to retry a chunk the prefill cap cut before an image
 
     def plan_chunk(self, request: Request, start: int, num_tokens: int, full_budget: int,
-                   whole: bool = False) -> EncoderPlan:
+                   whole: bool = False) -> EncoderPlan | None:
         """The encoder plan of `request`'s chunk of `num_tokens` from `start` (for a
-        waiting candidate and a running request alike). An image that must be computed in
-        one step and that only the prefill cap cuts off is planned within the step's
-        `full_budget` instead, or the request would wait for as long as requests decode."""
+        waiting candidate and a running request alike), or None for a request without
+        encoder inputs. An image that must be computed in one step and that only the
+        prefill cap cuts off is planned within the step's `full_budget` instead, or the
+        request would wait for as long as requests decode."""
+        if not request.mm_features:
+            return None
         encoder_plan = self.encoder.plan(request.request_id, request.mm_features, start,
                                          num_tokens)
         if encoder_plan.num_new_tokens or self.tokens is None:
@@ -194,12 +197,12 @@ class EncoderInputs(AdmissionCheck):
     def check(self, candidate: Candidate, plan: StepPlan) -> Verdict:
         """STOP when not one token fits; else the cut count and the plan go on the
         candidate."""
-        if not candidate.request.mm_features:
-            return Verdict.ADMIT
         encoder_plan = self.plan_chunk(
             candidate.request, candidate.num_computed_tokens, candidate.num_new_tokens,
             plan.token_budget - candidate.reserve, candidate.whole,
         )
+        if encoder_plan is None:
+            return Verdict.ADMIT
         if encoder_plan.num_new_tokens < candidate.num_new_tokens and (
             candidate.whole or not self.chunked
         ):

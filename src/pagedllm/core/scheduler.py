@@ -439,10 +439,11 @@ class Scheduler:
         num_new_tokens = self.token_budget.num_tokens(
             request, plan.budget_for(request, start), start
         )
-        if not request.mm_features or num_new_tokens == 0:
+        encoder_plan = None if num_new_tokens == 0 else self.encoder_inputs.plan_chunk(
+            request, start, num_new_tokens, plan.token_budget
+        )
+        if encoder_plan is None:  # nothing to compute, or no encoder inputs
             return num_new_tokens, None
-        encoder_plan = self.encoder_inputs.plan_chunk(request, start, num_new_tokens,
-                                                      plan.token_budget)
         return encoder_plan.num_new_tokens, encoder_plan
 
     def _can_admit(self, request: Request, plan: StepPlan) -> bool:
