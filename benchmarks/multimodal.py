@@ -411,12 +411,10 @@ def hf_generate(
 
 
 def resolved_device(device: str) -> str:
-    """`auto` as the engine resolves it: cuda where torch sees a GPU, else cpu."""
-    import torch
+    """`auto` as the engine resolves it (the current platform's device)."""
+    from pagedllm.platform import current_platform
 
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return device
+    return current_platform().device_type if device == "auto" else device
 
 
 def hf_one_at_a_time(
