@@ -103,6 +103,20 @@ def test_greedy_head_picks_what_the_torch_tail_picks(variant, form):
     assert tokens.tolist() == alone  # a row's token never depends on the others
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_greedy_head_marks_rows_that_are_not_finite(variant):
+    weight = _weight(2)
+    method = quantize_w4a8(weight)
+    hidden = _hidden(5, seed=6)
+    with cpu_platform().use_kernels(kernels.load_variant(variant)):
+        clean = cpu_ops.greedy_head(parts_matrix([method]), hidden, weight, REFINED_CANDIDATES)
+        hidden[1, 7] = float("nan")
+        hidden[3, 0] = -float("inf")
+        tokens = cpu_ops.greedy_head(parts_matrix([method]), hidden, weight, REFINED_CANDIDATES)
+    assert tokens[[1, 3]].tolist() == [-1, -1]
+    assert torch.equal(tokens[[0, 2, 4]], clean[[0, 2, 4]])  # the others as before
+
+
 def _head() -> LMHead:
     embedding = VocabEmbedding(VOCAB, WIDTH)
     embedding.weight.data = _weight(4)
@@ -123,6 +137,20 @@ def test_the_head_runs_its_greedy_tail_in_c_with_the_torch_tails_tokens(monkeypa
     assert torch.equal(head.greedy_tokens(hidden), in_c)
     assert torch.equal(ranking.argmax(-1), in_c)
     torch.testing.assert_close(head(hidden, ranking_only=True), ranking, rtol=1e-6, atol=1e-5)
+
+
+def test_the_heads_greedy_tokens_mark_rows_that_are_not_finite_on_every_path(monkeypatch):
+    head = _head()
+    hidden = _hidden(4, seed=7)
+    hidden[2, 5] = float("inf")
+    in_c = head.greedy_tokens(hidden)
+    assert in_c[2].item() == -1
+    monkeypatch.setenv("PAGEDLLM_FUSED_OPS", "torch")  # torch's refinement
+    assert torch.equal(head.greedy_tokens(hidden), in_c)
+    dense = LMHead(VOCAB, WIDTH)  # float32, dense: a plain argmax
+    dense.weight.data = _weight(4).float()
+    tokens = dense.greedy_tokens(hidden.float())
+    assert tokens[2].item() == -1 and bool((tokens[[0, 1, 3]] >= 0).all())
 
 
 def test_finite_rows_in_c_match_torch():

@@ -82,6 +82,24 @@ def test_sampled_neighbours_are_untouched(llm, marker):
     assert _all_blocks_free(llm)
 
 
+def test_greedy_neighbours_are_untouched_where_the_c_head_finds_the_fault(
+    tiny_llama_dir, marker, monkeypatch
+):
+    """bfloat16 with int4 weights: the greedy head's C tail marks the faulty row itself."""
+    monkeypatch.setenv("PAGEDLLM_INJECT_NONFINITE_TOKEN_ID", str(marker))
+    llm = LLM(str(tiny_llama_dir), dtype="bfloat16", quantization="int4",
+              num_gpu_blocks_override=128)
+    head = llm.llm_engine.engine_core.engine_core.executor.worker.model_runner.model.lm_head
+    if head._greedy_kernel(torch.zeros(1, head.embedding_dim, dtype=torch.bfloat16)) is None:
+        pytest.skip("the C greedy head does not serve here")
+    alone = _generate(llm, GOOD, GREEDY)
+    good0, bad, good1 = _generate(llm, [GOOD[0], bad_prompt(marker), GOOD[1]], GREEDY)
+    assert bad.outputs[0].finish_reason == "error" and list(bad.outputs[0].token_ids) == []
+    for before, after in zip(alone, (good0, good1), strict=True):
+        assert list(after.outputs[0].token_ids) == list(before.outputs[0].token_ids)
+    assert _all_blocks_free(llm)
+
+
 def test_a_fault_during_speculative_verification(tiny_llama_dir, marker, reference, monkeypatch):
     """The faulty prompt is prefilled in a step that verifies another request's drafts."""
     monkeypatch.setenv("PAGEDLLM_INJECT_NONFINITE_TOKEN_ID", str(marker))

@@ -243,7 +243,8 @@ def greedy_head(
     k: int,
 ) -> torch.Tensor:  # [M] int64
     """Each row's greedy token: the head's matmul, its top k refined as `refine_top`, their
-    argmax; one C call (csrc/lm_head.c)."""
+    argmax; -1 for a row of `hidden` holding a NaN or infinity. One C call
+    (csrc/lm_head.c)."""
     num_rows = hidden.shape[0]
     tokens = torch.empty(num_rows, dtype=torch.int64)
     if num_rows == 0:

@@ -112,15 +112,20 @@ class LMHead(nn.Module):
         taken among the refined top candidates straight from the model-dtype logits: no
         [N, vocab] float32 copy, scatter or second pass over the vocabulary (for a 262k
         vocabulary those cost more than the matmul itself). Where the ranking weight is a
-        byte dot-product one, the whole tail is one C call (csrc/lm_head.c)."""
+        byte dot-product one, the whole tail is one C call (csrc/lm_head.c).
+
+        A row whose hidden state holds a NaN or infinity gets -1 (no token can be chosen
+        from it): the sampler fails its request without a finiteness pass of its own."""
         matrix = self._greedy_kernel(hidden_states)
         if matrix is not None:
             return cpu_ops.greedy_head(matrix, hidden_states, self.weight, REFINED_CANDIDATES)
         logits = self._raw_logits(hidden_states, ranking_only=True)
         if logits.dtype == torch.float32 and self.method.is_dense:
-            return logits.argmax(dim=-1)
-        candidates, exact = self._refine_top_candidates(hidden_states, logits)
-        return candidates.gather(1, exact.argmax(dim=-1, keepdim=True)).squeeze(1)
+            tokens = logits.argmax(dim=-1)
+        else:
+            candidates, exact = self._refine_top_candidates(hidden_states, logits)
+            tokens = candidates.gather(1, exact.argmax(dim=-1, keepdim=True)).squeeze(1)
+        return mark_nonfinite_rows(tokens, hidden_states)
 
     def _raw_logits(self, hidden_states: torch.Tensor, ranking_only: bool) -> torch.Tensor:
         """[N, vocab] logits from the head's method for this step, in its own dtype."""
@@ -172,3 +177,9 @@ class LMHead(nn.Module):
         rows = self.weight[candidates].float()  # [N, k, embedding_dim]
         exact = torch.bmm(rows, hidden.float().unsqueeze(-1)).squeeze(-1)  # [N, k]
         return candidates, exact
+
+
+def mark_nonfinite_rows(tokens: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
+    """`tokens` [N] with -1 where the row of `hidden_states` holds a NaN or infinity (on the
+    device: no host sync)."""
+    return tokens.masked_fill_(~torch.isfinite(hidden_states).all(dim=-1), -1)

@@ -22,7 +22,7 @@ from torch import nn
 
 from pagedllm.distributed.parallel_state import GroupCoordinator, get_tp_group
 from pagedllm.distributed.sharding import divide, head_shard, vocab_shard
-from pagedllm.layers.embedding import LMHead, VocabEmbedding
+from pagedllm.layers.embedding import LMHead, VocabEmbedding, mark_nonfinite_rows
 from pagedllm.layers.linear import Linear, MergedColumnLinear, QKVLinear, default_weight_loader
 from pagedllm.layers.quantization import INT4_GROUP_SIZE, GroupCodes
 
@@ -240,7 +240,8 @@ class ParallelLMHead(LMHead):
         mine = torch.stack([best.double(), (index + self.rows.start).double()], dim=-1)
         ranks = self.tp_group.all_gather(mine, dim=-1).view(len(best), -1, 2)  # [N, ranks, 2]
         winner = ranks[..., 0].argmax(dim=-1, keepdim=True)  # the first maximum
-        return ranks[..., 1].gather(1, winner).squeeze(1).long()
+        tokens = ranks[..., 1].gather(1, winner).squeeze(1).long()
+        return mark_nonfinite_rows(tokens, hidden_states)
 
 
 def _vocab_rows(loaded: Weight, rows: range, group: GroupCoordinator) -> Weight:

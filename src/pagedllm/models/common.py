@@ -323,8 +323,8 @@ class DecoderForCausalLM(nn.Module):
         return logits
 
     def compute_greedy_tokens(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """[N, hidden] → [N] argmax tokens (the soft-cap is monotonic: it cannot change
-        them, so it is skipped)."""
+        """[N, hidden] → [N] argmax tokens, -1 for a row holding a NaN or infinity (the
+        soft-cap is monotonic: it cannot change them, so it is skipped)."""
         return self.lm_head.greedy_tokens(hidden_states)
 
     def remap_weight(self, hf_name: str, tensor: Weight) -> Iterator[tuple[str, Weight]]:

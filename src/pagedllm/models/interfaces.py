@@ -32,7 +32,8 @@ class CausalLM(Protocol):
 
     def compute_greedy_tokens(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """[n, hidden_size] → [n] int64: each row's argmax token, as `compute_logits(...,
-        ranking_only=True).argmax(-1)` would pick it, without materializing float32 logits."""
+        ranking_only=True).argmax(-1)` would pick it, without materializing float32 logits;
+        -1 for a row holding a NaN or infinity (the sampler fails its request)."""
         ...
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:

@@ -287,7 +287,8 @@ class EagleProposer:
     def _greedy(self, hidden: torch.Tensor) -> list[int]:
         """The head's argmax token (target ids) after each of `hidden`."""
         if not self.head.eagle3:
-            return self.target.compute_greedy_tokens(hidden).tolist()
+            # A row that went non-finite (-1) drafts token 0: verification decides.
+            return self.target.compute_greedy_tokens(hidden).clamp_(min=0).tolist()
         assert self.head.norm is not None and self.head.lm_head is not None
         normed, _ = self.head.norm(hidden)
         draft_ids = self.head.lm_head(normed).argmax(dim=-1)  # [R] in the draft vocabulary

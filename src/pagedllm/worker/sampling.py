@@ -4,12 +4,12 @@ One pipeline serves every step: a plain step is a verification of drafts of leng
 Each request that samples has 1 + len(drafts) rows (spec_decode/rejection_sampler.py
 DraftLayout; one row without drafts), prepared as decodes of consecutive output
 positions. In order:
-1. the rows' hidden states; which of them are finite (read after the tokens' copy: no
-   extra host sync);
+1. the rows' hidden states;
 2. plain greedy rows without logprobs, processors, grammars or a min_tokens mask: the LM
-   head picks each row's argmax directly (no [rows, vocab] float32 logits), drafts
-   accepted while they match;
-3. otherwise the logits (the LM head's shortlist where only argmaxes are used, e.g.
+   head picks each row's argmax directly (no [rows, vocab] float32 logits) and marks the
+   rows that are not finite (-1), drafts accepted while they match;
+3. otherwise which rows are finite (read after the tokens' copy: no extra host sync), the
+   logits (the LM head's shortlist where only argmaxes are used, e.g.
    greedy rows under min_tokens; non-finite rows zeroed on the device), the grammar
    bitmask of constrained rows, then the rejection sampler (sample-and-match; rejection
    sampling against a drafter's distribution), and the raw logprobs of every emitted
@@ -88,13 +88,21 @@ class SamplingPipeline:
         layout = DraftLayout.build(drafts)
         constrained = step.scheduler_output.structured_output_request_ids
         rows_hidden = _sample_rows_hidden(step, hidden_states)
-        finite = finite_rows(rows_hidden)
         custom = self.custom
         plugins_bind = custom is not None and not custom.argmax_invariant
         if not constrained and not plugins_bind and all(_only_argmax(s) for s in states):
-            # No sampling metadata needed: the LM head picks each row's argmax directly.
+            # No sampling metadata needed: the LM head picks each row's argmax directly,
+            # and marks the rows that are not finite (-1) on the way.
             tokens = self.model.compute_greedy_tokens(rows_hidden).tolist()
-            return SampleResult(accept_greedy(layout, tokens), {}, _failed(finite, layout))
+            failed: list[int] = []
+            if min(tokens, default=0) < 0:
+                failed = owners_of_rows([r for r, t in enumerate(tokens) if t < 0],
+                                        layout.row_starts)
+                # A valid id in their place until the runner takes them back (the step's
+                # hooks, a drafter among them, read the emitted tokens first).
+                tokens = [max(t, 0) for t in tokens]
+            return SampleResult(accept_greedy(layout, tokens), {}, failed)
+        finite = finite_rows(rows_hidden)
         metadata = build_verify_metadata(
             [s.sampling_params for s in states], [s.num_output_tokens for s in states],
             [s.eos_token_id for s in states], [s.token_ids for s in states],

@@ -220,11 +220,13 @@ class Worker:
     def _cpu_stack_applies(self) -> bool:
         """One rank (the C stack has no collectives and runs every layer) of a generating
         model whose attention is the C kernels' (the stack's results equal the layers'
-        then)."""
+        then), with no fault injected (its hook is on the Python embedding, which the
+        stack's own lookup would bypass)."""
         return (
             get_world_group().world_size == 1
             and isinstance(self.backend, CpuPagedBackend)
             and self.config.model_config.runner == "generate"
+            and envs.inject_nonfinite_token_id() is None
         )
 
     def _decode_graphs_off_reason(self) -> str | None:

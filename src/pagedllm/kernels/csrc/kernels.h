@@ -220,7 +220,8 @@ int stack_matmul(const StackMatrix *m, int64_t T, int64_t N, int64_t K, const ui
 /* lm_head.c: the LM head's greedy tail. refine_top_bf16: each row's top k logits (of
  * [M, N] bfloat16, rows logits_stride apart) as ids [M, k] and their float32 logits exact
  * [M, k] recomputed from the dense weight [N, K] and x [M, K] (bfloat16). greedy_head_bf16:
- * the head's matmul (x @ head^T), the same refinement, and each row's argmax into tokens [M].
+ * the head's matmul (x @ head^T), the same refinement, and each row's argmax into tokens [M]
+ * (-1 for a row of x holding a NaN or infinity).
  * Both return 1 when k is not in 1..N, 2 when out of memory (greedy: or the matmul's code). */
 PAGEDLLM_API int refine_top_bf16(int64_t M, int64_t N, int64_t K, const uint16_t *logits,
                                  int64_t logits_stride, const uint16_t *x, int64_t x_stride,

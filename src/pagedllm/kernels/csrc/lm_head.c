@@ -10,7 +10,9 @@
  * after the matmul has evicted the caches, for what is a few microseconds of work here.
  *
  *   refine_top_bf16:  logits (any source) -> the top k ids and their float32 logits
- *   greedy_head_bf16: the head's matmul, the same refinement, the argmax -> one token a row
+ *   greedy_head_bf16: the head's matmul, the same refinement, the argmax -> one token a row,
+ *                     or -1 where the row's hidden state holds a NaN or infinity (the
+ *                     sampler fails that request; the check here spares it a pass of its own)
  *
  * Ties: the top k keep the lower token id among equal logits and are ordered by logit, then
  * id; the argmax of the refined values keeps the first of equal ones in that order. Rows are
@@ -107,6 +109,13 @@ int refine_top_bf16(int64_t M, int64_t N, int64_t K, const uint16_t *logits,
     return 0;
 }
 
+/* Whether K bfloat16 values are all finite (exponent bits not all ones). */
+static int finite_bf16(const uint16_t *x, int64_t K) {
+    uint16_t nonfinite = 0;
+    for (int64_t j = 0; j < K; j++) nonfinite |= (uint16_t)((x[j] & 0x7F80) == 0x7F80);
+    return !nonfinite;
+}
+
 int greedy_head_bf16(const StackMatrix *head, int64_t M, int64_t N, int64_t K,
                      const uint16_t *x, int64_t x_stride, const uint16_t *weight, int64_t k,
                      int64_t *tokens) {
@@ -123,7 +132,7 @@ int greedy_head_bf16(const StackMatrix *head, int64_t M, int64_t N, int64_t K,
         int64_t best = 0; /* the first of equal refined values */
         for (int64_t c = 1; c < k; c++)
             if (exact[t * k + c] > exact[t * k + best]) best = c;
-        tokens[t] = ids[t * k + best];
+        tokens[t] = finite_bf16(x + t * x_stride, K) ? ids[t * k + best] : -1;
     }
     free(logits);
     free(exact);
