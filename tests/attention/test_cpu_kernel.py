@@ -24,10 +24,11 @@ def test_environment_switches_the_kernel_off(monkeypatch):
 
 @needs_kernel
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_long_gqa_decodes_match_torch_path(dtype):
+@pytest.mark.parametrize("head_size", [64, 128, 256, 48])  # the kernel's sizes, then any
+def test_long_gqa_decodes_match_torch_path(dtype, head_size):
     """Nine query heads on three kv heads (SmolLM2's shape), contexts of several blocks."""
     gen = torch.Generator().manual_seed(0)
-    block_size, num_blocks, heads, kv_heads, head_size = 16, 80, 9, 3, 64
+    block_size, num_blocks, heads, kv_heads = 16, 80, 9, 3
     cache = torch.randn(2, num_blocks, block_size, kv_heads, head_size, generator=gen)
     cache[:, 0] = 0
     cache = cache.to(dtype)

@@ -166,6 +166,7 @@ static void NAME(int64_t H, int64_t D, const float *partials, int64_t parts,    
 #define DEFINE_DECODE(NAME, T, LOAD, STORE, CACHE)                                           \
 DEFINE_PART(NAME##_part_64, T, LOAD, CACHE, 64)                                             \
 DEFINE_PART(NAME##_part_128, T, LOAD, CACHE, 128)                                           \
+DEFINE_PART(NAME##_part_256, T, LOAD, CACHE, 256) /* Gemma's */                             \
 DEFINE_PART(NAME##_part_any, T, LOAD, CACHE, d->head_size)                                  \
 DEFINE_MERGE(NAME##_merge, T, STORE)                                                        \
                                                                                             \
@@ -200,7 +201,8 @@ int NAME(const PagedDims *d, const T *query, T *out, const char *kv_cache,      
     void (*part)(const PagedDims *, const T *, const char *, const char *, const int32_t *, \
                  int64_t, int64_t, float, float *, float *, float *) =                      \
         d->head_size == 64 ? NAME##_part_64                                                 \
-        : d->head_size == 128 ? NAME##_part_128 : NAME##_part_any;                          \
+        : d->head_size == 128 ? NAME##_part_128                                             \
+        : d->head_size == 256 ? NAME##_part_256 : NAME##_part_any;                          \
     _Pragma("omp parallel")                                                                 \
     {                                                                                       \
         const int64_t most = part_size(max_seq_len); /* the longest partition */            \
