@@ -107,6 +107,9 @@ def _check_embedding(world_size: int) -> None:
     head.weight_loader(head.weight, table[:9])
     torch.testing.assert_close(head(hidden), hidden @ table[:9].T)
     assert torch.equal(head.greedy_tokens(hidden), (hidden @ table[:9].T).argmax(-1))
+    faulty = hidden.clone()
+    faulty[1, 2] = float("nan")  # a row that is not finite: -1, on every rank alike
+    assert head.greedy_tokens(faulty).tolist()[1] == -1
     tied = ParallelLMHead(10, HIDDEN, tie_to=embedding)
     torch.testing.assert_close(tied(hidden), hidden @ table.T)
 

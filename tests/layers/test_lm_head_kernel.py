@@ -153,6 +153,24 @@ def test_the_heads_greedy_tokens_mark_rows_that_are_not_finite_on_every_path(mon
     assert tokens[2].item() == -1 and bool((tokens[[0, 1, 3]] >= 0).all())
 
 
+def test_the_greedy_tail_keeps_its_logits_buffer_across_steps():
+    head = _head()
+    if head._greedy_kernel(_hidden(6)) is None:  # (dense matmuls win 6 rows on this CPU)
+        pytest.skip("the C greedy tail does not serve 6 rows here")
+    first = head.greedy_tokens(_hidden(4, seed=8))
+    scratch = head._greedy_scratch
+    assert scratch is not None and scratch.numel() >= 4 * VOCAB
+    assert torch.equal(head.greedy_tokens(_hidden(4, seed=8)), first)
+    head.greedy_tokens(_hidden(2))
+    assert head._greedy_scratch is scratch  # fewer rows: the same buffer
+    head.greedy_tokens(_hidden(6))
+    assert head._greedy_scratch.numel() >= 6 * VOCAB  # more rows: grown
+    too_small = torch.empty(VOCAB, dtype=torch.bfloat16)
+    matrix = head._greedy_kernel(_hidden(2))
+    with pytest.raises(ValueError, match="scratch"):
+        cpu_ops.greedy_head(matrix, _hidden(2), head.weight, REFINED_CANDIDATES, too_small)
+
+
 def test_finite_rows_in_c_match_torch():
     x = _hidden(6)
     x[1, 3] = float("nan")

@@ -68,3 +68,63 @@ def test_mixed_prefill_chunk_and_decode():
     assert inputs.slot_mapping.tolist() == [10, 4, 5]
     assert inputs.sample_rows == [0, 1]
     assert inputs.logits_indices.tolist() == [0, 2]
+
+
+def _runner_after_prefills() -> ModelRunner:
+    """Requests "a" (6 prompt tokens, blocks 3 and 1) and "b" (2, block 2) prefilled, each
+    with one sampled token appended."""
+    runner = ModelRunner(
+        model=None, backend=None, kv_caches=[], block_size=4, device=torch.device("cpu")
+    )
+    prefill = SchedulerOutput(
+        scheduled_new_reqs=[_new("a", [10, 11, 12, 13, 14, 15], [3, 1]), _new("b", [20, 21], [2])],
+        scheduled_cached_reqs=CachedRequestData(),
+        num_scheduled_tokens={"a": 6, "b": 2},
+        total_num_scheduled_tokens=8,
+        finished_request_ids=set(),
+    )
+    runner._update_states(prefill)
+    runner._prepare_inputs(prefill)
+    runner.requests["a"].token_ids.append(16)
+    runner.requests["b"].token_ids.append(22)
+    return runner
+
+
+def test_a_decode_step_one_token_a_request():
+    """Every request computes one token: the decode branch's arrays."""
+    runner = _runner_after_prefills()
+    step = SchedulerOutput(
+        scheduled_new_reqs=[],
+        scheduled_cached_reqs=CachedRequestData(["b", "a"], [([],), ([],)], [2, 6]),
+        num_scheduled_tokens={"b": 1, "a": 1},
+        total_num_scheduled_tokens=2,
+        finished_request_ids=set(),
+    )
+    runner._update_states(step)
+    inputs = runner._prepare_inputs(step)
+    assert inputs.input_ids.tolist() == [22, 16]
+    assert inputs.positions.tolist() == [2, 6]
+    assert inputs.slot_mapping.tolist() == [2 * 4 + 2, 1 * 4 + 2]
+    assert inputs.query_start_loc.tolist() == [0, 1, 2]
+    assert inputs.query_lens.tolist() == [1, 1]
+    assert inputs.context_lens.tolist() == [2, 6]
+    assert inputs.sample_rows == [0, 1] and inputs.logits_indices.tolist() == [0, 1]
+    assert inputs.positions is not inputs.context_lens  # not aliased
+
+
+def test_a_request_scheduling_nothing_is_not_a_decode():
+    """Two tokens over two requests, but 0 and 2: the general arrays, not one a request."""
+    runner = _runner_after_prefills()
+    runner.requests["a"].token_ids.append(17)
+    step = SchedulerOutput(
+        scheduled_new_reqs=[],
+        scheduled_cached_reqs=CachedRequestData(["b", "a"], [([],), ([],)], [2, 6]),
+        num_scheduled_tokens={"b": 0, "a": 2},
+        total_num_scheduled_tokens=2,
+        finished_request_ids=set(),
+    )
+    runner._update_states(step)
+    inputs = runner._prepare_inputs(step)
+    assert inputs.input_ids.tolist() == [16, 17]
+    assert inputs.positions.tolist() == [6, 7]
+    assert inputs.query_start_loc.tolist() == [0, 0, 2]

@@ -191,9 +191,11 @@ FUNCTIONS: tuple[Function, ...] = (
         (_I64, _I64, _I64, _PTR, _I64, _PTR, _I64, _PTR, _I64, _PTR, _PTR),
         ctypes.c_int,
     ),
-    # greedy_head_bf16(head, M, N, K, x, x_stride, weight, k, tokens)
+    # greedy_head_bf16(head, M, N, K, x, x_stride, weight, k, tokens, scratch)
     Function(
-        "greedy_head_bf16", (_PTR, _I64, _I64, _I64, _PTR, _I64, _PTR, _I64, _PTR), ctypes.c_int
+        "greedy_head_bf16",
+        (_PTR, _I64, _I64, _I64, _PTR, _I64, _PTR, _I64, _PTR, _PTR),
+        ctypes.c_int,
     ),
     # decode_stack_bf16(dims, layers, T, input_ids, hidden, residual, positions, groups,
     # seq_lens, token_rows, max_seq_len, lora, prefills)

@@ -236,22 +236,36 @@ def refine_top(
     return ids, exact
 
 
+def greedy_head_scratch_size(matrix: Any, num_rows: int, vocab_size: int) -> int:
+    """bfloat16 values `greedy_head` writes its logits to for `num_rows` rows: one
+    [rows, vocab] product per part of the head (two where a GGUF tensor is split)."""
+    parts = 2 if matrix.parts[1].codes else 1
+    return parts * num_rows * vocab_size
+
+
 def greedy_head(
     matrix: Any,  # kernels.abi.StackMatrix of the head's byte dot-product weight [N, K]
     hidden: torch.Tensor,  # [M, K] bfloat16, rows dense
     weight: torch.Tensor,  # [N, K] bfloat16, contiguous: the dense head
     k: int,
+    scratch: torch.Tensor | None = None,  # >= greedy_head_scratch_size values, or None
 ) -> torch.Tensor:  # [M] int64
     """Each row's greedy token: the head's matmul, its top k refined as `refine_top`, their
     argmax; -1 for a row of `hidden` holding a NaN or infinity. One C call
-    (csrc/lm_head.c)."""
+    (csrc/lm_head.c). The logits go to `scratch` (a caller's buffer kept across steps),
+    else to memory allocated for the call."""
     num_rows = hidden.shape[0]
     tokens = torch.empty(num_rows, dtype=torch.int64)
     if num_rows == 0:
         return tokens
+    if scratch is not None:
+        needed = greedy_head_scratch_size(matrix, num_rows, weight.shape[0])
+        if scratch.numel() < needed or scratch.element_size() != 2 or not scratch.is_contiguous():
+            raise ValueError(f"greedy_head: scratch needs {needed} contiguous 2-byte values.")
     failed = _fused_lib().greedy_head_bf16(
         ctypes.byref(matrix), num_rows, weight.shape[0], weight.shape[1], pointer(hidden),
         hidden.stride(0), pointer(weight), k, pointer(tokens),
+        None if scratch is None else pointer(scratch),
     )
     if failed:
         raise MemoryError(f"greedy_head_bf16 failed (code {failed})")

@@ -182,11 +182,11 @@ class ModelRunner:
         states = [self.requests[rid] for rid in request_ids]
         context_lens = np.array([s.num_computed_tokens for s in states], dtype=np.int64)
         scheduled = scheduler_output.num_scheduled_tokens
-        num_tokens = scheduler_output.total_num_scheduled_tokens
         drafts_of = scheduler_output.scheduled_spec_decode_tokens
-        if num_tokens == len(states) and max(scheduled.values(), default=1) == 1:
+        if max(scheduled.values(), default=1) == 1 and min(scheduled.values(), default=1) == 1:
             # One token a request (a decode step): positions are the context lengths. (The
             # general arrays below cost ~20 us a step in numpy calls on cold caches.)
+            num_tokens = len(states)
             query_lens = np.ones(num_tokens, dtype=np.int64)
             query_start_loc = np.arange(num_tokens + 1, dtype=np.int64)
             req_indices, positions = query_start_loc[:-1], context_lens.copy()
@@ -198,6 +198,7 @@ class ModelRunner:
             query_lens = np.array([scheduled[rid] for rid in request_ids], dtype=np.int64)
             query_start_loc = np.zeros(len(states) + 1, dtype=np.int64)
             np.cumsum(query_lens, out=query_start_loc[1:])
+            num_tokens = int(query_start_loc[-1])
             # Position of every token: its request's context length plus its offset.
             req_indices = np.repeat(np.arange(len(states)), query_lens)
             offsets = np.arange(num_tokens) - np.repeat(query_start_loc[:-1], query_lens)

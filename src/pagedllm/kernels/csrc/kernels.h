@@ -221,14 +221,15 @@ int stack_matmul(const StackMatrix *m, int64_t T, int64_t N, int64_t K, const ui
  * [M, N] bfloat16, rows logits_stride apart) as ids [M, k] and their float32 logits exact
  * [M, k] recomputed from the dense weight [N, K] and x [M, K] (bfloat16). greedy_head_bf16:
  * the head's matmul (x @ head^T), the same refinement, and each row's argmax into tokens [M]
- * (-1 for a row of x holding a NaN or infinity).
+ * (-1 for a row of x holding a NaN or infinity); `scratch` (NULL: allocated here) holds the
+ * logits, parts x M x N bfloat16 values (parts: 2 for a split head, else 1).
  * Both return 1 when k is not in 1..N, 2 when out of memory (greedy: or the matmul's code). */
 PAGEDLLM_API int refine_top_bf16(int64_t M, int64_t N, int64_t K, const uint16_t *logits,
                                  int64_t logits_stride, const uint16_t *x, int64_t x_stride,
                                  const uint16_t *weight, int64_t k, int64_t *ids, float *exact);
 PAGEDLLM_API int greedy_head_bf16(const StackMatrix *head, int64_t M, int64_t N, int64_t K,
                                   const uint16_t *x, int64_t x_stride, const uint16_t *weight,
-                                  int64_t k, int64_t *tokens);
+                                  int64_t k, int64_t *tokens, uint16_t *scratch);
 
 PAGEDLLM_API int decode_stack_bf16(const StackDims *d, const StackLayer *layers, int64_t T,
                                    const int64_t *input_ids, uint16_t *hidden, float *residual,

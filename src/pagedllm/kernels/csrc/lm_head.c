@@ -10,7 +10,8 @@
  * after the matmul has evicted the caches, for what is a few microseconds of work here.
  *
  *   refine_top_bf16:  logits (any source) -> the top k ids and their float32 logits
- *   greedy_head_bf16: the head's matmul, the same refinement, the argmax -> one token a row,
+ *   greedy_head_bf16: the head's matmul, the same refinement, the argmax -> one token a row
+ *                     (the logits in the caller's scratch when it gives one),
  *                     or -1 where the row's hidden state holds a NaN or infinity (the
  *                     sampler fails that request; the check here spares it a pass of its own)
  *
@@ -116,30 +117,17 @@ static int finite_bf16(const uint16_t *x, int64_t K) {
     return !nonfinite;
 }
 
-/* The logits buffer of greedy_head_bf16, kept per thread and grown as needed: at a 262k
- * vocabulary a 64-row step's logits are 33.5 MB, above glibc's largest mmap threshold, so a
- * fresh malloc each step mapped new pages and faulted on every one of them (a few percent of
- * Gemma 3's batched decode step, measured with perf). Buffers above the cap are not kept. */
-#define KEPT_LOGITS_MAX_BYTES ((size_t)512 << 20)
-static _Thread_local uint16_t *kept_logits;
-static _Thread_local size_t kept_logits_bytes;
-
-static uint16_t *logits_buffer(size_t bytes) {
-    if (bytes <= kept_logits_bytes && kept_logits != NULL) return kept_logits;
-    if (bytes > KEPT_LOGITS_MAX_BYTES) return malloc(bytes);
-    free(kept_logits);
-    kept_logits = malloc(bytes);
-    kept_logits_bytes = kept_logits != NULL ? bytes : 0;
-    return kept_logits;
-}
-
 int greedy_head_bf16(const StackMatrix *head, int64_t M, int64_t N, int64_t K,
                      const uint16_t *x, int64_t x_stride, const uint16_t *weight, int64_t k,
-                     int64_t *tokens) {
+                     int64_t *tokens, uint16_t *scratch) {
     if (k < 1 || k > N) return 1;
-    /* the logits, and a second part's product where the head is split in two */
+    /* the logits, and a second part's product where the head is split in two: in the
+     * caller's scratch when given (a buffer kept across steps: at a 262k vocabulary a
+     * 64-row step's logits are 33.5 MB, above glibc's largest mmap threshold, so a malloc
+     * per call mapped fresh pages and faulted on every one of them) */
     const int64_t parts = head->parts[1].codes != NULL ? 2 : 1;
-    uint16_t *logits = logits_buffer(sizeof(uint16_t) * (size_t)(parts * M * N + 1));
+    uint16_t *logits = scratch != NULL ? scratch
+                                       : malloc(sizeof(uint16_t) * (size_t)(parts * M * N));
     float *exact = malloc(sizeof(float) * (size_t)(M * k));
     int64_t *ids = malloc(sizeof(int64_t) * (size_t)(M * k));
     int failed = logits == NULL || exact == NULL || ids == NULL ? 2 : 0;
@@ -151,7 +139,7 @@ int greedy_head_bf16(const StackMatrix *head, int64_t M, int64_t N, int64_t K,
             if (exact[t * k + c] > exact[t * k + best]) best = c;
         tokens[t] = finite_bf16(x + t * x_stride, K) ? ids[t * k + best] : -1;
     }
-    if (logits != kept_logits) free(logits);
+    if (logits != scratch) free(logits);
     free(exact);
     free(ids);
     return failed;
