@@ -19,7 +19,10 @@ a warm-up, median and range.
 `--single-stream` times the decode steps of one request instead: each step's wall time
 split into the time inside the C kernels (every call into the kernel library: the decode
 stack, the LM head's matmul, ...) and the time outside them (scheduler, input preparation,
-torch ops, sampling, output processing, Python), median over the steps.
+torch ops, sampling, output processing, Python), median over the steps. A last pass with
+the phases timed as above then splits the outside time by phase (median µs a step; the
+model's phases less the kernels' time in them). The phase timers' own wrappers cost about a
+microsecond a call, so that pass runs after the measured ones.
 
     python benchmarks/step_breakdown.py
     python benchmarks/step_breakdown.py --num-prompts 16 --output-len 32 --output-json out.json
@@ -29,6 +32,7 @@ torch ops, sampling, output processing, Python), median over the steps.
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -63,11 +67,17 @@ class PhaseTimer:
 
     def __init__(self) -> None:
         self.totals: dict[str, float] = defaultdict(float)
+        # Per step (single-stream passes): (wall s, s inside kernels, phase totals).
+        self.steps: list[tuple[float, float, dict[str, float]]] = []
+        self._wrapped: list[tuple[Any, str, Any]] = []  # (owner, method, original)
         self._stack: list[list[float]] = []  # per open phase: [time spent in children]
 
     def wrap(self, owner: Any, method: str, phase: str | None) -> None:
         """Time `owner.method` as `phase` (None: only subtract it from its parent)."""
         original = getattr(owner, method)
+        # What the owner itself held (None: it inherited the method or, an instance, read
+        # it from its class): put back, or the wrapper deleted, by uninstall.
+        self._wrapped.append((owner, method, vars(owner).get(method)))
         timer = self
 
         def timed(*args: Any, **kwargs: Any) -> Any:
@@ -84,6 +94,15 @@ class PhaseTimer:
                     timer._stack[-1][0] += elapsed if phase is not None else elapsed - children
 
         setattr(owner, method, timed)
+
+    def uninstall(self) -> None:
+        """Put every wrapped method back (classes are shared with the rest of the process)."""
+        for owner, method, original in reversed(self._wrapped):
+            if original is None:
+                delattr(owner, method)
+            else:
+                setattr(owner, method, original)
+        self._wrapped.clear()
 
 
 def instrument(llm: Any, timer: PhaseTimer) -> Callable[[], Any]:
@@ -154,9 +173,10 @@ class KernelClock:
         return timed
 
 
-def single_stream_pass(llm: Any, clock: KernelClock, prompt: list[int], output_len: int
-                       ) -> list[tuple[float, float]]:
-    """One request's steps after its prefill: (step wall s, s inside kernels) each."""
+def single_stream_pass(llm: Any, clock: KernelClock, prompt: list[int], output_len: int,
+                       timer: PhaseTimer | None = None) -> list[tuple[float, float]]:
+    """One request's steps after its prefill: (step wall s, s inside kernels) each; with a
+    `timer` (its wrappers installed), each step's phase totals are kept in `timer.steps`."""
     from pagedllm import SamplingParams
 
     engine = llm.llm_engine
@@ -165,17 +185,36 @@ def single_stream_pass(llm: Any, clock: KernelClock, prompt: list[int], output_l
     steps = []
     while engine.has_unfinished_requests():
         clock.seconds = 0.0
+        if timer is not None:
+            timer.totals.clear()
         start = time.perf_counter()
         engine.step()
         steps.append((time.perf_counter() - start, clock.seconds))
+        if timer is not None:
+            timer.steps.append((steps[-1][0], clock.seconds, dict(timer.totals)))
+    if timer is not None:
+        del timer.steps[-len(steps)]  # the prefill
     return steps[1:]  # the first step is the prefill
+
+
+def outside_by_phase(steps: list[tuple[float, float, dict[str, float]]]) -> dict[str, float]:
+    """Median seconds a step outside the kernels, per phase: the model's phases (forward,
+    logits, sampling) together less the kernels' time, every other phase as timed, and
+    what no phase covers (the engine's own step code)."""
+    rows: dict[str, list[float]] = defaultdict(list)
+    for wall, kernels, totals in steps:
+        model = sum(totals.get(phase, 0.0) for phase in MODEL_EXECUTION)
+        rows["model, outside kernels"].append(model - kernels)
+        for phase in PHASES:
+            if phase not in MODEL_EXECUTION:
+                rows[phase].append(totals.get(phase, 0.0))
+        rows["other"].append(wall - sum(totals.get(phase, 0.0) for phase in PHASES))
+    return {name: statistics.median(values) for name, values in rows.items()}
 
 
 def report_single_stream(llm: Any, prompt: list[int], output_len: int, num_iters: int
                          ) -> dict[str, Any]:
     """Print and return the decode steps' median wall, kernel and outside times."""
-    import statistics
-
     clock = KernelClock()
     if not clock.install():
         raise SystemExit("No kernel library here: nothing runs in C kernels.")
@@ -190,8 +229,21 @@ def report_single_stream(llm: Any, prompt: list[int], output_len: int, num_iters
     print(f"single stream, {len(prompt)}-token prompt, {len(steps)} decode steps:")
     print(f"  step {wall * 1e3:.3f} ms (median)   in kernels {kernels * 1e3:.3f} ms   "
           f"outside {outside * 1e3:.3f} ms = {outside / wall * 100:.1f}% of the step")
+    # The outside time by phase, in a pass of its own (the phase wrappers cost time).
+    timer = PhaseTimer()
+    instrument(llm, timer)
+    try:
+        llm.reset_prefix_cache()
+        single_stream_pass(llm, clock, prompt, output_len, timer)
+    finally:
+        timer.uninstall()
+    phases = outside_by_phase(timer.steps)
+    print("  outside the kernels by phase (median µs a step, a pass with phase timers):")
+    for name, seconds in phases.items():
+        print(f"    {name:<24} {seconds * 1e6:8.1f}")
     return {"steps": len(steps), "step_ms": wall * 1e3, "kernel_ms": kernels * 1e3,
-            "outside_ms": outside * 1e3, "outside_share": outside / wall}
+            "outside_ms": outside * 1e3, "outside_share": outside / wall,
+            "outside_by_phase_us": {name: s * 1e6 for name, s in phases.items()}}
 
 
 def timed_pass(

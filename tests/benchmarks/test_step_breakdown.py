@@ -29,3 +29,27 @@ def test_single_stream_splits_each_step(tiny_llama_dir, monkeypatch):
     assert len(steps) == 5  # six tokens: the prefill's, then five decode steps
     for wall, kernels in steps:
         assert 0 < kernels < wall  # the decode stack ran in C, and Python around it
+
+
+@pytest.mark.skipif(not cpu_ops.w4a8_available(), reason="no C compiler")
+def test_single_stream_report_splits_the_outside_time_by_phase(tiny_llama_dir, monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    breakdown = load_benchmark("step_breakdown")
+    llm = LLM(str(tiny_llama_dir), dtype="bfloat16", quantization="int4", max_model_len=128)
+    try:
+        result = breakdown.report_single_stream(llm, [5, 17, 42, 8], 6, 1)
+    finally:
+        sys.modules.pop("common", None)
+    phases = result["outside_by_phase_us"]
+    assert set(phases) == {
+        "model, outside kernels", "schedule", "input preparation", "scheduler update",
+        "output processing", "other",
+    }
+    for phase in ("schedule", "input preparation", "output processing"):
+        assert phases[phase] > 0  # each timed in every decode step
+    assert 0 < result["kernel_ms"] < result["step_ms"]
+    # The phase wrappers are gone again (the classes are the whole process's).
+    from pagedllm.core.scheduler import Scheduler
+    assert Scheduler.schedule.__qualname__ == "Scheduler.schedule"
+    runner = llm.llm_engine.engine_core.engine_core.executor.worker.model_runner
+    assert "run" not in vars(runner.decode_step) and "forward" not in vars(runner.model)
