@@ -214,10 +214,20 @@ def outside_by_phase(steps: list[tuple[float, float, dict[str, float]]]) -> dict
 
 def report_single_stream(llm: Any, prompt: list[int], output_len: int, num_iters: int
                          ) -> dict[str, Any]:
-    """Print and return the decode steps' median wall, kernel and outside times."""
+    """Print and return the decode steps' median wall, kernel and outside times (the
+    kernel library's own functions put back afterwards: it is the whole process's)."""
     clock = KernelClock()
     if not clock.install():
         raise SystemExit("No kernel library here: nothing runs in C kernels.")
+    try:
+        return _single_stream_report(llm, clock, prompt, output_len, num_iters)
+    finally:
+        clock.uninstall()
+
+
+def _single_stream_report(llm: Any, clock: KernelClock, prompt: list[int], output_len: int,
+                          num_iters: int) -> dict[str, Any]:
+    """report_single_stream's passes and printout, with `clock` installed."""
     single_stream_pass(llm, clock, prompt, 16)  # warm-up
     steps = []
     for _ in range(num_iters):

@@ -53,3 +53,10 @@ def test_single_stream_report_splits_the_outside_time_by_phase(tiny_llama_dir, m
     assert Scheduler.schedule.__qualname__ == "Scheduler.schedule"
     runner = llm.llm_engine.engine_core.engine_core.executor.worker.model_runner
     assert "run" not in vars(runner.decode_step) and "forward" not in vars(runner.model)
+    from pagedllm.kernels.abi import FUNCTIONS
+    from pagedllm.platform import cpu_platform
+
+    library = cpu_platform().kernel_library()
+    assert library is not None
+    for function in FUNCTIONS:  # the kernel clock's wrappers are gone too
+        assert getattr(library.lib, function.name).restype is function.restype
