@@ -90,18 +90,22 @@ def _runner_after_prefills() -> ModelRunner:
     return runner
 
 
-def test_a_decode_step_one_token_a_request():
-    """Every request computes one token: the decode branch's arrays."""
-    runner = _runner_after_prefills()
+def _next_step(runner: ModelRunner, num_scheduled: dict[str, int]):
+    """The runner's inputs for a step of the prefilled "b" and "a" (contexts 2 and 6)."""
     step = SchedulerOutput(
         scheduled_new_reqs=[],
         scheduled_cached_reqs=CachedRequestData(["b", "a"], [([],), ([],)], [2, 6]),
-        num_scheduled_tokens={"b": 1, "a": 1},
-        total_num_scheduled_tokens=2,
+        num_scheduled_tokens=num_scheduled,
+        total_num_scheduled_tokens=sum(num_scheduled.values()),
         finished_request_ids=set(),
     )
     runner._update_states(step)
-    inputs = runner._prepare_inputs(step)
+    return runner._prepare_inputs(step)
+
+
+def test_a_decode_step_one_token_a_request():
+    """Every request computes one token: the decode branch's arrays."""
+    inputs = _next_step(_runner_after_prefills(), {"b": 1, "a": 1})
     assert inputs.input_ids.tolist() == [22, 16]
     assert inputs.positions.tolist() == [2, 6]
     assert inputs.slot_mapping.tolist() == [2 * 4 + 2, 1 * 4 + 2]
@@ -116,15 +120,7 @@ def test_a_request_scheduling_nothing_is_not_a_decode():
     """Two tokens over two requests, but 0 and 2: the general arrays, not one a request."""
     runner = _runner_after_prefills()
     runner.requests["a"].token_ids.append(17)
-    step = SchedulerOutput(
-        scheduled_new_reqs=[],
-        scheduled_cached_reqs=CachedRequestData(["b", "a"], [([],), ([],)], [2, 6]),
-        num_scheduled_tokens={"b": 0, "a": 2},
-        total_num_scheduled_tokens=2,
-        finished_request_ids=set(),
-    )
-    runner._update_states(step)
-    inputs = runner._prepare_inputs(step)
+    inputs = _next_step(runner, {"b": 0, "a": 2})
     assert inputs.input_ids.tolist() == [16, 17]
     assert inputs.positions.tolist() == [6, 7]
     assert inputs.query_start_loc.tolist() == [0, 0, 2]

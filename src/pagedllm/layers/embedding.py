@@ -15,6 +15,7 @@ from pagedllm.kernels.abi import StackMatrix
 from pagedllm.layers import cpu_ops
 from pagedllm.layers.cpu_tables import method_byte_dot_parts, parts_matrix
 from pagedllm.layers.linear import default_weight_loader
+from pagedllm.layers.nonfinite import mark_nonfinite_rows
 from pagedllm.layers.quantization import (
     DenseMethod,
     LinearMethod,
@@ -191,13 +192,3 @@ class LMHead(nn.Module):
         rows = self.weight[candidates].float()  # [N, k, embedding_dim]
         exact = torch.bmm(rows, hidden.float().unsqueeze(-1)).squeeze(-1)  # [N, k]
         return candidates, exact
-
-
-def mark_nonfinite_rows(tokens: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
-    """`tokens` [N], changed in place: -1 where the row of `hidden_states` holds a NaN or
-    infinity (on the device: no host sync; one C pass where the fused ops serve)."""
-    if cpu_ops.serves(hidden_states):
-        finite = cpu_ops.finite_rows(hidden_states)
-    else:
-        finite = torch.isfinite(hidden_states).all(dim=-1)
-    return tokens.masked_fill_(~finite, -1)

@@ -22,8 +22,9 @@ from torch import nn
 
 from pagedllm.distributed.parallel_state import GroupCoordinator, get_tp_group
 from pagedllm.distributed.sharding import divide, head_shard, vocab_shard
-from pagedllm.layers.embedding import LMHead, VocabEmbedding, mark_nonfinite_rows
+from pagedllm.layers.embedding import LMHead, VocabEmbedding
 from pagedllm.layers.linear import Linear, MergedColumnLinear, QKVLinear, default_weight_loader
+from pagedllm.layers.nonfinite import mark_nonfinite_rows
 from pagedllm.layers.quantization import INT4_GROUP_SIZE, GroupCodes
 
 Weight = torch.Tensor | GroupCodes

@@ -20,6 +20,13 @@ from pagedllm.logger import init_logger
 logger = init_logger(__name__)
 
 
+def faults_requested() -> bool:
+    """Whether the environment asks for a fault. The hook sits on the Python embedding, so
+    the decode-step fast paths (the C stack's own lookup, replayed CUDA graphs) would never
+    run it: the worker builds none while a fault is asked for."""
+    return envs.inject_nonfinite_token_id() is not None
+
+
 def install_fault_injection(model: nn.Module) -> None:
     """Hook the faults the environment asks for into `model` (nothing when none is asked)."""
     token_id = envs.inject_nonfinite_token_id()

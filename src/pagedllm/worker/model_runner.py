@@ -183,7 +183,7 @@ class ModelRunner:
         context_lens = np.array([s.num_computed_tokens for s in states], dtype=np.int64)
         scheduled = scheduler_output.num_scheduled_tokens
         drafts_of = scheduler_output.scheduled_spec_decode_tokens
-        if max(scheduled.values(), default=1) == 1 and min(scheduled.values(), default=1) == 1:
+        if all(count == 1 for count in scheduled.values()):
             # One token a request (a decode step): positions are the context lengths. (The
             # general arrays below cost ~20 us a step in numpy calls on cold caches.)
             num_tokens = len(states)

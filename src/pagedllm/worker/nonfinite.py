@@ -12,15 +12,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from pagedllm.layers import cpu_ops
+from pagedllm.layers.nonfinite import finite_rows
 
-
-def finite_rows(values: torch.Tensor) -> torch.Tensor:
-    """[rows] bool: which rows of [rows, d] `values` hold no NaN or infinity (no host sync:
-    a caller about to copy its tokens to the host reads this after them)."""
-    if cpu_ops.serves(values):  # bfloat16 on the host: one C pass
-        return cpu_ops.finite_rows(values)
-    return torch.isfinite(values).all(dim=-1)
+__all__ = ["finite_rows", "nonfinite_rows", "owners_of_rows"]
 
 
 def nonfinite_rows(finite: torch.Tensor) -> list[int]:

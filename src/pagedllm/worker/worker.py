@@ -41,7 +41,7 @@ from pagedllm.utils.device import to_torch_dtype
 from pagedllm.worker.decode_step import DecodeBatch, DecodeStep
 from pagedllm.worker.decode_step.cpu_stack import CpuDecodeStack
 from pagedllm.worker.decode_step.cuda_graphs import DecodeGraphs, default_capture_sizes
-from pagedllm.worker.fault_injection import install_fault_injection
+from pagedllm.worker.fault_injection import faults_requested, install_fault_injection
 from pagedllm.worker.model_runner import ModelRunner
 from pagedllm.worker.outputs import ModelRunnerOutput
 from pagedllm.worker.sleep_mode import WAKE_UP_TAGS, SleepMode
@@ -208,7 +208,10 @@ class Worker:
         return KVConnectorHook(connector)
 
     def _build_decode_step(self) -> DecodeStep | None:
-        """The platform's decode-step fast path, where it serves this engine."""
+        """The platform's decode-step fast path, where it serves this engine (none while a
+        fault is injected: the fast paths would bypass its hook)."""
+        if faults_requested():
+            return None
         kind = self.platform.decode_step_kind()
         if kind == "cuda_graphs":
             return self._capture_decode_graphs()
@@ -220,13 +223,11 @@ class Worker:
     def _cpu_stack_applies(self) -> bool:
         """One rank (the C stack has no collectives and runs every layer) of a generating
         model whose attention is the C kernels' (the stack's results equal the layers'
-        then), with no fault injected (its hook is on the Python embedding, which the
-        stack's own lookup would bypass)."""
+        then)."""
         return (
             get_world_group().world_size == 1
             and isinstance(self.backend, CpuPagedBackend)
             and self.config.model_config.runner == "generate"
-            and envs.inject_nonfinite_token_id() is None
         )
 
     def _decode_graphs_off_reason(self) -> str | None:
