@@ -24,11 +24,14 @@ def test_environment_switches_the_kernel_off(monkeypatch):
 
 @needs_kernel
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("head_size", [64, 128, 256, 48])  # the kernel's sizes, then any
-def test_long_gqa_decodes_match_torch_path(dtype, head_size):
-    """Nine query heads on three kv heads (SmolLM2's shape), contexts of several blocks."""
+# the kernel's sizes, then any: 48 (whole vectors), 40 (a tail shorter than a vector)
+@pytest.mark.parametrize("head_size", [64, 128, 256, 48, 40])
+# query heads per kv head: SmolLM2's 3, then 8 and 5 (more rows than one register block)
+@pytest.mark.parametrize("heads,kv_heads", [(9, 3), (8, 1), (10, 2)])
+def test_long_gqa_decodes_match_torch_path(dtype, head_size, heads, kv_heads):
+    """Grouped query heads on their kv heads, contexts of several blocks."""
     gen = torch.Generator().manual_seed(0)
-    block_size, num_blocks, heads, kv_heads = 16, 80, 9, 3
+    block_size, num_blocks = 16, 80
     cache = torch.randn(2, num_blocks, block_size, kv_heads, head_size, generator=gen)
     cache[:, 0] = 0
     cache = cache.to(dtype)

@@ -267,3 +267,103 @@ void isa_attn_weighted_sum(float *acc, int64_t D, const float *w, const float *t
     for (; j < D; j++)
         for (int64_t t = 0; t < n; t++) acc[j] = fmaf(w[t], tile[t * D + j], acc[j]);
 }
+
+/* One vector of 8 partial sums of q . k (lane l: the products at j = l mod 8, in j order);
+ * a tail shorter than 8 is masked. */
+static inline __attribute__((always_inline)) __m256 dot_partials(const float *q,
+                                                                 const float *k, int64_t D) {
+    __m256 a = _mm256_setzero_ps();
+    int64_t j = 0;
+    for (; j + 8 <= D; j += 8)
+        a = _mm256_fmadd_ps(_mm256_loadu_ps(q + j), _mm256_loadu_ps(k + j), a);
+    if (j < D) {
+        const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(D - j)),
+                                             _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        a = _mm256_fmadd_ps(_mm256_maskload_ps(q + j, m), _mm256_maskload_ps(k + j, m), a);
+    }
+    return a;
+}
+
+/* Lane t of the result is the sum of v[t]'s 8 lanes: two rounds of horizontal adds, then
+ * the 128-bit halves added across (9 instructions for 8 sums). */
+static inline __m256 sum_lanes_8(const __m256 v[8]) {
+    const __m256 x = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+    const __m256 y = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
+    return _mm256_add_ps(_mm256_permute2f128_ps(x, y, 0x20), _mm256_permute2f128_ps(x, y, 0x31));
+}
+
+static inline __attribute__((always_inline)) void key_scores(const float *q, int64_t rows,
+                                                             int64_t D, const float *tile,
+                                                             int64_t kt, float *s,
+                                                             int64_t s_stride) {
+    for (int64_t r = 0; r < rows; r++) {
+        float sums[16];
+        for (int half = 0; half < 2 && 8 * half < kt; half++) {
+            __m256 v[8];
+            for (int t = 0; t < 8; t++)
+                v[t] = 8 * half + t < kt ? dot_partials(q + r * D, tile + (8 * half + t) * D, D)
+                                         : _mm256_setzero_ps();
+            _mm256_storeu_ps(sums + 8 * half, sum_lanes_8(v));
+        }
+        memcpy(s + r * s_stride, sums, sizeof(float) * kt);
+    }
+}
+
+void isa_attn_key_scores(const float *q, int64_t rows, int64_t D, const float *tile,
+                         int64_t kt, float *s, int64_t s_stride) {
+    if (D == 64) key_scores(q, rows, 64, tile, kt, s, s_stride); /* unrolled: q in registers */
+    else if (D == 128) key_scores(q, rows, 128, tile, kt, s, s_stride);
+    else key_scores(q, rows, D, tile, kt, s, s_stride);
+}
+
+void isa_int8_row_to_float(float *dst, const int8_t *row, int64_t D) {
+    for (int64_t g = 0; g < D / 16; g++) {
+        float scale;
+        memcpy(&scale, row + D + 4 * g, sizeof scale);
+        const __m256 s = _mm256_set1_ps(scale);
+        for (int half = 0; half < 2; half++) {
+            const __m128i c = _mm_loadl_epi64((const __m128i *)(row + 16 * g + 8 * half));
+            _mm256_storeu_ps(dst + 16 * g + 8 * half,
+                             _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c)), s));
+        }
+    }
+}
+
+/* R rows' V vectors of output values (acc rows D apart, tile rows D apart, w rows w_stride
+ * apart): the accumulators stay in registers over the n keys and each key's values are
+ * loaded once for all R rows (at most 2 x 4 accumulators: AVX2 has 16 registers). */
+static inline __attribute__((always_inline)) void weighted_sum_block(
+        int R, int V, float *acc, int64_t D, const float *w, int64_t w_stride,
+        const float *tile, int64_t n) {
+    __m256 a[2][4];
+    for (int r = 0; r < R; r++)
+        for (int v = 0; v < V; v++) a[r][v] = _mm256_loadu_ps(acc + r * D + 8 * v);
+    for (int64_t t = 0; t < n; t++) {
+        __m256 k[4];
+        for (int v = 0; v < V; v++) k[v] = _mm256_loadu_ps(tile + t * D + 8 * v);
+        for (int r = 0; r < R; r++) {
+            const __m256 wt = _mm256_set1_ps(w[r * w_stride + t]);
+            for (int v = 0; v < V; v++) a[r][v] = _mm256_fmadd_ps(wt, k[v], a[r][v]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int v = 0; v < V; v++) _mm256_storeu_ps(acc + r * D + 8 * v, a[r][v]);
+}
+
+void isa_attn_weighted_sum_rows(float *acc, int64_t rows, int64_t D, const float *w,
+                                int64_t w_stride, const float *tile, int64_t n) {
+    for (int64_t r0 = 0; r0 < rows; r0 += 2) {
+        const int R = rows - r0 < 2 ? 1 : 2;
+        float *a = acc + r0 * D;
+        const float *wr = w + r0 * w_stride;
+        int64_t j = 0;
+        for (; j + 32 <= D; j += 32)
+            if (R == 2) weighted_sum_block(2, 4, a + j, D, wr, w_stride, tile + j, n);
+            else weighted_sum_block(1, 4, a + j, D, wr, w_stride, tile + j, n);
+        for (; j + 8 <= D; j += 8) weighted_sum_block(R, 1, a + j, D, wr, w_stride, tile + j, n);
+        for (int r = 0; r < R; r++) /* a tail of fewer than 8 values */
+            for (int64_t jj = j; jj < D; jj++)
+                for (int64_t t = 0; t < n; t++)
+                    a[r * D + jj] = fmaf(wr[r * w_stride + t], tile[t * D + jj], a[r * D + jj]);
+    }
+}

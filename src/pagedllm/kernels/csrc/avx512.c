@@ -159,3 +159,112 @@ void isa_attn_weighted_sum(float *acc, int64_t D, const float *w, const float *t
     for (; j < D; j++) /* a tail of fewer than 16 values */
         for (int64_t t = 0; t < n; t++) acc[j] = fmaf(w[t], tile[t * D + j], acc[j]);
 }
+
+/* One vector of 16 partial sums of q . k (lane l: the products at j = l mod 16, in j
+ * order); a tail shorter than 16 is masked. */
+static inline __attribute__((always_inline)) __m512 dot_partials(const float *q,
+                                                                 const float *k, int64_t D) {
+    __m512 a = _mm512_setzero_ps();
+    int64_t j = 0;
+    for (; j + 16 <= D; j += 16)
+        a = _mm512_fmadd_ps(_mm512_loadu_ps(q + j), _mm512_loadu_ps(k + j), a);
+    if (j < D) {
+        const __mmask16 m = (__mmask16)((1u << (D - j)) - 1);
+        a = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + j), _mm512_maskz_loadu_ps(m, k + j), a);
+    }
+    return a;
+}
+
+/* Lane t of the result is the sum of v[t]'s 16 lanes: four rounds of shuffles and adds
+ * halve the vectors each time (46 instructions for 16 sums, against 16 horizontal sums of
+ * about 8 each), then one permutation puts the sums in order. */
+static inline __m512 sum_lanes_16(const __m512 v[16]) {
+    __m512 a[8], b[4], c[2];
+    for (int i = 0; i < 8; i++) /* 256-bit halves: v[i]'s 8 partials | v[i + 8]'s */
+        a[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[i], v[i + 8], 0x44),
+                             _mm512_shuffle_f32x4(v[i], v[i + 8], 0xEE));
+    for (int i = 0; i < 4; i++) /* 128-bit lanes: v[i], v[i + 8], v[i + 4], v[i + 12] */
+        b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[i], a[i + 4], 0x88),
+                             _mm512_shuffle_f32x4(a[i], a[i + 4], 0xDD));
+    for (int i = 0; i < 2; i++) /* each lane: two partials of two vectors, interleaved */
+        c[i] = _mm512_add_ps(_mm512_unpacklo_ps(b[i], b[i + 2]),
+                             _mm512_unpackhi_ps(b[i], b[i + 2]));
+    const __m512 d = _mm512_add_ps(_mm512_shuffle_ps(c[0], c[1], 0x44),
+                                   _mm512_shuffle_ps(c[0], c[1], 0xEE));
+    /* d holds v0 v2 v1 v3 | v8 v10 v9 v11 | v4 v6 v5 v7 | v12 v14 v13 v15 */
+    const __m512i order = _mm512_setr_epi32(0, 2, 1, 3, 8, 10, 9, 11, 4, 6, 5, 7, 12, 14, 13, 15);
+    return _mm512_permutexvar_ps(order, d);
+}
+
+static inline __attribute__((always_inline)) void key_scores(const float *q, int64_t rows,
+                                                             int64_t D, const float *tile,
+                                                             int64_t kt, float *s,
+                                                             int64_t s_stride) {
+    const __mmask16 keep = (__mmask16)((1u << kt) - 1);
+    for (int64_t r = 0; r < rows; r++) {
+        __m512 v[16];
+        for (int t = 0; t < 16; t++)
+            v[t] = t < kt ? dot_partials(q + r * D, tile + t * D, D) : _mm512_setzero_ps();
+        _mm512_mask_storeu_ps(s + r * s_stride, keep, sum_lanes_16(v));
+    }
+}
+
+void isa_attn_key_scores(const float *q, int64_t rows, int64_t D, const float *tile,
+                         int64_t kt, float *s, int64_t s_stride) {
+    if (D == 64) key_scores(q, rows, 64, tile, kt, s, s_stride); /* unrolled: q in registers */
+    else if (D == 128) key_scores(q, rows, 128, tile, kt, s, s_stride);
+    else key_scores(q, rows, D, tile, kt, s, s_stride);
+}
+
+void isa_int8_row_to_float(float *dst, const int8_t *row, int64_t D) {
+    for (int64_t g = 0; g < D / 16; g++) {
+        float scale;
+        memcpy(&scale, row + D + 4 * g, sizeof scale);
+        const __m512i codes = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(row + 16 * g)));
+        _mm512_storeu_ps(dst + 16 * g,
+                         _mm512_mul_ps(_mm512_cvtepi32_ps(codes), _mm512_set1_ps(scale)));
+    }
+}
+
+/* R rows' V vectors of output values (acc rows D apart, tile rows D apart, w rows w_stride
+ * apart): the accumulators stay in registers over the n keys and each key's values are
+ * loaded once for all R rows. */
+static inline __attribute__((always_inline)) void weighted_sum_block(
+        int R, int V, float *acc, int64_t D, const float *w, int64_t w_stride,
+        const float *tile, int64_t n) {
+    __m512 a[4][4];
+    for (int r = 0; r < R; r++)
+        for (int v = 0; v < V; v++) a[r][v] = _mm512_loadu_ps(acc + r * D + 16 * v);
+    for (int64_t t = 0; t < n; t++) {
+        __m512 k[4];
+        for (int v = 0; v < V; v++) k[v] = _mm512_loadu_ps(tile + t * D + 16 * v);
+        for (int r = 0; r < R; r++) {
+            const __m512 wt = _mm512_set1_ps(w[r * w_stride + t]);
+            for (int v = 0; v < V; v++) a[r][v] = _mm512_fmadd_ps(wt, k[v], a[r][v]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int v = 0; v < V; v++) _mm512_storeu_ps(acc + r * D + 16 * v, a[r][v]);
+}
+
+void isa_attn_weighted_sum_rows(float *acc, int64_t rows, int64_t D, const float *w,
+                                int64_t w_stride, const float *tile, int64_t n) {
+    for (int64_t r0 = 0; r0 < rows; r0 += 4) {
+        const int R = rows - r0 < 4 ? (int)(rows - r0) : 4;
+        float *a = acc + r0 * D;
+        const float *wr = w + r0 * w_stride;
+        int64_t j = 0;
+        for (; j + 64 <= D; j += 64) /* 4 rows x 4 vectors: 16 accumulators */
+            switch (R) {
+            case 4: weighted_sum_block(4, 4, a + j, D, wr, w_stride, tile + j, n); break;
+            case 3: weighted_sum_block(3, 4, a + j, D, wr, w_stride, tile + j, n); break;
+            case 2: weighted_sum_block(2, 4, a + j, D, wr, w_stride, tile + j, n); break;
+            default: weighted_sum_block(1, 4, a + j, D, wr, w_stride, tile + j, n);
+            }
+        for (; j + 16 <= D; j += 16) weighted_sum_block(R, 1, a + j, D, wr, w_stride, tile + j, n);
+        for (int r = 0; r < R; r++) /* a tail of fewer than 16 values */
+            for (int64_t jj = j; jj < D; jj++)
+                for (int64_t t = 0; t < n; t++)
+                    a[r * D + jj] = fmaf(wr[r * w_stride + t], tile[t * D + jj], a[r * D + jj]);
+    }
+}

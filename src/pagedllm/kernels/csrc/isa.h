@@ -28,9 +28,11 @@
  *   acc = fma((float)dot, d_g * dx, acc);  acc = fma(m_g, c_g, acc)
  * (half-groups cut the W4A8 error against float32 by a fifth and cost the int4 kernel ~9%;
  * the LM head's error hardly matters and its int8 kernel would lose more, so it keeps 32.)
- * Either way acc is then rounded to bfloat16 (nearest even). The attention primitives sum
- * in one order too (fma over the head dimension per key, over keys per output value), so they match up to
- * libm's expf.
+ * Either way acc is then rounded to bfloat16 (nearest even). The prefill's attention
+ * primitives sum in one order too (fma over the head dimension per key, over keys per output
+ * value), so they match up to libm's expf; the decode's key scores add a key's products in
+ * the ISA's own order (partial sums a vector wide), so decode attention agrees across ISAs
+ * to float32 rounding, not bit for bit.
  */
 #ifndef PAGEDLLM_ISA_H
 #define PAGEDLLM_ISA_H
@@ -122,7 +124,24 @@ void isa_byte_dot_tile(int format, const Q8Activations *a, int64_t t, int rows,
 void isa_attn_scores_4(const float *q, int64_t D, const float *tile_t, float *s,
                        int64_t s_stride);
 
+/* dst[j] = row[j] * scale of j's group of 16, j < D (D a multiple of 16): one row of the
+ * int8 KV cache (D codes, then D / 16 float32 scales, unaligned) to float32. */
+void isa_int8_row_to_float(float *dst, const int8_t *row, int64_t D);
+
+/* s[r * s_stride + t] = sum_j q[r * D + j] * tile[t * D + j] for r < rows, t < kt <= 16:
+ * query rows against a tile of keys as the cache holds them (not transposed), for decode,
+ * where a kv head has too few query rows to pay for a transposition. Each ISA sums a key's
+ * products in its own order (partial sums a vector wide, then added across). */
+void isa_attn_key_scores(const float *q, int64_t rows, int64_t D, const float *tile,
+                         int64_t kt, float *s, int64_t s_stride);
+
 /* acc[j] += sum_t w[t] * tile[t * D + j] for t < n, j < D (D a multiple of 16). */
 void isa_attn_weighted_sum(float *acc, int64_t D, const float *w, const float *tile, int64_t n);
+
+/* acc[r * D + j] += sum_t w[r * w_stride + t] * tile[t * D + j] for r < rows, t < n, j < D:
+ * isa_attn_weighted_sum for several rows sharing the tile (each key's values loaded once for
+ * a few rows), in the same order. */
+void isa_attn_weighted_sum_rows(float *acc, int64_t rows, int64_t D, const float *w,
+                                int64_t w_stride, const float *tile, int64_t n);
 
 #endif

@@ -201,3 +201,31 @@ void isa_attn_weighted_sum(float *acc, int64_t D, const float *w, const float *t
     for (; j < D; j++)
         for (int64_t t = 0; t < n; t++) acc[j] = fmaf(w[t], tile[t * D + j], acc[j]);
 }
+
+/* A key's 4 partial sums in one register, added across once. */
+void isa_attn_key_scores(const float *q, int64_t rows, int64_t D, const float *tile,
+                         int64_t kt, float *s, int64_t s_stride) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t t = 0; t < kt; t++) {
+            const float *qr = q + r * D, *k = tile + t * D;
+            float32x4_t a = vdupq_n_f32(0.f);
+            int64_t j = 0;
+            for (; j + 4 <= D; j += 4) a = vfmaq_f32(a, vld1q_f32(qr + j), vld1q_f32(k + j));
+            float sum = vaddvq_f32(a);
+            for (; j < D; j++) sum = fmaf(qr[j], k[j], sum);
+            s[r * s_stride + t] = sum;
+        }
+}
+
+void isa_int8_row_to_float(float *dst, const int8_t *row, int64_t D) {
+    for (int64_t g = 0; g < D / 16; g++) {
+        float scale;
+        memcpy(&scale, row + D + 4 * g, sizeof scale);
+        for (int j = 0; j < 16; j++) dst[16 * g + j] = (float)row[16 * g + j] * scale;
+    }
+}
+
+void isa_attn_weighted_sum_rows(float *acc, int64_t rows, int64_t D, const float *w,
+                                int64_t w_stride, const float *tile, int64_t n) {
+    for (int64_t r = 0; r < rows; r++) isa_attn_weighted_sum(acc + r * D, D, w + r * w_stride, tile, n);
+}

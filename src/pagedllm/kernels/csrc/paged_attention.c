@@ -10,7 +10,8 @@
  * shared by the threads even when it is the only request (a position's heads stay on one
  * thread: split by head, each core would pull the others' cache lines), and a request's
  * result never depends on the batch. This code is the same on every ISA (the compiler
- * vectorizes its loops for the variant's flags); the prefill's inner products are isa.h's.
+ * vectorizes its loops for the variant's flags); the inner products, the weighted sums of
+ * values and the int8 rows' conversion are isa.h's.
  *
  * Layout (see TorchPagedBackend): kv_cache [2, num_blocks, block_size, num_kv_heads, ROW],
  * query/out rows [num_tokens, num_heads, D], block_tables [num_reqs, max_blocks] int32,
@@ -45,20 +46,9 @@
 #define LOAD_ROW_BF16(dst, row, D)                                                           \
     do { const uint16_t *r_ = (const uint16_t *)(row);                                      \
          for (int64_t j_ = 0; j_ < (D); j_++) (dst)[j_] = bf16_to_float(r_[j_]); } while (0)
-/* Codes converted in one flat loop, then each group scaled in place: written as one nested
- * loop, gcc fully unrolls the 16-long inner loop and leaves it scalar (measured: decode
- * attention 3.4x slower); these two forms vectorize. restrict: an int8 pointer may alias
- * anything, the float stores included. */
-#define LOAD_ROW_INT8(dst, row, D)                                                           \
-    do { const int8_t *restrict r_ = (const int8_t *)(row);                                 \
-         float *restrict d_ = (dst);                                                        \
-         float s_[(D) / INT8_GROUP];                                                        \
-         memcpy(s_, r_ + (D), sizeof s_);                                                   \
-         for (int64_t j_ = 0; j_ < (D); j_++) d_[j_] = (float)r_[j_];                       \
-         for (int64_t g_ = 0; g_ < (D) / INT8_GROUP; g_++) {                                \
-             const float sc_ = s_[g_];                                                      \
-             for (int64_t j_ = 0; j_ < INT8_GROUP; j_++) d_[g_ * INT8_GROUP + j_] *= sc_;   \
-         } } while (0)
+/* The int8 row's codes times their group's scale: isa.h's (gcc's vectorization of this
+ * loop nest depended on its surroundings: measured scalar, 3.4x slower, in some). */
+#define LOAD_ROW_INT8(dst, row, D) isa_int8_row_to_float((dst), (const int8_t *)(row), (D))
 
 /* s[0..n) becomes softmax(s[0..n)), in float32. */
 static inline void softmax(float *s, int64_t n) {
@@ -68,6 +58,37 @@ static inline void softmax(float *s, int64_t n) {
     const float inv = 1.f / sum;
     for (int64_t p = 0; p < n; p++) s[p] *= inv;
 }
+
+/* The cache slots of positions [k0, k0 + kt), read through the block table (one division a
+ * tile). */
+static inline void tile_slots(const int32_t *blocks, int64_t bs, int64_t k0, int64_t kt,
+                              int64_t *slots) {
+    int64_t b = k0 / bs, o = k0 % bs;
+    for (int64_t t = 0; t < kt; t++) {
+        slots[t] = (int64_t)blocks[b] * bs + o;
+        if (++o == bs) o = 0, b++;
+    }
+}
+
+/* Ask for every line of kv head g's rows at `slots` (`row_bytes` each, `Hkv` a slot): read
+ * one kv head at a time the rows are too far apart for the hardware's prefetcher, and a
+ * tile's conversion waited on each row's first line (measured: most of its time). Asked
+ * one kv head at a time too: a whole tile's lines at once overflow the misses a core
+ * tracks (measured slower with a bfloat16 cache). */
+static inline void prefetch_rows(const char *cache_rows, const int64_t *slots, int64_t kt,
+                                 int64_t Hkv, int64_t g, int64_t row_bytes) {
+    for (int64_t t = 0; t < kt; t++) {
+        const char *row = cache_rows + (slots[t] * Hkv + g) * row_bytes;
+        for (int64_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(row + b);
+        __builtin_prefetch(row + row_bytes - 1);
+    }
+}
+
+/* Kv head g's rows at `slots` (kt of them) converted to float32 into tile [kt][D]. */
+#define LOAD_TILE(CACHE, tile, cache_rows, slots, Hkv, g, D, kt)                             \
+    for (int64_t t_ = 0; t_ < (kt); t_++)                                                   \
+        LOAD_ROW_##CACHE((tile) + t_ * (D),                                                 \
+                         (cache_rows) + ((slots)[t_] * (Hkv) + (g)) * ROW_BYTES_##CACHE(D), D)
 
 /* A request's context is attended in partitions of at most ceil(n / MAX_PARTS) positions
  * (at least MIN_PART): each partition is one work item, so a lone request's attention is
@@ -89,29 +110,37 @@ static inline int64_t num_parts(int64_t n) { return (n + part_size(n) - 1) / par
 /* One partition [p0, p1) of one request's attention into its partial (m [H], l [H],
  * acc [H * D]). T is the query type with its LOAD conversion, CACHE names the cache row
  * format; HEAD_DIM is the head size, a constant in the specialised versions so the
- * compiler unrolls the dot products. */
+ * compiler unrolls the row conversions. The partition is read KEY_TILE positions at a
+ * time; each kv head's rows of a tile are converted to float32 once and serve its G query
+ * heads: the scores through isa_attn_key_scores (no horizontal sum per key), the values
+ * through isa_attn_weighted_sum_rows (its accumulators in registers across the tile). */
 #define DEFINE_PART(NAME, T, LOAD, CACHE, HEAD_DIM)                                          \
 static void NAME(const PagedDims *d, const T *q, const char *keys, const char *values,      \
                  const int32_t *blocks, int64_t p0, int64_t p1, float scale, float *scores, \
                  float *qf, float *partial) {                                               \
     const int64_t D = (HEAD_DIM), H = d->num_heads, Hkv = d->num_kv_heads;                  \
-    const int64_t G = H / Hkv, bs = d->block_size, rb = ROW_BYTES_##CACHE(D);               \
+    const int64_t G = H / Hkv, bs = d->block_size;                                          \
     const int64_t n = p1 - p0; /* scores[h * n + p - p0] = q_h . k_p */                     \
     float *m = partial, *l = partial + H, *acc = partial + 2 * H;                           \
     for (int64_t i = 0; i < H * D; i++) qf[i] = LOAD(q[i]) * scale;                         \
-    float kv[D]; /* one kv head's row of K or V, converted to float once */                 \
-    for (int64_t p = p0; p < p1; p++) {                                                     \
-        const char *k = keys + ((int64_t)blocks[p / bs] * bs + p % bs) * Hkv * rb;          \
+    float tile[KEY_TILE * D]; /* one kv head's rows of a tile, in float32 */                \
+    int64_t slots[KEY_TILE], next[KEY_TILE]; /* this tile's cache slots and the next's */   \
+    tile_slots(blocks, bs, p0, n < KEY_TILE ? n : KEY_TILE, slots);                         \
+    for (int64_t k0 = p0; k0 < p1; k0 += KEY_TILE) {                                        \
+        const int64_t kt = p1 - k0 < KEY_TILE ? p1 - k0 : KEY_TILE;                         \
+        const int64_t rest = p1 - k0 - kt, nt = rest < KEY_TILE ? rest : KEY_TILE;          \
+        tile_slots(blocks, bs, k0 + kt, nt, next);                                          \
         for (int64_t g = 0; g < Hkv; g++) {                                                 \
-            LOAD_ROW_##CACHE(kv, k + g * rb, D);                                            \
-            for (int64_t h = g * G; h < (g + 1) * G; h++) {                                 \
-                const float *qh = qf + h * D;                                               \
-                float s = 0.f;                                                              \
-                for (int64_t j = 0; j < D; j++) s += qh[j] * kv[j];                         \
-                scores[h * n + p - p0] = s;                                                 \
-            }                                                                               \
+            prefetch_rows(keys, next, nt, Hkv, g, ROW_BYTES_##CACHE(D));                    \
+            LOAD_TILE(CACHE, tile, keys, slots, Hkv, g, D, kt);                             \
+            isa_attn_key_scores(qf + g * G * D, G, D, tile, kt,                             \
+                                scores + g * G * n + k0 - p0, n);                           \
         }                                                                                   \
+        memcpy(slots, next, sizeof(int64_t) * nt);                                          \
     }                                                                                       \
+    tile_slots(blocks, bs, p0, n < KEY_TILE ? n : KEY_TILE, slots); /* the values' first */ \
+    for (int64_t g = 0; g < Hkv; g++)                                                       \
+        prefetch_rows(values, slots, n < KEY_TILE ? n : KEY_TILE, Hkv, g, ROW_BYTES_##CACHE(D)); \
     for (int64_t h = 0; h < H; h++) { /* exp(s - m) in place, their sum l */                \
         float *s = scores + h * n, mx = -INFINITY, sum = 0.f;                               \
         for (int64_t p = 0; p < n; p++) mx = s[p] > mx ? s[p] : mx;                         \
@@ -120,16 +149,17 @@ static void NAME(const PagedDims *d, const T *q, const char *keys, const char *v
         l[h] = sum;                                                                         \
     }                                                                                       \
     memset(acc, 0, sizeof(float) * H * D);                                                  \
-    for (int64_t p = p0; p < p1; p++) {                                                     \
-        const char *v = values + ((int64_t)blocks[p / bs] * bs + p % bs) * Hkv * rb;        \
+    for (int64_t k0 = p0; k0 < p1; k0 += KEY_TILE) {                                        \
+        const int64_t kt = p1 - k0 < KEY_TILE ? p1 - k0 : KEY_TILE;                         \
+        const int64_t rest = p1 - k0 - kt, nt = rest < KEY_TILE ? rest : KEY_TILE;          \
+        tile_slots(blocks, bs, k0 + kt, nt, next);                                          \
         for (int64_t g = 0; g < Hkv; g++) {                                                 \
-            LOAD_ROW_##CACHE(kv, v + g * rb, D);                                            \
-            for (int64_t h = g * G; h < (g + 1) * G; h++) {                                 \
-                const float w = scores[h * n + p - p0];                                     \
-                float *a = acc + h * D;                                                     \
-                for (int64_t j = 0; j < D; j++) a[j] += w * kv[j];                          \
-            }                                                                               \
+            prefetch_rows(values, next, nt, Hkv, g, ROW_BYTES_##CACHE(D));                  \
+            LOAD_TILE(CACHE, tile, values, slots, Hkv, g, D, kt);                           \
+            isa_attn_weighted_sum_rows(acc + g * G * D, G, D, scores + g * G * n + k0 - p0, \
+                                       n, tile, kt);                                        \
         }                                                                                   \
+        memcpy(slots, next, sizeof(int64_t) * nt);                                          \
     }                                                                                       \
 }
 
@@ -261,16 +291,6 @@ DEFINE_DECODE(paged_decode_bf16_int8, uint16_t, bf16_to_float, float_to_bf16, IN
  */
 #define QUERY_BLOCK 16
 
-/* Positions [k0, k0 + kt) of kv head g, rows read through the block table and converted to
- * float32 into tile [kt][D]. */
-#define LOAD_TILE(CACHE, tile, cache_rows, blocks, bs, Hkv, g, D, k0, kt)                    \
-    for (int64_t t_ = 0; t_ < (kt); t_++) {                                                 \
-        const int64_t p_ = (k0) + t_;                                                       \
-        const int64_t slot_ = (int64_t)(blocks)[p_ / (bs)] * (bs) + p_ % (bs);              \
-        LOAD_ROW_##CACHE((tile) + t_ * (D),                                                 \
-                         (cache_rows) + (slot_ * (Hkv) + (g)) * ROW_BYTES_##CACHE(D), D);   \
-    }
-
 #define DEFINE_PREFILL_ITEM(NAME, T, LOAD, STORE, CACHE, HEAD_DIM)                           \
 static void NAME(const PagedDims *d, const T *query, int64_t q_stride, T *out,              \
                  const char *keys, const char *values, const int32_t *blocks,               \
@@ -293,7 +313,9 @@ static void NAME(const PagedDims *d, const T *query, int64_t q_stride, T *out,  
     memset(qf + rows * D, 0, sizeof(float) * (padded_rows - rows) * D);                     \
     for (int64_t k0 = first_key; k0 < num_keys; k0 += KEY_TILE) {                           \
         const int64_t kt = num_keys - k0 < KEY_TILE ? num_keys - k0 : KEY_TILE;             \
-        LOAD_TILE(CACHE, tile, keys, blocks, bs, Hkv, g, D, k0, kt);                        \
+        int64_t slots[KEY_TILE];                                                            \
+        tile_slots(blocks, bs, k0, kt, slots);                                              \
+        LOAD_TILE(CACHE, tile, keys, slots, Hkv, g, D, kt);                                 \
         for (int64_t j = 0; j < D; j++)                                                     \
             for (int64_t t = 0; t < KEY_TILE; t++)                                          \
                 tile_t[j * KEY_TILE + t] = t < kt ? tile[t * D + j] : 0.f;                  \
@@ -315,7 +337,9 @@ static void NAME(const PagedDims *d, const T *query, int64_t q_stride, T *out,  
     memset(acc, 0, sizeof(float) * rows * D);                                               \
     for (int64_t k0 = first_key; k0 < num_keys; k0 += KEY_TILE) {                           \
         const int64_t kt = num_keys - k0 < KEY_TILE ? num_keys - k0 : KEY_TILE;             \
-        LOAD_TILE(CACHE, tile, values, blocks, bs, Hkv, g, D, k0, kt);                      \
+        int64_t slots[KEY_TILE];                                                            \
+        tile_slots(blocks, bs, k0, kt, slots);                                              \
+        LOAD_TILE(CACHE, tile, values, slots, Hkv, g, D, kt);                               \
         for (int64_t r = 0; r < rows; r++) {                                                \
             const int64_t n = context + i0 + r / G + 1 - k0; /* keys of this tile it sees */ \
             const float *w = scores + r * max_keys + k0;                                    \

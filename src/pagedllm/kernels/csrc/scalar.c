@@ -95,3 +95,26 @@ void isa_attn_weighted_sum(float *acc, int64_t D, const float *w, const float *t
     for (int64_t t = 0; t < n; t++)
         for (int64_t j = 0; j < D; j++) acc[j] = fmaf(w[t], tile[t * D + j], acc[j]);
 }
+
+void isa_attn_key_scores(const float *q, int64_t rows, int64_t D, const float *tile,
+                         int64_t kt, float *s, int64_t s_stride) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t t = 0; t < kt; t++) {
+            float a = 0.f;
+            for (int64_t j = 0; j < D; j++) a = fmaf(q[r * D + j], tile[t * D + j], a);
+            s[r * s_stride + t] = a;
+        }
+}
+
+void isa_int8_row_to_float(float *dst, const int8_t *row, int64_t D) {
+    for (int64_t g = 0; g < D / 16; g++) {
+        float scale;
+        memcpy(&scale, row + D + 4 * g, sizeof scale);
+        for (int j = 0; j < 16; j++) dst[16 * g + j] = (float)row[16 * g + j] * scale;
+    }
+}
+
+void isa_attn_weighted_sum_rows(float *acc, int64_t rows, int64_t D, const float *w,
+                                int64_t w_stride, const float *tile, int64_t n) {
+    for (int64_t r = 0; r < rows; r++) isa_attn_weighted_sum(acc + r * D, D, w + r * w_stride, tile, n);
+}
