@@ -282,8 +282,9 @@ DEFINE_DECODE(paged_decode_bf16_int8, uint16_t, bf16_to_float, float_to_bf16, IN
  * a tile are D vector multiply-adds with no horizontal sums; the item's G * QUERY_BLOCK query
  * rows (the G query heads of the kv head) share every tile, four rows at a time
  * (isa_attn_scores_4; rows are padded with zeros to a multiple of 4), and the weighted sum
- * of values is isa_attn_weighted_sum. Scores and softmax are float32, each output value
- * rounded once. Items are spread over OpenMP threads.
+ * of values is isa_attn_weighted_sum_rows (all rows at once below the diagonal, each
+ * key's values loaded once for a few rows). Scores and softmax are float32, each output
+ * value rounded once. Items are spread over OpenMP threads.
  *
  * query rows are `q_stride` elements apart (heads dense within a token), out [T, H * D];
  * query_starts [n] int32: the batch token of each request's first query; query_lens and
@@ -340,12 +341,17 @@ static void NAME(const PagedDims *d, const T *query, int64_t q_stride, T *out,  
         int64_t slots[KEY_TILE];                                                            \
         tile_slots(blocks, bs, k0, kt, slots);                                              \
         LOAD_TILE(CACHE, tile, values, slots, Hkv, g, D, kt);                               \
-        for (int64_t r = 0; r < rows; r++) {                                                \
-            const int64_t n = context + i0 + r / G + 1 - k0; /* keys of this tile it sees */ \
-            const float *w = scores + r * max_keys + k0;                                    \
-            float *a = acc + r * D;                                                         \
-            isa_attn_weighted_sum(a, D, w, tile, n < kt ? n : kt);                         \
-        }                                                                                   \
+        const int64_t seen = context + i0 + 1 - k0; /* keys of it the first query sees */  \
+        if (seen >= kt) /* below the diagonal: every row sees the whole tile */             \
+            isa_attn_weighted_sum_rows(acc, rows, D, scores + k0, max_keys, tile, kt);      \
+        else /* on it: query i (its G rows) sees seen + i of the tile's keys */             \
+            for (int64_t i = 0; i < i1 - i0; i++) {                                         \
+                const int64_t n = seen + i < kt ? seen + i : kt;                            \
+                if (n > 0)                                                                  \
+                    isa_attn_weighted_sum_rows(acc + i * G * D, G, D,                       \
+                                               scores + i * G * max_keys + k0, max_keys,    \
+                                               tile, n);                                    \
+            }                                                                               \
     }                                                                                       \
     for (int64_t r = 0; r < rows; r++) {                                                    \
         T *o = out + (first + i0 + r / G) * H * D + (g * G + r % G) * D;                    \
