@@ -24,10 +24,12 @@ def test_environment_switches_the_kernel_off(monkeypatch):
 
 @needs_kernel
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-# the kernel's sizes, then any: 48 (whole vectors), 40 (a tail shorter than a vector)
-@pytest.mark.parametrize("head_size", [64, 128, 256, 48, 40])
-# query heads per kv head: SmolLM2's 3, then 8 and 5 (more rows than one register block)
-@pytest.mark.parametrize("heads,kv_heads", [(9, 3), (8, 1), (10, 2)])
+# the kernel's sizes, then any: 48 (whole AVX-512 vectors), 40 (a tail shorter than an
+# AVX-512 vector), 36 (shorter than an AVX2 or NEON vector too)
+@pytest.mark.parametrize("head_size", [64, 128, 256, 48, 40, 36])
+# query heads per kv head: SmolLM2's 3, then 8, 5 and 6 (more rows than one register block,
+# and remainders of 1 and 2 rows)
+@pytest.mark.parametrize("heads,kv_heads", [(9, 3), (8, 1), (10, 2), (12, 2)])
 def test_long_gqa_decodes_match_torch_path(dtype, head_size, heads, kv_heads):
     """Grouped query heads on their kv heads, contexts of several blocks."""
     gen = torch.Generator().manual_seed(0)

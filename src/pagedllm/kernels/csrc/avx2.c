@@ -297,21 +297,21 @@ static inline __attribute__((always_inline)) void key_scores(const float *q, int
                                                              int64_t kt, float *s,
                                                              int64_t s_stride) {
     for (int64_t r = 0; r < rows; r++) {
-        float sums[16];
         for (int half = 0; half < 2 && 8 * half < kt; half++) {
             __m256 v[8];
             for (int t = 0; t < 8; t++)
                 v[t] = 8 * half + t < kt ? dot_partials(q + r * D, tile + (8 * half + t) * D, D)
                                          : _mm256_setzero_ps();
-            _mm256_storeu_ps(sums + 8 * half, sum_lanes_8(v));
+            const __m256i keep = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)kt - 8 * half),
+                                                    _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+            _mm256_maskstore_ps(s + r * s_stride + 8 * half, keep, sum_lanes_8(v)); /* t < kt */
         }
-        memcpy(s + r * s_stride, sums, sizeof(float) * kt);
     }
 }
 
 void isa_attn_key_scores(const float *q, int64_t rows, int64_t D, const float *tile,
                          int64_t kt, float *s, int64_t s_stride) {
-    if (D == 64) key_scores(q, rows, 64, tile, kt, s, s_stride); /* unrolled: q in registers */
+    if (D == 64) key_scores(q, rows, 64, tile, kt, s, s_stride); /* the products unrolled */
     else if (D == 128) key_scores(q, rows, 128, tile, kt, s, s_stride);
     else key_scores(q, rows, D, tile, kt, s, s_stride);
 }

@@ -211,7 +211,8 @@ static inline __attribute__((always_inline)) void key_scores(const float *q, int
 
 void isa_attn_key_scores(const float *q, int64_t rows, int64_t D, const float *tile,
                          int64_t kt, float *s, int64_t s_stride) {
-    if (D == 64) key_scores(q, rows, 64, tile, kt, s, s_stride); /* unrolled: q in registers */
+    /* a constant D unrolls the products: at 64, q's 4 vectors stay in registers */
+    if (D == 64) key_scores(q, rows, 64, tile, kt, s, s_stride);
     else if (D == 128) key_scores(q, rows, 128, tile, kt, s, s_stride);
     else key_scores(q, rows, D, tile, kt, s, s_stride);
 }

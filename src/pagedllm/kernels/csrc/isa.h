@@ -135,7 +135,7 @@ void isa_int8_row_to_float(float *dst, const int8_t *row, int64_t D);
 void isa_attn_key_scores(const float *q, int64_t rows, int64_t D, const float *tile,
                          int64_t kt, float *s, int64_t s_stride);
 
-/* acc[j] += sum_t w[t] * tile[t * D + j] for t < n, j < D (D a multiple of 16). */
+/* acc[j] += sum_t w[t] * tile[t * D + j] for t < n, j < D (any D). */
 void isa_attn_weighted_sum(float *acc, int64_t D, const float *w, const float *tile, int64_t n);
 
 /* acc[r * D + j] += sum_t w[r * w_stride + t] * tile[t * D + j] for r < rows, t < n, j < D:

@@ -138,7 +138,9 @@ static void NAME(const PagedDims *d, const T *q, const char *keys, const char *v
         }                                                                                   \
         memcpy(slots, next, sizeof(int64_t) * nt);                                          \
     }                                                                                       \
-    tile_slots(blocks, bs, p0, n < KEY_TILE ? n : KEY_TILE, slots); /* the values' first */ \
+    /* The values' first tile, every kv head: asked for before the softmax, which reads no \
+     * cache, so these misses do not crowd a tile's own (as in prefetch_rows). */          \
+    tile_slots(blocks, bs, p0, n < KEY_TILE ? n : KEY_TILE, slots);                         \
     for (int64_t g = 0; g < Hkv; g++)                                                       \
         prefetch_rows(values, slots, n < KEY_TILE ? n : KEY_TILE, Hkv, g, ROW_BYTES_##CACHE(D)); \
     for (int64_t h = 0; h < H; h++) { /* exp(s - m) in place, their sum l */                \
