@@ -1,6 +1,6 @@
 """Online serving benchmark against any OpenAI-compatible server (vLLM benchmark_serving style).
 
-An async httpx client sends `--num-prompts` streaming completion requests, either all at once
+An async aiohttp client sends `--num-prompts` streaming completion requests, either all at once
 (`--request-rate inf`) or as a Poisson process of rate λ, optionally capped at
 `--max-concurrency` in flight, and measures per request the time to first token (TTFT), the
 inter-token latencies (ITL), time per output token (TPOT) and end-to-end latency, then the
