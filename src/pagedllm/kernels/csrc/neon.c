@@ -217,11 +217,19 @@ void isa_attn_key_scores(const float *q, int64_t rows, int64_t D, const float *t
         }
 }
 
+/* A group's 16 codes widened in registers (8 → 16 → 32 bits), converted and scaled. */
 void isa_int8_row_to_float(float *dst, const int8_t *row, int64_t D) {
     for (int64_t g = 0; g < D / 16; g++) {
         float scale;
         memcpy(&scale, row + D + 4 * g, sizeof scale);
-        for (int j = 0; j < 16; j++) dst[16 * g + j] = (float)row[16 * g + j] * scale;
+        const int8x16_t codes = vld1q_s8(row + 16 * g);
+        const int16x8_t halves[2] = {vmovl_s8(vget_low_s8(codes)), vmovl_s8(vget_high_s8(codes))};
+        for (int h = 0; h < 2; h++) {
+            vst1q_f32(dst + 16 * g + 8 * h,
+                      vmulq_n_f32(vcvtq_f32_s32(vmovl_s16(vget_low_s16(halves[h]))), scale));
+            vst1q_f32(dst + 16 * g + 8 * h + 4,
+                      vmulq_n_f32(vcvtq_f32_s32(vmovl_s16(vget_high_s16(halves[h]))), scale));
+        }
     }
 }
 
