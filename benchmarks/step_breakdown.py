@@ -175,26 +175,35 @@ class KernelClock:
 
 def single_stream_pass(llm: Any, clock: KernelClock, prompt: list[int], output_len: int,
                        timer: PhaseTimer | None = None) -> list[tuple[float, float]]:
-    """One request's steps after its prefill: (step wall s, s inside kernels) each; with a
-    `timer` (its wrappers installed), each step's phase totals are kept in `timer.steps`."""
+    """One request's decode steps after its prefill: (wall s, s inside kernels) each; with
+    a `timer` (its wrappers installed), each engine step's phase totals are kept in
+    `timer.steps`, per decode step. An engine step of several decode steps (multi-step
+    scheduling: it returns that many tokens) counts as that many steps of its mean time."""
     from pagedllm import SamplingParams
 
     engine = llm.llm_engine
     params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=output_len)
     engine.add_request(f"ss-{time.monotonic_ns()}", {"prompt_token_ids": prompt}, params)
-    steps = []
+    steps: list[tuple[float, float]] = []
+    num_tokens, prefilled = 0, False
     while engine.has_unfinished_requests():
         clock.seconds = 0.0
         if timer is not None:
             timer.totals.clear()
         start = time.perf_counter()
-        engine.step()
-        steps.append((time.perf_counter() - start, clock.seconds))
+        outputs = engine.step()
+        wall = time.perf_counter() - start
+        total = len(outputs[0].outputs[0].token_ids) if outputs else num_tokens
+        new, num_tokens = total - num_tokens, total
+        if not prefilled:  # the first step is the prefill (and its first token)
+            prefilled = True
+            continue
+        share = 1 / max(1, new)
+        steps += [(wall * share, clock.seconds * share)] * max(1, new)
         if timer is not None:
-            timer.steps.append((steps[-1][0], clock.seconds, dict(timer.totals)))
-    if timer is not None:
-        del timer.steps[-len(steps)]  # the prefill
-    return steps[1:]  # the first step is the prefill
+            totals = {phase: t * share for phase, t in timer.totals.items()}
+            timer.steps += [(wall * share, clock.seconds * share, totals)] * max(1, new)
+    return steps
 
 
 def outside_by_phase(steps: list[tuple[float, float, dict[str, float]]]) -> dict[str, float]:
@@ -300,6 +309,8 @@ def main() -> None:
     )
     parser.add_argument("--seed", type=int, default=0, help="prompt seed (default: 0)")
     parser.add_argument("--kv-cache-dtype", default="auto", help="KV cache dtype (auto)")
+    parser.add_argument("--num-scheduler-steps", type=int, default=1,
+                        help="decode steps per scheduler step (multi-step scheduling; 1)")
     parser.add_argument(
         "--single-stream", action="store_true",
         help="time one request's decode steps: inside the C kernels vs outside them",
@@ -314,7 +325,7 @@ def main() -> None:
         load_tokenizer(location), args.num_prompts, args.min_len, args.max_len, seed=args.seed
     )
     llm = LLM(model=location.path, dtype=args.dtype, quantization=args.quantization,
-              kv_cache_dtype=args.kv_cache_dtype)
+              kv_cache_dtype=args.kv_cache_dtype, num_scheduler_steps=args.num_scheduler_steps)
     if args.single_stream:
         result = report_single_stream(llm, prompts[0], args.output_len, args.num_iters)
         if args.output_json:

@@ -172,6 +172,10 @@ class SchedulerConfig:
             cap follows the decode step's own cost; 0: only max_num_batched_tokens bounds
             them. Steps without decodes, prompts that must run whole (pooling) and an
             image that must be computed in one step are not capped; needs chunked prefill.
+        num_scheduler_steps: decode steps the runner takes per scheduler step when every
+            running request only decodes (vLLM's multi-step scheduling): the scheduler,
+            its stats and the output processing run once per this many tokens. Tokens
+            then stream in groups of this many; 1 (the default) schedules every step.
     """
 
     max_num_seqs: int = 256
@@ -183,8 +187,13 @@ class SchedulerConfig:
     max_num_encoder_input_tokens: int = 0
     encoder_cache_size: int = 0
     prefill_tokens_per_decode: int = 0
+    num_scheduler_steps: int = 1
 
     def __post_init__(self) -> None:
+        if self.num_scheduler_steps < 1:
+            raise ValueError(
+                f"num_scheduler_steps must be at least 1, got {self.num_scheduler_steps}."
+            )
         if self.prefill_tokens_per_decode < 0:
             raise ValueError(
                 "prefill_tokens_per_decode must be non-negative (0: no cap), got "
@@ -370,3 +379,23 @@ class EngineConfig:
     logits_processors: tuple[type, ...] = ()
     # A KV connector moving blocks to a store or a peer (None: off).
     kv_transfer_config: Any = None
+
+    def __post_init__(self) -> None:
+        if self.scheduler_config.num_scheduler_steps > 1:
+            _check_multi_step(self)
+
+
+def _check_multi_step(config: EngineConfig) -> None:
+    """Multi-step scheduling runs its extra steps in one worker, sampling plainly: it
+    does not combine with the systems that act between every two steps."""
+    steps = config.scheduler_config.num_scheduler_steps
+    conflicts = {
+        "speculative_config": config.speculative_config is not None,
+        "kv_transfer_config": config.kv_transfer_config is not None,
+        "tensor_parallel_size/pipeline_parallel_size": config.parallel_config.world_size > 1,
+    }
+    for name, present in conflicts.items():
+        if present:
+            raise ValueError(
+                f"num_scheduler_steps={steps} does not combine with {name}: use 1 with it."
+            )

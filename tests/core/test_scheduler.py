@@ -39,6 +39,7 @@ def make_scheduler(
     kv_cache_groups: tuple[KVCacheGroupSpec, ...] | None = None,
     num_lookahead_slots: int = 0,
     prefill_tokens_per_decode: int = 0,
+    num_scheduler_steps: int = 1,
 ) -> Scheduler:
     """A scheduler with tiny limits; prefix caching is off unless asked for, so that the
     identical prompts of these tests do not share blocks."""
@@ -50,6 +51,7 @@ def make_scheduler(
         preemption_mode=preemption_mode,
         scheduling_policy=scheduling_policy,
         prefill_tokens_per_decode=prefill_tokens_per_decode,
+        num_scheduler_steps=num_scheduler_steps,
     )
     cache_config = CacheConfig(block_size=block_size, enable_prefix_caching=enable_prefix_caching)
     speculative_config = None

@@ -93,6 +93,9 @@ class SchedulerOutput:
         scheduled_encoder_inputs: request id -> indices of its multimodal items the
             runner encodes this step (their outputs join the encoder cache).
         free_encoder_mm_hashes: encoder cache entries the runner drops before this step.
+        num_steps: decode steps the runner takes (multi-step scheduling, core/multi_step.py):
+            after the scheduled one, each request decodes the token it just sampled,
+            into the lookahead slots its blocks already hold, and returns every token.
     """
 
     scheduled_new_reqs: list[NewRequestData]
@@ -109,6 +112,7 @@ class SchedulerOutput:
     scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
     scheduled_encoder_inputs: dict[str, list[int]] = field(default_factory=dict)
     free_encoder_mm_hashes: list[str] = field(default_factory=list)
+    num_steps: int = 1
 
     @property
     def is_empty(self) -> bool:

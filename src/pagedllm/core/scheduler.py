@@ -43,6 +43,7 @@ from pagedllm.core.admission_queues import (
 from pagedllm.core.integrity import check_scheduler_integrity
 from pagedllm.core.kv_cache_groups import KVCacheCapacity
 from pagedllm.core.kv_cache_manager import BlockIds, KVCacheManager
+from pagedllm.core.multi_step import MultiStepAdvance, MultiStepPolicy
 from pagedllm.core.post_step import (
     DraftRollback,
     GrammarAdvance,
@@ -116,6 +117,8 @@ class Scheduler:
             speculative_config.num_lookahead_slots if speculative_config else 0
         )
         self._lookahead = LookaheadSlots(self.num_lookahead_slots, self.max_model_len)
+        self.multi_step = MultiStepPolicy(scheduler_config.num_scheduler_steps,
+                                          self.max_model_len)
         self.has_kv_cache = capacity.groups != ()
         self.kv_cache_manager = KVCacheManager(
             capacity.num_blocks, cache_config.block_size, cache_config.enable_prefix_caching,
@@ -186,6 +189,8 @@ class Scheduler:
         processors: list[PostStepProcessor] = [DraftRollback(self.spec_counters, self._trim)]
         if self.num_lookahead_slots:
             processors.append(LookaheadRelease(self._trim))
+        if self.multi_step.enabled:
+            processors.append(MultiStepAdvance())
         return [*processors, StopCheck(self.max_model_len), GrammarAdvance()]
 
     # ----------------------------------------------------------------- requests in and out
@@ -282,6 +287,8 @@ class Scheduler:
         """
         plan = StepPlan(token_budget=self.scheduler_config.max_num_batched_tokens,
                         prefill_budget=self._prefill_cap())
+        if self.multi_step.enabled:
+            plan.num_steps = self.multi_step.steps_for(self.running, self._admits_others())
         self.encoder.start_step()
         self._admit(self.pooling, plan)
         self.running = self.waiting.order_running(self.running)
@@ -311,6 +318,14 @@ class Scheduler:
             return None
         decoding = sum(1 for r in self.running if not is_prefill(r, r.num_computed_tokens))
         return max(MIN_PREFILL_CHUNK, per_decode * decoding) if decoding else None
+
+    def _admits_others(self) -> bool:
+        """Whether a request other than the running ones could start this step: one
+        waits with a seat free, or a pooling, swapped or remote-KV request is queued."""
+        seat_free = len(self.running) < self.scheduler_config.max_num_seqs
+        return bool(
+            (self.waiting and seat_free) or self.swapped or self.pooling or self.remote_kv
+        )
 
     def _admit(self, queue: AdmissionQueue, plan: StepPlan) -> None:
         """Admit requests from `queue` in its order while seats and budget last and every
@@ -420,7 +435,8 @@ class Scheduler:
             num_new_tokens += len(drafts)
             new_block_ids = self.preemption.allocate_or_preempt(
                 request, num_new_tokens, plan, self.running,
-                self._lookahead(request, num_new_tokens, request.num_computed_tokens),
+                self._lookahead(request, num_new_tokens, request.num_computed_tokens)
+                + MultiStepPolicy.lookahead(plan.num_steps),
             )
             if new_block_ids is None:
                 # It preempted itself; being the tail, no running request is left after it.
@@ -483,6 +499,7 @@ class Scheduler:
                 [self._scheduled_kv(r, plan) for r in plan.cached_requests + plan.new_requests
                  if r.num_computed_tokens < r.num_prompt_tokens])
         output.scheduled_encoder_inputs = self.encoder.scheduled
+        output.num_steps = plan.num_steps if plan.runs_decodes_only() else 1
         output.free_encoder_mm_hashes = self.encoder.cache.take_freed()
         if self.num_concurrent_batches > 1:
             self._in_flight[id(output)] = {

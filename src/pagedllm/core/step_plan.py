@@ -42,6 +42,9 @@ class StepPlan:
     spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
     # The LoRA adapters (lora_int_id) the step's requests use.
     lora_ids: set[int] = field(default_factory=set)
+    # Decode steps the runner takes (core/multi_step.py); the running requests' blocks
+    # hold the slots of the steps after the first.
+    num_steps: int = 1
 
     def add(
         self,
@@ -66,6 +69,13 @@ class StepPlan:
         self.token_budget -= num_tokens
         self.new_block_ids[request.request_id] = block_ids
         (self.new_requests if is_new else self.cached_requests).append(request)
+
+    def runs_decodes_only(self) -> bool:
+        """True when the step only continues running requests, one token each (what the
+        runner's extra steps of a multi-step need: admissions make it one step)."""
+        return not self.new_requests and all(
+            count == 1 for count in self.num_scheduled_tokens.values()
+        )
 
     def budget_for(self, request: Request, start: int, whole: bool = False) -> int:
         """Tokens `request` may compute from `start` this step: the step's budget, and

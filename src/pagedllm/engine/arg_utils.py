@@ -90,6 +90,9 @@ class EngineArgs:
     max_num_batched_tokens: int | None = None
     # Prompt tokens a step may compute per decoding request (SchedulerConfig's; 0: no cap).
     prefill_tokens_per_decode: int = 0
+    # Decode steps a scheduler step runs when every request only decodes (vLLM V0's
+    # multi-step scheduling; 1: every step scheduled).
+    num_scheduler_steps: int = 1
     enable_chunked_prefill: bool = True
     kv_cache_memory_bytes: int | None = None
     num_gpu_blocks_override: int | None = None
@@ -161,6 +164,7 @@ class EngineArgs:
                 or get_platform(device).default_preemption_mode,
                 scheduling_policy=self.scheduling_policy,
                 prefill_tokens_per_decode=self.prefill_tokens_per_decode,
+                num_scheduler_steps=self.num_scheduler_steps,
                 **_encoder_budget(model_config, budget),
             ),
             device_config=DeviceConfig(device),

@@ -64,6 +64,10 @@ ENGINE_ARG_HELP = {
                                  "no cap (the default, as vLLM); needs chunked prefill. On CPU "
                                  "3 kept ITL p99 at 1.4-1.6x its p50 at 8 and 32 streaming "
                                  "clients, for 6-21%% fewer tokens/s (BENCHMARKS.md).",
+    "num_scheduler_steps": "Decode steps per scheduler step while every request only "
+                           "decodes (vLLM's multi-step scheduling): the scheduler and the "
+                           "output processing run once per this many tokens, which then "
+                           "stream in groups; 1 (the default) schedules every step.",
     "enable_chunked_prefill": "Split long prompts across steps.",
     "kv_cache_memory_bytes": "KV cache size in bytes (CPU default: PAGEDLLM_CPU_KVCACHE_SPACE "
                              "GiB, 1).",

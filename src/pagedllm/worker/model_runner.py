@@ -38,6 +38,7 @@ from pagedllm.worker.block_table import (
 from pagedllm.worker.decode_step.base import DecodeBatch, DecodeStep, StepRequests
 from pagedllm.worker.input_batch import CachedRequestState, StepInputs
 from pagedllm.worker.model_forward import ForwardInputs, make_model_forward
+from pagedllm.worker.multi_step import run_extra_steps
 from pagedllm.worker.outputs import ModelRunnerOutput
 from pagedllm.worker.sampling import SamplingPipeline
 from pagedllm.worker.step_hooks import RunnerStep, StepHook
@@ -107,6 +108,14 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        """Run one scheduler step (its `num_steps` decode steps: worker/multi_step.py)
+        and return the sampled tokens per request."""
+        output = self._execute_step(scheduler_output)
+        if scheduler_output.num_steps > 1:
+            output = run_extra_steps(self._execute_step, scheduler_output, output)
+        return output
+
+    def _execute_step(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """Run one step and return the sampled tokens per request."""
         self._update_states(scheduler_output)
         if scheduler_output.is_empty:

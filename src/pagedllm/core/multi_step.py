@@ -1,0 +1,85 @@
+"""Multi-step scheduling: several decode steps per scheduler step (vLLM V0's
+`num_scheduler_steps`).
+
+A batch-1 decode step on a CPU spends a sizeable share of its time outside the model:
+scheduling, its stats, the output processing and the engine's own loop. While every
+running request only decodes and nothing waits for a seat, none of that changes the next
+step, so the scheduler lets the runner take up to `num_scheduler_steps` steps in a row:
+
+- `steps_for` decides a step's count: 1 unless every running request is a plain decode
+  (no grammar, logprobs, drafts or pooling) and no waiting request could take a free seat;
+  never past any request's max_tokens or the model's length;
+- each request's blocks cover the extra steps (lookahead slots, allocated with its token);
+- the runner decodes each request's newly sampled token in the next step and returns every
+  token it sampled (worker/multi_step.py);
+- `MultiStepAdvance` counts the positions the extra steps computed before the tokens are
+  appended through the stop checks, which cut a request's tokens at its stop as always.
+
+Outputs are the same tokens as one step at a time; only their grouping changes (a request
+that stops early has had its batch's remaining steps computed for nothing).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pagedllm.core.post_step import PostStepProcessor
+from pagedllm.request import Request
+
+
+class MultiStepPolicy:
+    """How many decode steps a scheduler step takes.
+
+    Args:
+        num_steps: SchedulerConfig.num_scheduler_steps (1: multi-step off).
+        max_model_len: the longest a request may grow.
+    """
+
+    def __init__(self, num_steps: int, max_model_len: int) -> None:
+        self.num_steps = num_steps
+        self.max_model_len = max_model_len
+
+    @property
+    def enabled(self) -> bool:
+        """True when steps may be grouped."""
+        return self.num_steps > 1
+
+    def steps_for(self, running: Sequence[Request], admits_others: bool) -> int:
+        """The steps for a batch of `running` requests; 1 when a request is not a plain
+        decode, or when `admits_others` (a waiting request could start this step)."""
+        if not self.enabled or admits_others or not running:
+            return 1
+        steps = self.num_steps
+        for request in running:
+            if not runs_multi_step(request):
+                return 1
+            steps = min(steps, request.max_tokens - request.num_output_tokens,
+                        self.max_model_len - request.num_tokens)
+        return max(1, steps)
+
+    @staticmethod
+    def lookahead(num_steps: int) -> int:
+        """KV slots a request needs past its scheduled token for `num_steps` steps."""
+        return num_steps - 1
+
+
+def runs_multi_step(request: Request) -> bool:
+    """True when `request` decodes (one token left to compute) and samples plainly: no
+    grammar (its bitmask changes every token), no logprobs, no drafts, not pooling."""
+    return (
+        request.num_tokens - request.num_computed_tokens == 1
+        and not request.is_pooling
+        and request.structured_output is None
+        and request.sampling_params.logprobs is None
+        and not request.spec_token_ids
+    )
+
+
+class MultiStepAdvance(PostStepProcessor):
+    """The extra steps computed the positions of every returned token but the last: they
+    count as computed before the tokens are appended."""
+
+    def before_append(self, request: Request, token_ids: list[int], num_drafts: int) -> None:
+        """Advance past the positions the runner's extra steps computed."""
+        if not num_drafts and len(token_ids) > 1:
+            request.num_computed_tokens += len(token_ids) - 1

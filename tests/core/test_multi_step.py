@@ -1,0 +1,116 @@
+"""Multi-step scheduling in the scheduler (core/multi_step.py): when a step runs several
+decode steps, the lookahead slots its requests get, and how the returned tokens are taken
+(computed positions, stop checks, max_tokens)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pagedllm.config import SchedulerConfig
+from pagedllm.core.sched_output import SchedulerOutput
+from pagedllm.request import RequestStatus
+from pagedllm.worker.outputs import ModelRunnerOutput
+from tests.core.test_scheduler import EOS, TOKEN, make_request, make_scheduler, step
+
+
+def run_steps(scheduler, output: SchedulerOutput, tokens: dict[str, list[int]] | None = None):
+    """The runner's answer to a (multi-)step: `num_steps` tokens each (TOKEN by default)."""
+    tokens = tokens or {}
+    request_ids = list(output.num_scheduled_tokens)
+    sampled = [tokens.get(rid, [TOKEN] * output.num_steps) for rid in request_ids]
+    results = scheduler.update_from_output(output, ModelRunnerOutput(request_ids, sampled))
+    scheduler.check_integrity()
+    return results
+
+
+def test_decodes_get_several_steps_and_their_slots() -> None:
+    scheduler = make_scheduler(block_size=4, num_blocks=16, num_scheduler_steps=4)
+    a = make_request("a", 6, max_tokens=20)
+    scheduler.add_request(a)
+    output, _ = step(scheduler)  # the prompt: one step
+    assert output.num_steps == 1 and a.num_computed_tokens == 6
+    output = scheduler.schedule()
+    assert output.num_steps == 4 and output.num_scheduled_tokens == {"a": 1}
+    # Positions 6..9 are written: blocks 1, 2 (prompt) and a third for 8 and 9.
+    assert scheduler.kv_cache_manager.get_block_ids("a")[0] == [1, 2, 3]
+    results = run_steps(scheduler, output)
+    assert results == [(a, [TOKEN] * 4)]
+    assert a.num_computed_tokens == 10 and a.num_tokens == 11  # 6 prompt + 5 out
+
+
+def test_steps_end_at_the_shortest_max_tokens() -> None:
+    scheduler = make_scheduler(num_scheduler_steps=8)
+    a, b = make_request("a", 3, max_tokens=4), make_request("b", 3, max_tokens=30)
+    scheduler.add_request(a)
+    scheduler.add_request(b)
+    step(scheduler)
+    output = scheduler.schedule()
+    assert output.num_steps == 3  # a has 3 tokens left after its first
+    run_steps(scheduler, output)
+    assert a.status == RequestStatus.FINISHED_LENGTH_CAPPED and a.num_output_tokens == 4
+    assert scheduler.schedule().num_steps == 8  # b alone
+
+
+def test_a_stop_token_cuts_the_returned_tokens() -> None:
+    scheduler = make_scheduler(num_scheduler_steps=4)
+    a = make_request("a", 3, max_tokens=20)
+    scheduler.add_request(a)
+    step(scheduler)
+    output = scheduler.schedule()
+    results = run_steps(scheduler, output, {"a": [TOKEN, EOS, TOKEN, TOKEN]})
+    assert results == [(a, [TOKEN, EOS])]
+    assert a.status == RequestStatus.FINISHED_STOPPED
+    assert scheduler.kv_cache_manager.get_num_free_blocks() == 63  # all back (block 0 null)
+
+
+def test_a_waiting_request_with_a_seat_makes_it_one_step() -> None:
+    scheduler = make_scheduler(num_scheduler_steps=4, max_num_seqs=2)
+    scheduler.add_request(make_request("a", 3))
+    step(scheduler)
+    scheduler.add_request(make_request("b", 3))
+    output = scheduler.schedule()
+    assert output.num_steps == 1 and set(output.num_scheduled_tokens) == {"a", "b"}
+    run_steps(scheduler, output)
+    scheduler.add_request(make_request("c", 3))  # no seat: a and b go on several steps
+    assert scheduler.schedule().num_steps == 4
+
+
+@pytest.mark.parametrize("params", [{"logprobs": 2}, {"n": 1, "logprobs": 0}])
+def test_a_request_with_logprobs_runs_one_step(params: dict) -> None:
+    scheduler = make_scheduler(num_scheduler_steps=4)
+    scheduler.add_request(make_request("a", 3))
+    scheduler.add_request(make_request("b", 3, **params))
+    step(scheduler)
+    assert scheduler.schedule().num_steps == 1
+
+
+def test_steps_stop_at_max_model_len() -> None:
+    scheduler = make_scheduler(num_scheduler_steps=8, max_model_len=12)
+    a = make_request("a", 6, max_tokens=6)
+    scheduler.add_request(a)
+    step(scheduler)  # 7 tokens
+    output = scheduler.schedule()
+    assert output.num_steps == 5  # positions 6..10 computed, 12 tokens in the end
+    run_steps(scheduler, output)
+    assert a.num_tokens == 12 and a.status == RequestStatus.FINISHED_LENGTH_CAPPED
+
+
+def test_preemption_takes_the_lookahead_into_account() -> None:
+    # 5 usable blocks of 2: two requests of 3 tokens hold 2 blocks each; 4 steps each
+    # need 2 more blocks, so the newest is preempted for the oldest.
+    scheduler = make_scheduler(block_size=2, num_blocks=6, num_scheduler_steps=4)
+    a, b = make_request("a", 3, max_tokens=6), make_request("b", 3, max_tokens=6)
+    scheduler.add_request(a)
+    scheduler.add_request(b)
+    step(scheduler)
+    output = scheduler.schedule()
+    assert output.num_scheduled_tokens == {"a": 1} and b.status == RequestStatus.PREEMPTED
+    # The preempted request waits with a seat free: this step is still a's multi-step
+    # (decided before it was preempted), and the next admits b in one step.
+    run_steps(scheduler, output)
+    scheduler.check_integrity()
+
+
+def test_num_scheduler_steps_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="num_scheduler_steps"):
+        SchedulerConfig(num_scheduler_steps=0)
