@@ -110,6 +110,7 @@ def instrument(llm: Any, timer: PhaseTimer) -> Callable[[], Any]:
     from pagedllm.core.scheduler import Scheduler
     from pagedllm.engine.output_processor import OutputProcessor
     from pagedllm.worker.model_runner import ModelRunner
+    from pagedllm.worker.multi_step import GreedyDecodeLoop
     from pagedllm.worker.sampling import SamplingPipeline
 
     core = llm.llm_engine.engine_core.engine_core
@@ -126,6 +127,8 @@ def instrument(llm: Any, timer: PhaseTimer) -> Callable[[], Any]:
     timer.wrap(runner.model, "compute_logits", "logits")
     timer.wrap(SamplingPipeline, "sample", "sampling")  # (its LM head is subtracted)
     timer.wrap(ModelRunner, "_append_sampled", "sampling")
+    # A multi-step's greedy loop: its forwards and argmaxes (worker/multi_step.py).
+    timer.wrap(GreedyDecodeLoop, "run", "sampling")
     timer.wrap(OutputProcessor, "process_outputs", "output processing")
     return llm.llm_engine.step
 

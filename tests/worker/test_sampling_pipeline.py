@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from pagedllm import SamplingParams
-from pagedllm.worker.sampling import _only_argmax
+from pagedllm.worker.sampling import only_argmax
 
 EOS = 2
 
@@ -20,9 +20,9 @@ def _state(num_output_tokens: int = 0, **params) -> SimpleNamespace:
 
 
 def test_plain_greedy_rows_need_only_their_argmax():
-    assert _only_argmax(_state(temperature=0.0))
-    assert _only_argmax(_state(temperature=0.0, ignore_eos=True, min_tokens=5))  # nothing banned
-    assert _only_argmax(_state(5, temperature=0.0, min_tokens=5))  # min_tokens reached
+    assert only_argmax(_state(temperature=0.0))
+    assert only_argmax(_state(temperature=0.0, ignore_eos=True, min_tokens=5))  # nothing banned
+    assert only_argmax(_state(5, temperature=0.0, min_tokens=5))  # min_tokens reached
 
 
 @pytest.mark.parametrize("params", [
@@ -41,4 +41,4 @@ def test_rows_that_need_more_than_the_argmax(params):
     state = _state(**params)
     if params.get("bad_words"):  # tokenized by the engine's processor
         state.sampling_params.bad_words_token_ids = [[9]]
-    assert not _only_argmax(state)
+    assert not only_argmax(state)

@@ -7,6 +7,8 @@ matmul of a step.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -25,6 +27,18 @@ from pagedllm.layers.quantization import (
 
 # Logits per row recomputed in float32 after a reduced-precision vocabulary matmul.
 REFINED_CANDIDATES = 8
+
+
+@dataclass
+class GreedyTail:
+    """What csrc/lm_head.c's `greedy_head_bf16` takes besides the rows: the ranking
+    weight's table, the dense bfloat16 weight [vocab, hidden], the refined candidates a row
+    and the logits buffer (for the rows it was asked for)."""
+
+    matrix: StackMatrix
+    weight: torch.Tensor
+    k: int
+    scratch: torch.Tensor
 
 
 class VocabEmbedding(nn.Module):
@@ -133,6 +147,16 @@ class LMHead(nn.Module):
             candidates, exact = self._refine_top_candidates(hidden_states, logits)
             tokens = candidates.gather(1, exact.argmax(dim=-1, keepdim=True)).squeeze(1)
         return mark_nonfinite_rows(tokens, hidden_states)
+
+    def greedy_tail(self, hidden_states: torch.Tensor) -> GreedyTail | None:
+        """`greedy_tokens`' one C call as a caller that makes it itself takes it (csrc/
+        decode_loop.c), for rows like `hidden_states`; None where that call does not serve
+        them (then `greedy_tokens` takes its other ways)."""
+        matrix = self._greedy_kernel(hidden_states)
+        if matrix is None:
+            return None
+        scratch = self._scratch_for(matrix, hidden_states.shape[0])
+        return GreedyTail(matrix, self.weight, REFINED_CANDIDATES, scratch)
 
     def _scratch_for(self, matrix: StackMatrix, num_rows: int) -> torch.Tensor:
         """The greedy tail's logits buffer for `num_rows` rows (grown, never shrunk)."""

@@ -22,7 +22,7 @@ from torch import nn
 
 from pagedllm.distributed.parallel_state import GroupCoordinator, get_tp_group
 from pagedllm.distributed.sharding import divide, head_shard, vocab_shard
-from pagedllm.layers.embedding import LMHead, VocabEmbedding
+from pagedllm.layers.embedding import GreedyTail, LMHead, VocabEmbedding
 from pagedllm.layers.linear import Linear, MergedColumnLinear, QKVLinear, default_weight_loader
 from pagedllm.layers.nonfinite import mark_nonfinite_rows
 from pagedllm.layers.quantization import INT4_GROUP_SIZE, GroupCodes
@@ -230,6 +230,12 @@ class ParallelLMHead(LMHead):
         if missing:
             logits = torch.nn.functional.pad(logits, (0, missing), value=float("-inf"))
         return self.tp_group.all_gather(logits, dim=-1)[:, : self.full_num_embeddings]
+
+    def greedy_tail(self, hidden_states: torch.Tensor) -> GreedyTail | None:
+        """The C greedy tail on one rank; None over several (their best are gathered)."""
+        if self.tp_group.world_size > 1:
+            return None
+        return super().greedy_tail(hidden_states)
 
     def greedy_tokens(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """Each row's argmax over the whole vocabulary: every rank's best (value, token) of

@@ -24,7 +24,7 @@ from torch import nn
 from pagedllm.distributed.parallel_state import get_pp_group
 from pagedllm.distributed.pipeline import IntermediateTensors, stage_layers
 from pagedllm.layers.attention import Attention
-from pagedllm.layers.embedding import VocabEmbedding
+from pagedllm.layers.embedding import GreedyTail, VocabEmbedding
 from pagedllm.layers.layernorm import make_norm
 from pagedllm.layers.linear import default_weight_loader
 from pagedllm.layers.missing import MissingLayer
@@ -326,6 +326,10 @@ class DecoderForCausalLM(nn.Module):
         """[N, hidden] → [N] argmax tokens, -1 for a row holding a NaN or infinity (the
         soft-cap is monotonic: it cannot change them, so it is skipped)."""
         return self.lm_head.greedy_tokens(hidden_states)
+
+    def greedy_tail(self, hidden_states: torch.Tensor) -> GreedyTail | None:
+        """The LM head's C greedy tail for rows like `hidden_states` (or None)."""
+        return self.lm_head.greedy_tail(hidden_states)
 
     def remap_weight(self, hf_name: str, tensor: Weight) -> Iterator[tuple[str, Weight]]:
         """The (name in Llama's HF naming, tensor) pairs a checkpoint tensor becomes; none

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
+
+if TYPE_CHECKING:
+    from pagedllm.layers.embedding import GreedyTail
 
 
 class CausalLM(Protocol):
@@ -34,6 +37,12 @@ class CausalLM(Protocol):
         """[n, hidden_size] → [n] int64: each row's argmax token, as `compute_logits(...,
         ranking_only=True).argmax(-1)` would pick it, without materializing float32 logits;
         -1 for a row holding a NaN or infinity (the sampler fails its request)."""
+        ...
+
+    def greedy_tail(self, hidden_states: torch.Tensor) -> GreedyTail | None:
+        """`compute_greedy_tokens`' C call's inputs for rows like `hidden_states`, for a
+        caller that makes the call itself (csrc/decode_loop.c); None where it is not one
+        C call."""
         ...
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:

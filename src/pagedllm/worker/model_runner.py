@@ -38,9 +38,9 @@ from pagedllm.worker.block_table import (
 from pagedllm.worker.decode_step.base import DecodeBatch, DecodeStep, StepRequests
 from pagedllm.worker.input_batch import CachedRequestState, StepInputs
 from pagedllm.worker.model_forward import ForwardInputs, make_model_forward
-from pagedllm.worker.multi_step import run_extra_steps
+from pagedllm.worker.multi_step import GreedyDecodeLoop, run_extra_steps
 from pagedllm.worker.outputs import ModelRunnerOutput
-from pagedllm.worker.sampling import SamplingPipeline
+from pagedllm.worker.sampling import SamplingPipeline, only_argmax
 from pagedllm.worker.step_hooks import RunnerStep, StepHook
 
 if TYPE_CHECKING:
@@ -112,8 +112,28 @@ class ModelRunner:
         and return the sampled tokens per request."""
         output = self._execute_step(scheduler_output)
         if scheduler_output.num_steps > 1:
-            output = run_extra_steps(self._execute_step, scheduler_output, output)
+            output = run_extra_steps(self._execute_step, scheduler_output, output,
+                                     self._greedy_loop(output.request_ids))
         return output
+
+    def _greedy_loop(self, request_ids: list[str]) -> GreedyDecodeLoop | None:
+        """The fast loop for a multi-step's extra steps (worker/multi_step.py) when every
+        request samples its plain argmax, the decode-step fast path and one KV cache group
+        without a window serve the step, and no hook acts on a decode step; else None."""
+        groups = self.kv_cache_groups
+        custom = self.sampling.custom
+        if (
+            self.decode_step is None
+            or len(groups) != 1 or groups[0].sliding_window is not None
+            or any(hook.per_step for hook in self.hooks)
+            or (custom is not None and not custom.argmax_invariant)
+        ):
+            return None
+        states = [self.requests[request_id] for request_id in request_ids]
+        if not all(only_argmax(state) for state in states):
+            return None
+        return GreedyDecodeLoop(states, self.decode_step, cast("CausalLM", self.model),
+                                self.block_size)
 
     def _execute_step(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """Run one step and return the sampled tokens per request."""

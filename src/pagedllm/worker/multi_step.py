@@ -5,29 +5,125 @@ and their blocks already hold the slots of the steps after the first. The runner
 the first step as scheduled, then each extra step as a decode-only step it writes itself:
 every request computes the token it sampled in the step before, one position further. The
 tokens of all the steps go back together, in the first step's order.
+
+The extra steps go one of two ways:
+- `GreedyDecodeLoop`: plain greedy rows on the platform's decode-step fast path, with no
+  hook that acts on a decode step. The CPU stack takes all the extra steps in one C call
+  (csrc/decode_loop.c: the stack, the LM head's greedy tail, the argmax fed back); another
+  fast path takes each as its forward and the LM head's argmax. No input preparation,
+  sampling pipeline or hooks: on a CPU the host's work between two kernel calls after the
+  weights went through the caches costs ~0.1 ms a step;
+- otherwise each extra step runs the runner's whole step (`extra_step` writes its
+  SchedulerOutput), for any sampling the scheduler lets take several steps.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
 
 from pagedllm.core.sched_output import CachedRequestData, SchedulerOutput
+from pagedllm.logger import init_logger
+from pagedllm.worker.block_table import compute_slot_mapping, make_block_table_array
+from pagedllm.worker.decode_step.base import DecodeBatch, DecodeStep
+from pagedllm.worker.input_batch import CachedRequestState
 from pagedllm.worker.outputs import ModelRunnerOutput
+
+if TYPE_CHECKING:
+    from pagedllm.models.interfaces import CausalLM
+
+logger = init_logger(__name__)
 
 
 def run_extra_steps(
     execute: Callable[[SchedulerOutput], ModelRunnerOutput],
     first: SchedulerOutput,
     output: ModelRunnerOutput,
+    loop: GreedyDecodeLoop | None = None,
 ) -> ModelRunnerOutput:
-    """Run `first`'s steps after the first (whose `output` is given) through `execute`,
-    and return every step's tokens merged into `output`. A step where a request failed
-    (non-finite) is the last: the scheduler ends that request, the others go on later."""
-    for step in range(1, first.num_steps):
+    """Run `first`'s steps after the first (whose `output` is given), through `loop` while
+    it serves them, then through `execute`, and return every step's tokens merged into
+    `output`. A step where a request failed (non-finite) is the last: the scheduler ends
+    that request, the others go on later."""
+    done = 1
+    if loop is not None and not output.failed_request_ids:
+        done += loop.run(first, output)
+    for step in range(done, first.num_steps):
         if output.failed_request_ids:
             break
         merge_step(output, execute(extra_step(first, step)))
     return output
+
+
+@dataclass
+class GreedyDecodeLoop:
+    """A multi-step's extra steps for plain greedy requests on a decode-step fast path:
+    all of them in one call where the path takes them so (the CPU stack: csrc/
+    decode_loop.c), else each step as the fast path's forward and the LM head's argmax of
+    every row. The tokens join the requests' states as the runner's own step appends them.
+
+    Attributes:
+        states: the step's requests, in batch order (they hold the first step's token).
+        decode_step: the platform's decode-step fast path.
+        model: the causal LM (its `compute_greedy_tokens` and `greedy_tail`).
+        block_size: tokens per KV block (one KV cache group, no sliding window).
+    """
+
+    states: list[CachedRequestState]
+    decode_step: DecodeStep
+    model: CausalLM
+    block_size: int
+
+    def run(self, first: SchedulerOutput, output: ModelRunnerOutput) -> int:
+        """Take `first`'s extra steps while the fast path serves them; the number taken
+        (the rest go through the runner's step)."""
+        states = self.states
+        rows = np.arange(len(states))
+        # The first step appended each request's lookahead blocks to its table.
+        table = make_block_table_array([s.block_ids[0] for s in states])
+        base = np.array(first.scheduled_cached_reqs.num_computed_tokens, dtype=np.int64)
+        input_ids = np.array([s.token_ids[-1] for s in states], dtype=np.int64)
+        for step in range(1, first.num_steps):
+            positions = base + step
+            slots = compute_slot_mapping(table, rows, positions, self.block_size)
+            batch = DecodeBatch(input_ids, positions, slots, table)
+            if not self.decode_step.serves(batch):
+                return step - 1
+            together = self.decode_step.greedy_steps(batch, first.num_steps - step, self.model)
+            steps = together[0] if together is not None else [
+                self.model.compute_greedy_tokens(self.decode_step.run(batch)).tolist()
+            ]
+            for tokens in steps:
+                if min(tokens) < 0:
+                    _fail(output, [i for i, t in enumerate(tokens) if t < 0])
+                    return step
+                self._append(tokens, output)
+                step += 1
+            if together is not None:
+                return first.num_steps - 1
+            input_ids = np.array(steps[0], dtype=np.int64)
+        return first.num_steps - 1
+
+    def _append(self, tokens: list[int], output: ModelRunnerOutput) -> None:
+        """A step's tokens, one a request, into the states and the output."""
+        for state, token_id, sampled in zip(
+            self.states, tokens, output.sampled_token_ids, strict=True
+        ):
+            state.num_computed_tokens += 1
+            state.token_ids.append(token_id)
+            sampled.append(token_id)
+
+
+def _fail(output: ModelRunnerOutput, rows: list[int]) -> None:
+    """Rows whose forward went non-finite: their requests get no token and fail (as the
+    runner's own step fails them)."""
+    for row in rows:
+        output.sampled_token_ids[row] = []
+        output.failed_request_ids.append(output.request_ids[row])
+    logger.warning("Non-finite logits: failing request(s) %s.", output.failed_request_ids)
 
 
 def extra_step(first: SchedulerOutput, step: int) -> SchedulerOutput:

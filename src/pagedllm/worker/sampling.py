@@ -90,7 +90,7 @@ class SamplingPipeline:
         rows_hidden = _sample_rows_hidden(step, hidden_states)
         custom = self.custom
         plugins_bind = custom is not None and not custom.argmax_invariant
-        if not constrained and not plugins_bind and all(_only_argmax(s) for s in states):
+        if not constrained and not plugins_bind and all(only_argmax(s) for s in states):
             # No sampling metadata needed: the LM head picks each row's argmax directly,
             # and marks the rows that are not finite (-1) on the way.
             tokens = self.model.compute_greedy_tokens(rows_hidden).tolist()
@@ -161,7 +161,7 @@ class SamplingPipeline:
         return torch.cat(rows)
 
 
-def _only_argmax(state: CachedRequestState) -> bool:
+def only_argmax(state: CachedRequestState) -> bool:
     """Whether a request's rows this step need nothing but their argmax: greedy, without
     logprobs or logits adjustments, past its min_tokens (at its first row this step, so at
     every later one)."""

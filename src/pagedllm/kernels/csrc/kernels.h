@@ -238,4 +238,14 @@ PAGEDLLM_API int decode_stack_bf16(const StackDims *d, const StackLayer *layers,
                                    const int32_t *token_rows, int64_t max_seq_len,
                                    const StackLoRAStep *lora, const StackPrefills *prefills);
 
+/* decode_loop.c: `steps` greedy decode steps of T requests in one call (see there). */
+PAGEDLLM_API int decode_greedy_steps(const StackDims *d, const StackLayer *layers, int64_t T,
+                                     int64_t steps, int64_t *input_ids, uint16_t *hidden,
+                                     float *residual, int64_t *positions,
+                                     const StackGroup *group, int64_t *slots,
+                                     int32_t *seq_lens, const int32_t *token_rows,
+                                     const StackLoRAStep *lora, const StackMatrix *head,
+                                     int64_t N, const uint16_t *weight, int64_t k,
+                                     uint16_t *scratch, int64_t *tokens, int64_t *steps_done);
+
 #endif

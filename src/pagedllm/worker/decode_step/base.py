@@ -14,9 +14,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from pagedllm.layers.embedding import GreedyTail
 
 
 @dataclass
@@ -77,3 +81,20 @@ class DecodeStep(ABC):
     @abstractmethod
     def run(self, batch: DecodeBatch) -> torch.Tensor:
         """The final hidden states [n, hidden] of the step's rows; call after `serves`."""
+
+    def greedy_steps(
+        self, batch: DecodeBatch, steps: int, head: GreedyHead
+    ) -> tuple[list[list[int]], bool] | None:
+        """`steps` decode steps of the decode-only `batch` in a row, each feeding its rows'
+        argmax (`head`'s) to the next one position further, where the path can take them
+        at once (a multi-step's extra steps: worker/multi_step.py); call after `serves`.
+        Returns each step's tokens and whether the last has a non-finite row (-1 there);
+        None (the default) where it cannot."""
+        return None
+
+
+class GreedyHead(Protocol):
+    """The LM head as `DecodeStep.greedy_steps` uses it (layers/embedding.py LMHead)."""
+
+    def greedy_tail(self, hidden_states: torch.Tensor) -> GreedyTail | None:
+        """The C greedy tail's inputs for rows like `hidden_states`, or None."""

@@ -48,7 +48,12 @@ from pagedllm.kernels.abi import (
 from pagedllm.lora.layers import LoRALinearMethod, LoRALinearSlots
 from pagedllm.models.common import DecoderLayer, DecoderModel
 from pagedllm.platform import cpu_platform
-from pagedllm.worker.decode_step.base import DecodeBatch, DecodeStep, StepRequests
+from pagedllm.worker.decode_step.base import (
+    DecodeBatch,
+    DecodeStep,
+    GreedyHead,
+    StepRequests,
+)
 from pagedllm.worker.decode_step.cpu_stack_layers import (
     activation_of,
     dense_mlp,
@@ -223,6 +228,48 @@ class CpuDecodeStack(DecodeStep):
         if not self.dims.final_norm:  # (else applied in the call)
             hidden, _ = self.decoder.norm(hidden, residual)
         return hidden
+
+    def greedy_steps(
+        self, batch: DecodeBatch, steps: int, head: GreedyHead
+    ) -> tuple[list[list[int]], bool] | None:
+        """`steps` greedy decode steps in one C call (csrc/decode_loop.c: the stack, the
+        LM head's greedy tail, the argmax fed back), where the call looks the embeddings
+        up and applies the final norm itself, the model has one KV cache group and the
+        head's C tail serves; else None."""
+        dims = self.dims
+        if not (dims.embedding and dims.final_norm) or self.num_groups != 1 or (
+            batch.requests is not None
+        ):
+            return None
+        num_rows = batch.num_rows
+        hidden = torch.empty(num_rows, dims.hidden, dtype=torch.bfloat16)
+        tail = head.greedy_tail(hidden)
+        if tail is None:
+            return None
+        # The call advances ids, positions and sequence lengths in place: copies.
+        input_ids = torch.from_numpy(batch.input_ids.astype(np.int64))
+        positions = torch.from_numpy(batch.positions.astype(np.int64))
+        seq_lens, token_rows = _int32(batch.positions + 1), _int32(np.arange(num_rows))
+        tables, slots = _int32(batch.block_table), torch.empty(num_rows, dtype=torch.int64)
+        group = StackGroup(slots=pointer(slots), block_tables=pointer(tables),
+                           max_blocks=tables.shape[1])
+        residual = torch.empty(num_rows, dims.hidden, dtype=torch.float32)
+        tokens = torch.empty(steps, num_rows, dtype=torch.int64)
+        done = ctypes.c_int64(0)
+        lora_step = self._lora_step()
+        failed = self.library.decode_greedy_steps(
+            ctypes.byref(dims), self.table, num_rows, steps, pointer(input_ids),
+            pointer(hidden), pointer(residual), pointer(positions), ctypes.byref(group),
+            pointer(slots), pointer(seq_lens), pointer(token_rows),
+            None if lora_step is None else ctypes.byref(lora_step),
+            ctypes.byref(tail.matrix), tail.weight.shape[0], pointer(tail.weight), tail.k,
+            pointer(tail.scratch), pointer(tokens), ctypes.byref(done),
+        )
+        if failed == 3:
+            raise IndexError("The CPU decode stack: a token id outside the vocabulary.")
+        if failed not in (0, 4):
+            raise RuntimeError(f"The CPU greedy decode loop failed (code {failed}).")
+        return tokens[: done.value].tolist(), failed == 4
 
     # LoRA: the layers' adapter slots (lora/layers.py) feed the same C kernel the Python
     # layers call, after each matrix.

@@ -63,6 +63,10 @@ class RunnerStep:
 class StepHook:
     """A capability's part in the runner's step; every place is optional (no-op here)."""
 
+    # False for a hook with nothing to do on a further decode step of the same requests
+    # (a multi-step's greedy loop, worker/multi_step.py, runs those without the hooks).
+    per_step = True
+
     def add_request(self, state: CachedRequestState, new: NewRequestData) -> None:
         """A request joins the batch (new, or resumed after a preemption)."""
 

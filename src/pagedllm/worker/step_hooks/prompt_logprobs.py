@@ -34,6 +34,8 @@ _PROMPT_LOGPROBS_CHUNK = 256
 class PromptLogprobsHook(StepHook):
     """Fills `output.prompt_logprobs` for the requests whose prompt completes this step."""
 
+    per_step = False  # a decode step has no prompt positions
+
     def __init__(self, model: CausalLM) -> None:
         self.model = model
         # Prompt logprobs of requests swapped out mid-prompt, until they are swapped back in.

@@ -1,0 +1,77 @@
+"""A multi-step's extra greedy steps in one C call (csrc/decode_loop.c through
+CpuDecodeStack.greedy_steps): the tokens of one step at a time, on every vector variant,
+with either KV cache, and the loop really taking the steps."""
+
+from __future__ import annotations
+
+import pytest
+
+from pagedllm import LLM, SamplingParams, kernels
+from pagedllm.kernels.variants import runnable_variants
+from pagedllm.layers import cpu_ops
+from pagedllm.platform import cpu_platform
+from pagedllm.platform.cpu_features import detect
+from pagedllm.worker.decode_step import cpu_stack
+from pagedllm.worker.decode_step.cpu_stack import CpuDecodeStack
+
+pytestmark = pytest.mark.skipif(
+    cpu_stack._library() is None or not cpu_ops.w4a8_available(),
+    reason="no C compiler",
+)
+
+PROMPTS = [[5, 17, 42, 8, 99, 3], [7, 7, 12], [101, 55, 23, 61, 9, 14, 30, 2, 77], [4, 44]]
+# More requests than the matmul kernel's tile of 8 tokens.
+MANY_PROMPTS = [[i + 3, 2 * i + 5, 11] for i in range(10)]
+VARIANTS = [v.name for v in runnable_variants(detect()) if v.simd]
+
+
+def _tokens(llm: LLM, prompts: list[list[int]], max_tokens: list[int]) -> list[list[int]]:
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in max_tokens]
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outputs]
+
+
+@pytest.fixture
+def loop_steps(monkeypatch) -> list[int]:
+    """The steps every C loop call took (it still takes them)."""
+    taken: list[int] = []
+    original = CpuDecodeStack.greedy_steps
+
+    def counting(self, batch, steps, head):
+        result = original(self, batch, steps, head)
+        if result is not None:
+            taken.append(len(result[0]))
+        return result
+
+    monkeypatch.setattr(CpuDecodeStack, "greedy_steps", counting)
+    return taken
+
+
+def _llm(tiny_llama_dir, kv_cache_dtype: str, num_scheduler_steps: int) -> LLM:
+    return LLM(str(tiny_llama_dir), dtype="bfloat16", quantization="int4", max_model_len=256,
+               kv_cache_dtype=kv_cache_dtype, num_scheduler_steps=num_scheduler_steps)
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["int8", "auto"])
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_the_loop_gives_one_step_at_a_times_tokens(
+    tiny_llama_dir, loop_steps, variant, kv_cache_dtype
+):
+    lengths = [19, 7, 24, 12]  # the shortest caps a multi-step: 4, 3, 2... steps
+    with cpu_platform().use_kernels(kernels.load_variant(variant)):
+        want = _tokens(_llm(tiny_llama_dir, kv_cache_dtype, 1), PROMPTS, lengths)
+        assert not loop_steps
+        got = _tokens(_llm(tiny_llama_dir, kv_cache_dtype, 5), PROMPTS, lengths)
+    assert got == want
+    assert loop_steps and max(loop_steps) == 4  # the first step, then 4 in the call
+
+
+def test_more_rows_than_a_tile_and_blocks_crossed(tiny_llama_dir, loop_steps):
+    # 40 tokens of 16-token blocks: several multi-steps write into blocks the scheduler
+    # allocated as lookahead slots.
+    want = _tokens(_llm(tiny_llama_dir, "int8", 1), MANY_PROMPTS, [40] * 10)
+    got = _tokens(_llm(tiny_llama_dir, "int8", 8), MANY_PROMPTS, [40] * 10)
+    assert got == want
+    # The prefill's token, 4 multi-steps of 8 (the first step, then 7 in the call) and a
+    # last one of the 7 tokens left.
+    assert loop_steps == [7, 7, 7, 7, 6]
