@@ -417,6 +417,17 @@ def add_weight_args(group: argparse._ArgumentGroup | argparse.ArgumentParser) ->
     )
 
 
+def add_scheduler_steps_arg(group: argparse._ArgumentGroup | argparse.ArgumentParser) -> None:
+    """pagedllm's --num-scheduler-steps (multi-step scheduling)."""
+    group.add_argument(
+        "--num-scheduler-steps",
+        type=int,
+        default=1,
+        help="the engine's decode steps per scheduler step while every request only "
+        "decodes (multi-step scheduling; 1: every step scheduled, the engine's default)",
+    )
+
+
 def add_compare_args(group: argparse._ArgumentGroup, compare_help: str) -> None:
     """--compare (which peers) and --hf-dtype (transformers' dtypes)."""
     group.add_argument(

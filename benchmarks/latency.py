@@ -42,6 +42,7 @@ from common import (
     ModelLocation,
     add_compare_args,
     add_model_arg,
+    add_scheduler_steps_arg,
     add_weight_args,
     format_stat,
     load_average,
@@ -395,6 +396,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="engine weights and activations dtype",
     )
     add_weight_args(p)
+    add_scheduler_steps_arg(p)
     add(
         "--prefix-caching",
         action=argparse.BooleanOptionalAction,
@@ -459,6 +461,7 @@ def measure_engine(
         enable_prefix_caching=args.prefix_caching,
         quantization=args.quantization,
         keep_dense_weights=args.keep_dense_weights,
+        num_scheduler_steps=args.num_scheduler_steps,
         **({"kv_cache_dtype": args.kv_cache_dtype} if args.kv_cache_dtype else {}),
         **({"max_model_len": args.max_model_len} if args.max_model_len else {}),
     )

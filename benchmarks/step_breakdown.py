@@ -39,6 +39,7 @@ from collections.abc import Callable
 from typing import Any
 
 from common import (
+    add_scheduler_steps_arg,
     format_stat,
     load_average,
     load_tokenizer,
@@ -312,8 +313,7 @@ def main() -> None:
     )
     parser.add_argument("--seed", type=int, default=0, help="prompt seed (default: 0)")
     parser.add_argument("--kv-cache-dtype", default="auto", help="KV cache dtype (auto)")
-    parser.add_argument("--num-scheduler-steps", type=int, default=1,
-                        help="decode steps per scheduler step (multi-step scheduling; 1)")
+    add_scheduler_steps_arg(parser)
     parser.add_argument(
         "--single-stream", action="store_true",
         help="time one request's decode steps: inside the C kernels vs outside them",

@@ -33,6 +33,7 @@ from common import (
     ModelLocation,
     add_compare_args,
     add_model_arg,
+    add_scheduler_steps_arg,
     add_weight_args,
     format_stat,
     load_average,
@@ -129,6 +130,7 @@ class EngineRunner:
             "max_num_batched_tokens": args.max_num_batched_tokens,
             "quantization": args.quantization,
             "kv_cache_dtype": args.kv_cache_dtype,
+            "num_scheduler_steps": args.num_scheduler_steps,
         }
         kwargs = {k: v for k, v in limits.items() if v is not None}
         kwargs["keep_dense_weights"] = args.keep_dense_weights
@@ -139,7 +141,8 @@ class EngineRunner:
             f", {args.quantization}{'+dense' if args.keep_dense_weights else ''})"
             if args.quantization
             else ")"
-        ) + (f" kv={args.kv_cache_dtype}" if args.kv_cache_dtype else "")
+        ) + (f" kv={args.kv_cache_dtype}" if args.kv_cache_dtype else "") + (
+            f" steps={args.num_scheduler_steps}" if args.num_scheduler_steps > 1 else "")
         start = time.perf_counter()
         self.llm = LLM(model=location.path, dtype=args.dtype, seed=args.seed, **kwargs)
         self.setup_s = time.perf_counter() - start
@@ -562,6 +565,7 @@ def _add_engine_args(group: argparse._ArgumentGroup) -> None:
         choices=("auto", "float32", "bfloat16", "float16"),
         help="engine weights and activations dtype",
     )
+    add_scheduler_steps_arg(group)
     add_weight_args(group)
     add(
         "--max-num-seqs",

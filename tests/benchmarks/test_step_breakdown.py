@@ -60,3 +60,24 @@ def test_single_stream_report_splits_the_outside_time_by_phase(tiny_llama_dir, m
     assert library is not None
     for function in FUNCTIONS:  # the kernel clock's wrappers are gone too
         assert getattr(library.lib, function.name).restype is function.restype
+
+
+@pytest.mark.skipif(not cpu_ops.w4a8_available(), reason="no C compiler")
+def test_a_multi_step_counts_as_its_decode_steps(tiny_llama_dir, monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    breakdown = load_benchmark("step_breakdown")
+    llm = LLM(str(tiny_llama_dir), dtype="bfloat16", quantization="int4", max_model_len=128,
+              num_scheduler_steps=4)
+    clock = breakdown.KernelClock()
+    try:
+        assert clock.install()
+        steps = breakdown.single_stream_pass(llm, clock, [5, 17, 42, 8], output_len=10)
+    finally:
+        clock.uninstall()
+        sys.modules.pop("common", None)
+    # Ten tokens: the prefill's, then engine steps of 4, 4 and 1 decode steps, each
+    # counted as that many steps of its mean time.
+    assert len(steps) == 9
+    assert steps[0] == steps[3] and steps[4] == steps[7]
+    for wall, kernels in steps:
+        assert 0 < kernels < wall  # the C loop's call is timed as kernel time
