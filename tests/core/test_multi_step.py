@@ -107,10 +107,42 @@ def test_preemption_takes_the_lookahead_into_account() -> None:
     assert output.num_scheduled_tokens == {"a": 1} and b.status == RequestStatus.PREEMPTED
     # The preempted request waits with a seat free: this step is still a's multi-step
     # (decided before it was preempted), and the next admits b in one step.
+    assert output.num_steps == 4
     run_steps(scheduler, output)
-    scheduler.check_integrity()
+    assert scheduler.schedule().num_steps == 1
 
 
 def test_num_scheduler_steps_must_be_positive() -> None:
     with pytest.raises(ValueError, match="num_scheduler_steps"):
         SchedulerConfig(num_scheduler_steps=0)
+
+
+def test_lookahead_left_unused_is_freed_before_a_swap() -> None:
+    # A higher-priority arrival preempts for a seat: that step is one step, and the
+    # lookahead slots its requests were given must not stay allocated (a swap-out asserts
+    # that a preempted request holds no unused blocks).
+    scheduler = make_scheduler(block_size=4, num_cpu_blocks=32, max_num_seqs=2,
+                               preemption_mode="swap", scheduling_policy="priority",
+                               num_scheduler_steps=4)
+    for request_id in ("a", "b"):
+        request = make_request(request_id, 3)
+        request.priority = 5
+        scheduler.add_request(request)
+    step(scheduler)
+    c = make_request("c", 3)
+    c.priority = 0
+    scheduler.add_request(c)
+    output = scheduler.schedule()
+    assert output.num_steps == 1 and "c" in output.num_scheduled_tokens
+    run_steps(scheduler, output)
+    d = make_request("d", 3)
+    d.priority = 0
+    scheduler.add_request(d)
+    output = scheduler.schedule()  # swaps out a running request for d
+    scheduler.check_integrity()
+    assert "d" in output.num_scheduled_tokens and output.blocks_to_swap_out
+
+
+def test_an_empty_step_is_never_a_multi_step() -> None:
+    scheduler = make_scheduler(num_scheduler_steps=4)
+    assert scheduler.schedule().num_steps == 1

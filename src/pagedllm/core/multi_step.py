@@ -21,7 +21,7 @@ that stops early has had its batch's remaining steps computed for nothing).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from pagedllm.core.post_step import PostStepProcessor
 from pagedllm.request import Request
@@ -77,9 +77,16 @@ def runs_multi_step(request: Request) -> bool:
 
 class MultiStepAdvance(PostStepProcessor):
     """The extra steps computed the positions of every returned token but the last: they
-    count as computed before the tokens are appended."""
+    count as computed before the tokens are appended. Lookahead slots a step did not use
+    (it ran fewer steps than its blocks were allocated for: a request failed, or an
+    admission made it one step) are freed, as a drafter's are."""
+
+    def __init__(self, trim: Callable[[Request], None]) -> None:
+        self.trim = trim
 
     def before_append(self, request: Request, token_ids: list[int], num_drafts: int) -> None:
-        """Advance past the positions the runner's extra steps computed."""
+        """Advance past the positions the runner's extra steps computed; free the blocks
+        past them."""
         if not num_drafts and len(token_ids) > 1:
             request.num_computed_tokens += len(token_ids) - 1
+        self.trim(request)

@@ -190,7 +190,7 @@ class Scheduler:
         if self.num_lookahead_slots:
             processors.append(LookaheadRelease(self._trim))
         if self.multi_step.enabled:
-            processors.append(MultiStepAdvance())
+            processors.append(MultiStepAdvance(self._trim))
         return [*processors, StopCheck(self.max_model_len), GrammarAdvance()]
 
     # ----------------------------------------------------------------- requests in and out
@@ -287,12 +287,14 @@ class Scheduler:
         """
         plan = StepPlan(token_budget=self.scheduler_config.max_num_batched_tokens,
                         prefill_budget=self._prefill_cap())
-        if self.multi_step.enabled:
-            plan.num_steps = self.multi_step.steps_for(self.running, self._admits_others())
         self.encoder.start_step()
         self._admit(self.pooling, plan)
         self.running = self.waiting.order_running(self.running)
         self.preemption.for_waiting(plan, self.running, lambda head: self._can_admit(head, plan))
+        # (A preemption for a waiting request admits it: one step then.)
+        plan.num_steps = self.multi_step.steps_for(
+            self.running, bool(plan.preempted_ids) or self._admits_others()
+        )
         self._schedule_running(plan)
         # After a preemption for space the cache is tight: admitting others now would only
         # thrash. A swap-in never shares a step with a swap-out (see sched_output.py).
@@ -570,9 +572,15 @@ class Scheduler:
             if request_id in kv_output.failed_recving and self._recomputes_failed_loads:
                 to_reload.append(request)  # computed over KV that did not load
                 continue
-            if request_id in failed_ids or request_id in kv_output.failed_recving:
+            if request_id in failed_ids and token_ids:
+                # A multi-step's steps before the failing one sampled these (one step at a
+                # time would have sent them before the failure).
+                appended = apply_processors(self.processors, request, token_ids, 0)
+                if not request.is_finished():
+                    self._fail(request)
+            elif request_id in failed_ids or request_id in kv_output.failed_recving:
                 self._fail(request)
-                appended: list[int] = []
+                appended = []
             elif not token_ids:
                 continue  # prompt still being prefilled in chunks
             else:

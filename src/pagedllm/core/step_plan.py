@@ -73,7 +73,7 @@ class StepPlan:
     def runs_decodes_only(self) -> bool:
         """True when the step only continues running requests, one token each (what the
         runner's extra steps of a multi-step need: admissions make it one step)."""
-        return not self.new_requests and all(
+        return bool(self.cached_requests) and not self.new_requests and all(
             count == 1 for count in self.num_scheduled_tokens.values()
         )
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -78,34 +78,39 @@ class GreedyDecodeLoop:
     block_size: int
 
     def run(self, first: SchedulerOutput, output: ModelRunnerOutput) -> int:
-        """Take `first`'s extra steps while the fast path serves them; the number taken
-        (the rest go through the runner's step)."""
+        """Take `first`'s extra steps while the fast path serves them; the number taken,
+        a failed one included (the rest go through the runner's step)."""
         states = self.states
-        rows = np.arange(len(states))
-        # The first step appended each request's lookahead blocks to its table.
+        # The first step appended each request's lookahead blocks to its table, and left
+        # each state's computed count at its position.
         table = make_block_table_array([s.block_ids[0] for s in states])
-        base = np.array(first.scheduled_cached_reqs.num_computed_tokens, dtype=np.int64)
-        input_ids = np.array([s.token_ids[-1] for s in states], dtype=np.int64)
-        for step in range(1, first.num_steps):
-            positions = base + step
+        base = np.array([s.num_computed_tokens for s in states], dtype=np.int64)
+        rows = np.arange(len(states))
+        taken = 0
+        while taken < first.num_steps - 1:
+            positions = base + taken + 1
             slots = compute_slot_mapping(table, rows, positions, self.block_size)
+            input_ids = np.array([s.token_ids[-1] for s in states], dtype=np.int64)
             batch = DecodeBatch(input_ids, positions, slots, table)
             if not self.decode_step.serves(batch):
-                return step - 1
-            together = self.decode_step.greedy_steps(batch, first.num_steps - step, self.model)
-            steps = together[0] if together is not None else [
-                self.model.compute_greedy_tokens(self.decode_step.run(batch)).tolist()
-            ]
+                break
+            steps = self._forward(batch, first.num_steps - 1 - taken)
             for tokens in steps:
+                taken += 1
                 if min(tokens) < 0:
                     _fail(output, [i for i, t in enumerate(tokens) if t < 0])
-                    return step
+                    return taken
                 self._append(tokens, output)
-                step += 1
-            if together is not None:
-                return first.num_steps - 1
-            input_ids = np.array(steps[0], dtype=np.int64)
-        return first.num_steps - 1
+        return taken
+
+    def _forward(self, batch: DecodeBatch, steps: int) -> list[list[int]]:
+        """The tokens of up to `steps` steps from `batch`: all of them in one call where
+        the fast path takes them so, else one step's."""
+        together = self.decode_step.greedy_steps(batch, steps, self.model)
+        if together is not None:
+            return together
+        hidden = self.decode_step.run(batch)
+        return [cast("list[int]", self.model.compute_greedy_tokens(hidden).tolist())]
 
     def _append(self, tokens: list[int], output: ModelRunnerOutput) -> None:
         """A step's tokens, one a request, into the states and the output."""
@@ -118,10 +123,9 @@ class GreedyDecodeLoop:
 
 
 def _fail(output: ModelRunnerOutput, rows: list[int]) -> None:
-    """Rows whose forward went non-finite: their requests get no token and fail (as the
-    runner's own step fails them)."""
+    """Rows whose forward went non-finite: their requests fail (as the runner's own step
+    fails them), keeping the tokens of the steps before (the scheduler takes those)."""
     for row in rows:
-        output.sampled_token_ids[row] = []
         output.failed_request_ids.append(output.request_ids[row])
     logger.warning("Non-finite logits: failing request(s) %s.", output.failed_request_ids)
 
@@ -149,6 +153,9 @@ def extra_step(first: SchedulerOutput, step: int) -> SchedulerOutput:
 def merge_step(output: ModelRunnerOutput, step: ModelRunnerOutput) -> None:
     """Append a later step's tokens (same requests, same order) and failures to `output`."""
     assert step.request_ids == output.request_ids
+    # The scheduler gives several steps only to requests that need none of these.
+    assert not (step.logprobs or step.prompt_logprobs or step.pooler_output
+                or step.spec_token_ids or step.kv_connector_output), "not a plain step"
     for tokens, more in zip(output.sampled_token_ids, step.sampled_token_ids, strict=True):
         tokens.extend(more)
     output.failed_request_ids.extend(step.failed_request_ids)

@@ -40,7 +40,7 @@ def loop_steps(monkeypatch) -> list[int]:
     def counting(self, batch, steps, head):
         result = original(self, batch, steps, head)
         if result is not None:
-            taken.append(len(result[0]))
+            taken.append(len(result))
         return result
 
     monkeypatch.setattr(CpuDecodeStack, "greedy_steps", counting)

@@ -16,12 +16,13 @@
 /* `steps` decode steps of T requests (token t is request t). input_ids, positions [T] int64
  * and seq_lens [T] int32 hold the first step's inputs and are advanced in place;
  * group: KV cache group 0, whose `block_tables` [T, max_blocks] int32 cover every step's
- * position and whose `slots` point at slots [T] (written here each step); token_rows [T] is
- * 0..T-1. head, N, k, weight, scratch: greedy_head_bf16's. tokens [steps, T] out.
- * *steps_done: the steps whose tokens are in `tokens`.
- * Returns 0; the decode stack's or the head's code; 5 when the stack does not look the
- * embeddings up or apply the final norm itself; 4 when a row of a step's hidden states was
- * not finite (that step's tokens hold -1 there and count in *steps_done). */
+ * position and whose `slots` is `slots` [T], the buffer this call writes each step's slots
+ * to; token_rows [T] is 0..T-1. head, N, k, weight, scratch: greedy_head_bf16's. tokens
+ * [steps, T] out. *steps_done: the steps whose tokens are in `tokens`.
+ * Returns 0; the decode stack's or the head's code (below 16); 17 when the stack does not
+ * look the embeddings up or apply the final norm itself, or `slots` is not the group's;
+ * 16 when a row of a step's hidden states was not finite (that step's tokens hold -1 there
+ * and count in *steps_done). */
 int decode_greedy_steps(const StackDims *d, const StackLayer *layers, int64_t T,
                         int64_t steps, int64_t *input_ids, uint16_t *hidden, float *residual,
                         int64_t *positions, const StackGroup *group, int64_t *slots,
@@ -30,7 +31,7 @@ int decode_greedy_steps(const StackDims *d, const StackLayer *layers, int64_t T,
                         const uint16_t *weight, int64_t k, uint16_t *scratch,
                         int64_t *tokens, int64_t *steps_done) {
     *steps_done = 0;
-    if (d->embedding == NULL || d->final_norm == NULL) return 5;
+    if (d->embedding == NULL || d->final_norm == NULL || group->slots != slots) return 17;
     const int64_t bs = d->block_size, max_blocks = group->max_blocks;
     for (int64_t s = 0; s < steps; s++) {
         int64_t max_seq_len = 1;
@@ -48,7 +49,7 @@ int decode_greedy_steps(const StackDims *d, const StackLayer *layers, int64_t T,
         if (failed) return failed;
         *steps_done = s + 1;
         for (int64_t t = 0; t < T; t++) {
-            if (out[t] < 0) return 4;
+            if (out[t] < 0) return 16;
             input_ids[t] = out[t];
             positions[t] += 1;
             seq_lens[t] += 1;

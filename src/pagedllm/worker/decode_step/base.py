@@ -84,12 +84,12 @@ class DecodeStep(ABC):
 
     def greedy_steps(
         self, batch: DecodeBatch, steps: int, head: GreedyHead
-    ) -> tuple[list[list[int]], bool] | None:
-        """`steps` decode steps of the decode-only `batch` in a row, each feeding its rows'
-        argmax (`head`'s) to the next one position further, where the path can take them
-        at once (a multi-step's extra steps: worker/multi_step.py); call after `serves`.
-        Returns each step's tokens and whether the last has a non-finite row (-1 there);
-        None (the default) where it cannot."""
+    ) -> list[list[int]] | None:
+        """Up to `steps` decode steps of the decode-only `batch` in a row, each feeding its
+        rows' argmax (`head`'s) to the next one position further, where the path can take
+        them at once (a multi-step's extra steps: worker/multi_step.py); call after
+        `serves`. Returns each step's tokens (a last step with a non-finite row holds -1
+        there), or None (the default) where it cannot."""
         return None
 
 

@@ -231,11 +231,12 @@ class CpuDecodeStack(DecodeStep):
 
     def greedy_steps(
         self, batch: DecodeBatch, steps: int, head: GreedyHead
-    ) -> tuple[list[list[int]], bool] | None:
+    ) -> list[list[int]] | None:
         """`steps` greedy decode steps in one C call (csrc/decode_loop.c: the stack, the
         LM head's greedy tail, the argmax fed back), where the call looks the embeddings
         up and applies the final norm itself, the model has one KV cache group and the
-        head's C tail serves; else None."""
+        head's C tail serves; else None. The call stops after a step with a non-finite
+        row (-1 there: the last step returned)."""
         dims = self.dims
         if not (dims.embedding and dims.final_norm) or self.num_groups != 1 or (
             batch.requests is not None
@@ -267,9 +268,9 @@ class CpuDecodeStack(DecodeStep):
         )
         if failed == 3:
             raise IndexError("The CPU decode stack: a token id outside the vocabulary.")
-        if failed not in (0, 4):
+        if failed not in (0, _NONFINITE_ROW):
             raise RuntimeError(f"The CPU greedy decode loop failed (code {failed}).")
-        return tokens[: done.value].tolist(), failed == 4
+        return cast("list[list[int]]", tokens[: done.value].tolist())
 
     # LoRA: the layers' adapter slots (lora/layers.py) feed the same C kernel the Python
     # layers call, after each matrix.
@@ -304,6 +305,10 @@ class CpuDecodeStack(DecodeStep):
             order_slots=batch.order_slots.data_ptr(),
             matrices=ctypes.cast(table, ctypes.c_void_p),
         )
+
+
+# csrc/decode_loop.c: a step's row was not finite (its token -1, the step returned).
+_NONFINITE_ROW = 16
 
 
 def _int32(values: np.ndarray) -> torch.Tensor:
