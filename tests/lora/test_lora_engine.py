@@ -50,6 +50,7 @@ def _mixed(prompts, loras):
     dict(max_model_len=256),
     dict(max_model_len=256, max_num_batched_tokens=16),  # chunked prefill
     dict(max_model_len=256, max_loras=2, block_size=4),  # at most two adapters a step
+    dict(max_model_len=256, num_scheduler_steps=4),  # multi-step: adapters every step
 ])
 def test_mixed_batch_equals_transformers_and_peft(setup, engine_args):
     model_dir, prompts, loras, expected = setup

@@ -14,11 +14,16 @@ from pagedllm import LLM
 from .tiny_vlm import check_engine_matches_transformers, make_tiny_gemma3
 
 
-@pytest.mark.parametrize("budget", [6, 64])
-def test_gemma3_with_images_matches_transformers(budget, tiny_tokenizer_dir, tmp_path: Path):
+@pytest.mark.parametrize(("budget", "steps"), [(6, 1), (64, 1), (64, 4)])
+def test_gemma3_with_images_matches_transformers(
+    budget, steps, tiny_tokenizer_dir, tmp_path: Path
+):
+    """Chunked or not; with 4 decode steps per scheduler step (sliding windows, two KV
+    cache groups: the runner's own steps)."""
     path = make_tiny_gemma3(tmp_path / "gemma3", tiny_tokenizer_dir, sliding_window=3)
     check_engine_matches_transformers(path, "<start_of_image>", max_model_len=96,
-                                      max_num_batched_tokens=budget, num_gpu_blocks_override=96)
+                                      max_num_batched_tokens=budget, num_gpu_blocks_override=96,
+                                      num_scheduler_steps=steps)
 
 
 def test_gemma3_token_budget_below_an_image_is_refused(tiny_tokenizer_dir, tmp_path: Path):

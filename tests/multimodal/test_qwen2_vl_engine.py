@@ -22,11 +22,16 @@ from .tiny_vlm import (
 )
 
 
-@pytest.mark.parametrize(("version", "budget"), [("2", 8), ("2", 256), ("2.5", 8)])
-def test_qwen2_vl_matches_transformers(version, budget, tiny_tokenizer_dir, tmp_path: Path):
+@pytest.mark.parametrize(("version", "budget", "steps"),
+                         [("2", 8, 1), ("2", 256, 1), ("2.5", 8, 1), ("2", 256, 4)])
+def test_qwen2_vl_matches_transformers(
+    version, budget, steps, tiny_tokenizer_dir, tmp_path: Path
+):
+    """Chunked or not; with 4 decode steps per scheduler step (M-RoPE decode positions
+    in the runner's extra steps)."""
     path = make_tiny_qwen2_vl(tmp_path / "qwen2_vl", tiny_tokenizer_dir, version)
     check_engine_matches_transformers(path, QWEN2VL_IMAGE, max_model_len=256,
-                                      max_num_batched_tokens=budget)
+                                      max_num_batched_tokens=budget, num_scheduler_steps=steps)
 
 
 @pytest.mark.parametrize(("version", "budget"), [("2", 16), ("2.5", 512)])
