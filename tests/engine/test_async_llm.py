@@ -155,3 +155,32 @@ def test_a_core_crash_fails_waiters_and_health(tiny_llama_dir):
         assert engine.errored
     finally:
         engine.shutdown()
+
+
+def test_multi_step_streams_in_groups_with_the_same_text(tiny_llama_dir):
+    """num_scheduler_steps=4 through the engine core's own process: deltas of up to 4
+    tokens, the same text as one step at a time, nothing held afterwards."""
+    engine = AsyncLLM.from_engine_args(
+        EngineArgs(model=str(tiny_llama_dir), num_gpu_blocks_override=256, max_model_len=512,
+                   num_scheduler_steps=4),
+        multiprocessing=True)
+
+    async def stream(prompt: str, request_id: str) -> list[list[int]]:
+        return [list(output.outputs[0].token_ids)
+                async for output in engine.generate(prompt, _params(max_tokens=13), request_id)]
+
+    async def run() -> list[list[list[int]]]:
+        return await asyncio.gather(*(stream(p, f"m{i}") for i, p in enumerate(PROMPTS[:4])))
+
+    try:
+        deltas = asyncio.run(run())
+        _idle(engine)
+    finally:
+        engine.shutdown()
+    llm = LLM(str(tiny_llama_dir), num_gpu_blocks_override=256, max_model_len=512)
+    offline = llm.generate(PROMPTS[:4], _params(RequestOutputKind.FINAL_ONLY, max_tokens=13),
+                           use_tqdm=False)
+    for chunks, want in zip(deltas, offline, strict=True):
+        assert [t for chunk in chunks for t in chunk] == list(want.outputs[0].token_ids)
+        assert max(len(chunk) for chunk in chunks) > 1  # tokens came in groups
+        assert max(len(chunk) for chunk in chunks) <= 4
