@@ -14,18 +14,24 @@ from pagedllm.layers import cpu_ops
 from tests.conftest import load_benchmark
 
 
-@pytest.mark.skipif(not cpu_ops.w4a8_available(), reason="no C compiler")
-def test_single_stream_splits_each_step(tiny_llama_dir, monkeypatch):
+def _single_stream_steps(tiny_llama_dir, monkeypatch, output_len: int, **llm_args):
+    """step_breakdown's single-stream pass over a tiny int4 Llama, its kernel clock on."""
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "benchmarks"))
     breakdown = load_benchmark("step_breakdown")
-    llm = LLM(str(tiny_llama_dir), dtype="bfloat16", quantization="int4", max_model_len=128)
+    llm = LLM(str(tiny_llama_dir), dtype="bfloat16", quantization="int4", max_model_len=128,
+              **llm_args)
     clock = breakdown.KernelClock()
     try:
         assert clock.install()
-        steps = breakdown.single_stream_pass(llm, clock, [5, 17, 42, 8], output_len=6)
+        return breakdown.single_stream_pass(llm, clock, [5, 17, 42, 8], output_len=output_len)
     finally:
         clock.uninstall()
         sys.modules.pop("common", None)
+
+
+@pytest.mark.skipif(not cpu_ops.w4a8_available(), reason="no C compiler")
+def test_single_stream_splits_each_step(tiny_llama_dir, monkeypatch):
+    steps = _single_stream_steps(tiny_llama_dir, monkeypatch, 6)
     assert len(steps) == 5  # six tokens: the prefill's, then five decode steps
     for wall, kernels in steps:
         assert 0 < kernels < wall  # the decode stack ran in C, and Python around it
@@ -64,17 +70,7 @@ def test_single_stream_report_splits_the_outside_time_by_phase(tiny_llama_dir, m
 
 @pytest.mark.skipif(not cpu_ops.w4a8_available(), reason="no C compiler")
 def test_a_multi_step_counts_as_its_decode_steps(tiny_llama_dir, monkeypatch):
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    breakdown = load_benchmark("step_breakdown")
-    llm = LLM(str(tiny_llama_dir), dtype="bfloat16", quantization="int4", max_model_len=128,
-              num_scheduler_steps=4)
-    clock = breakdown.KernelClock()
-    try:
-        assert clock.install()
-        steps = breakdown.single_stream_pass(llm, clock, [5, 17, 42, 8], output_len=10)
-    finally:
-        clock.uninstall()
-        sys.modules.pop("common", None)
+    steps = _single_stream_steps(tiny_llama_dir, monkeypatch, 10, num_scheduler_steps=4)
     # Ten tokens: the prefill's, then engine steps of 4, 4 and 1 decode steps, each
     # counted as that many steps of its mean time.
     assert len(steps) == 9

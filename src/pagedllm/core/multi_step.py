@@ -13,7 +13,8 @@ step, so the scheduler lets the runner take up to `num_scheduler_steps` steps in
 - the runner decodes each request's newly sampled token in the next step and returns every
   token it sampled (worker/multi_step.py);
 - `MultiStepAdvance` counts the positions the extra steps computed before the tokens are
-  appended through the stop checks, which cut a request's tokens at its stop as always.
+  appended through the stop checks, which cut a request's tokens at its stop as always;
+  slots a step did not use go back as a drafter's do (post_step.py's LookaheadRelease).
 
 Outputs are the same tokens as one step at a time; only their grouping changes (a request
 that stops early has had its batch's remaining steps computed for nothing).
@@ -44,10 +45,11 @@ class MultiStepPolicy:
         """True when steps may be grouped."""
         return self.num_steps > 1
 
-    def steps_for(self, running: Sequence[Request], admits_others: bool) -> int:
+    def steps_for(self, running: Sequence[Request], admits_others: Callable[[], bool]) -> int:
         """The steps for a batch of `running` requests; 1 when a request is not a plain
-        decode, or when `admits_others` (a waiting request could start this step)."""
-        if not self.enabled or admits_others or not running:
+        decode, or when `admits_others()` (a waiting request could start this step; asked
+        only with multi-step on: one step at a time, the scheduler's step skips it)."""
+        if not self.enabled or not running or admits_others():
             return 1
         steps = self.num_steps
         for request in running:
@@ -77,16 +79,11 @@ def runs_multi_step(request: Request) -> bool:
 
 class MultiStepAdvance(PostStepProcessor):
     """The extra steps computed the positions of every returned token but the last: they
-    count as computed before the tokens are appended. Lookahead slots a step did not use
-    (it ran fewer steps than its blocks were allocated for: a request failed, or an
-    admission made it one step) are freed, as a drafter's are."""
-
-    def __init__(self, trim: Callable[[Request], None]) -> None:
-        self.trim = trim
+    count as computed before the tokens are appended. (Lookahead slots a step did not use,
+    when it ran fewer steps than its blocks were allocated for, go back through
+    post_step.py's LookaheadRelease, after this.)"""
 
     def before_append(self, request: Request, token_ids: list[int], num_drafts: int) -> None:
-        """Advance past the positions the runner's extra steps computed; free the blocks
-        past them."""
+        """Advance past the positions the runner's extra steps computed."""
         if not num_drafts and len(token_ids) > 1:
             request.num_computed_tokens += len(token_ids) - 1
-        self.trim(request)

@@ -53,7 +53,8 @@ class DraftRollback(PostStepProcessor):
 
 
 class LookaheadRelease(PostStepProcessor):
-    """The lookahead slots a drafter's KV took for the step go back."""
+    """The lookahead slots the step took go back: a drafter's KV's, or those of a
+    multi-step's steps it did not run (core/multi_step.py)."""
 
     def __init__(self, trim: Callable[[Request], None]) -> None:
         self.trim = trim

@@ -187,10 +187,10 @@ class Scheduler:
     def _post_step_processors(self) -> list[PostStepProcessor]:
         """The per-request rules these configs ask for (post_step.py), in order."""
         processors: list[PostStepProcessor] = [DraftRollback(self.spec_counters, self._trim)]
-        if self.num_lookahead_slots:
-            processors.append(LookaheadRelease(self._trim))
         if self.multi_step.enabled:
-            processors.append(MultiStepAdvance(self._trim))
+            processors.append(MultiStepAdvance())  # (before the slots past it are freed)
+        if self.num_lookahead_slots or self.multi_step.enabled:
+            processors.append(LookaheadRelease(self._trim))
         return [*processors, StopCheck(self.max_model_len), GrammarAdvance()]
 
     # ----------------------------------------------------------------- requests in and out
@@ -293,7 +293,7 @@ class Scheduler:
         self.preemption.for_waiting(plan, self.running, lambda head: self._can_admit(head, plan))
         # (A preemption for a waiting request admits it: one step then.)
         plan.num_steps = self.multi_step.steps_for(
-            self.running, bool(plan.preempted_ids) or self._admits_others()
+            self.running, lambda: bool(plan.preempted_ids) or self._admits_others()
         )
         self._schedule_running(plan)
         # After a preemption for space the cache is tight: admitting others now would only

@@ -205,11 +205,10 @@ FUNCTIONS: tuple[Function, ...] = (
         ctypes.c_int,
     ),
     # decode_greedy_steps(dims, layers, T, steps, input_ids, hidden, residual, positions,
-    # group, slots, seq_lens, token_rows, lora, head, N, weight, k, scratch, tokens,
-    # steps_done)
+    # group, seq_lens, token_rows, lora, head, N, weight, k, scratch, tokens, steps_done)
     Function(
         "decode_greedy_steps",
-        (_PTR, _PTR, _I64, _I64, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR,
+        (_PTR, _PTR, _I64, _I64, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR,
          _I64, _PTR, _I64, _PTR, _PTR, _PTR),
         ctypes.c_int,
     ),

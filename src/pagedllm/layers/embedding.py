@@ -134,12 +134,10 @@ class LMHead(nn.Module):
 
         A row whose hidden state holds a NaN or infinity gets -1 (no token can be chosen
         from it): the sampler fails its request without a finiteness pass of its own."""
-        matrix = self._greedy_kernel(hidden_states)
-        if matrix is not None:
-            scratch = self._scratch_for(matrix, hidden_states.shape[0])
-            return cpu_ops.greedy_head(
-                matrix, hidden_states, self.weight, REFINED_CANDIDATES, scratch
-            )
+        tail = self.greedy_tail(hidden_states)
+        if tail is not None:
+            return cpu_ops.greedy_head(tail.matrix, hidden_states, tail.weight, tail.k,
+                                       tail.scratch)
         logits = self._raw_logits(hidden_states, ranking_only=True)
         if logits.dtype == torch.float32 and self.method.is_dense:
             tokens = logits.argmax(dim=-1)

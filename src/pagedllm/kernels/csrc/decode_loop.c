@@ -16,22 +16,21 @@
 /* `steps` decode steps of T requests (token t is request t). input_ids, positions [T] int64
  * and seq_lens [T] int32 hold the first step's inputs and are advanced in place;
  * group: KV cache group 0, whose `block_tables` [T, max_blocks] int32 cover every step's
- * position and whose `slots` is `slots` [T], the buffer this call writes each step's slots
- * to; token_rows [T] is 0..T-1. head, N, k, weight, scratch: greedy_head_bf16's. tokens
+ * position and whose `slots` [T] int64 is the caller's buffer, written here each step;
+ * token_rows [T] is 0..T-1. head, N, k, weight, scratch: greedy_head_bf16's. tokens
  * [steps, T] out. *steps_done: the steps whose tokens are in `tokens`.
  * Returns 0; the decode stack's or the head's code (below 16); 17 when the stack does not
- * look the embeddings up or apply the final norm itself, or `slots` is not the group's;
- * 16 when a row of a step's hidden states was not finite (that step's tokens hold -1 there
- * and count in *steps_done). */
+ * look the embeddings up or apply the final norm itself; 16 when a row of a step's hidden
+ * states was not finite (that step's tokens hold -1 there and count in *steps_done). */
 int decode_greedy_steps(const StackDims *d, const StackLayer *layers, int64_t T,
                         int64_t steps, int64_t *input_ids, uint16_t *hidden, float *residual,
-                        int64_t *positions, const StackGroup *group, int64_t *slots,
-                        int32_t *seq_lens, const int32_t *token_rows,
+                        int64_t *positions, const StackGroup *group, int32_t *seq_lens, const int32_t *token_rows,
                         const StackLoRAStep *lora, const StackMatrix *head, int64_t N,
                         const uint16_t *weight, int64_t k, uint16_t *scratch,
                         int64_t *tokens, int64_t *steps_done) {
     *steps_done = 0;
-    if (d->embedding == NULL || d->final_norm == NULL || group->slots != slots) return 17;
+    if (d->embedding == NULL || d->final_norm == NULL) return 17;
+    int64_t *slots = (int64_t *)group->slots; /* the caller's buffer, the stack reads it */
     const int64_t bs = d->block_size, max_blocks = group->max_blocks;
     for (int64_t s = 0; s < steps; s++) {
         int64_t max_seq_len = 1;

@@ -88,8 +88,9 @@ class DecodeStep(ABC):
         """Up to `steps` decode steps of the decode-only `batch` in a row, each feeding its
         rows' argmax (`head`'s) to the next one position further, where the path can take
         them at once (a multi-step's extra steps: worker/multi_step.py); call after
-        `serves`. Returns each step's tokens (a last step with a non-finite row holds -1
-        there), or None (the default) where it cannot."""
+        `serves`; it may write over the batch's slot mapping. Returns each step's tokens (a
+        last step with a non-finite row holds -1 there), or None (the default) where it
+        cannot."""
         return None
 
 

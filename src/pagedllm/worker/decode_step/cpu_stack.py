@@ -247,21 +247,19 @@ class CpuDecodeStack(DecodeStep):
         tail = head.greedy_tail(hidden)
         if tail is None:
             return None
-        # The call advances ids, positions and sequence lengths in place: copies.
+        # The call advances ids, positions and sequence lengths in place (copies here), and
+        # writes each step's slots over the batch's slot mapping (_AttentionRows' view).
         input_ids = torch.from_numpy(batch.input_ids.astype(np.int64))
         positions = torch.from_numpy(batch.positions.astype(np.int64))
-        seq_lens, token_rows = _int32(batch.positions + 1), _int32(np.arange(num_rows))
-        tables, slots = _int32(batch.block_table), torch.empty(num_rows, dtype=torch.int64)
-        group = StackGroup(slots=pointer(slots), block_tables=pointer(tables),
-                           max_blocks=tables.shape[1])
+        attention = _AttentionRows(batch)
         residual = torch.empty(num_rows, dims.hidden, dtype=torch.float32)
         tokens = torch.empty(steps, num_rows, dtype=torch.int64)
         done = ctypes.c_int64(0)
         lora_step = self._lora_step()
         failed = self.library.decode_greedy_steps(
             ctypes.byref(dims), self.table, num_rows, steps, pointer(input_ids),
-            pointer(hidden), pointer(residual), pointer(positions), ctypes.byref(group),
-            pointer(slots), pointer(seq_lens), pointer(token_rows),
+            pointer(hidden), pointer(residual), pointer(positions), attention.groups,
+            pointer(attention.seq_lens), pointer(attention.token_rows),
             None if lora_step is None else ctypes.byref(lora_step),
             ctypes.byref(tail.matrix), tail.weight.shape[0], pointer(tail.weight), tail.k,
             pointer(tail.scratch), pointer(tokens), ctypes.byref(done),
