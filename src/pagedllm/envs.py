@@ -111,6 +111,22 @@ def dense_from_tokens() -> int | str:
     return int(value)
 
 
+def bf16_panels() -> str:
+    """PAGEDLLM_BF16_PANELS: where dense bfloat16 weights on CPU run our C kernel
+    (layers/quantization/bf16_panels.py): "auto" (the default) measures it against torch's
+    matmul once per process, "always" uses it for every step, "never" keeps torch's.
+
+    Raises:
+        ValueError: for any other value.
+    """
+    value = os.environ.get("PAGEDLLM_BF16_PANELS", "").strip().lower() or "auto"
+    if value not in ("auto", "always", "never"):
+        raise ValueError(
+            f"PAGEDLLM_BF16_PANELS must be 'auto', 'always' or 'never', not {value!r}."
+        )
+    return value
+
+
 def allow_runtime_lora_updating() -> bool:
     """PAGEDLLM_ALLOW_RUNTIME_LORA_UPDATING=true opens POST /v1/load_lora_adapter and
     /v1/unload_lora_adapter on the server (default off, as in vLLM)."""

@@ -104,6 +104,24 @@ static void check_matmul(void *ref, void *var, const char *name, int kind, int64
     free(codes), free(dm), free(x), free(want), free(got);
 }
 
+/* Dense bfloat16 panels (bf16_matmul.c) of N x K random weights: bit for bit. */
+static void check_bf16_matmul(void *ref, void *var, int64_t M, int64_t N, int64_t K) {
+    typedef int (*bf16_fn)(int64_t, int64_t, int64_t, const uint16_t *, int64_t,
+                           const uint16_t *, uint16_t *, int64_t);
+    const int64_t panel_values = (N + 15) / 16 * 16 * K;
+    uint16_t *panels = malloc(sizeof(uint16_t) * panel_values);
+    uint16_t *x = malloc(sizeof(uint16_t) * M * K);
+    uint16_t *want = calloc(M * N, sizeof(uint16_t)), *got = calloc(M * N, sizeof(uint16_t));
+    for (int64_t i = 0; i < panel_values; i++) panels[i] = float_to_bf16(uniform(-0.1f, 0.1f));
+    for (int64_t i = 0; i < M * K; i++) x[i] = float_to_bf16(uniform(-3.f, 3.f));
+    int status = ((bf16_fn)symbol(ref, "bf16_matmul_bf16"))(M, N, K, x, K, panels, want, N);
+    status |= ((bf16_fn)symbol(var, "bf16_matmul_bf16"))(M, N, K, x, K, panels, got, N);
+    char label[96];
+    snprintf(label, sizeof label, "bf16_matmul_bf16 M=%lld N=%lld", (long long)M, (long long)N);
+    report(label, status == 0 && memcmp(want, got, sizeof(uint16_t) * M * N) == 0, "differ");
+    free(panels), free(x), free(want), free(got);
+}
+
 /* A cache of 24 blocks x 16 positions x 3 kv heads x 64 in `row_bytes`-sized rows, filled
  * with bfloat16, float32 or int8 rows; three requests of 40, 1 and 23 tokens. */
 typedef struct {
@@ -224,6 +242,8 @@ int main(int argc, char **argv) {
         check_matmul(ref, var, "w4a8_sym_f16_matmul_bf16", 3, tokens[i], 130, 96);
     }
     check_matmul(ref, var, "w4a8_matmul_bf16", 0, 17, 256, 576);
+    for (int i = 0; i < 5; i++) check_bf16_matmul(ref, var, tokens[i], 130, 98);
+    check_bf16_matmul(ref, var, 17, 256, 576);
     check_attention(ref, var, "paged_decode_f32", "paged_prefill_f32", 0, 0);
     check_attention(ref, var, "paged_decode_bf16", "paged_prefill_bf16", 1, 1);
     check_attention(ref, var, "paged_decode_bf16_int8", "paged_prefill_bf16_int8", 2, 1);

@@ -344,16 +344,16 @@ def test_moe_experts_run_on_the_quantized_kernels(arch, tiny_arch_dirs, tmp_path
     assert (logits.float().argmax(-1) == ref.argmax(-1)).float().mean() >= 0.8
 
 
-# Which architectures the one-call C decode stack serves once int4 on bfloat16 (the rest run
-# the Python layers; worker/decode_step/cpu_stack_layers.py says what the C loop takes):
-# all but the tiny Qwen2-MoE, whose 48-wide shared expert is no multiple of the 32-value
-# groups (its down projection stays dense; tests/worker/decode_step runs a 64-wide one).
-_DECODE_STACK_SERVES = set(MODELS) - {"qwen2_moe"}
+# Which architectures the one-call C decode stack serves once int4 on bfloat16 (the rest would
+# run the Python layers; worker/decode_step/cpu_stack_layers.py says what the C loop takes):
+# all, the tiny Qwen2-MoE's shared expert included, whose 48 inputs are no multiple of the
+# 32-value groups: its down projection stays dense, as bf16 panels (PAGEDLLM_BF16_PANELS on).
+_DECODE_STACK_SERVES = set(MODELS)
 
 
 @pytest.mark.parametrize("arch", MODELS)
 def test_which_architectures_the_cpu_decode_stack_serves(
-    arch, request, tiny_arch_dirs, tmp_path_factory
+    arch, request, tiny_arch_dirs, tmp_path_factory, bf16_panels
 ) -> None:
     """Pins the path each architecture's decode steps take (C stack or Python layers)."""
     from pagedllm.layers import cpu_ops
@@ -362,6 +362,7 @@ def test_which_architectures_the_cpu_decode_stack_serves(
 
     if not cpu_ops.w4a8_available():
         pytest.skip("no C compiler for the kernels")
+    bf16_panels("always")
     if arch in _FIXTURES:
         path = Path(request.getfixturevalue(_FIXTURES[arch]))
     else:

@@ -11,7 +11,8 @@ from pagedllm.platform.cpu_plan import plan_for
 AVX512 = "fpu sse sse2 avx avx2 fma f16c avx512f avx512dq avx512bw avx512vl avx512_vnni"
 # (name, arch, flags, compiler found) -> (variant, W4A8 on the C kernels, native bf16)
 PLANS = [
-    ("avx512+vnni+bf16", "x86_64", f"{AVX512} avx512_bf16", True, ("avx512", True, True)),
+    ("avx512+vnni+bf16", "x86_64", f"{AVX512} avx512_bf16", True,
+     ("avx512_bf16", True, True)),
     ("avx512+vnni+amx", "x86_64", f"{AVX512} amx_bf16 amx_int8", True, ("avx512", True, True)),
     ("avx512+vnni", "x86_64", AVX512, True, ("avx512", True, False)),
     ("avx512 without vnni", "x86_64", "avx2 fma f16c avx512f avx512dq avx512bw avx512vl",

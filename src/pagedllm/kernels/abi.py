@@ -55,6 +55,8 @@ STACK_QUICK_GELU = 3  # activation_bf16 only (vision towers), never a stack's ML
 # The byte dot products' weight formats (kernels.h FMT_*): int4 codes with float32 (d, m),
 # int8 codes, int4 codes with float16 (d, m), int4 codes with float16 d alone (m = -8 d).
 FMT_INT4, FMT_INT8, FMT_INT4_F16, FMT_INT4_SYM_F16 = 0, 1, 2, 3
+# Dense bfloat16 weights in panels of 16 rows (csrc/bf16_matmul.c; no scales).
+FMT_BF16 = 4
 
 
 class StackWeight(ctypes.Structure):
@@ -176,6 +178,8 @@ FUNCTIONS: tuple[Function, ...] = (
     Function("w4a8_f16_matmul_bf16", _BYTE_DOT_ARGS, ctypes.c_int),
     Function("w4a8_sym_f16_matmul_bf16", _BYTE_DOT_ARGS, ctypes.c_int),
     Function("w8a8_matmul_bf16", _BYTE_DOT_ARGS, ctypes.c_int),
+    # bf16_matmul_bf16(M, N, K, x, x_stride, panels, out, out_stride): 1 when K is odd
+    Function("bf16_matmul_bf16", (_I64, _I64, _I64, _PTR, _I64, _PTR, _PTR, _I64), ctypes.c_int),
     # lora_add_bf16(num, K, N, x, x_stride, out, out_stride, order, order_slots, subs,
     # sub_offsets, R, A, B): 2 when out of memory.
     Function(

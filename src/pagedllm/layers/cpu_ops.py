@@ -196,6 +196,27 @@ def w8a8_matmul(
     return _byte_dot_matmul("w8a8_matmul_bf16", x, codes, scales, out_features)
 
 
+def bf16_matmul(
+    x: torch.Tensor,  # [T, K] bfloat16, rows dense
+    panels: torch.Tensor,  # [panels, K / 2, 16, 2] bfloat16
+    out_features: int,
+) -> torch.Tensor:  # [T, out_features] bfloat16
+    """x @ W^T for W in the Bf16PanelWeight layout (csrc/bf16_matmul.c)."""
+    library = cpu_platform().kernel_library()
+    assert library is not None
+    num_tokens, in_features = x.shape
+    out = torch.empty(num_tokens, out_features, dtype=torch.bfloat16)
+    if num_tokens == 0:
+        return out
+    failed = library.lib.bf16_matmul_bf16(
+        num_tokens, out_features, in_features, pointer(x), x.stride(0), pointer(panels),
+        pointer(out), out_features,
+    )
+    if failed:
+        raise ValueError(f"bf16_matmul_bf16: the input size {in_features} is odd")
+    return out
+
+
 def _byte_dot_matmul(
     function: str, x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, out_features: int
 ) -> torch.Tensor:

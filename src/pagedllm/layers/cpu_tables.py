@@ -1,7 +1,8 @@
 """Layers as the C kernels take them: tables of pointers into their weights.
 
-A matrix is a `StackMatrix` (kernels.h) when its weight is a byte dot-product one (W4A8,
-W8A8, or two of them summed: a split GGUF format), and a sparse MLP a `StackMoE` when its
+A matrix is a `StackMatrix` (kernels.h) when its weight is one our kernels multiply: a byte
+dot-product one (W4A8, W8A8, or two of them summed: a split GGUF format) or dense bfloat16
+panels (Bf16PanelWeight), and a sparse MLP a `StackMoE` when its
 router is dense bfloat16 and every expert's matrices are such weights. csrc/moe.c and the
 decode stack (worker/decode_step/cpu_stack.py) read them; the tables hold no weights, only
 addresses, so the layer must outlive them.
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from pagedllm.kernels.abi import (
+    FMT_BF16,
     FMT_INT8,
     STACK_GELU_TANH,
     STACK_SILU,
@@ -25,6 +27,7 @@ from pagedllm.kernels.abi import (
 from pagedllm.layers.activation import ActivationAndMul, SiluAndMul
 from pagedllm.layers.linear import Linear
 from pagedllm.layers.quantization import (
+    Bf16PanelWeight,
     CrossoverMethod,
     LinearMethod,
     SplitWeight,
@@ -36,23 +39,23 @@ if TYPE_CHECKING:
     from pagedllm.layers.mlp import GatedMLP
     from pagedllm.layers.moe import FusedMoE
 
-ByteDotWeight = W4A8Weight | W8A8Weight
+KernelWeight = W4A8Weight | W8A8Weight | Bf16PanelWeight
 
 
-def byte_dot_parts(linear: Linear) -> tuple[list[ByteDotWeight], int | None] | None:
+def kernel_parts(linear: Linear) -> tuple[list[KernelWeight], int | None] | None:
     """The weights whose products sum to the layer's matmul on small steps, and the largest
     step they serve (None: every step; a crossover sends larger ones to a dense weight);
     None when the layer runs something else."""
-    return method_byte_dot_parts(linear.method.base_method())
+    return method_kernel_parts(linear.method.base_method())
 
 
-def method_byte_dot_parts(method: LinearMethod) -> tuple[list[ByteDotWeight], int | None] | None:
-    """byte_dot_parts of a bare linear method (an LM head's, which is no Linear)."""
+def method_kernel_parts(method: LinearMethod) -> tuple[list[KernelWeight], int | None] | None:
+    """kernel_parts of a bare linear method (an LM head's, which is no Linear)."""
     limit = None
     if isinstance(method, CrossoverMethod):
         limit = method.max_tokens
         method = method.small
-    if isinstance(method, (W4A8Weight, W8A8Weight)):
+    if isinstance(method, (W4A8Weight, W8A8Weight, Bf16PanelWeight)):
         return [method], limit
     if isinstance(method, SplitWeight):
         return [method.first, method.second], limit
@@ -60,9 +63,9 @@ def method_byte_dot_parts(method: LinearMethod) -> tuple[list[ByteDotWeight], in
 
 
 def stack_matrix(linear: Linear) -> StackMatrix | None:
-    """The matrix's table (bias included), or None when its weight is not byte dot-product
-    or its bias is not bfloat16."""
-    found = byte_dot_parts(linear)
+    """The matrix's table (bias included), or None when its weight is not one of our
+    kernels' (kernel_parts) or its bias is not bfloat16."""
+    found = kernel_parts(linear)
     if found is None or (linear.bias is not None and linear.bias.dtype != torch.bfloat16):
         return None
     matrix = parts_matrix(found[0])
@@ -70,7 +73,7 @@ def stack_matrix(linear: Linear) -> StackMatrix | None:
     return matrix
 
 
-def parts_matrix(parts: list[ByteDotWeight]) -> StackMatrix:
+def parts_matrix(parts: list[KernelWeight]) -> StackMatrix:
     """The table of one or two byte dot-product weights summed (no bias)."""
     matrix = StackMatrix()
     for index, part in enumerate(parts):
@@ -78,10 +81,12 @@ def parts_matrix(parts: list[ByteDotWeight]) -> StackMatrix:
     return matrix
 
 
-def _weight(weight: ByteDotWeight) -> StackWeight:
+def _weight(weight: KernelWeight) -> StackWeight:
     if isinstance(weight, W4A8Weight):
         return StackWeight(weight.packed.data_ptr(), weight.scales_and_mins.data_ptr(),
                            weight.kernel_format())
+    if isinstance(weight, Bf16PanelWeight):
+        return StackWeight(weight.panels.data_ptr(), None, FMT_BF16)
     return StackWeight(weight.codes.data_ptr(), weight.scales.data_ptr(), FMT_INT8)
 
 
@@ -134,7 +139,7 @@ def moe_table(moe: FusedMoE) -> MoETable | None:
     matrices = [m for m in found if m is not None]
     if len(matrices) != len(found):
         return None
-    limits = [parts[1] for m in linears if (parts := byte_dot_parts(m)) and parts[1]]
+    limits = [parts[1] for m in linears if (parts := kernel_parts(m)) and parts[1]]
     gate_up = (StackMatrix * moe.num_experts)(*matrices[0 : 2 * moe.num_experts : 2])
     down = (StackMatrix * moe.num_experts)(*matrices[1 : 2 * moe.num_experts : 2])
     table = StackMoE(

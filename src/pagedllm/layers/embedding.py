@@ -15,7 +15,7 @@ from torch import nn
 
 from pagedllm.kernels.abi import StackMatrix
 from pagedllm.layers import cpu_ops
-from pagedllm.layers.cpu_tables import method_byte_dot_parts, parts_matrix
+from pagedllm.layers.cpu_tables import method_kernel_parts, parts_matrix
 from pagedllm.layers.linear import default_weight_loader
 from pagedllm.layers.nonfinite import mark_nonfinite_rows
 from pagedllm.layers.quantization import (
@@ -179,7 +179,7 @@ class LMHead(nn.Module):
             return None
         method = self._ranking_method()
         if self._greedy_table is None or self._greedy_table[0] is not method:
-            found = method_byte_dot_parts(method.base_method())
+            found = method_kernel_parts(method.base_method())
             rows = self.weight.shape[0]
             if found is not None and any(part.out_features != rows for part in found[0]):
                 found = None  # the C tail reads the dense weight's rows as the vocabulary

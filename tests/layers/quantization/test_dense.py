@@ -71,13 +71,15 @@ def test_padded_rows_give_the_unpadded_batch_result() -> None:
 
 
 @pytest.mark.parametrize("quantization", [None, "int8"])
-def test_a_packed_layer_holds_the_weight_once(quantization: str | None) -> None:
+def test_a_packed_layer_holds_the_weight_once(quantization: str | None, bf16_panels) -> None:
     """A dense layer whose weight is packed keeps only the packed copy (the plain one is
     freed: the model is not held twice), and computes what the plain weight did; with
-    torch's weight-only int8 the packed copy serves the large steps."""
+    torch's weight-only int8 the packed copy serves the large steps. (Our kernel's panels
+    off: test_bf16_panels.py has that layout.)"""
     from pagedllm.layers.linear import Linear
     from pagedllm.layers.quantization import PackedDenseMethod
 
+    bf16_panels("never")
     weight = _bf16_weight()
     layer = Linear(64, 96)
     layer.weight.data = weight.clone()

@@ -15,7 +15,7 @@ import pytest
 from pagedllm import LLM, SamplingParams, kernels
 from pagedllm.kernels.variants import runnable_variants
 from pagedllm.layers import cpu_ops
-from pagedllm.layers.quantization import W4A8Weight
+from pagedllm.layers.quantization import Bf16PanelWeight, W4A8Weight
 from pagedllm.platform import cpu_platform
 from pagedllm.platform.cpu_features import detect
 from pagedllm.worker.decode_step import cpu_stack
@@ -265,7 +265,27 @@ def test_switched_off_by_environment(monkeypatch, tiny_llama_dir):
     assert cpu_stack._library() is not None
 
 
-def test_no_stack_without_quantized_weights(tiny_llama_dir):
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_dense_bfloat16_weights_run_on_the_stack_as_the_layer_loop(
+    tiny_llama_dir, stack_calls, bf16_panels, variant
+):
+    """No quantization: the matrices are bfloat16 panels (csrc/bf16_matmul.c), and decode
+    and mixed steps (a budget of 6 tokens) run on the stack with the layer loop's tokens
+    and logprobs, on each vector variant."""
+    bf16_panels("always")
+    with cpu_platform().use_kernels(kernels.load_variant(variant)):
+        llm = LLM(str(tiny_llama_dir), dtype="bfloat16", max_model_len=256,
+                  max_num_batched_tokens=6, max_num_seqs=4, enable_chunked_prefill=True)
+        down_proj = _model(llm).model.layers[0].mlp.down_proj
+        assert isinstance(down_proj.method, Bf16PanelWeight) and down_proj.quantized is None
+        assert isinstance(_runner(llm).decode_step, CpuDecodeStack)
+        with_stack = _generate(llm, PROMPTS)
+        assert stack_calls and stack_calls.mixed
+        assert _generate_without_stack(llm, PROMPTS) == with_stack
+
+
+def test_no_stack_for_dense_weights_left_to_torch(tiny_llama_dir, bf16_panels):
+    bf16_panels("never")
     llm = LLM(str(tiny_llama_dir), dtype="bfloat16", max_model_len=128)
     assert _runner(llm).decode_step is None
 

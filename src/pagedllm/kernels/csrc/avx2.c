@@ -27,6 +27,8 @@ const char ISA_NAME[] = "avx2";
 #endif
 /* Tokens per tile: without VNNI each token keeps two int16 pair sums besides its dot sums
  * and accumulator, and a third token already spills registers (measured: 40% slower). */
+/* bfloat16 tiles: one panel (two vectors of 8 rows) x 4 tokens, 8 accumulators */
+const int ISA_BF16_TOKENS = 4, ISA_BF16_PANELS = 1;
 #if defined(__AVXVNNI__)
 const int ISA_TILE_TOKENS = 4;
 #else
@@ -366,4 +368,53 @@ void isa_attn_weighted_sum_rows(float *acc, int64_t rows, int64_t D, const float
                 for (int64_t t = 0; t < n; t++)
                     a[r * D + jj] = fmaf(wr[r * w_stride + t], tile[t * D + jj], a[r * D + jj]);
     }
+}
+
+/* A pair of bfloat16 values per 32-bit lane: the odd (high) and even (low) one as float32. */
+static inline __m256 odd_bf16(__m256i pairs) {
+    return _mm256_castsi256_ps(_mm256_and_si256(pairs, _mm256_set1_epi32((int)0xFFFF0000u)));
+}
+static inline __m256 even_bf16(__m256i pairs) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(pairs, 16));
+}
+
+static inline int32_t load_pair(const uint16_t *p) {
+    int32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* One panel (P is 1: its two halves of 8 rows) x R tokens, vdpbf16ps's order (isa.h). */
+static inline __attribute__((always_inline)) void bf16_tile(
+    const int P, const int R, const uint16_t *x, int64_t x_stride, const uint16_t *panels,
+    int64_t K, uint16_t *out, int64_t out_stride, int lanes) {
+    (void)P;
+    __m256 acc[2][MAX_BF16_TOKENS];
+    for (int h = 0; h < 2; h++)
+        for (int r = 0; r < R; r++) acc[h][r] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < K / 2; j++) {
+        __m256 odd[2], even[2];
+        for (int h = 0; h < 2; h++) {
+            const __m256i w = _mm256_loadu_si256((const __m256i *)(panels + j * 2 * PANEL_ROWS + h * 16));
+            odd[h] = odd_bf16(w);
+            even[h] = even_bf16(w);
+        }
+        for (int r = 0; r < R; r++) {
+            const __m256i pair = _mm256_set1_epi32(load_pair(x + r * x_stride + 2 * j));
+            const __m256 x_odd = odd_bf16(pair), x_even = even_bf16(pair);
+            for (int h = 0; h < 2; h++) {
+                acc[h][r] = _mm256_fmadd_ps(odd[h], x_odd, acc[h][r]);
+                acc[h][r] = _mm256_fmadd_ps(even[h], x_even, acc[h][r]);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        store_bf16x8(out + r * out_stride, acc[0][r], lanes < 8 ? lanes : 8);
+        if (lanes > 8) store_bf16x8(out + r * out_stride + 8, acc[1][r], lanes - 8);
+    }
+}
+
+void isa_bf16_tile(const uint16_t *x, int64_t x_stride, int rows, const uint16_t *panels,
+                   int count, int64_t K, uint16_t *out, int64_t out_stride, int lanes) {
+    ISA_BF16_CASE(1, 1) ISA_BF16_CASE(1, 2) ISA_BF16_CASE(1, 3) ISA_BF16_CASE(1, 4)
 }

@@ -4,6 +4,8 @@
  * per lane, 64 multiply-adds per instruction. A tile is up to 8 tokens: a group's codes are
  * unpacked once into 8 registers for all of them; a token's dot products are one chain of 8
  * (int8) or two of 4, one per half-group with its own activation scale (int4).
+ * bfloat16 weights: vdpbf16ps when built with AVX-512 BF16 (the avx512_bf16 variant), else
+ * its two fused multiply-adds per pair, the pair's halves widened to float32 by shifts.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -12,7 +14,15 @@
 #include "bf16.h"
 #include "isa.h"
 
+#if defined(__AVX512BF16__)
+const char ISA_NAME[] = "avx512_bf16";
+/* 24 accumulators, 3 weight vectors and the broadcast activation pair: 28 registers */
+const int ISA_BF16_TOKENS = 8, ISA_BF16_PANELS = 3;
+#else
 const char ISA_NAME[] = "avx512";
+/* 12 accumulators, each panel's odd and even halves, the activation's: 20 registers */
+const int ISA_BF16_TOKENS = 4, ISA_BF16_PANELS = 3;
+#endif
 const int ISA_TILE_TOKENS = 8;
 
 static inline int32_t load_i32(const int8_t *p) {
@@ -268,4 +278,62 @@ void isa_attn_weighted_sum_rows(float *acc, int64_t rows, int64_t D, const float
                 for (int64_t t = 0; t < n; t++)
                     a[r * D + jj] = fmaf(wr[r * w_stride + t], tile[t * D + jj], a[r * D + jj]);
     }
+}
+
+/* A pair of bfloat16 values per 32-bit lane: the odd (high) and even (low) one as float32. */
+static inline __m512 odd_bf16(__m512i pairs) {
+    return _mm512_castsi512_ps(_mm512_and_si512(pairs, _mm512_set1_epi32((int)0xFFFF0000u)));
+}
+static inline __m512 even_bf16(__m512i pairs) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16));
+}
+
+static inline int32_t load_pair(const uint16_t *p) {
+    int32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* P panels x R tokens (constants at every call site: fully unrolled). */
+static inline __attribute__((always_inline)) void bf16_tile(
+    const int P, const int R, const uint16_t *x, int64_t x_stride, const uint16_t *panels,
+    int64_t K, uint16_t *out, int64_t out_stride, int lanes) {
+    __m512 acc[MAX_BF16_PANELS][MAX_BF16_TOKENS];
+    for (int p = 0; p < P; p++)
+        for (int r = 0; r < R; r++) acc[p][r] = _mm512_setzero_ps();
+    const int64_t panel_size = K * PANEL_ROWS;
+    for (int64_t j = 0; j < K / 2; j++) {
+        __m512i w[MAX_BF16_PANELS];
+        for (int p = 0; p < P; p++)
+            w[p] = _mm512_loadu_si512(panels + p * panel_size + j * 2 * PANEL_ROWS);
+#if defined(__AVX512BF16__)
+        for (int r = 0; r < R; r++) {
+            const __m512bh pair = (__m512bh)_mm512_set1_epi32(load_pair(x + r * x_stride + 2 * j));
+            for (int p = 0; p < P; p++) acc[p][r] = _mm512_dpbf16_ps(acc[p][r], (__m512bh)w[p], pair);
+        }
+#else
+        __m512 odd[MAX_BF16_PANELS], even[MAX_BF16_PANELS];
+        for (int p = 0; p < P; p++) {
+            odd[p] = odd_bf16(w[p]);
+            even[p] = even_bf16(w[p]);
+        }
+        for (int r = 0; r < R; r++) {
+            const __m512i pair = _mm512_set1_epi32(load_pair(x + r * x_stride + 2 * j));
+            const __m512 x_odd = odd_bf16(pair), x_even = even_bf16(pair);
+            for (int p = 0; p < P; p++) {
+                acc[p][r] = _mm512_fmadd_ps(odd[p], x_odd, acc[p][r]);
+                acc[p][r] = _mm512_fmadd_ps(even[p], x_even, acc[p][r]);
+            }
+        }
+#endif
+    }
+    for (int p = 0; p < P; p++)
+        for (int r = 0; r < R; r++)
+            store_bf16x16(out + r * out_stride + p * PANEL_ROWS, acc[p][r],
+                          p == P - 1 ? lanes : PANEL_ROWS);
+}
+
+void isa_bf16_tile(const uint16_t *x, int64_t x_stride, int rows, const uint16_t *panels,
+                   int count, int64_t K, uint16_t *out, int64_t out_stride, int lanes) {
+    ISA_BF16_ROWS(3) ISA_BF16_ROWS(2) ISA_BF16_ROWS(1)
 }

@@ -2,7 +2,8 @@
  * The primitives that differ per instruction set. Each ISA source defines all of them:
  *
  *   scalar.c   plain C, the reference that defines the arithmetic
- *   avx512.c   AVX-512 F/BW/VL/DQ with VNNI (vpdpbusd on 16 lanes)
+ *   avx512.c   AVX-512 F/BW/VL/DQ with VNNI (vpdpbusd on 16 lanes); with BF16's vdpbf16ps
+ *              when built with it (__AVX512BF16__: the avx512_bf16 variant)
  *   avx2.c     AVX2 + FMA: AVX-VNNI's 256-bit vpdpbusd when built with it (__AVXVNNI__),
  *              else vpmaddubsw + vpmaddwd (the pair llama.cpp uses for Q4 x Q8 on AVX2)
  *   neon.c     Arm NEON: vdotq_s32 with the dot-product extension (__ARM_FEATURE_DOTPROD),
@@ -28,7 +29,14 @@
  *   acc = fma((float)dot, d_g * dx, acc);  acc = fma(m_g, c_g, acc)
  * (half-groups cut the W4A8 error against float32 by a fifth and cost the int4 kernel ~9%;
  * the LM head's error hardly matters and its int8 kernel would lose more, so it keeps 32.)
- * Either way acc is then rounded to bfloat16 (nearest even). The prefill's attention
+ * Either way acc is then rounded to bfloat16 (nearest even).
+ *
+ * bfloat16 weights (bf16_matmul.c) multiply bfloat16 activations as they are, in the order of
+ * AVX-512 BF16's vdpbf16ps: per output row, over the input pairs j in order,
+ *   acc = fma(w[2j + 1], x[2j + 1], acc);  acc = fma(w[2j], x[2j], acc)
+ * from acc = 0, then rounded to bfloat16. The product of two bfloat16 values is exact in
+ * float32, so each step is one rounding, as the instruction's; it also treats denormal
+ * inputs and results as zero, which the emulations do not (values below 1e-38 only). The prefill's attention
  * primitives sum in one order too (fma over the head dimension per key, over keys per output
  * value), so they match up to libm's expf; the decode's key scores add a key's products in
  * the ISA's own order (partial sums a vector wide), so decode attention agrees across ISAs
@@ -48,6 +56,9 @@
 #define PANEL_ROWS 16
 /* Most tokens any ISA's tile takes; each ISA declares its own ISA_TILE_TOKENS <= this. */
 #define MAX_TILE_TOKENS 8
+/* The most panels and tokens any ISA's bfloat16 tile takes (isa_bf16_tile). */
+#define MAX_BF16_PANELS 4
+#define MAX_BF16_TOKENS 8
 /* Keys per tile of the prefill attention kernel (its transposed tiles are [D][KEY_TILE]). */
 #define KEY_TILE 16
 
@@ -90,6 +101,17 @@ static inline void q8_record_group(const Q8Activations *a, int64_t t, int64_t g,
 /* The implied minimum's factor (m = factor * d) of a format without stored minimums. */
 #define FMT_MIN_FACTOR(FMT) ((FMT) == FMT_INT8 ? -128.f : -8.f)
 
+/* The cases of isa_bf16_tile's switch over (count, rows): the ISA's `bf16_tile` inlined
+ * with both as constants. */
+#define ISA_BF16_CASE(P, R)                                                                  \
+    if (count == P && rows == R) {                                                           \
+        bf16_tile(P, R, x, x_stride, panels, K, out, out_stride, lanes);                    \
+        return;                                                                              \
+    }
+#define ISA_BF16_ROWS(P)                                                                     \
+    ISA_BF16_CASE(P, 1) ISA_BF16_CASE(P, 2) ISA_BF16_CASE(P, 3) ISA_BF16_CASE(P, 4)          \
+    ISA_BF16_CASE(P, 5) ISA_BF16_CASE(P, 6) ISA_BF16_CASE(P, 7) ISA_BF16_CASE(P, 8)
+
 /* A case of isa_byte_dot_tile's switch over `rows`: the ISA's `tile` inlined with R rows and
  * the weight format as constants. */
 #define ISA_TILE_CASE(R)                                                                     \
@@ -118,6 +140,16 @@ void isa_quantize_q8_bf16(const Q8Activations *a, const uint16_t *x, int64_t t, 
 void isa_byte_dot_tile(int format, const Q8Activations *a, int64_t t, int rows,
                        const uint8_t *codes, const void *dm, uint16_t *out,
                        int64_t out_stride, int lanes);
+
+/* The variant's bfloat16 tile: at most ISA_BF16_TOKENS tokens x ISA_BF16_PANELS panels. */
+extern const int ISA_BF16_TOKENS, ISA_BF16_PANELS;
+
+/* Tokens x[0 .. rows - 1] (K bfloat16 values each, rows x_stride apart) times `count`
+ * consecutive panels of bfloat16 weights (bf16_matmul.c's layout, K * 16 values each), by
+ * the arithmetic above: out[r * out_stride + 16 p + i] for panel p's row i, every row of a
+ * panel but the last one's first `lanes`. rows <= ISA_BF16_TOKENS, count <= ISA_BF16_PANELS. */
+void isa_bf16_tile(const uint16_t *x, int64_t x_stride, int rows, const uint16_t *panels,
+                   int count, int64_t K, uint16_t *out, int64_t out_stride, int lanes);
 
 /* s[r * s_stride + t] = sum_j q[r * D + j] * tile_t[j * KEY_TILE + t] for r < 4, t < 16:
  * four query rows against a whole transposed key tile. */

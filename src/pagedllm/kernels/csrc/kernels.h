@@ -29,6 +29,7 @@ typedef struct {
 #define FMT_INT8 1         /* int8 codes + 128, float32 d (m = -128 d) */
 #define FMT_INT4_F16 2     /* int4 codes, float16 (d, m) */
 #define FMT_INT4_SYM_F16 3 /* int4 codes, float16 d (m = -8 d: Q4_0) */
+#define FMT_BF16 4         /* bfloat16 panels (bf16_matmul.c), no scales: dense weights */
 
 /* Activations (activation_bf16, StackDims.activation). */
 #define STACK_SILU 0
@@ -101,6 +102,11 @@ PAGEDLLM_API int w4a8_f16_matmul_bf16(int64_t M, int64_t N, int64_t K, const uin
 PAGEDLLM_API int w4a8_sym_f16_matmul_bf16(int64_t M, int64_t N, int64_t K, const uint16_t *x,
                                           int64_t x_stride, const uint8_t *qs,
                                           const uint16_t *d, uint16_t *out, int64_t out_stride);
+/* bf16_matmul.c: out [M, N] = x [M, K] @ W^T for W [N, K] bfloat16 in panels of 16 rows
+ * (see there), all bfloat16 (rows x_stride / out_stride apart); 1 when K is odd. */
+PAGEDLLM_API int bf16_matmul_bf16(int64_t M, int64_t N, int64_t K, const uint16_t *x,
+                                  int64_t x_stride, const uint16_t *panels, uint16_t *out,
+                                  int64_t out_stride);
 /* Any format (FMT_*): what the decode stack calls. */
 int byte_dot_matmul(int format, int64_t M, int64_t N, int64_t K, const uint16_t *x,
                     int64_t x_stride, const uint8_t *codes, const void *dm, uint16_t *out,

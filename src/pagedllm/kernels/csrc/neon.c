@@ -22,6 +22,8 @@ const char ISA_NAME[] = "neon_dotprod";
 const char ISA_NAME[] = "neon";
 #endif
 const int ISA_TILE_TOKENS = 4;
+/* bfloat16 tiles: one panel (four vectors of 4 rows) x 4 tokens, 16 accumulators */
+const int ISA_BF16_TOKENS = 4, ISA_BF16_PANELS = 1;
 
 static inline float32x4_t load_bf16x4(const uint16_t *p) {
     return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16));
@@ -236,4 +238,48 @@ void isa_int8_row_to_float(float *dst, const int8_t *row, int64_t D) {
 void isa_attn_weighted_sum_rows(float *acc, int64_t rows, int64_t D, const float *w,
                                 int64_t w_stride, const float *tile, int64_t n) {
     for (int64_t r = 0; r < rows; r++) isa_attn_weighted_sum(acc + r * D, D, w + r * w_stride, tile, n);
+}
+
+/* A pair of bfloat16 values per 32-bit lane: the odd (high) and even (low) one as float32. */
+static inline float32x4_t odd_bf16(uint32x4_t pairs) {
+    return vreinterpretq_f32_u32(vandq_u32(pairs, vdupq_n_u32(0xFFFF0000u)));
+}
+static inline float32x4_t even_bf16(uint32x4_t pairs) {
+    return vreinterpretq_f32_u32(vshlq_n_u32(pairs, 16));
+}
+
+/* One panel (P is 1: four quarters of 4 rows) x R tokens, vdpbf16ps's order (isa.h). */
+static inline __attribute__((always_inline)) void bf16_tile(
+    const int P, const int R, const uint16_t *x, int64_t x_stride, const uint16_t *panels,
+    int64_t K, uint16_t *out, int64_t out_stride, int lanes) {
+    (void)P;
+    float32x4_t acc[4][MAX_BF16_TOKENS];
+    for (int q = 0; q < 4; q++)
+        for (int r = 0; r < R; r++) acc[q][r] = vdupq_n_f32(0.f);
+    for (int64_t j = 0; j < K / 2; j++) {
+        float32x4_t odd[4], even[4];
+        for (int q = 0; q < 4; q++) {
+            const uint32x4_t w = vreinterpretq_u32_u16(vld1q_u16(panels + j * 2 * PANEL_ROWS + q * 8));
+            odd[q] = odd_bf16(w);
+            even[q] = even_bf16(w);
+        }
+        for (int r = 0; r < R; r++) {
+            uint32_t bits;
+            memcpy(&bits, x + r * x_stride + 2 * j, sizeof bits);
+            const uint32x4_t pair = vdupq_n_u32(bits);
+            const float32x4_t x_odd = odd_bf16(pair), x_even = even_bf16(pair);
+            for (int q = 0; q < 4; q++) {
+                acc[q][r] = vfmaq_f32(acc[q][r], odd[q], x_odd);
+                acc[q][r] = vfmaq_f32(acc[q][r], even[q], x_even);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int q = 0; q < 4 && q * 4 < lanes; q++)
+            store_bf16x4(out + r * out_stride + q * 4, acc[q][r], lanes - q * 4 < 4 ? lanes - q * 4 : 4);
+}
+
+void isa_bf16_tile(const uint16_t *x, int64_t x_stride, int rows, const uint16_t *panels,
+                   int count, int64_t K, uint16_t *out, int64_t out_stride, int lanes) {
+    ISA_BF16_CASE(1, 1) ISA_BF16_CASE(1, 2) ISA_BF16_CASE(1, 3) ISA_BF16_CASE(1, 4)
 }

@@ -12,6 +12,7 @@
 
 const char ISA_NAME[] = "scalar";
 const int ISA_TILE_TOKENS = 1;
+const int ISA_BF16_TOKENS = 1, ISA_BF16_PANELS = 1;
 
 void isa_quantize_q8_bf16(const Q8Activations *a, const uint16_t *x, int64_t t, int halves) {
     for (int64_t g = 0; g < a->G; g++) {
@@ -117,4 +118,19 @@ void isa_int8_row_to_float(float *dst, const int8_t *row, int64_t D) {
 void isa_attn_weighted_sum_rows(float *acc, int64_t rows, int64_t D, const float *w,
                                 int64_t w_stride, const float *tile, int64_t n) {
     for (int64_t r = 0; r < rows; r++) isa_attn_weighted_sum(acc + r * D, D, w + r * w_stride, tile, n);
+}
+
+/* One token x one panel: each row's pairs in vdpbf16ps's order (isa.h). */
+void isa_bf16_tile(const uint16_t *x, int64_t x_stride, int rows, const uint16_t *panels,
+                   int count, int64_t K, uint16_t *out, int64_t out_stride, int lanes) {
+    (void)x_stride, (void)rows, (void)count, (void)out_stride;
+    for (int i = 0; i < lanes; i++) {
+        float acc = 0.f;
+        for (int64_t j = 0; j < K / 2; j++) {
+            const uint16_t *w = panels + j * 2 * PANEL_ROWS + 2 * i;
+            acc = fmaf(bf16_to_float(w[1]), bf16_to_float(x[2 * j + 1]), acc);
+            acc = fmaf(bf16_to_float(w[0]), bf16_to_float(x[2 * j]), acc);
+        }
+        out[i] = float_to_bf16(acc);
+    }
 }

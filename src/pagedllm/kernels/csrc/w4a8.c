@@ -33,10 +33,13 @@
 const char *pagedllm_isa(void) { return ISA_NAME; }
 
 /* out [M, N] bfloat16 (rows out_stride apart) = x [M, K] bfloat16 (rows x_stride apart) @ W^T
- * for W in either layout. Returns 1 when K is not a multiple of 32, 2 when out of memory. */
+ * for W in any layout (FMT_BF16: bf16_matmul.c's). Returns 1 when K is not a multiple of 32
+ * (odd for FMT_BF16), 2 when out of memory. */
 int byte_dot_matmul(int format, int64_t M, int64_t N, int64_t K, const uint16_t *x,
                            int64_t x_stride, const uint8_t *codes, const void *dm,
                            uint16_t *out, int64_t out_stride) {
+    if (format == FMT_BF16) /* dense weights: no scales, no quantized activations */
+        return bf16_matmul_bf16(M, N, K, x, x_stride, (const uint16_t *)codes, out, out_stride);
     if (K % Q8_GROUP != 0) return 1;
     const int INT8 = format == FMT_INT8;
     /* dm's element size: float16 scales are two bytes */

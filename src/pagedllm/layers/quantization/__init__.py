@@ -14,6 +14,7 @@ from pagedllm.layers.quantization.base import (
     QuantizedMethod,
     ReorderedInput,
 )
+from pagedllm.layers.quantization.bf16_panels import Bf16PanelWeight
 from pagedllm.layers.quantization.byte_dot import (
     PANEL_ROWS,
     SplitWeight,
@@ -67,6 +68,7 @@ __all__ = [
     "INT4_GROUP_SIZE",
     "PANEL_ROWS",
     "QUANTIZED_MAX_TOKENS",
+    "Bf16PanelWeight",
     "CrossoverMethod",
     "DenseMethod",
     "GroupCodes",

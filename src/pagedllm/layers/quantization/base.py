@@ -9,6 +9,7 @@ loaded weight. From then on every step is one `apply`. The methods:
 
 - dense.py: `DenseMethod` (torch's matmul on the dense weight), `PackedDenseMethod`
   (oneDNN's packed bf16 layout);
+- bf16_panels.py: `Bf16PanelWeight` (dense bf16 weights on our C kernel);
 - byte_dot.py: `W4A8Weight`, `W8A8Weight` (our C kernels), `SplitWeight` (a format no one
   layout holds, as the sum of two);
 - weight_only.py: `Int8Weight`, `Int4Weight` (torch's weight-only kernels);

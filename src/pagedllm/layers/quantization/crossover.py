@@ -58,7 +58,7 @@ def choose_dense_from(
     return chosen
 
 
-def _best_time(fn: Callable[[], object]) -> float:
+def best_time(fn: Callable[[], object]) -> float:
     fn()  # warm-up: oneDNN creates its primitive on the first call
     times = []
     for _ in range(_REPEATS):
@@ -77,8 +77,8 @@ def measure_timings() -> dict[int, tuple[float, float]]:
     for tokens in CANDIDATE_TOKENS:
         x = torch.randn(tokens, _IN_FEATURES, generator=gen).bfloat16()
         timings[tokens] = (
-            _best_time(lambda: quantized.matmul(x)),  # noqa: B023 (timed right here)
-            _best_time(lambda: packed_linear(x, packed, None)),  # noqa: B023
+            best_time(lambda: quantized.matmul(x)),  # noqa: B023 (timed right here)
+            best_time(lambda: packed_linear(x, packed, None)),  # noqa: B023
         )
     return timings
 

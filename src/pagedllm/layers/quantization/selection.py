@@ -4,7 +4,8 @@ codes), on what its platform runs.
 
 For a decoder matrix:
 - no quantization (or a layer never quantized, such as an MoE router): the dense weight,
-  packed where oneDNN's layout pays (`dense_method`);
+  as bfloat16 panels for our C kernel where it is measured at least as fast as torch's
+  (bf16_panels.py), else packed where oneDNN's layout pays (`dense_method`);
 - on a GPU with Triton: group codes on the Triton kernel, the file's own where it has them;
 - where the byte kernels serve (bfloat16 on a CPU with a vector variant): the file's codes
   as W4A8 / W8A8 (or the two of a SplitWeight), else the weight quantized to W4A8 (int4)
@@ -26,6 +27,12 @@ import torch
 from torch import nn
 
 from pagedllm.layers.quantization.base import LinearMethod, ReorderedInput
+from pagedllm.layers.quantization.bf16_panels import (
+    Bf16PanelWeight,
+    PanelPlan,
+    panel_plan,
+    panels_fit,
+)
 from pagedllm.layers.quantization.byte_dot import (
     can_quantize_w4a8,
     quantize_w4a8,
@@ -70,12 +77,23 @@ class LoadedLinear(Protocol):
 
 
 def _dense(layer: LoadedLinear) -> LinearMethod:
-    """The layer's dense method; a packed copy replaces the plain weight (a layer's weight
-    is read by nothing else), so the model is not held twice."""
-    method = dense_method(layer.weight)
-    if isinstance(method, PackedDenseMethod):
+    """The layer's dense method: bfloat16 panels for our C kernel where they serve every
+    step, or small ones beside torch's (bf16_panels.py), else torch's alone. A packed copy
+    replaces the plain weight (a layer's weight is read by nothing else), so the model is
+    not held twice (nor three times: panels beside torch's weight keep one of its forms)."""
+    weight = layer.weight
+    plan = panel_plan() if panels_fit(weight.data) else PanelPlan(False)
+    panels = Bf16PanelWeight.from_weight(weight.data) if plan.use else None
+    method = dense_method(weight) if panels is None or plan.max_tokens is not None else None
+    if method is None or isinstance(method, PackedDenseMethod):
         layer.release_dense_weight()
-    return method
+    if panels is None:
+        assert method is not None
+        return method
+    if method is None:
+        return panels
+    assert plan.max_tokens is not None
+    return CrossoverMethod(panels, method, plan.max_tokens)
 
 
 def select_linear_method(

@@ -25,8 +25,8 @@ from pagedllm.kernels.abi import StackLayer
 from pagedllm.layers import cpu_ops
 from pagedllm.layers.cpu_tables import (
     MoETable,
-    byte_dot_parts,
     gated_activation_code,
+    kernel_parts,
     stack_matrix,
 )
 from pagedllm.layers.layernorm import LayerNorm, OnePlusRMSNorm, RMSNorm
@@ -156,7 +156,7 @@ def max_quantized_tokens(layers: list[DecoderLayer]) -> int | None:
         found[1]
         for layer in layers
         for linear in matrices(layer)
-        if (found := byte_dot_parts(linear)) is not None and found[1] is not None
+        if (found := kernel_parts(linear)) is not None and found[1] is not None
     ]
     for layer in layers:
         table = moe_of(layer)

@@ -1,0 +1,161 @@
+"""Bf16PanelWeight: dense bfloat16 weights multiplied by our C kernel (csrc/bf16_matmul.c)
+on CPU, and the step sizes where it serves instead of torch's matmul.
+
+A bfloat16 model without quantization ran its matrices on oneDNN: fast, but one dispatched
+op each, so its decode steps could not run the one-call C decode stack, and a step of a
+small model spent as much time between ops as in them. This weight keeps the same values in
+panels of 16 output rows that AVX-512 BF16's vdpbf16ps reads directly (the other variants
+emulate the instruction bit for bit), so the stack chains these matrices as it does the
+quantized ones. Each output row depends on its own token only: a token's result is the same
+alone or in any batch, and on every ISA.
+
+Whether it serves is measured once per process against the dense method the platform would
+pick (oneDNN's packed layout where bf16 is native), as crossover.py measures W4A8: every step
+where it is at least as fast at every size timed (AVX-512 BF16: 1.0-2.2x oneDNN's packed
+matmul, BENCHMARKS.md); the small steps only, beside the dense weight, where it wins those by
+a margin and loses large ones (matrix units); none where it loses small steps (AVX2, whose
+emulation is 2-4x slower than native bf16). PAGEDLLM_BF16_PANELS overrides.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+
+import torch
+
+from pagedllm import envs
+from pagedllm.kernels.abi import FMT_BF16
+from pagedllm.layers import cpu_ops
+from pagedllm.layers.quantization.base import LinearMethod
+from pagedllm.layers.quantization.crossover import MARGIN, best_time
+from pagedllm.layers.quantization.dense import dense_method
+from pagedllm.logger import init_logger
+from pagedllm.platform import cpu_platform, get_platform
+
+logger = init_logger(__name__)
+
+# Output rows per panel (one AVX-512 vector of float32 accumulators).
+PANEL_ROWS = 16
+# Step sizes timed, and the matrix (in, out): a small model's MLP.
+CANDIDATE_TOKENS = (1, 8, 32, 128, 512)
+_IN_FEATURES, _OUT_FEATURES = 1024, 4096
+# Slower than this factor of torch's time counts as a loss (the timings' noise).
+_TIE = 1.05
+
+
+def pack_panels(weight: torch.Tensor) -> torch.Tensor:
+    """`weight` [out, in] bfloat16 as panels [ceil(out / 16), in / 2, 16, 2]: pair j of a
+    panel holds its 16 rows' inputs 2j and 2j + 1 side by side (rows past `out` are zero)."""
+    out_features, in_features = weight.shape
+    panels = -(-out_features // PANEL_ROWS)
+    padded = weight.new_zeros(panels * PANEL_ROWS, in_features)
+    padded[:out_features] = weight
+    return padded.view(panels, PANEL_ROWS, in_features // 2, 2).permute(0, 2, 1, 3).contiguous()
+
+
+@dataclass
+class Bf16PanelWeight(LinearMethod):
+    """A dense bfloat16 weight in panels for csrc/bf16_matmul.c (see the module docstring)."""
+
+    is_dense = True  # the weight's own values, multiplied exactly (float32 sums)
+
+    panels: torch.Tensor  # [panels, in / 2, 16, 2] bfloat16
+    out_features: int
+
+    @classmethod
+    def from_weight(cls, weight: torch.Tensor) -> Bf16PanelWeight:
+        """The panels of `weight` [out, in] (bfloat16, `in` even)."""
+        return cls(pack_panels(weight), weight.shape[0])
+
+    def apply(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """x [..., in] bfloat16 @ W^T (+ bias, added in bfloat16 as torch adds it)."""
+        if x.dtype != torch.bfloat16:
+            raise ValueError(f"Bf16PanelWeight takes bfloat16 activations, got {x.dtype}.")
+        rows = x.reshape(-1, x.shape[-1])
+        if rows.stride(-1) != 1:
+            rows = rows.contiguous()
+        out = cpu_ops.bf16_matmul(rows, self.panels, self.out_features)
+        if bias is not None:
+            out = out + bias
+        return out.view(*x.shape[:-1], self.out_features)
+
+    def dense(self, dtype: torch.dtype) -> torch.Tensor:
+        """The [out, in] weight, read back from the panels."""
+        panels, pairs = self.panels.shape[:2]
+        rows = self.panels.permute(0, 2, 1, 3).reshape(panels * PANEL_ROWS, pairs * 2)
+        return rows[: self.out_features].to(dtype)
+
+    def nbytes(self) -> int:
+        """The panels' bytes."""
+        return self.panels.nbytes
+
+    def kernel_format(self) -> int:
+        """The kernels' name for this layout (kernels.h FMT_BF16)."""
+        return FMT_BF16
+
+
+@dataclass(frozen=True)
+class PanelPlan:
+    """Which steps the panels serve: none (`use` False), every one (`max_tokens` None), or
+    those of at most `max_tokens` tokens (the dense method serves the others)."""
+
+    use: bool
+    max_tokens: int | None = None
+
+
+def plan_from_timings(timings: dict[int, tuple[float, float]]) -> PanelPlan:
+    """The plan for `timings[tokens]` = (panel seconds, dense seconds): every step where the
+    panels never lose (within the noise); below the first size they lose at, where they win
+    the smallest by MARGIN; else none."""
+    sizes = sorted(timings)
+    losing = [t for t in sizes if timings[t][0] > timings[t][1] * _TIE]
+    if not losing:
+        return PanelPlan(True)
+    panel_s, dense_s = timings[sizes[0]]
+    first_loss = losing[0]
+    if panel_s * MARGIN > dense_s or first_loss == sizes[0]:
+        return PanelPlan(False)
+    return PanelPlan(True, max(t for t in sizes if t < first_loss))
+
+
+def _measure() -> dict[int, tuple[float, float]]:
+    """(panel seconds, dense seconds) per candidate step size, on this CPU."""
+    gen = torch.Generator().manual_seed(0)
+    weight = (torch.randn(_OUT_FEATURES, _IN_FEATURES, generator=gen) * 0.05).bfloat16()
+    panels, dense = Bf16PanelWeight.from_weight(weight), dense_method(torch.nn.Parameter(weight))
+    timings = {}
+    for tokens in CANDIDATE_TOKENS:
+        x = torch.randn(tokens, _IN_FEATURES, generator=gen).bfloat16()
+        timings[tokens] = (
+            best_time(lambda: panels.apply(x, None)),  # noqa: B023 (timed right here)
+            best_time(lambda: dense.apply(x, None)),  # noqa: B023
+        )
+    return timings
+
+
+@cache
+def panel_plan() -> PanelPlan:
+    """Where this CPU's dense bfloat16 matrices run as panels (measured once per process
+    unless PAGEDLLM_BF16_PANELS says; never without a vector kernel variant)."""
+    if not cpu_platform().byte_dot_kernels(torch.bfloat16):
+        return PanelPlan(False)
+    setting = envs.bf16_panels()
+    if setting != "auto":
+        return PanelPlan(setting == "always")
+    timings = _measure()
+    plan = plan_from_timings(timings)
+    ratios = ", ".join(f"{t}: {d / p:.2f}x" for t, (p, d) in sorted(timings.items()))
+    logger.info("Dense bf16 matrices on the C kernel: %s (its speedup over torch's matmul by "
+                "tokens %s).", "every step" if plan.use and plan.max_tokens is None else
+                f"steps of up to {plan.max_tokens} tokens" if plan.use else "no step", ratios)
+    return plan
+
+
+def panels_fit(weight: torch.Tensor) -> bool:
+    """Whether `weight` is one the kernel takes: a 2-D bfloat16 tensor with an even number
+    of inputs, where its platform has the kernels (a CPU with a vector variant)."""
+    return (
+        weight.dim() == 2 and weight.shape[1] % 2 == 0
+        and get_platform(weight.device).byte_dot_kernels(weight.dtype)
+    )
