@@ -3,7 +3,8 @@
 For each step size (`--tokens`) and each matrix of the default model's decoder layers (fused
 QKV 576->960, o_proj 576->576, fused gate-up 576->3072, down 1536->576) and its LM head
 (576->49152), times on random weights: our W4A8 kernel (int4 groups of 32 x int8 activations),
-our W8A8 kernel (the LM head's Q8_0 form), and torch's best dense matmul on this CPU (the
+our W8A8 kernel (the LM head's Q8_0 form), our dense bf16 kernel (the same bf16 weight in
+panels: `vdpbf16ps`, or its emulation), and torch's best dense matmul on this CPU (the
 path the engine would otherwise take): oneDNN's bf16 matmul with a prepacked weight where
 bf16 matmuls are native, float32 `F.linear` (MKL / oneDNN) elsewhere. The kernels run the
 variant this CPU gets (`PAGEDLLM_CPU_ISA` forces one; emulate an AVX2 machine with
@@ -52,10 +53,10 @@ def time_calls(fn: Callable[[], Any], repeats: int) -> dict[str, float]:
 
 
 def measure_shape(in_features: int, out_features: int, tokens: int, repeats: int) -> dict:
-    """Times of the three matmuls for one matrix shape and step size."""
+    """Times of the four matmuls for one matrix shape and step size."""
     import torch
 
-    from pagedllm.layers.quantization import quantize_w4a8, quantize_w8a8
+    from pagedllm.layers.quantization import Bf16PanelWeight, quantize_w4a8, quantize_w8a8
     from pagedllm.layers.quantization.dense import (
         can_pack_for_cpu,
         pack_weight_for_cpu,
@@ -66,6 +67,7 @@ def measure_shape(in_features: int, out_features: int, tokens: int, repeats: int
     weight = (torch.randn(out_features, in_features, generator=gen) * 0.05).bfloat16()
     x = torch.randn(tokens, in_features, generator=gen).bfloat16()
     w4a8, w8a8 = quantize_w4a8(weight), quantize_w8a8(weight)
+    panels = Bf16PanelWeight.from_weight(weight)
     if can_pack_for_cpu(weight):  # native bf16: oneDNN's packed layout
         packed = pack_weight_for_cpu(weight)
         dense = lambda: packed_linear(x, packed, None)  # noqa: E731
@@ -76,6 +78,7 @@ def measure_shape(in_features: int, out_features: int, tokens: int, repeats: int
         "dense_ms": time_calls(dense, repeats),
         "w4a8_ms": time_calls(lambda: w4a8.matmul(x), repeats),
         "w8a8_ms": time_calls(lambda: w8a8.matmul(x), repeats),
+        "bf16_ms": time_calls(lambda: panels.apply(x, None), repeats),
     }
 
 
@@ -101,19 +104,21 @@ def main(argv: list[str] | None = None) -> None:
     dense_name = "bf16 oneDNN" if cpu_platform().native_bf16_matmuls() else "fp32 torch"
     print(f"kernels: {loaded.variant.name if loaded else None}; dense baseline: {dense_name}")
     print(f"{'shape':<10} {'tokens':>6} {dense_name + ' ms':>22} {'W4A8 ms':>22} {'W8A8 ms':>22} "
-          f"{'W4A8/dense':>10} {'W8A8/dense':>10}")
+          f"{'bf16 panels ms':>22} {'W4A8/dense':>10} {'W8A8/dense':>10} {'bf16/dense':>10}")
     rows = []
     for tokens in args.tokens:
         for name, in_features, out_features in SHAPES:
             result = measure_shape(in_features, out_features, tokens, args.repeats)
             dense = result["dense_ms"]["median"]
             speedups = {
-                kernel: dense / result[f"{kernel}_ms"]["median"] for kernel in ("w4a8", "w8a8")
+                kernel: dense / result[f"{kernel}_ms"]["median"]
+                for kernel in ("w4a8", "w8a8", "bf16")
             }
             print(
                 f"{name:<10} {tokens:>6} {format_stat(result['dense_ms'], 3):>22} "
                 f"{format_stat(result['w4a8_ms'], 3):>22} {format_stat(result['w8a8_ms'], 3):>22} "
-                f"{speedups['w4a8']:>9.2f}x {speedups['w8a8']:>9.2f}x"
+                f"{format_stat(result['bf16_ms'], 3):>22} {speedups['w4a8']:>9.2f}x "
+                f"{speedups['w8a8']:>9.2f}x {speedups['bf16']:>9.2f}x"
             )
             rows.append({"shape": name, "in": in_features, "out": out_features,
                          "tokens": tokens, **result, "speedup_over_dense": speedups})
