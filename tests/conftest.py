@@ -17,6 +17,9 @@ from typing import Any
 import pytest
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Dense bf16 matrices on our C kernel in every test, whatever the CPU and its timings (the
+# engine's default, "auto", measures; tests/layers/quantization/test_bf16_panels.py covers it).
+os.environ.setdefault("PAGEDLLM_BF16_PANELS", "always")
 # The Triton kernels' tests run them in Triton's CPU interpreter. Triton makes its own
 # library functions interpreted or compiled once, when it is first imported, so the choice
 # is made here for the whole session, before anything imports it: interpreted, unless
@@ -227,10 +230,10 @@ def bf16_panels(monkeypatch: pytest.MonkeyPatch):
 
     def set_value(value: str) -> None:
         monkeypatch.setenv("PAGEDLLM_BF16_PANELS", value)
-        panels.panel_plan.cache_clear()
+        panels.panels_serve.cache_clear()
 
     yield set_value
-    panels.panel_plan.cache_clear()
+    panels.panels_serve.cache_clear()
 
 
 def minilm_path() -> Path | None:

@@ -11,7 +11,7 @@ import torch
 
 from pagedllm import kernels
 from pagedllm.kernels import build, loader
-from pagedllm.kernels.variants import best_variant, get_variant
+from pagedllm.kernels.variants import best_variant, get_variant, runnable_variants
 from pagedllm.layers.cpu_ops import w4a8_available
 from pagedllm.layers.quantization import quantize_w4a8
 from pagedllm.platform import cpu_platform
@@ -99,8 +99,30 @@ def test_a_failed_build_falls_back_with_a_warning(monkeypatch, package_log):
     plan = plan_for(CpuFeatures("x86_64", frozenset({"avx2", "fma", "f16c"})), True)
     monkeypatch.setattr(CpuPlatform, "plan", plan)
     assert CpuPlatform()._load_planned() is None
-    assert [r.levelno for r in package_log] == [logging.WARNING]
-    assert "could not be built" in package_log[0].getMessage()
+    # A warning per variant tried (avx2, then the ones below it), then what runs instead.
+    assert {r.levelno for r in package_log} == {logging.WARNING}
+    assert "avx2 CPU kernels could not be built" in package_log[0].getMessage()
+    assert "torch's dense paths run instead" in package_log[-1].getMessage()
+
+
+@needs_compiler
+def test_a_variant_the_compiler_refuses_falls_back_to_the_next(monkeypatch, package_log):
+    """gcc < 10 knows no -mavx512bf16: the next variant this CPU runs is built instead."""
+    real = build.build_variant
+    planned = runnable_variants(detect())[0]
+
+    def refuse_the_first(variant, *args, **kwargs):
+        if variant.name == planned.name:
+            raise build.BuildError(f"{variant.name}: error: unknown flag")
+        return real(variant, *args, **kwargs)
+
+    monkeypatch.setattr(build, "build_variant", refuse_the_first)
+    monkeypatch.delenv("PAGEDLLM_CPU_ISA", raising=False)
+    monkeypatch.setattr(CpuPlatform, "plan", plan_for(detect(), True))
+    loaded = CpuPlatform()._load_planned()
+    assert loaded is not None and loaded.isa == runnable_variants(detect())[1].name
+    assert [r.levelno for r in package_log] == [logging.WARNING, logging.INFO]
+    assert "instead" in package_log[1].getMessage()
 
 
 @needs_compiler

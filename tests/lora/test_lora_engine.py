@@ -86,14 +86,16 @@ def test_same_prompt_under_two_adapters_never_shares_kv(setup):
         assert out[0].outputs[0].token_ids == expected[key][2]
 
 
-def test_decode_stack_adds_lora_deltas_as_the_python_layers(setup, monkeypatch):
-    """bfloat16 W4A8: LoRA decode steps run in the C decode stack, which adds each matrix's
-    deltas with the same kernel the Python layers call: the same tokens and bit-identical
-    logprobs as with the stack off, adapters and base requests mixed."""
+@pytest.mark.parametrize("quantization", ["int4", None], ids=["w4a8", "dense_bf16"])
+def test_decode_stack_adds_lora_deltas_as_the_python_layers(setup, monkeypatch, quantization):
+    """bfloat16 W4A8 or dense bf16 panels: LoRA decode steps run in the C decode stack,
+    which adds each matrix's deltas with the same kernel the Python layers call: the same
+    tokens and bit-identical logprobs as with the stack off, adapters and base requests
+    mixed."""
     from pagedllm.worker.decode_step.cpu_stack import CpuDecodeStack
 
     model_dir, prompts, loras, _ = setup
-    kwargs = dict(dtype="bfloat16", quantization="int4", enable_lora=True, max_loras=4,
+    kwargs = dict(dtype="bfloat16", quantization=quantization, enable_lora=True, max_loras=4,
                   max_model_len=128)
     llm = LLM(str(model_dir), **kwargs)
     runner = llm.llm_engine.engine_core.engine_core.executor.worker.model_runner

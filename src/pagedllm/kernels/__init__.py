@@ -1,7 +1,8 @@
 """The CPU kernels in C: one interface, one source per instruction set, chosen at run time.
 
 `csrc/kernels.h` declares every kernel (paged decode and prefill attention, the int8 KV
-writer, fused RMSNorm / RoPE / SiLU, the int4/int8 x int8 matmuls, the decode stack), and
+writer, fused RMSNorm / RoPE / SiLU, the int4/int8 x int8 and dense bf16 matmuls, the decode
+stack), and
 `abi.py` declares them for ctypes; `csrc/isa.h` the few primitives written per ISA
 (`scalar.c`, the reference arithmetic; `avx512.c`, `avx2.c`, `neon.c`). `variants` lists
 the builds and their flags, `build` compiles a variant into the cache, `loader` loads one.

@@ -74,7 +74,7 @@ def stack_matrix(linear: Linear) -> StackMatrix | None:
 
 
 def parts_matrix(parts: list[KernelWeight]) -> StackMatrix:
-    """The table of one or two byte dot-product weights summed (no bias)."""
+    """The table of one or two of our kernels' weights summed (no bias)."""
     matrix = StackMatrix()
     for index, part in enumerate(parts):
         matrix.parts[index] = _weight(part)

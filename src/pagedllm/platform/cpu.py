@@ -18,6 +18,7 @@ import torch
 from pagedllm import envs
 from pagedllm.kernels import build
 from pagedllm.kernels.loader import KernelLibrary, load_variant
+from pagedllm.kernels.variants import Variant, runnable_variants
 from pagedllm.logger import init_logger
 from pagedllm.platform.cpu_features import detect
 from pagedllm.platform.cpu_plan import CpuPlan, cpu_plan
@@ -73,17 +74,31 @@ class CpuPlatform(Platform):
                 "Install gcc or clang (or set CC) to get them.", plan.reason, _NO_KERNELS_COST,
             )
             return None
-        try:
-            loaded = load_variant(plan.variant.name)
-        except (build.BuildError, OSError) as exc:
-            logger.warning(
-                "The %s CPU kernels could not be built (%s); torch's dense paths run instead "
-                "(%s).", plan.variant.name, exc, _NO_KERNELS_COST,
-            )
-            return None
-        openmp = build.supports_openmp(build.find_compiler() or "cc")
-        logger.info("%s%s.", plan.reason, "" if openmp else " (no OpenMP: one thread)")
-        return loaded
+        for variant in self._variants_to_try():
+            try:
+                loaded = load_variant(variant.name)
+            except (build.BuildError, OSError) as exc:
+                logger.warning("The %s CPU kernels could not be built (%s).", variant.name, exc)
+                continue
+            openmp = build.supports_openmp(build.find_compiler() or "cc")
+            fallback = "" if variant == plan.variant else f" (built {variant.name} instead)"
+            logger.info("%s%s%s.", plan.reason, fallback,
+                        "" if openmp else " (no OpenMP: one thread)")
+            return loaded
+        logger.warning("No CPU kernels could be built; torch's dense paths run instead (%s).",
+                       _NO_KERNELS_COST)
+        return None
+
+    def _variants_to_try(self) -> list[Variant]:
+        """The planned variant, then (unless PAGEDLLM_CPU_ISA forced it) the ones below it
+        this CPU runs: a compiler too old for one instruction set (gcc < 10 and AVX-512
+        BF16) still builds the next."""
+        planned = self.plan.variant
+        assert planned is not None
+        if envs.cpu_isa() is not None:
+            return [planned]
+        runnable = runnable_variants(detect())
+        return runnable[runnable.index(planned):] if planned in runnable else [planned]
 
     @contextmanager
     def use_kernels(self, library: KernelLibrary | None) -> Iterator[None]:

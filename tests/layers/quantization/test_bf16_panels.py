@@ -9,13 +9,12 @@ import torch
 from pagedllm import kernels
 from pagedllm.kernels.variants import runnable_variants
 from pagedllm.layers import cpu_ops
-from pagedllm.layers.quantization import bf16_panels
+from pagedllm.layers.quantization import bf16_panels as bf16_panels_module
 from pagedllm.layers.quantization.bf16_panels import (
     Bf16PanelWeight,
-    PanelPlan,
     pack_panels,
     panels_fit,
-    plan_from_timings,
+    panels_win,
 )
 from pagedllm.platform import cpu_platform
 from pagedllm.platform.cpu_features import detect
@@ -52,10 +51,11 @@ def test_panels_hold_the_weight_and_give_it_back():
 
 @needs_kernels
 @pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize(("rows", "cols"), [(37, 10), (64, 98), (100, 576)])
+@pytest.mark.parametrize(("rows", "cols"), [(37, 10), (80, 32), (64, 98), (100, 576)])
 def test_every_variant_computes_vdpbf16ps_arithmetic_bit_for_bit(variant, rows, cols):
-    """Tiles of 1 to 17 tokens, partial panels, odd pair counts: the same bits as the
-    reference order on every variant (the AVX-512 BF16 instruction's or its emulation)."""
+    """Tiles of 1 to 17 tokens, partial panels, odd pair counts, runs of 1, 2 and 3 panels:
+    the same bits as the reference order on every variant (the AVX-512 BF16 instruction's or
+    its emulation)."""
     gen = torch.Generator().manual_seed(rows + cols)
     weight = (torch.randn(rows, cols, generator=gen) * 0.1).bfloat16()
     method = Bf16PanelWeight.from_weight(weight)
@@ -98,6 +98,7 @@ def test_float32_activations_are_refused():
         method.apply(torch.randn(2, 8), None)
 
 
+@needs_kernels
 def test_only_even_bfloat16_cpu_matrices_fit():
     assert panels_fit(torch.zeros(4, 8, dtype=torch.bfloat16))
     assert not panels_fit(torch.zeros(4, 7, dtype=torch.bfloat16))
@@ -105,38 +106,39 @@ def test_only_even_bfloat16_cpu_matrices_fit():
 
 
 # (panel seconds, dense seconds) by tokens
-@pytest.mark.parametrize(("timings", "plan"), [
-    ({1: (1.0, 2.0), 32: (1.0, 1.0), 512: (1.02, 1.0)}, PanelPlan(True)),
-    ({1: (1.0, 2.0), 32: (1.0, 1.5), 512: (2.0, 1.0)}, PanelPlan(True, 32)),
-    ({1: (1.0, 1.1), 32: (1.0, 1.5), 512: (2.0, 1.0)}, PanelPlan(False)),
-    ({1: (2.0, 1.0), 32: (1.0, 1.5), 512: (1.0, 1.0)}, PanelPlan(False)),
+@pytest.mark.parametrize(("timings", "serve"), [
+    ({1: (1.0, 2.0), 32: (1.0, 1.0), 512: (1.05, 1.0)}, True),  # a tie at large steps
+    ({1: (1.0, 2.0), 32: (1.0, 1.5), 512: (2.0, 1.0)}, False),  # matrix units win large ones
+    ({1: (2.0, 1.0), 32: (1.0, 1.5), 512: (1.0, 1.0)}, False),
 ])
-def test_the_plan_follows_the_timings(timings, plan):
-    """Every step where the kernel never loses beyond noise; small steps where it wins the
-    smallest by the margin and loses larger ones; none otherwise."""
-    assert plan_from_timings(timings) == plan
+def test_the_panels_serve_where_they_never_lose(timings, serve):
+    """Every step where the kernel is never slower than torch's beyond noise, else none."""
+    assert panels_win(timings) is serve
 
 
 @needs_kernels
-@pytest.mark.parametrize(("setting", "use"), [("always", True), ("never", False)])
-def test_the_environment_overrides_the_measurement(monkeypatch, setting, use):
-    monkeypatch.setenv("PAGEDLLM_BF16_PANELS", setting)
-    bf16_panels.panel_plan.cache_clear()
-    try:
-        assert bf16_panels.panel_plan() == PanelPlan(use)
-    finally:
-        bf16_panels.panel_plan.cache_clear()
+@pytest.mark.parametrize(("setting", "serve"), [("always", True), ("never", False)])
+def test_the_environment_overrides_the_measurement(bf16_panels, setting, serve):
+    bf16_panels(setting)
+    assert bf16_panels_module.panels_serve() is serve
 
 
 @needs_kernels
-def test_an_unknown_setting_is_refused(monkeypatch):
-    monkeypatch.setenv("PAGEDLLM_BF16_PANELS", "sometimes")
-    bf16_panels.panel_plan.cache_clear()
-    try:
-        with pytest.raises(ValueError, match="PAGEDLLM_BF16_PANELS"):
-            bf16_panels.panel_plan()
-    finally:
-        bf16_panels.panel_plan.cache_clear()
+def test_auto_measures_once(bf16_panels, monkeypatch):
+    bf16_panels("auto")
+    calls = []
+    real = bf16_panels_module._measure
+    monkeypatch.setattr(bf16_panels_module, "_measure", lambda: calls.append(1) or real())
+    first = bf16_panels_module.panels_serve()
+    assert isinstance(first, bool) and bf16_panels_module.panels_serve() is first
+    assert calls == [1]
+
+
+@needs_kernels
+def test_an_unknown_setting_is_refused(bf16_panels):
+    bf16_panels("sometimes")
+    with pytest.raises(ValueError, match="PAGEDLLM_BF16_PANELS"):
+        bf16_panels_module.panels_serve()
 
 
 def _loaded_layer(weight: torch.Tensor):
@@ -162,17 +164,17 @@ def test_a_dense_layer_becomes_panels_alone(bf16_panels):
 
 
 @needs_kernels
-def test_small_steps_on_panels_beside_torchs_weight(monkeypatch):
-    """Where the panels win only small steps (matrix units), torch's method keeps the
-    larger ones."""
-    from pagedllm.layers.quantization import CrossoverMethod, selection
+def test_quantized_layers_keep_torchs_dense_copy(bf16_panels, dense_from_tokens):
+    """The dense copy a quantized layer keeps for large steps (matrix units) stays torch's,
+    so no step size falls to panels that another method shadows."""
+    from pagedllm.layers.linear import Linear
+    from pagedllm.layers.quantization import CrossoverMethod, W4A8Weight
 
-    monkeypatch.setattr(selection, "panel_plan", lambda: PanelPlan(True, 8))
-    weight = torch.randn(40, 64).bfloat16()
-    layer = _loaded_layer(weight)
+    bf16_panels("always")
+    dense_from_tokens("4")
+    layer = Linear(64, 40)
+    layer.weight.data = torch.randn(40, 64).bfloat16()
+    layer.process_weights_after_loading("int4", keep_dense=True)
     method = layer.method
-    assert isinstance(method, CrossoverMethod) and method.max_tokens == 8
-    assert isinstance(method.small, Bf16PanelWeight) and method.large.is_dense
-    small, large = torch.randn(8, 64).bfloat16(), torch.randn(9, 64).bfloat16()
-    assert torch.equal(layer(small), _vdpbf16ps_reference(small, weight))
-    assert torch.equal(layer(large), method.large.apply(large, None))
+    assert isinstance(method, CrossoverMethod) and isinstance(method.small, W4A8Weight)
+    assert not isinstance(method.large, Bf16PanelWeight) and method.large.is_dense

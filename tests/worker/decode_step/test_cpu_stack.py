@@ -284,6 +284,18 @@ def test_dense_bfloat16_weights_run_on_the_stack_as_the_layer_loop(
         assert _generate_without_stack(llm, PROMPTS) == with_stack
 
 
+@pytest.mark.parametrize("arch", ["qwen2", "gemma3", "qwen2_moe"])
+def test_dense_bfloat16_layer_kinds_run_on_the_stack_as_the_layer_loop(
+    tiny_arch_checkpoint, stack_calls, bf16_panels, arch
+):
+    """Dense bf16 panels with Qwen2's q/k/v biases, Gemma 3's norms, windows and GeGLU,
+    and Qwen2-MoE's dense router and experts beside them (the experts stay torch's where no
+    kernel takes them): tokens and logprobs equal with and without the stack."""
+    bf16_panels("always")
+    llm = LLM(str(tiny_arch_checkpoint(arch)), dtype="bfloat16", max_model_len=256)
+    _check_against_the_layer_loop(llm, stack_calls)
+
+
 def test_no_stack_for_dense_weights_left_to_torch(tiny_llama_dir, bf16_panels):
     bf16_panels("never")
     llm = LLM(str(tiny_llama_dir), dtype="bfloat16", max_model_len=128)

@@ -23,8 +23,8 @@
  *     [sandwich: hidden = norm(hidden)]
  *
  * norm: RMSNorm, or LayerNorm with its bias (GPT-2, OPT: StackDims.layer_norm).
- * A matrix is one W4A8 or W8A8 weight, or two summed (a GGUF format split in two, as
- * quantization.SplitWeight), plus its bias. With a LoRA step (`lora` not NULL), each
+ * A matrix is one W4A8, W8A8 or dense bf16 (bf16_matmul.c) weight, or two summed (a GGUF
+ * format split in two, as quantization.SplitWeight), plus its bias. With a LoRA step (`lora` not NULL), each
  * matrix's output then gets its tokens' adapter deltas (lora.c), as the Python layers add
  * them after their base matmul and bias. Each layer reads its KV cache group's block table
  * and slots (a hybrid model's sliding and global layers keep different tables).

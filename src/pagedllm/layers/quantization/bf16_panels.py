@@ -11,10 +11,11 @@ alone or in any batch, and on every ISA.
 
 Whether it serves is measured once per process against the dense method the platform would
 pick (oneDNN's packed layout where bf16 is native), as crossover.py measures W4A8: every step
-where it is at least as fast at every size timed (AVX-512 BF16: 1.0-2.2x oneDNN's packed
-matmul, BENCHMARKS.md); the small steps only, beside the dense weight, where it wins those by
-a margin and loses large ones (matrix units); none where it loses small steps (AVX2, whose
-emulation is 2-4x slower than native bf16). PAGEDLLM_BF16_PANELS overrides.
+where it is about as fast or faster at every size timed (AVX-512 BF16: 1.0-2.2x oneDNN's
+packed matmul, BENCHMARKS.md), else none (matrix units win large steps; the emulations lose to
+native bf16 beyond a few tokens). It never serves only some steps: that would hold the weight
+twice. PAGEDLLM_BF16_PANELS overrides. Quantized layers' dense copies (crossover.py) stay
+torch's.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from pagedllm import envs
 from pagedllm.kernels.abi import FMT_BF16
 from pagedllm.layers import cpu_ops
 from pagedllm.layers.quantization.base import LinearMethod
-from pagedllm.layers.quantization.crossover import MARGIN, best_time
+from pagedllm.layers.quantization.crossover import best_time
 from pagedllm.layers.quantization.dense import dense_method
 from pagedllm.logger import init_logger
 from pagedllm.platform import cpu_platform, get_platform
@@ -40,8 +41,10 @@ PANEL_ROWS = 16
 # Step sizes timed, and the matrix (in, out): a small model's MLP.
 CANDIDATE_TOKENS = (1, 8, 32, 128, 512)
 _IN_FEATURES, _OUT_FEATURES = 1024, 4096
-# Slower than this factor of torch's time counts as a loss (the timings' noise).
-_TIE = 1.05
+# Slower than this factor of torch's time counts as a loss: at large steps both run at the
+# machine's bf16 rate (1.00-1.05x on AVX-512 BF16), and a tighter bound would let the timings'
+# noise decide from one process to the next.
+_TIE = 1.10
 
 
 def pack_panels(weight: torch.Tensor) -> torch.Tensor:
@@ -95,35 +98,19 @@ class Bf16PanelWeight(LinearMethod):
         return FMT_BF16
 
 
-@dataclass(frozen=True)
-class PanelPlan:
-    """Which steps the panels serve: none (`use` False), every one (`max_tokens` None), or
-    those of at most `max_tokens` tokens (the dense method serves the others)."""
-
-    use: bool
-    max_tokens: int | None = None
-
-
-def plan_from_timings(timings: dict[int, tuple[float, float]]) -> PanelPlan:
-    """The plan for `timings[tokens]` = (panel seconds, dense seconds): every step where the
-    panels never lose (within the noise); below the first size they lose at, where they win
-    the smallest by MARGIN; else none."""
-    sizes = sorted(timings)
-    losing = [t for t in sizes if timings[t][0] > timings[t][1] * _TIE]
-    if not losing:
-        return PanelPlan(True)
-    panel_s, dense_s = timings[sizes[0]]
-    first_loss = losing[0]
-    if panel_s * MARGIN > dense_s or first_loss == sizes[0]:
-        return PanelPlan(False)
-    return PanelPlan(True, max(t for t in sizes if t < first_loss))
+def panels_win(timings: dict[int, tuple[float, float]]) -> bool:
+    """Whether the panels serve, from `timings[tokens]` = (panel seconds, dense seconds):
+    at every size timed they are no slower than torch's matmul beyond the timings' noise
+    (`_TIE`). They serve every step or none: small steps only would hold the weight twice."""
+    return all(panel_s <= dense_s * _TIE for panel_s, dense_s in timings.values())
 
 
 def _measure() -> dict[int, tuple[float, float]]:
     """(panel seconds, dense seconds) per candidate step size, on this CPU."""
     gen = torch.Generator().manual_seed(0)
     weight = (torch.randn(_OUT_FEATURES, _IN_FEATURES, generator=gen) * 0.05).bfloat16()
-    panels, dense = Bf16PanelWeight.from_weight(weight), dense_method(torch.nn.Parameter(weight))
+    panels = Bf16PanelWeight.from_weight(weight)
+    dense = dense_method(torch.nn.Parameter(weight, requires_grad=False))
     timings = {}
     for tokens in CANDIDATE_TOKENS:
         x = torch.randn(tokens, _IN_FEATURES, generator=gen).bfloat16()
@@ -135,21 +122,20 @@ def _measure() -> dict[int, tuple[float, float]]:
 
 
 @cache
-def panel_plan() -> PanelPlan:
-    """Where this CPU's dense bfloat16 matrices run as panels (measured once per process
+def panels_serve() -> bool:
+    """Whether this CPU's dense bfloat16 matrices run as panels (measured once per process
     unless PAGEDLLM_BF16_PANELS says; never without a vector kernel variant)."""
     if not cpu_platform().byte_dot_kernels(torch.bfloat16):
-        return PanelPlan(False)
+        return False
     setting = envs.bf16_panels()
     if setting != "auto":
-        return PanelPlan(setting == "always")
+        return setting == "always"
     timings = _measure()
-    plan = plan_from_timings(timings)
+    serve = panels_win(timings)
     ratios = ", ".join(f"{t}: {d / p:.2f}x" for t, (p, d) in sorted(timings.items()))
     logger.info("Dense bf16 matrices on the C kernel: %s (its speedup over torch's matmul by "
-                "tokens %s).", "every step" if plan.use and plan.max_tokens is None else
-                f"steps of up to {plan.max_tokens} tokens" if plan.use else "no step", ratios)
-    return plan
+                "tokens %s).", "yes" if serve else "no, torch's matmul is faster", ratios)
+    return serve
 
 
 def panels_fit(weight: torch.Tensor) -> bool:

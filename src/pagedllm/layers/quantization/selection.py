@@ -27,12 +27,7 @@ import torch
 from torch import nn
 
 from pagedllm.layers.quantization.base import LinearMethod, ReorderedInput
-from pagedllm.layers.quantization.bf16_panels import (
-    Bf16PanelWeight,
-    PanelPlan,
-    panel_plan,
-    panels_fit,
-)
+from pagedllm.layers.quantization.bf16_panels import Bf16PanelWeight, panels_fit, panels_serve
 from pagedllm.layers.quantization.byte_dot import (
     can_quantize_w4a8,
     quantize_w4a8,
@@ -77,23 +72,22 @@ class LoadedLinear(Protocol):
 
 
 def _dense(layer: LoadedLinear) -> LinearMethod:
-    """The layer's dense method: bfloat16 panels for our C kernel where they serve every
-    step, or small ones beside torch's (bf16_panels.py), else torch's alone. A packed copy
-    replaces the plain weight (a layer's weight is read by nothing else), so the model is
-    not held twice (nor three times: panels beside torch's weight keep one of its forms)."""
-    weight = layer.weight
-    plan = panel_plan() if panels_fit(weight.data) else PanelPlan(False)
-    panels = Bf16PanelWeight.from_weight(weight.data) if plan.use else None
-    method = dense_method(weight) if panels is None or plan.max_tokens is not None else None
-    if method is None or isinstance(method, PackedDenseMethod):
+    """The layer's torch dense method; a packed copy replaces the plain weight (a layer's
+    weight is read by nothing else), so the model is not held twice."""
+    method = dense_method(layer.weight)
+    if isinstance(method, PackedDenseMethod):
         layer.release_dense_weight()
-    if panels is None:
-        assert method is not None
-        return method
-    if method is None:
+    return method
+
+
+def _unquantized(layer: LoadedLinear) -> LinearMethod:
+    """A layer that stays dense: bfloat16 panels for our C kernel where they serve
+    (bf16_panels.py; they replace the plain weight), else torch's method."""
+    if panels_fit(layer.weight.data) and panels_serve():
+        panels = Bf16PanelWeight.from_weight(layer.weight.data)
+        layer.release_dense_weight()
         return panels
-    assert plan.max_tokens is not None
-    return CrossoverMethod(panels, method, plan.max_tokens)
+    return _dense(layer)
 
 
 def select_linear_method(
@@ -104,7 +98,7 @@ def select_linear_method(
     method = plan.quantization if quantizable else None
     if method is None:
         layer.take_file_codes(usable=False)
-        return _dense(layer)
+        return _unquantized(layer)
     if uses_triton_weights(weight.device):
         return _triton_method(layer, method)
     if method == "fp8":

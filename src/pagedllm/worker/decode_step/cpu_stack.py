@@ -4,14 +4,15 @@
 A decode step of one token through a 30-layer model is about 400 small ops. Each costs a
 few microseconds of Python and torch dispatch, more than the work of most of them: a
 single stream spends most of its step there. For bfloat16 models whose matrices are byte
-dot-product weights (W4A8 / W8A8: int4 quantization, the CPU default, and GGUF files),
+dot-product weights (W4A8 / W8A8: int4 quantization, the CPU default, and GGUF files) or
+dense bf16 panels (no quantization, where our bf16 kernel serves: bf16_panels.py),
 decode steps (one token per row, any number of rows) run the embedding
 lookup, every layer in one C loop over the same kernels the Python layers call, in the
 same order, and the final norm: the result is bit-identical to the model's forward
 (tested), only the dispatch is gone. cpu_stack_layers.py says which layers qualify
 (Llama, Mistral, Phi-3, Qwen2, Qwen3, Gemma 3 and their windowed and hybrid variants,
 GPT-2, OPT).
-Where the layers keep dense weights for large steps (CPUs with matrix units,
+Where quantized layers keep torch's dense weights for large steps (CPUs with matrix units,
 layers/quantization/crossover.py), the stack takes only the steps small enough for the
 byte dot-product weights.
 
@@ -165,7 +166,7 @@ class CpuDecodeStack(DecodeStep):
         group_of_layer: Sequence[int] | None = None,
     ) -> CpuDecodeStack | None:
         """The stack for `model` (a causal LM over a DecoderModel), or None: it needs
-        bfloat16 layers the C loop implements, with byte dot-product matrices, int8 or
+        bfloat16 layers the C loop implements, with our kernels' matrices, int8 or
         bfloat16 KV caches of every layer, and the C library's fused ops and attention
         kernels. `group_of_layer`: each layer's KV cache group (None: one group)."""
         decoder = _decoder(model)
@@ -186,7 +187,7 @@ class CpuDecodeStack(DecodeStep):
     takes_mixed_steps = True
 
     def serves(self, batch: DecodeBatch) -> bool:
-        """Steps the byte dot-product weights serve (not those sent to kept dense weights),
+        """Steps our kernels' weights serve (not those sent to kept torch dense weights),
         whose LoRA deltas the C kernel takes, on a model that keeps no aux hidden states
         (EAGLE-3), with a table for each KV cache group."""
         num_rows = batch.num_rows

@@ -6,11 +6,11 @@ loader already stored 1 + w), sandwich norms (Gemma 3), LayerNorm with biases an
 GELU (tanh) or ReLU MLP (GPT-2, OPT; their learned positions are added by the embedding),
 a SiLU- or GELU (tanh)-gated MLP, a RoPE table per layer (Gemma 3's local and global
 bases) over all or part of each head, sliding windows, and each layer's KV cache group.
-Every matrix must be a byte dot-product weight (W4A8, W8A8, or two summed: a split GGUF
-format) for the stack to take the step. MoE layers (Mixtral, Qwen2-MoE, Qwen3-MoE) run
-csrc/moe.c, which their Python layer also calls for such steps. Not in C (those models run
-the Python layers): M-RoPE (Qwen2-VL), weights in other formats (dense, act-order GPTQ...),
-LoRA on a MoE model.
+Every matrix must be one our kernels multiply (W4A8, W8A8, two of them summed: a split GGUF
+format, or dense bf16 panels: Bf16PanelWeight) for the stack to take the step. MoE layers
+(Mixtral, Qwen2-MoE, Qwen3-MoE) run csrc/moe.c, which their Python layer also calls for such
+steps. Not in C (those models run the Python layers): M-RoPE (Qwen2-VL), weights in other
+formats (torch's dense matmul, weight-only int8, act-order GPTQ...), LoRA on a MoE model.
 """
 
 from __future__ import annotations
