@@ -107,7 +107,7 @@ def select_linear_method(
         with torch.no_grad():
             weight.data.copy_(fp8_grid(weight.data))
         if not can_quantize_w4a8(weight.data):
-            return _dense(layer)  # no kernel reads FP8: the rounded weight, dense
+            return _unquantized(layer)  # no kernel reads FP8: the rounded weight, dense
     codes = layer.take_file_codes(usable=can_quantize_w4a8(weight.data))
     if codes is not None:
         byte_dot = _with_input_order(
@@ -148,8 +148,8 @@ def _weight_only_method(layer: LoadedLinear, method: str, keep_dense: bool) -> L
     """torch's weight-only `method` for small steps (every step without `keep_dense`);
     shapes its int4 kernel cannot take stay dense."""
     quantized = quantize(layer.weight.data, method)
-    if quantized is None:
-        return _dense(layer)
+    if quantized is None:  # dense for every step, as an unquantized layer
+        return _unquantized(layer)
     if keep_dense:
         return CrossoverMethod(quantized, _dense(layer), QUANTIZED_MAX_TOKENS)
     layer.release_dense_weight()
