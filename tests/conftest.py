@@ -206,34 +206,35 @@ def hf_greedy_tokens(model, prompts: list[list[int]], max_new_tokens: int) -> li
     return results
 
 
+def _cached_setting(monkeypatch: pytest.MonkeyPatch, variable: str, cached: Any):
+    """A setter of `variable` for one test that clears `cached` (a functools.cache'd
+    once-per-process answer read from it) on each setting and after the test."""
+
+    def set_value(value: str) -> None:
+        monkeypatch.setenv(variable, value)
+        cached.cache_clear()
+
+    yield set_value
+    cached.cache_clear()
+
+
 @pytest.fixture
 def dense_from_tokens(monkeypatch: pytest.MonkeyPatch):
     """Set PAGEDLLM_DENSE_FROM_TOKENS for one test ("never", "auto" or a count): from how
-    many tokens quantized layers use kept dense weights (layers/quantization/crossover.py, whose
-    once-per-process answer is cleared before and after)."""
-    from pagedllm.layers.quantization import crossover as dense_crossover
+    many tokens quantized layers use kept dense weights (layers/quantization/crossover.py)."""
+    from pagedllm.layers.quantization import crossover
 
-    def set_value(value: str) -> None:
-        monkeypatch.setenv("PAGEDLLM_DENSE_FROM_TOKENS", value)
-        dense_crossover.dense_from_tokens.cache_clear()
-
-    yield set_value
-    dense_crossover.dense_from_tokens.cache_clear()
+    yield from _cached_setting(monkeypatch, "PAGEDLLM_DENSE_FROM_TOKENS",
+                               crossover.dense_from_tokens)
 
 
 @pytest.fixture
 def bf16_panels(monkeypatch: pytest.MonkeyPatch):
     """Set PAGEDLLM_BF16_PANELS for one test ("always", "never" or "auto"): whether dense
-    bfloat16 matrices run on the C kernel (layers/quantization/bf16_panels.py, whose
-    once-per-process answer is cleared before and after)."""
+    bfloat16 matrices run on the C kernel (layers/quantization/bf16_panels.py)."""
     from pagedllm.layers.quantization import bf16_panels as panels
 
-    def set_value(value: str) -> None:
-        monkeypatch.setenv("PAGEDLLM_BF16_PANELS", value)
-        panels.panels_serve.cache_clear()
-
-    yield set_value
-    panels.panels_serve.cache_clear()
+    yield from _cached_setting(monkeypatch, "PAGEDLLM_BF16_PANELS", panels.panels_serve)
 
 
 def minilm_path() -> Path | None:

@@ -202,24 +202,25 @@ def bf16_matmul(
     out_features: int,
 ) -> torch.Tensor:  # [T, out_features] bfloat16
     """x @ W^T for W in the Bf16PanelWeight layout (csrc/bf16_matmul.c)."""
-    library = cpu_platform().kernel_library()
-    assert library is not None
-    num_tokens, in_features = x.shape
-    out = torch.empty(num_tokens, out_features, dtype=torch.bfloat16)
-    if num_tokens == 0:
-        return out
-    failed = library.lib.bf16_matmul_bf16(
-        num_tokens, out_features, in_features, pointer(x), x.stride(0), pointer(panels),
-        pointer(out), out_features,
-    )
-    if failed:
-        raise ValueError(f"bf16_matmul_bf16: the input size {in_features} is odd")
-    return out
+    return _kernel_matmul("bf16_matmul_bf16", x, (panels,), out_features,
+                          ValueError("bf16_matmul_bf16: the input size is odd"))
 
 
 def _byte_dot_matmul(
     function: str, x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, out_features: int
 ) -> torch.Tensor:
+    return _kernel_matmul(
+        function, x, (codes, scales), out_features,
+        MemoryError(f"{function}: input size not a multiple of 32, or out of memory"),
+    )
+
+
+def _kernel_matmul(
+    function: str, x: torch.Tensor, weights: tuple[torch.Tensor, ...], out_features: int,
+    failure: Exception,
+) -> torch.Tensor:
+    """out [T, out_features] bfloat16 from one of the matmul kernels, whose arguments are
+    (M, N, K, x, x_stride, *weights, out, out_stride); `failure` raised on a non-zero code."""
     library = cpu_platform().kernel_library()
     assert library is not None
     num_tokens, in_features = x.shape
@@ -227,11 +228,11 @@ def _byte_dot_matmul(
     if num_tokens == 0:
         return out
     failed = getattr(library.lib, function)(
-        num_tokens, out_features, in_features, pointer(x), x.stride(0), pointer(codes),
-        pointer(scales), pointer(out), out_features,
+        num_tokens, out_features, in_features, pointer(x), x.stride(0),
+        *(pointer(w) for w in weights), pointer(out), out_features,
     )
     if failed:
-        raise MemoryError(f"{function}: input size not a multiple of 32, or out of memory")
+        raise failure
     return out
 
 

@@ -379,12 +379,6 @@ static inline __m256 even_bf16(__m256i pairs) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(pairs, 16));
 }
 
-static inline int32_t load_pair(const uint16_t *p) {
-    int32_t v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
 /* One panel (P is 1: its two halves of 8 rows) x R tokens, vdpbf16ps's order (isa.h). */
 static inline __attribute__((always_inline)) void bf16_tile(
     const int P, const int R, const uint16_t *x, int64_t x_stride, const uint16_t *panels,
@@ -401,7 +395,7 @@ static inline __attribute__((always_inline)) void bf16_tile(
             even[h] = even_bf16(w);
         }
         for (int r = 0; r < R; r++) {
-            const __m256i pair = _mm256_set1_epi32(load_pair(x + r * x_stride + 2 * j));
+            const __m256i pair = _mm256_set1_epi32((int)bf16_pair(x + r * x_stride + 2 * j));
             const __m256 x_odd = odd_bf16(pair), x_even = even_bf16(pair);
             for (int h = 0; h < 2; h++) {
                 acc[h][r] = _mm256_fmadd_ps(odd[h], x_odd, acc[h][r]);
@@ -417,6 +411,6 @@ static inline __attribute__((always_inline)) void bf16_tile(
 
 void isa_bf16_tile(const uint16_t *x, int64_t x_stride, int rows, const uint16_t *panels,
                    int count, int64_t K, uint16_t *out, int64_t out_stride, int lanes) {
-    ISA_BF16_CASE(1, 1) ISA_BF16_CASE(1, 2) ISA_BF16_CASE(1, 3) ISA_BF16_CASE(1, 4)
+    ISA_BF16_ROWS_4(1)
     abort(); /* a tile larger than this ISA declares: bf16_matmul.c never asks for one */
 }

@@ -289,12 +289,6 @@ static inline __m512 even_bf16(__m512i pairs) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16));
 }
 
-static inline int32_t load_pair(const uint16_t *p) {
-    int32_t v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
 /* P panels x R tokens (constants at every call site: fully unrolled). */
 static inline __attribute__((always_inline)) void bf16_tile(
     const int P, const int R, const uint16_t *x, int64_t x_stride, const uint16_t *panels,
@@ -309,8 +303,10 @@ static inline __attribute__((always_inline)) void bf16_tile(
             w[p] = _mm512_loadu_si512(panels + p * panel_size + j * 2 * PANEL_ROWS);
 #if defined(__AVX512BF16__)
         for (int r = 0; r < R; r++) {
-            const __m512bh pair = (__m512bh)_mm512_set1_epi32(load_pair(x + r * x_stride + 2 * j));
-            for (int p = 0; p < P; p++) acc[p][r] = _mm512_dpbf16_ps(acc[p][r], (__m512bh)w[p], pair);
+            const __m512bh pair =
+                (__m512bh)_mm512_set1_epi32((int)bf16_pair(x + r * x_stride + 2 * j));
+            for (int p = 0; p < P; p++)
+                acc[p][r] = _mm512_dpbf16_ps(acc[p][r], (__m512bh)w[p], pair);
         }
 #else
         __m512 odd[MAX_BF16_PANELS], even[MAX_BF16_PANELS];
@@ -319,7 +315,7 @@ static inline __attribute__((always_inline)) void bf16_tile(
             even[p] = even_bf16(w[p]);
         }
         for (int r = 0; r < R; r++) {
-            const __m512i pair = _mm512_set1_epi32(load_pair(x + r * x_stride + 2 * j));
+            const __m512i pair = _mm512_set1_epi32((int)bf16_pair(x + r * x_stride + 2 * j));
             const __m512 x_odd = odd_bf16(pair), x_even = even_bf16(pair);
             for (int p = 0; p < P; p++) {
                 acc[p][r] = _mm512_fmadd_ps(odd[p], x_odd, acc[p][r]);
@@ -336,6 +332,10 @@ static inline __attribute__((always_inline)) void bf16_tile(
 
 void isa_bf16_tile(const uint16_t *x, int64_t x_stride, int rows, const uint16_t *panels,
                    int count, int64_t K, uint16_t *out, int64_t out_stride, int lanes) {
-    ISA_BF16_ROWS(3) ISA_BF16_ROWS(2) ISA_BF16_ROWS(1)
+#if defined(__AVX512BF16__)
+    ISA_BF16_ROWS_8(3) ISA_BF16_ROWS_8(2) ISA_BF16_ROWS_8(1)
+#else
+    ISA_BF16_ROWS_4(3) ISA_BF16_ROWS_4(2) ISA_BF16_ROWS_4(1)
+#endif
     abort(); /* a tile larger than this ISA declares: bf16_matmul.c never asks for one */
 }

@@ -24,7 +24,8 @@
  * states was not finite (that step's tokens hold -1 there and count in *steps_done). */
 int decode_greedy_steps(const StackDims *d, const StackLayer *layers, int64_t T,
                         int64_t steps, int64_t *input_ids, uint16_t *hidden, float *residual,
-                        int64_t *positions, const StackGroup *group, int32_t *seq_lens, const int32_t *token_rows,
+                        int64_t *positions, const StackGroup *group, int32_t *seq_lens,
+                        const int32_t *token_rows,
                         const StackLoRAStep *lora, const StackMatrix *head, int64_t N,
                         const uint16_t *weight, int64_t k, uint16_t *scratch,
                         int64_t *tokens, int64_t *steps_done) {

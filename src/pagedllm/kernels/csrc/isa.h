@@ -47,6 +47,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "kernels.h" /* the weight formats FMT_* */
 
@@ -108,9 +109,20 @@ static inline void q8_record_group(const Q8Activations *a, int64_t t, int64_t g,
         bf16_tile(P, R, x, x_stride, panels, K, out, out_stride, lanes);                    \
         return;                                                                              \
     }
-#define ISA_BF16_ROWS(P)                                                                     \
-    ISA_BF16_CASE(P, 1) ISA_BF16_CASE(P, 2) ISA_BF16_CASE(P, 3) ISA_BF16_CASE(P, 4)          \
-    ISA_BF16_CASE(P, 5) ISA_BF16_CASE(P, 6) ISA_BF16_CASE(P, 7) ISA_BF16_CASE(P, 8)
+/* Every row count up to 4, or up to 8, for P panels (as the ISA's ISA_BF16_TOKENS). */
+#define ISA_BF16_ROWS_4(P)                                                                   \
+    ISA_BF16_CASE(P, 1) ISA_BF16_CASE(P, 2) ISA_BF16_CASE(P, 3) ISA_BF16_CASE(P, 4)
+#define ISA_BF16_ROWS_8(P)                                                                   \
+    ISA_BF16_ROWS_4(P) ISA_BF16_CASE(P, 5) ISA_BF16_CASE(P, 6) ISA_BF16_CASE(P, 7)          \
+    ISA_BF16_CASE(P, 8)
+
+/* Inputs 2j and 2j + 1 of a bfloat16 row as one 32-bit value (the even one in the low half),
+ * the pair every ISA's bfloat16 tile broadcasts. */
+static inline uint32_t bf16_pair(const uint16_t *p) {
+    uint32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
 
 /* A case of isa_byte_dot_tile's switch over `rows`: the ISA's `tile` inlined with R rows and
  * the weight format as constants. */

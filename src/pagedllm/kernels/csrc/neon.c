@@ -265,9 +265,7 @@ static inline __attribute__((always_inline)) void bf16_tile(
             even[q] = even_bf16(w);
         }
         for (int r = 0; r < R; r++) {
-            uint32_t bits;
-            memcpy(&bits, x + r * x_stride + 2 * j, sizeof bits);
-            const uint32x4_t pair = vdupq_n_u32(bits);
+            const uint32x4_t pair = vdupq_n_u32(bf16_pair(x + r * x_stride + 2 * j));
             const float32x4_t x_odd = odd_bf16(pair), x_even = even_bf16(pair);
             for (int q = 0; q < 4; q++) {
                 acc[q][r] = vfmaq_f32(acc[q][r], odd[q], x_odd);
@@ -282,6 +280,6 @@ static inline __attribute__((always_inline)) void bf16_tile(
 
 void isa_bf16_tile(const uint16_t *x, int64_t x_stride, int rows, const uint16_t *panels,
                    int count, int64_t K, uint16_t *out, int64_t out_stride, int lanes) {
-    ISA_BF16_CASE(1, 1) ISA_BF16_CASE(1, 2) ISA_BF16_CASE(1, 3) ISA_BF16_CASE(1, 4)
+    ISA_BF16_ROWS_4(1)
     abort(); /* a tile larger than this ISA declares: bf16_matmul.c never asks for one */
 }
