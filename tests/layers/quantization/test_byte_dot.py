@@ -14,7 +14,7 @@ import torch
 
 from pagedllm.layers import cpu_ops
 from pagedllm.layers.embedding import REFINED_CANDIDATES, LMHead, VocabEmbedding
-from pagedllm.layers.linear import Linear
+from pagedllm.layers.linear import Linear, default_weight_loader
 from pagedllm.layers.quantization import (
     CrossoverMethod,
     GroupCodes,
@@ -23,6 +23,7 @@ from pagedllm.layers.quantization import (
     W8A8Weight,
     can_quantize_w4a8,
     dequantize,
+    int4_group_codes,
     quantize_int4,
     quantize_w4a8,
     quantize_w8a8,
@@ -60,14 +61,16 @@ def test_layout_holds_the_int4_codes():
     # 3 panels of 16 rows x 4 groups: 256 bytes of codes, 16 scales and 16 minimums each.
     assert packed.packed.shape == (3, 4, 256) and packed.packed.dtype == torch.uint8
     assert packed.scales_and_mins.shape == (3, 4, 2, 16)
-    # The same codes and scales as torch's int4 format: the dense weights agree.
-    torch_int4 = quantize_int4(w.float())
-    torch.testing.assert_close(
-        dequantize(packed, 128, torch.float32),
-        dequantize(torch_int4, 128, torch.float32),
-        atol=1e-5,
-        rtol=1e-5,
-    )
+    # d and m as Q4_1 stores them, in float16: 0.625 bytes a weight.
+    assert packed.scales_and_mins.dtype == torch.float16 and packed.nbytes() == 48 * 128 * 5 // 8
+    # Exactly the group codes with float16 d and m, and as close to w as torch's int4 format.
+    codes, scales, mins = int4_group_codes(w, 32, half=True)
+    assert torch.equal(scales.half().float(), scales) and torch.equal(mins.half().float(), mins)
+    want = (codes * scales[..., None] + mins[..., None]).view(48, 128)
+    assert torch.equal(dequantize(packed, 128, torch.float32), want)
+    torch_int4 = dequantize(quantize_int4(w.float()), 128, torch.float32)
+    error = (want - w.float()).abs().max()
+    assert error <= (torch_int4 - w.float()).abs().max() * 1.01
 
 
 def test_int8_layout_holds_q8_0_codes():
@@ -248,6 +251,31 @@ def _q4_1_codes(weight: torch.Tensor) -> GroupCodes:
     scales = (high - low) / 15
     codes = ((groups - low[..., None]) / scales[..., None]).round().clamp(0, 15)
     return GroupCodes(codes.to(torch.uint8), scales, low)
+
+
+def _q4_0_codes(weight: torch.Tensor) -> GroupCodes:
+    """`weight` as a Q4_0 file would store it: per 32 values, d * (q - 8), d in float16."""
+    groups = weight.float().view(weight.shape[0], -1, 32)
+    scales = (groups.abs().amax(-1) / 8).half().float()
+    codes = (groups / scales[..., None]).round().clamp(-8, 7) + 8
+    return GroupCodes(codes.to(torch.uint8), scales, scales * -8)
+
+
+def test_head_ranks_on_a_tied_q4_0_embeddings_own_codes():
+    """A tied embedding stored as Q4_0 (Qwen3's GGUF files) shortlists on its own codes:
+    exactly the file's values, at Q4_0's 0.5625 bytes a weight, not a requantized copy."""
+    embedding = VocabEmbedding(512, 128)
+    embedding.weight.data = torch.empty(512, 128, dtype=torch.bfloat16)  # as models allocate
+    weight = torch.randn(512, 128, generator=torch.Generator().manual_seed(9)) / 10
+    codes = _q4_0_codes(weight)
+    default_weight_loader(embedding.weight, codes)
+    head = LMHead(512, 128, tie_to=embedding)
+    head.process_weights_after_loading("int4", keep_dense=True)
+    shortlist = head.shortlist.base_method()
+    assert isinstance(shortlist, W4A8Weight) and shortlist.symmetric
+    assert shortlist.nbytes() == 512 * 128 * 9 // 16
+    assert torch.equal(shortlist.dense(torch.float32), codes.dense(torch.float32))
+    assert isinstance(head.method.base_method(), W8A8Weight)  # logits stay 8-bit
 
 
 @pytest.mark.parametrize("from_codes", [False, True])

@@ -285,7 +285,8 @@ def _pack_int8(
 
 
 def quantize_w4a8(weight: torch.Tensor) -> W4A8Weight:
-    """`weight` [out, in] as int4 groups of 32 in the W4A8 layout (see can_quantize_w4a8)."""
+    """`weight` [out, in] as int4 groups of 32 in the W4A8 layout (see can_quantize_w4a8),
+    each group's d and m rounded to float16 as Q4_1 stores them (0.625 bytes a weight)."""
     if not can_quantize_w4a8(weight):
         raise ValueError(f"W4A8 needs a bfloat16 CPU weight with in % 32 == 0, got {weight.shape}.")
     rows, cols = weight.shape
@@ -295,9 +296,9 @@ def quantize_w4a8(weight: torch.Tensor) -> W4A8Weight:
     # By row chunks: a vocabulary matrix in float32 temporaries would be several 100 MB.
     for start in range(0, rows, _QUANTIZE_CHUNK_ROWS):
         chunk = weight[start : start + _QUANTIZE_CHUNK_ROWS]
-        codes, scales, mins = int4_group_codes(chunk, INT4_GROUP_SIZE)
+        codes, scales, mins = int4_group_codes(chunk, INT4_GROUP_SIZE, half=True)
         _pack_int4(packed, scales_and_mins, start, codes, scales, mins)
-    return W4A8Weight(packed, scales_and_mins, rows)
+    return W4A8Weight(packed, _compact_scales(scales_and_mins), rows)
 
 
 def quantize_w8a8(weight: torch.Tensor) -> W8A8Weight:

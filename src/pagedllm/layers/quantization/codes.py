@@ -15,14 +15,26 @@ FP8_MAX = 448.0  # the largest float8 e4m3 value
 
 
 def int4_group_codes(
-    weight: torch.Tensor, group_size: int
+    weight: torch.Tensor, group_size: int, half: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(codes [out, groups, group_size] in 0..15, scales d, minimums m), w = d * q + m."""
+    """(codes [out, groups, group_size] in 0..15, scales d, minimums m), w = d * q + m.
+
+    With `half`, d and m are first rounded to float16 (as GGUF's Q4_1 stores them: 0.625
+    bytes a weight where float32 needs 0.75) and the codes are taken against the rounded
+    values, so d * q + m is what a float16 reader computes; where some d or m does not fit
+    a float16 they stay float32."""
     rows, cols = weight.shape
     groups = weight.float().view(rows, cols // group_size, group_size)
     low = groups.amin(dim=-1)
     scales = ((groups.amax(dim=-1) - low) / 15.0).clamp(min=torch.finfo(torch.float32).tiny)
-    codes = ((groups - low[..., None]) / scales[..., None]).round().clamp(0, 15)
+    if half:
+        low_half, scales_half = low.half().float(), scales.half().float()
+        if bool(torch.isfinite(low_half).all() and torch.isfinite(scales_half).all()):
+            low, scales = low_half, scales_half
+    # A group whose range rounds to a zero scale takes code 0 everywhere (w = m).
+    step = scales.clamp(min=torch.finfo(torch.float32).tiny)
+    codes = ((groups - low[..., None]) / step[..., None]).round().clamp(0, 15)
+    codes = torch.where(scales[..., None] > 0, codes, torch.zeros_like(codes))
     return codes, scales, low
 
 

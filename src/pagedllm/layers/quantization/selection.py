@@ -172,16 +172,26 @@ def _beside_dense_for_large_steps(
     return CrossoverMethod(byte_dot, _dense(layer), dense_from - 1)
 
 
+def _shortlist_method(weight: nn.Parameter, codes: GroupCodes | None) -> LinearMethod:
+    """The head's 4-bit ranking copy: the file's own 4-bit codes where it has them (a tied
+    Q4_0 embedding: exact, and Q4_0's 0.5625 bytes a weight), else the dense weight
+    requantized in Q4_1's form."""
+    if codes is not None and codes.is_int4 and int(codes.codes.max()) <= 15:
+        return w4a8_from_codes(codes)
+    return quantize_w4a8(weight.data)
+
+
 def select_lm_head_methods(
     weight: nn.Parameter, codes: GroupCodes | None, plan: WeightPlan
 ) -> tuple[LinearMethod, LinearMethod | None]:
     """(the LM head's method for logits, its 4-bit shortlist method for argmax-only steps
     or None). int8 whatever the body's quantization: GGUF files keep the vocabulary matrix
-    at 8 bits (Q8_0), whose own codes are taken exactly. The 4-bit shortlist reads half the
-    bytes, but its noise over the vocabulary would bias the softmax normaliser (perplexity
-    +4% on natural text, measured), so it serves argmax-only steps and only with
-    `keep_dense`. The head keeps its dense weight in every case (a tied embedding reads it,
-    and the top candidates are refined from it)."""
+    at 8 bits (Q8_0), whose own codes are taken exactly. The 4-bit shortlist (a file's own
+    4-bit codes where its vocabulary matrix has them) reads half the bytes, but its noise
+    over the vocabulary would bias the softmax normaliser (perplexity +4% on natural text,
+    measured), so it serves argmax-only steps and only with `keep_dense`. The head keeps
+    its dense weight in every case (a tied embedding reads it, and the top candidates are
+    refined from it)."""
     if plan.quantization is None:
         return dense_method(weight), None
     int8_codes = codes if codes is not None and not codes.is_int4 else None
@@ -197,7 +207,7 @@ def select_lm_head_methods(
     main = w8a8_from_codes(int8_codes) if int8_codes is not None else quantize_w8a8(weight.data)
     if not plan.keep_dense:
         return main, None
-    shortlist: LinearMethod = quantize_w4a8(weight.data)
+    shortlist: LinearMethod = _shortlist_method(weight, codes)
     dense_from = dense_from_tokens()
     if dense_from is None:
         return main, shortlist
