@@ -313,6 +313,11 @@ def main() -> None:
     )
     parser.add_argument("--seed", type=int, default=0, help="prompt seed (default: 0)")
     parser.add_argument("--kv-cache-dtype", default="auto", help="KV cache dtype (auto)")
+    parser.add_argument(
+        "--max-model-len", type=int, default=None,
+        help="the engine's context limit (default: the model's; lower it for models whose "
+        "full context does not fit the KV cache, e.g. Qwen3's 40,960)",
+    )
     add_scheduler_steps_arg(parser)
     parser.add_argument(
         "--single-stream", action="store_true",
@@ -328,7 +333,8 @@ def main() -> None:
         load_tokenizer(location), args.num_prompts, args.min_len, args.max_len, seed=args.seed
     )
     llm = LLM(model=location.path, dtype=args.dtype, quantization=args.quantization,
-              kv_cache_dtype=args.kv_cache_dtype, num_scheduler_steps=args.num_scheduler_steps)
+              kv_cache_dtype=args.kv_cache_dtype, num_scheduler_steps=args.num_scheduler_steps,
+              max_model_len=args.max_model_len)
     if args.single_stream:
         result = report_single_stream(llm, prompts[0], args.output_len, args.num_iters)
         if args.output_json:
