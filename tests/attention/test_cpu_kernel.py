@@ -130,15 +130,21 @@ def test_a_cache_of_another_row_size_is_refused():
         cpu_kernel.store_int8(cache, key, key.clone(), torch.tensor([17, 18]))
 
 
+# (kv heads, query heads, head size): SmolLM2's, whose partitions hold at least 256
+# positions, and Qwen3-0.6B's, whose 8 x 128 values a position make that 48.
+HEAD_SHAPES = [pytest.param((3, 9, 64), id="smollm2"), pytest.param((8, 16, 128), id="qwen3")]
+
+
 @needs_kernel
+@pytest.mark.parametrize("shape", HEAD_SHAPES)
 @pytest.mark.parametrize("window", [None, 300])
-def test_long_contexts_are_attended_in_partitions_exactly(window):
+def test_long_contexts_are_attended_in_partitions_exactly(window, shape):
     """Contexts of several partitions (the kernel splits a context of n positions into
-    parts of ceil(n / 8), at least 256, merged by their softmax statistics): float32
-    output equals a float64 reference, with and without a window."""
+    parts of ceil(n / 8), at least 256 x 3 x 64 values of K, merged by their softmax
+    statistics): float32 output equals a float64 reference, with and without a window."""
     gen = torch.Generator().manual_seed(7)
-    block_size, kv_heads, heads, head_size = 16, 3, 9, 64
-    lengths = [2000, 700, 257, 256, 5]
+    block_size, (kv_heads, heads, head_size) = 16, shape
+    lengths = [2000, 700, 257, 256, 100, 49, 48, 5]
     blocks = [-(-n // block_size) for n in lengths]
     cache = torch.randn(2, sum(blocks) + 1, block_size, kv_heads, head_size, generator=gen)
     order = (torch.randperm(sum(blocks), generator=gen) + 1).int()
@@ -166,14 +172,15 @@ def test_long_contexts_are_attended_in_partitions_exactly(window):
 
 
 @needs_kernel
+@pytest.mark.parametrize("shape", HEAD_SHAPES)
 @pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.int8])
 @pytest.mark.parametrize("length", [100, 700])
-def test_a_decode_alone_equals_it_in_a_large_batch(cache_dtype, length):
+def test_a_decode_alone_equals_it_in_a_large_batch(cache_dtype, length, shape):
     """A request's decode attention is bit-identical alone and among 40 others (the batch
     never changes a result: a kernel that splits its work by the batch's size, e.g. a
     single stream's heads over the threads, must keep this)."""
     gen = torch.Generator().manual_seed(4)
-    block_size, kv_heads, heads, head_size, num_reqs = 16, 3, 9, 64, 40
+    block_size, (kv_heads, heads, head_size), num_reqs = 16, shape, 40
     blocks_each = -(-length // block_size)
     rows = torch.randn(2, num_reqs * blocks_each + 1, block_size, kv_heads, head_size,
                        generator=gen)

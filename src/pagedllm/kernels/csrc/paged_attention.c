@@ -91,21 +91,31 @@ static inline void prefetch_rows(const char *cache_rows, const int64_t *slots, i
                          (cache_rows) + ((slots)[t_] * (Hkv) + (g)) * ROW_BYTES_##CACHE(D), D)
 
 /* A request's context is attended in partitions of at most ceil(n / MAX_PARTS) positions
- * (at least MIN_PART): each partition is one work item, so a lone request's attention is
- * spread over the threads too, and the split depends only on the request's own context
- * length, never on the batch or the thread count (a request's output is the same alone or
- * batched). An item keeps, per query head, its scores' maximum m, the sum l of
- * exp(score - m) and acc = sum exp(score - m) v; DEFINE_MERGE combines a request's items
- * in order: out = sum_i exp(m_i - M) acc_i / sum_i exp(m_i - M) l_i, M the largest m_i. */
+ * (at least min_part(d): MIN_PART_VALUES cached values per K or V, 256 positions at
+ * SmolLM2's 3 kv heads x 64, 48 at Qwen3's 8 x 128, so a partition is the same amount of
+ * work whatever the heads): each partition is one work item, so a lone request's attention
+ * is spread over the threads too, and the split depends only on the request's own context
+ * length and the model's heads, never on the batch or the thread count (a request's output
+ * is the same alone or batched). An item keeps, per query head, its scores' maximum m, the
+ * sum l of exp(score - m) and acc = sum exp(score - m) v; DEFINE_MERGE combines a request's
+ * items in order: out = sum_i exp(m_i - M) acc_i / sum_i exp(m_i - M) l_i, M the largest
+ * m_i. */
 #define MAX_PARTS 8
-#define MIN_PART 256
+#define MIN_PART_VALUES (256 * 3 * 64)
 
-static inline int64_t part_size(int64_t n) {
-    const int64_t even = (n + MAX_PARTS - 1) / MAX_PARTS;
-    return even > MIN_PART ? even : MIN_PART;
+static inline int64_t min_part(const PagedDims *d) {
+    const int64_t positions = MIN_PART_VALUES / (d->num_kv_heads * d->head_size);
+    return positions > KEY_TILE ? positions : KEY_TILE;
 }
 
-static inline int64_t num_parts(int64_t n) { return (n + part_size(n) - 1) / part_size(n); }
+static inline int64_t part_size(int64_t n, int64_t least) {
+    const int64_t even = (n + MAX_PARTS - 1) / MAX_PARTS;
+    return even > least ? even : least;
+}
+
+static inline int64_t num_parts(int64_t n, int64_t least) {
+    return (n + part_size(n, least) - 1) / part_size(n, least);
+}
 
 /* One partition [p0, p1) of one request's attention into its partial (m [H], l [H],
  * acc [H * D]). T is the query type with its LOAD conversion, CACHE names the cache row
@@ -210,13 +220,14 @@ int NAME(const PagedDims *d, const T *query, T *out, const char *kv_cache,      
     const char *values = kv_cache + d->num_blocks * d->block_size * d->num_kv_heads         \
                                     * ROW_BYTES_##CACHE(d->head_size);                      \
     /* item_starts[r]: request r's first item; a window keeps positions [lo, seq_len) */     \
+    const int64_t least = min_part(d); /* the shortest partition */                         \
     int64_t *item_starts = malloc(sizeof(int64_t) * (num_reqs + 1));                        \
     if (item_starts == NULL) return 1;                                                      \
     item_starts[0] = 0;                                                                     \
     for (int64_t r = 0; r < num_reqs; r++) {                                                \
         const int64_t len = seq_lens[r];                                                    \
         const int64_t n = d->window > 0 && len > d->window ? d->window : len;               \
-        item_starts[r + 1] = item_starts[r] + num_parts(n);                                 \
+        item_starts[r + 1] = item_starts[r] + num_parts(n, least);                          \
     }                                                                                       \
     const int64_t items = item_starts[num_reqs];                                            \
     /* each item's request, then the partials */                                            \
@@ -237,7 +248,7 @@ int NAME(const PagedDims *d, const T *query, T *out, const char *kv_cache,      
         : d->head_size == 256 ? NAME##_part_256 : NAME##_part_any;                          \
     _Pragma("omp parallel")                                                                 \
     {                                                                                       \
-        const int64_t most = part_size(max_seq_len); /* the longest partition */            \
+        const int64_t most = part_size(max_seq_len, least); /* the longest partition */     \
         float *scores = malloc(sizeof(float) * (d->num_heads * most + HD));                 \
         if (scores == NULL) {                                                               \
             _Pragma("omp atomic write")                                                     \
@@ -249,7 +260,7 @@ int NAME(const PagedDims *d, const T *query, T *out, const char *kv_cache,      
             const int64_t r = item_reqs[item];                                              \
             const int64_t len = seq_lens[r];                                                \
             const int64_t lo = d->window > 0 && len > d->window ? len - d->window : 0;      \
-            const int64_t size = part_size(len - lo), i = item - item_starts[r];            \
+            const int64_t size = part_size(len - lo, least), i = item - item_starts[r];     \
             const int64_t p0 = lo + i * size, p1 = p0 + size < len ? p0 + size : len;       \
             part(d, query + token_rows[r] * HD, keys, values,                               \
                  block_tables + r * d->max_blocks, p0, p1, scale, scores + HD, scores,      \
