@@ -261,21 +261,37 @@ def _q4_0_codes(weight: torch.Tensor) -> GroupCodes:
     return GroupCodes(codes.to(torch.uint8), scales, scales * -8)
 
 
-def test_head_ranks_on_a_tied_q4_0_embeddings_own_codes():
-    """A tied embedding stored as Q4_0 (Qwen3's GGUF files) shortlists on its own codes:
-    exactly the file's values, at Q4_0's 0.5625 bytes a weight, not a requantized copy."""
+def _tied_head(codes: GroupCodes) -> LMHead:
+    """A head tied to a 512 x 128 embedding loaded from `codes`, its methods chosen."""
     embedding = VocabEmbedding(512, 128)
     embedding.weight.data = torch.empty(512, 128, dtype=torch.bfloat16)  # as models allocate
-    weight = torch.randn(512, 128, generator=torch.Generator().manual_seed(9)) / 10
-    codes = _q4_0_codes(weight)
     default_weight_loader(embedding.weight, codes)
     head = LMHead(512, 128, tie_to=embedding)
     head.process_weights_after_loading("int4", keep_dense=True)
+    return head
+
+
+def test_head_ranks_on_a_tied_q4_0_embeddings_own_codes():
+    """A tied embedding stored as Q4_0 (Qwen3's GGUF files) shortlists on its own codes:
+    exactly the file's values, at Q4_0's 0.5625 bytes a weight, not a requantized copy."""
+    weight = torch.randn(512, 128, generator=torch.Generator().manual_seed(9)) / 10
+    codes = _q4_0_codes(weight)
+    head = _tied_head(codes)
     shortlist = head.shortlist.base_method()
     assert isinstance(shortlist, W4A8Weight) and shortlist.symmetric
     assert shortlist.nbytes() == 512 * 128 * 9 // 16
     assert torch.equal(shortlist.dense(torch.float32), codes.dense(torch.float32))
     assert isinstance(head.method.base_method(), W8A8Weight)  # logits stay 8-bit
+
+
+def test_head_requantizes_4_bit_codes_whose_scales_are_not_float16():
+    """Codes with float32 scales (Q4_K's sub-blocks) would rank at 0.75 bytes a weight:
+    the shortlist requantizes the dense weight with float16 d and m instead (0.625)."""
+    weight = torch.randn(512, 128, generator=torch.Generator().manual_seed(10)) / 10
+    head = _tied_head(_q4_1_codes(weight))  # float32 scales, as Q4_K's decode to
+    shortlist = head.shortlist.base_method()
+    assert isinstance(shortlist, W4A8Weight) and shortlist.scales_and_mins.dtype == torch.float16
+    assert shortlist.nbytes() == 512 * 128 * 5 // 8
 
 
 @pytest.mark.parametrize("from_codes", [False, True])

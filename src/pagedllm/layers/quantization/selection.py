@@ -29,6 +29,7 @@ from torch import nn
 from pagedllm.layers.quantization.base import LinearMethod, ReorderedInput
 from pagedllm.layers.quantization.bf16_panels import Bf16PanelWeight, panels_fit, panels_serve
 from pagedllm.layers.quantization.byte_dot import (
+    W4A8Weight,
     can_quantize_w4a8,
     quantize_w4a8,
     quantize_w8a8,
@@ -173,11 +174,14 @@ def _beside_dense_for_large_steps(
 
 
 def _shortlist_method(weight: nn.Parameter, codes: GroupCodes | None) -> LinearMethod:
-    """The head's 4-bit ranking copy: the file's own 4-bit codes where it has them (a tied
-    Q4_0 embedding: exact, and Q4_0's 0.5625 bytes a weight), else the dense weight
-    requantized in Q4_1's form."""
+    """The head's 4-bit ranking copy: the file's own 4-bit codes where they are float16-
+    scaled (a tied Q4_0 embedding: exact, at Q4_0's 0.5625 bytes a weight), else the dense
+    weight requantized in Q4_1's form (0.625 bytes a weight: fewer than Q4_K's codes with
+    their float32 sub-block scales, and the shortlist only ranks)."""
     if codes is not None and codes.is_int4 and int(codes.codes.max()) <= 15:
-        return w4a8_from_codes(codes)
+        own = w4a8_from_codes(codes)
+        if isinstance(own, W4A8Weight) and own.scales_and_mins.dtype == torch.float16:
+            return own
     return quantize_w4a8(weight.data)
 
 
