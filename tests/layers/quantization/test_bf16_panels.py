@@ -164,6 +164,33 @@ def test_a_dense_layer_becomes_panels_alone(bf16_panels):
 
 
 @needs_kernels
+@pytest.mark.parametrize("setting", ["always", "never"])
+def test_an_unquantized_head_ranks_on_the_panels(bf16_panels, setting):
+    """A dense bfloat16 LM head runs its logits on the panels where they serve (a copy: the
+    tied embedding and the float32 refinement read the weight), so a greedy step is one C
+    call; the token is the float32 argmax either way."""
+    from pagedllm.layers.embedding import LMHead, VocabEmbedding
+
+    bf16_panels(setting)
+    embedding = VocabEmbedding(300, 64)
+    embedding.weight.data = torch.randn(300, 64, generator=torch.Generator().manual_seed(3))
+    embedding.weight.data = embedding.weight.data.bfloat16()
+    head = LMHead(300, 64, tie_to=embedding)
+    head.process_weights_after_loading(None)
+    assert isinstance(head.method, Bf16PanelWeight) == (setting == "always")
+    assert head.weight.numel() == 300 * 64  # the embedding still reads it
+    hidden = torch.randn(6, 64, generator=torch.Generator().manual_seed(4)).bfloat16()
+    exact = hidden.float() @ head.weight.float().T
+    assert torch.equal(head.greedy_tokens(hidden), exact.argmax(-1))
+    assert (head.greedy_tail(hidden) is not None) == (setting == "always")
+    logits = head(hidden)
+    if setting == "always":
+        raw = _vdpbf16ps_reference(hidden, head.weight.data).float()
+        others = torch.ones_like(raw, dtype=torch.bool).scatter_(1, raw.topk(8).indices, False)
+        assert torch.equal(logits[others], raw[others])  # outside the refined top 8
+
+
+@needs_kernels
 def test_quantized_layers_keep_torchs_dense_copy(bf16_panels, dense_from_tokens):
     """The dense copy a quantized layer keeps for large steps (matrix units) stays torch's,
     so no step size falls to panels that another method shadows."""

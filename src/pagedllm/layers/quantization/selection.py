@@ -185,6 +185,15 @@ def _shortlist_method(weight: nn.Parameter, codes: GroupCodes | None) -> LinearM
     return quantize_w4a8(weight.data)
 
 
+def _dense_head(weight: nn.Parameter) -> LinearMethod:
+    """An unquantized head's method: bfloat16 panels for our C kernel where they serve (a
+    copy beside the dense weight, which the embedding and the refinement read), else
+    torch's dense method on the weight itself."""
+    if panels_fit(weight.data) and panels_serve():
+        return Bf16PanelWeight.from_weight(weight.data)
+    return dense_method(weight)
+
+
 def select_lm_head_methods(
     weight: nn.Parameter, codes: GroupCodes | None, plan: WeightPlan
 ) -> tuple[LinearMethod, LinearMethod | None]:
@@ -197,7 +206,7 @@ def select_lm_head_methods(
     its dense weight in every case (a tied embedding reads it, and the top candidates are
     refined from it)."""
     if plan.quantization is None:
-        return dense_method(weight), None
+        return _dense_head(weight), None
     int8_codes = codes if codes is not None and not codes.is_int4 else None
     if uses_triton_weights(weight.device):
         if int8_codes is not None:
