@@ -203,24 +203,23 @@ def bf16_matmul(
 ) -> torch.Tensor:  # [T, out_features] bfloat16
     """x @ W^T for W in the Bf16PanelWeight layout (csrc/bf16_matmul.c)."""
     return _kernel_matmul("bf16_matmul_bf16", x, (panels,), out_features,
-                          ValueError("bf16_matmul_bf16: the input size is odd"))
+                          ValueError, "the input size is odd")
 
 
 def _byte_dot_matmul(
     function: str, x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, out_features: int
 ) -> torch.Tensor:
-    return _kernel_matmul(
-        function, x, (codes, scales), out_features,
-        MemoryError(f"{function}: input size not a multiple of 32, or out of memory"),
-    )
+    return _kernel_matmul(function, x, (codes, scales), out_features,
+                          MemoryError, "input size not a multiple of 32, or out of memory")
 
 
 def _kernel_matmul(
     function: str, x: torch.Tensor, weights: tuple[torch.Tensor, ...], out_features: int,
-    failure: Exception,
+    error: type[Exception], reason: str,
 ) -> torch.Tensor:
     """out [T, out_features] bfloat16 from one of the matmul kernels, whose arguments are
-    (M, N, K, x, x_stride, *weights, out, out_stride); `failure` raised on a non-zero code."""
+    (M, N, K, x, x_stride, *weights, out, out_stride); `error` ("function: reason") raised on
+    a non-zero code (built only then: these calls are on every step's path)."""
     library = cpu_platform().kernel_library()
     assert library is not None
     num_tokens, in_features = x.shape
@@ -232,7 +231,7 @@ def _kernel_matmul(
         *(pointer(w) for w in weights), pointer(out), out_features,
     )
     if failed:
-        raise failure
+        raise error(f"{function}: {reason}")
     return out
 
 

@@ -26,12 +26,12 @@ def int4_group_codes(
     rows, cols = weight.shape
     groups = weight.float().view(rows, cols // group_size, group_size)
     low = groups.amin(dim=-1)
-    scales = ((groups.amax(dim=-1) - low) / 15.0).clamp(min=torch.finfo(torch.float32).tiny)
+    scales = (groups.amax(dim=-1) - low) / 15.0
     if half:
         low_half, scales_half = low.half().float(), scales.half().float()
         if bool(torch.isfinite(low_half).all() and torch.isfinite(scales_half).all()):
             low, scales = low_half, scales_half
-    # A group whose range rounds to a zero scale takes code 0 everywhere (w = m).
+    # A constant group (or one whose range rounds to a zero scale) takes code 0 (w = m).
     step = scales.clamp(min=torch.finfo(torch.float32).tiny)
     codes = ((groups - low[..., None]) / step[..., None]).round().clamp(0, 15)
     codes = torch.where(scales[..., None] > 0, codes, torch.zeros_like(codes))

@@ -81,10 +81,16 @@ def _dense(layer: LoadedLinear) -> LinearMethod:
     return method
 
 
+def _takes_panels(weight: torch.Tensor) -> bool:
+    """Whether a dense `weight` runs as bfloat16 panels on our C kernel (bf16_panels.py):
+    a shape the kernel takes, on a CPU where the panels serve."""
+    return panels_fit(weight) and panels_serve()
+
+
 def _unquantized(layer: LoadedLinear) -> LinearMethod:
     """A layer that stays dense: bfloat16 panels for our C kernel where they serve
     (bf16_panels.py; they replace the plain weight), else torch's method."""
-    if panels_fit(layer.weight.data) and panels_serve():
+    if _takes_panels(layer.weight.data):
         panels = Bf16PanelWeight.from_weight(layer.weight.data)
         layer.release_dense_weight()
         return panels
@@ -189,7 +195,7 @@ def _dense_head(weight: nn.Parameter) -> LinearMethod:
     """An unquantized head's method: bfloat16 panels for our C kernel where they serve (a
     copy beside the dense weight, which the embedding and the refinement read), else
     torch's dense method on the weight itself."""
-    if panels_fit(weight.data) and panels_serve():
+    if _takes_panels(weight.data):
         return Bf16PanelWeight.from_weight(weight.data)
     return dense_method(weight)
 
