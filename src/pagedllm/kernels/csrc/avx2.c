@@ -86,7 +86,7 @@ void isa_quantize_q8_bf16(const Q8Activations *a, const uint16_t *x, int64_t t, 
                                                  _mm256_packs_epi32(q[2], q[3]));
         const __m256i ordered =
             _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-        _mm256_storeu_si256((__m256i *)(a->xq + t * a->K + g * Q8_GROUP), ordered);
+        _mm256_storeu_si256((__m256i *)(a->xq + q8_entry(a, t, g) * Q8_GROUP), ordered);
         q8_record_group(a, t, g, amax, sums, halves);
     }
 }
@@ -194,9 +194,10 @@ static inline __attribute__((always_inline)) void half_tile(
         const int8_t *xq[MAX_TILE_TOKENS];
         int32_t sums[2 * MAX_TILE_TOKENS];
         for (int r = 0; r < R; r++) {
-            xq[r] = a->xq + (t + r) * a->K + g * Q8_GROUP;
-            sums[2 * r] = a->sums[((t + r) * a->G + g) * 2];
-            sums[2 * r + 1] = a->sums[((t + r) * a->G + g) * 2 + 1];
+            const int64_t e = q8_entry(a, t + r, g);
+            xq[r] = a->xq + e * Q8_GROUP;
+            sums[2 * r] = a->sums[e * 2];
+            sums[2 * r + 1] = a->sums[e * 2 + 1];
         }
         __m256i dot0[MAX_TILE_TOKENS], dot1[MAX_TILE_TOKENS];
         group_dots(R, INT8, codes + g * group_bytes, half, xq, sums, dot0, dot1);
@@ -205,15 +206,15 @@ static inline __attribute__((always_inline)) void half_tile(
                              ? _mm256_mul_ps(d, _mm256_set1_ps(FMT_MIN_FACTOR(FMT)))
                              : load_scales(FMT, dm, g * dm_stride + PANEL_ROWS + 8 * half);
         for (int r = 0; r < R; r++) {
-            const int64_t row = t + r;
-            const float *dx = a->dx + (row * a->G + g) * 2;
+            const int64_t e = q8_entry(a, t + r, g);
+            const float *dx = a->dx + e * 2;
             const __m256 scale0 = _mm256_mul_ps(d, _mm256_set1_ps(dx[0]));
             acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot0[r]), scale0, acc[r]);
             if (!INT8) {
                 const __m256 scale1 = _mm256_mul_ps(d, _mm256_set1_ps(dx[1]));
                 acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot1[r]), scale1, acc[r]);
             }
-            acc[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(a->c[row * a->G + g]), acc[r]);
+            acc[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(a->c[e]), acc[r]);
         }
     }
     const int half_lanes = lanes - 8 * half < 8 ? lanes - 8 * half : 8;

@@ -48,7 +48,7 @@ void isa_quantize_q8_bf16(const Q8Activations *a, const uint16_t *x, int64_t t, 
             const __m512 inv = _mm512_set1_ps(q8_inverse_step(amax[h]));
             /* Rounds half to even (the default MXCSR mode), as nearbyintf does. */
             const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(v[h], inv));
-            _mm_storeu_si128((__m128i *)(a->xq + t * a->K + g * Q8_GROUP + h * Q8_HALF),
+            _mm_storeu_si128((__m128i *)(a->xq + q8_entry(a, t, g) * Q8_GROUP + h * Q8_HALF),
                              _mm512_cvtepi32_epi8(q));
             sums[h] = _mm512_reduce_add_epi32(q);
         }
@@ -84,6 +84,8 @@ static inline __attribute__((always_inline)) void tile(
     const int64_t group_bytes = INT8 ? 512 : 256, dm_stride = FMT_DM_STRIDE(FMT);
     __m512 acc[MAX_TILE_TOKENS];
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    /* token r's group g is entry first + 8 g + r: the tile lies in one block (isa.h) */
+    const int64_t first = q8_entry(a, t, 0);
     for (int64_t g = 0; g < a->G; g++) {
         const uint8_t *group = codes + g * group_bytes;
         __m512i w[8];
@@ -99,10 +101,11 @@ static inline __attribute__((always_inline)) void tile(
         const __m512 d = load_scales(FMT, dm, g * dm_stride);
         const __m512 m = IMPLIED_MIN ? _mm512_mul_ps(d, _mm512_set1_ps(FMT_MIN_FACTOR(FMT)))
                                      : load_scales(FMT, dm, g * dm_stride + PANEL_ROWS);
+        _Pragma("GCC unroll 8") /* gcc kept the accumulators in memory, not registers */
         for (int r = 0; r < R; r++) {
-            const int64_t row = t + r;
-            const int8_t *xq = a->xq + row * a->K + g * Q8_GROUP;
-            const float *dx = a->dx + (row * a->G + g) * 2;
+            const int64_t e = first + g * Q8_BLOCK_TOKENS + r;
+            const int8_t *xq = a->xq + e * Q8_GROUP;
+            const float *dx = a->dx + e * 2;
             if (INT8) { /* one activation scale per group: one chain of 8 */
                 __m512i dot = _mm512_setzero_si512();
                 for (int j = 0; j < 8; j++)
@@ -121,7 +124,7 @@ static inline __attribute__((always_inline)) void tile(
                 acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot0), scale0, acc[r]);
                 acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot1), scale1, acc[r]);
             }
-            acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(a->c[row * a->G + g]), acc[r]);
+            acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(a->c[e]), acc[r]);
         }
     }
     for (int r = 0; r < R; r++) store_bf16x16(out + r * out_stride, acc[r], lanes);

@@ -66,14 +66,28 @@
 /* Activation values per scale: half of a weight group. */
 #define Q8_HALF 16
 
-/* The int8 activations of one matmul call: codes xq [M, K]; per token, group and half the
- * step dx and the integer sum of the codes [M, G, 2]; per token and group c [M, G]. */
+/* The int8 activations of one matmul call, one entry per token and group (q8_entry's order):
+ * codes xq [entry, 32]; per half-group the step dx and the integer sum of the codes
+ * [entry, 2]; c [entry]. */
 typedef struct {
     int64_t K, G;
     int8_t *xq;
     float *dx, *c;
     int32_t *sums;
 } Q8Activations;
+
+/* Tokens per block of the activations' layout: within a block the entries are group-major,
+ * so a tile's tokens sit side by side for each group, one stream for the whole tile instead of
+ * one per token (AVX-512's tile of 8 ran out of general registers for 8 tokens' pointers).
+ * Every ISA_TILE_TOKENS divides it, and w4a8.c starts tiles at multiples of ISA_TILE_TOKENS, so
+ * a tile never crosses a block. */
+#define Q8_BLOCK_TOKENS 8
+
+/* The index of token `row`'s group g among the activations' entries (xq holds Q8_GROUP
+ * codes an entry, dx and sums two values, c one). */
+static inline int64_t q8_entry(const Q8Activations *a, int64_t row, int64_t g) {
+    return ((row / Q8_BLOCK_TOKENS) * a->G + g) * Q8_BLOCK_TOKENS + row % Q8_BLOCK_TOKENS;
+}
 
 /* 127 / amax: the factor that maps a (half-)group onto -127..127 (0 for an all-zero one). */
 static inline float q8_inverse_step(float amax) { return amax > 0.f ? 127.f / amax : 0.f; }
@@ -88,12 +102,13 @@ static inline void q8_share_amax(float amax[2], int halves) {
 static inline void q8_record_group(const Q8Activations *a, int64_t t, int64_t g,
                                    const float amax[2], const int32_t sums[2], int halves) {
     const float steps[2] = {amax[0] * (1.f / 127.f), amax[1] * (1.f / 127.f)};
+    const int64_t e = q8_entry(a, t, g);
     for (int h = 0; h < 2; h++) {
-        a->dx[(t * a->G + g) * 2 + h] = steps[h];
-        a->sums[(t * a->G + g) * 2 + h] = sums[h];
+        a->dx[e * 2 + h] = steps[h];
+        a->sums[e * 2 + h] = sums[h];
     }
-    a->c[t * a->G + g] = halves ? fmaf(steps[1], (float)sums[1], steps[0] * (float)sums[0])
-                                : steps[0] * (float)(sums[0] + sums[1]);
+    a->c[e] = halves ? fmaf(steps[1], (float)sums[1], steps[0] * (float)sums[0])
+                     : steps[0] * (float)(sums[0] + sums[1]);
 }
 
 /* Scales a group of a panel holds in dm: d and m for 16 rows, or d alone (m implied). */

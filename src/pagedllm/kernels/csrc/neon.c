@@ -47,7 +47,7 @@ void isa_quantize_q8_bf16(const Q8Activations *a, const uint16_t *x, int64_t t, 
         for (int h = 0; h < 2; h++) {
             const float32x4_t *v = values[h];
             const float inv = q8_inverse_step(amaxes[h]);
-            int8_t *q = a->xq + t * a->K + g * Q8_GROUP + h * Q8_HALF;
+            int8_t *q = a->xq + q8_entry(a, t, g) * Q8_GROUP + h * Q8_HALF;
             int32x4_t total = vdupq_n_s32(0);
             for (int i = 0; i < 4; i += 2) {
                 /* vcvtnq rounds half to even, as nearbyintf does. */
@@ -132,16 +132,16 @@ static inline __attribute__((always_inline)) void chunk_tile(
                                   ? vmulq_n_f32(d, FMT_MIN_FACTOR(FMT))
                                   : load_scales(FMT, dm, g * dm_stride + PANEL_ROWS + 4 * chunk);
         for (int r = 0; r < R; r++) {
-            const int64_t row = t + r;
-            const int8_t *xq = a->xq + row * a->K + g * Q8_GROUP;
+            const int64_t e = q8_entry(a, t + r, g);
+            const int8_t *xq = a->xq + e * Q8_GROUP;
             const int8x16_t x0 = vld1q_s8(xq), x1 = vld1q_s8(xq + 16);
             int32_t quads[8];
             memcpy(quads, xq, sizeof quads);
             int32x4_t dot0 = vdupq_n_s32(0), dot1 = vdupq_n_s32(0);
             for (int j = 0; j < 4; j++) dot0 = dot_quad(dot0, w[j], x0, j, quads[j]);
             for (int j = 4; j < 8; j++) dot1 = dot_quad(dot1, w[j], x1, j - 4, quads[j]);
-            const int32_t *sums = a->sums + (row * a->G + g) * 2;
-            const float *dx = a->dx + (row * a->G + g) * 2;
+            const int32_t *sums = a->sums + e * 2;
+            const float *dx = a->dx + e * 2;
             if (INT8) { /* one scale per group; the codes' +128 offset added back exactly */
                 const int32x4_t dot = vaddq_s32(vaddq_s32(dot0, dot1),
                                                 vdupq_n_s32(128 * (sums[0] + sums[1])));
@@ -150,7 +150,7 @@ static inline __attribute__((always_inline)) void chunk_tile(
                 acc[r] = vfmaq_f32(acc[r], vcvtq_f32_s32(dot0), vmulq_n_f32(d, dx[0]));
                 acc[r] = vfmaq_f32(acc[r], vcvtq_f32_s32(dot1), vmulq_n_f32(d, dx[1]));
             }
-            acc[r] = vfmaq_f32(acc[r], m, vdupq_n_f32(a->c[row * a->G + g]));
+            acc[r] = vfmaq_f32(acc[r], m, vdupq_n_f32(a->c[e]));
         }
     }
     const int chunk_lanes = lanes - 4 * chunk < 4 ? lanes - 4 * chunk : 4;

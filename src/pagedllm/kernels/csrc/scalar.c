@@ -25,7 +25,7 @@ void isa_quantize_q8_bf16(const Q8Activations *a, const uint16_t *x, int64_t t, 
         q8_share_amax(amaxes, halves);
         for (int h = 0; h < 2; h++) {
             const float inv = q8_inverse_step(amaxes[h]);
-            int8_t *q = a->xq + t * a->K + g * Q8_GROUP + h * Q8_HALF;
+            int8_t *q = a->xq + q8_entry(a, t, g) * Q8_GROUP + h * Q8_HALF;
             int32_t sum = 0;
             for (int i = 0; i < Q8_HALF; i++) {
                 q[i] = (int8_t)nearbyintf(v[h * Q8_HALF + i] * inv); /* half to even */
@@ -58,8 +58,9 @@ void isa_byte_dot_tile(int format, const Q8Activations *a, int64_t t, int rows,
         const int64_t row = t + r;
         float acc[PANEL_ROWS] = {0.f};
         for (int64_t g = 0; g < a->G; g++) {
-            const int8_t *xq = a->xq + row * a->K + g * Q8_GROUP;
-            const float *dx = a->dx + (row * a->G + g) * 2, c = a->c[row * a->G + g];
+            const int64_t e = q8_entry(a, row, g);
+            const int8_t *xq = a->xq + e * Q8_GROUP;
+            const float *dx = a->dx + e * 2, c = a->c[e];
             for (int lane = 0; lane < lanes; lane++) {
                 int32_t dot[2] = {0, 0};
                 for (int k = 0; k < Q8_GROUP; k++)

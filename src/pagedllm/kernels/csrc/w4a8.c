@@ -47,11 +47,13 @@ int byte_dot_matmul(int format, int64_t M, int64_t N, int64_t K, const uint16_t 
     const int64_t G = K / Q8_GROUP, panels = (N + PANEL_ROWS - 1) / PANEL_ROWS;
     const int64_t group_bytes = INT8 ? 512 : 256, dm_stride = FMT_DM_STRIDE(format);
     /* dx [M, G, 2], c [M, G] and sums [M, G, 2] in one allocation (all 4-byte values) */
-    Q8Activations a = {K, G, malloc((size_t)(M * K)), malloc(sizeof(float) * (size_t)(5 * M * G)),
-                       NULL, NULL};
+    /* whole blocks of Q8_BLOCK_TOKENS tokens (isa.h's layout) */
+    const int64_t padded = (M + Q8_BLOCK_TOKENS - 1) / Q8_BLOCK_TOKENS * Q8_BLOCK_TOKENS;
+    Q8Activations a = {K, G, malloc((size_t)(padded * K)),
+                       malloc(sizeof(float) * (size_t)(5 * padded * G)), NULL, NULL};
     if (a.xq == NULL || a.dx == NULL) { free(a.xq); free(a.dx); return 2; }
-    a.c = a.dx + 2 * M * G;
-    a.sums = (int32_t *)(a.c + M * G);
+    a.c = a.dx + 2 * padded * G;
+    a.sums = (int32_t *)(a.c + padded * G);
     #pragma omp parallel
     {
         #pragma omp for schedule(static)
