@@ -190,11 +190,13 @@ static inline __attribute__((always_inline)) void half_tile(
     const int64_t group_bytes = INT8 ? 512 : 256, dm_stride = FMT_DM_STRIDE(FMT);
     __m256 acc[MAX_TILE_TOKENS];
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    /* token r's group g is entry first + 8 g + r: the tile lies in one block (isa.h) */
+    const int64_t first = q8_entry(a, t, 0);
     for (int64_t g = 0; g < a->G; g++) {
         const int8_t *xq[MAX_TILE_TOKENS];
         int32_t sums[2 * MAX_TILE_TOKENS];
         for (int r = 0; r < R; r++) {
-            const int64_t e = q8_entry(a, t + r, g);
+            const int64_t e = first + g * Q8_BLOCK_TOKENS + r;
             xq[r] = a->xq + e * Q8_GROUP;
             sums[2 * r] = a->sums[e * 2];
             sums[2 * r + 1] = a->sums[e * 2 + 1];
@@ -206,7 +208,7 @@ static inline __attribute__((always_inline)) void half_tile(
                              ? _mm256_mul_ps(d, _mm256_set1_ps(FMT_MIN_FACTOR(FMT)))
                              : load_scales(FMT, dm, g * dm_stride + PANEL_ROWS + 8 * half);
         for (int r = 0; r < R; r++) {
-            const int64_t e = q8_entry(a, t + r, g);
+            const int64_t e = first + g * Q8_BLOCK_TOKENS + r;
             const float *dx = a->dx + e * 2;
             const __m256 scale0 = _mm256_mul_ps(d, _mm256_set1_ps(dx[0]));
             acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot0[r]), scale0, acc[r]);

@@ -114,6 +114,8 @@ static inline __attribute__((always_inline)) void chunk_tile(
     const int64_t group_bytes = INT8 ? 512 : 256, dm_stride = FMT_DM_STRIDE(FMT);
     float32x4_t acc[MAX_TILE_TOKENS];
     for (int r = 0; r < R; r++) acc[r] = vdupq_n_f32(0.f);
+    /* token r's group g is entry first + 8 g + r: the tile lies in one block (isa.h) */
+    const int64_t first = q8_entry(a, t, 0);
     for (int64_t g = 0; g < a->G; g++) {
         const uint8_t *group = codes + g * group_bytes + 16 * chunk;
         int8x16_t w[8];
@@ -132,7 +134,7 @@ static inline __attribute__((always_inline)) void chunk_tile(
                                   ? vmulq_n_f32(d, FMT_MIN_FACTOR(FMT))
                                   : load_scales(FMT, dm, g * dm_stride + PANEL_ROWS + 4 * chunk);
         for (int r = 0; r < R; r++) {
-            const int64_t e = q8_entry(a, t + r, g);
+            const int64_t e = first + g * Q8_BLOCK_TOKENS + r;
             const int8_t *xq = a->xq + e * Q8_GROUP;
             const int8x16_t x0 = vld1q_s8(xq), x1 = vld1q_s8(xq + 16);
             int32_t quads[8];
