@@ -16,6 +16,7 @@ import pstats
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -31,24 +32,30 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=25, help="functions to list (default: 25)")
     args = parser.parse_args()
 
-    from pagedllm import LLM, SamplingParams
+    from pagedllm import LLM
 
     location = locate_model(args.model)
     prompts = make_prompts(load_tokenizer(location), args.num_prompts, 100, 300, seed=0)
-    llm = LLM(model=location.path)
-    llm.generate(prompts[:4], SamplingParams(max_tokens=8), use_tqdm=False)  # warm-up
-    params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=args.output_len)
+    profiler, elapsed = profiled_pass(LLM(model=location.path), prompts, args.output_len)
+    num_tokens = sum(map(len, prompts)) + args.num_prompts * args.output_len
+    print(f"elapsed {elapsed:.2f} s under cProfile, {num_tokens / elapsed:.1f} total tok/s")
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(args.top)
+
+
+def profiled_pass(llm: Any, prompts: list[list[int]], output_len: int) -> tuple[Any, float]:
+    """One warmed-up greedy pass over the token-id prompts under cProfile: the profiler and
+    the pass's wall time in seconds."""
+    from pagedllm import SamplingParams
+
     inputs = [{"prompt_token_ids": ids} for ids in prompts]
+    llm.generate(inputs[:4], SamplingParams(max_tokens=8), use_tqdm=False)  # warm-up
+    params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=output_len)
     profiler = cProfile.Profile()
     start = time.perf_counter()
     profiler.enable()
     llm.generate(inputs, params, use_tqdm=False)
     profiler.disable()
-    elapsed = time.perf_counter() - start
-    num_tokens = sum(map(len, prompts)) + args.num_prompts * args.output_len
-    print(f"elapsed {elapsed:.2f} s under cProfile, {num_tokens / elapsed:.1f} total tok/s")
-    pstats.Stats(profiler).sort_stats("tottime").print_stats(args.top)
-
+    return profiler, time.perf_counter() - start
 
 if __name__ == "__main__":
     main()
