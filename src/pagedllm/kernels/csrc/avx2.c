@@ -417,3 +417,6 @@ void isa_bf16_tile(const uint16_t *x, int64_t x_stride, int rows, const uint16_t
     ISA_BF16_ROWS_4(1)
     abort(); /* a tile larger than this ISA declares: bf16_matmul.c never asks for one */
 }
+
+/* Decode scores over a bfloat16 cache: through a float32 tile. */
+ISA_KEY_SCORES_BF16_THROUGH_A_TILE

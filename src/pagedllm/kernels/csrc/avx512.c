@@ -284,6 +284,48 @@ void isa_attn_weighted_sum_rows(float *acc, int64_t rows, int64_t D, const float
     }
 }
 
+#if defined(__AVX512BF16__)
+/* Query row q's scores against up to 16 bfloat16 keys: one vector of partial sums per key
+ * (vdpbf16ps over pairs, 32 values an instruction, the tail masked), summed across. */
+static inline __attribute__((always_inline)) __m512 bf16_key_scores_row(
+        const uint16_t *q, int64_t D, const uint16_t *const *keys, int64_t kt) {
+    __m512 v[16];
+    for (int t = 0; t < 16; t++) {
+        __m512 a = _mm512_setzero_ps();
+        if (t < kt)
+            for (int64_t j = 0; j < D; j += 32) {
+                const __mmask32 m = D - j >= 32 ? (__mmask32)0xFFFFFFFFu
+                                                : (__mmask32)((1u << (D - j)) - 1);
+                a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_maskz_loadu_epi16(m, q + j),
+                                     (__m512bh)_mm512_maskz_loadu_epi16(m, keys[t] + j));
+            }
+        v[t] = a;
+    }
+    return sum_lanes_16(v);
+}
+
+static inline __attribute__((always_inline)) void bf16_key_scores(
+        const uint16_t *q, float scale, int64_t rows, int64_t D, const uint16_t *const *keys,
+        int64_t kt, float *s, int64_t s_stride) {
+    const __mmask16 keep = (__mmask16)((1u << kt) - 1);
+    const __m512 sc = _mm512_set1_ps(scale);
+    for (int64_t r = 0; r < rows; r++)
+        _mm512_mask_storeu_ps(s + r * s_stride, keep,
+                              _mm512_mul_ps(bf16_key_scores_row(q + r * D, D, keys, kt), sc));
+}
+
+void isa_attn_key_scores_bf16(const uint16_t *q, const float *qf, float scale, int64_t rows,
+                              int64_t D, const uint16_t *const *keys, int64_t kt, float *s,
+                              int64_t s_stride) {
+    (void)qf;
+    if (D == 64) bf16_key_scores(q, scale, rows, 64, keys, kt, s, s_stride);
+    else if (D == 128) bf16_key_scores(q, scale, rows, 128, keys, kt, s, s_stride);
+    else bf16_key_scores(q, scale, rows, D, keys, kt, s, s_stride);
+}
+#else
+ISA_KEY_SCORES_BF16_THROUGH_A_TILE
+#endif
+
 /* A pair of bfloat16 values per 32-bit lane: the odd (high) and even (low) one as float32. */
 static inline __m512 odd_bf16(__m512i pairs) {
     return _mm512_castsi512_ps(_mm512_and_si512(pairs, _mm512_set1_epi32((int)0xFFFF0000u)));

@@ -203,4 +203,27 @@ void isa_attn_weighted_sum(float *acc, int64_t D, const float *w, const float *t
 void isa_attn_weighted_sum_rows(float *acc, int64_t rows, int64_t D, const float *w,
                                 int64_t w_stride, const float *tile, int64_t n);
 
+/* The scores of a tile of keys from a bfloat16 cache, read where the cache holds them
+ * (keys[t], t < kt, D values each): s[r * s_stride + t] = scale * (q_r . k_t) for r < rows,
+ * with q the query rows in bfloat16 (D each) and qf the same rows times scale in float32.
+ * With AVX-512 BF16, vdpbf16ps takes q and the keys as they are (exact products, summed in
+ * float32 in pairs; scale applied once per score); other ISAs widen the keys into a float32
+ * tile and score qf with isa_attn_key_scores (the results agree to float32 rounding). */
+void isa_attn_key_scores_bf16(const uint16_t *q, const float *qf, float scale, int64_t rows,
+                              int64_t D, const uint16_t *const *keys, int64_t kt, float *s,
+                              int64_t s_stride);
+
+/* isa_attn_key_scores_bf16 through a float32 tile, for an ISA without its own (its source
+ * includes bf16.h). */
+#define ISA_KEY_SCORES_BF16_THROUGH_A_TILE                                                   \
+    void isa_attn_key_scores_bf16(const uint16_t *q, const float *qf, float scale,          \
+                                  int64_t rows, int64_t D, const uint16_t *const *keys,     \
+                                  int64_t kt, float *s, int64_t s_stride) {                 \
+        (void)q, (void)scale;                                                               \
+        float tile[KEY_TILE * D];                                                           \
+        for (int64_t t = 0; t < kt; t++)                                                    \
+            for (int64_t j = 0; j < D; j++) tile[t * D + j] = bf16_to_float(keys[t][j]);    \
+        isa_attn_key_scores(qf, rows, D, tile, kt, s, s_stride);                            \
+    }
+
 #endif

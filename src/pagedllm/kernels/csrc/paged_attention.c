@@ -90,6 +90,26 @@ static inline void prefetch_rows(const char *cache_rows, const int64_t *slots, i
         LOAD_ROW_##CACHE((tile) + t_ * (D),                                                 \
                          (cache_rows) + ((slots)[t_] * (Hkv) + (g)) * ROW_BYTES_##CACHE(D), D)
 
+/* Kv head g's scores against a tile of keys (kt positions at `slots`), per cache format:
+ * float32 and int8 rows are converted into `tile` for isa_attn_key_scores; bfloat16 rows are
+ * scored where the cache holds them (isa_attn_key_scores_bf16, from the bfloat16 query q). */
+#define TILE_SCORES_CONVERTED(CACHE, q, qf, scale, G, D, tile, cache_rows, slots, Hkv, g, kt, \
+                              s, n)                                                         \
+    do {                                                                                    \
+        LOAD_TILE(CACHE, tile, cache_rows, slots, Hkv, g, D, kt);                           \
+        isa_attn_key_scores(qf, G, D, tile, kt, s, n);                                      \
+    } while (0)
+#define TILE_SCORES_F32(...) TILE_SCORES_CONVERTED(F32, __VA_ARGS__)
+#define TILE_SCORES_INT8(...) TILE_SCORES_CONVERTED(INT8, __VA_ARGS__)
+#define TILE_SCORES_BF16(q, qf, scale, G, D, tile, cache_rows, slots, Hkv, g, kt, s, n)       \
+    do {                                                                                    \
+        const uint16_t *rows_[KEY_TILE];                                                    \
+        for (int64_t t_ = 0; t_ < (kt); t_++)                                               \
+            rows_[t_] = (const uint16_t *)((cache_rows)                                     \
+                                           + ((slots)[t_] * (Hkv) + (g)) * ROW_BYTES_BF16(D)); \
+        isa_attn_key_scores_bf16((const uint16_t *)(q), qf, scale, G, D, rows_, kt, s, n);  \
+    } while (0)
+
 /* A request's context is attended in partitions of at most ceil(n / MAX_PARTS) positions
  * (at least min_part(d): MIN_PART_VALUES cached values per K or V, 256 positions at
  * SmolLM2's 3 kv heads x 64, 48 at Qwen3's 8 x 128, so a partition is the same amount of
@@ -121,9 +141,10 @@ static inline int64_t num_parts(int64_t n, int64_t least) {
  * acc [H * D]). T is the query type with its LOAD conversion, CACHE names the cache row
  * format; HEAD_DIM is the head size, a constant in the specialised versions so the
  * compiler unrolls the row conversions. The partition is read KEY_TILE positions at a
- * time; each kv head's rows of a tile are converted to float32 once and serve its G query
- * heads: the scores through isa_attn_key_scores (no horizontal sum per key), the values
- * through isa_attn_weighted_sum_rows (its accumulators in registers across the tile). */
+ * time; each kv head's rows of a tile serve its G query heads: the scores through
+ * TILE_SCORES_<CACHE> (no horizontal sum per key; a bfloat16 cache's keys scored where
+ * they lie), the values converted to float32 once for isa_attn_weighted_sum_rows (its
+ * accumulators in registers across the tile). */
 #define DEFINE_PART(NAME, T, LOAD, CACHE, HEAD_DIM)                                          \
 static void NAME(const PagedDims *d, const T *q, const char *keys, const char *values,      \
                  const int32_t *blocks, int64_t p0, int64_t p1, float scale, float *scores, \
@@ -142,9 +163,8 @@ static void NAME(const PagedDims *d, const T *q, const char *keys, const char *v
         tile_slots(blocks, bs, k0 + kt, nt, next);                                          \
         for (int64_t g = 0; g < Hkv; g++) {                                                 \
             prefetch_rows(keys, next, nt, Hkv, g, ROW_BYTES_##CACHE(D));                    \
-            LOAD_TILE(CACHE, tile, keys, slots, Hkv, g, D, kt);                             \
-            isa_attn_key_scores(qf + g * G * D, G, D, tile, kt,                             \
-                                scores + g * G * n + k0 - p0, n);                           \
+            TILE_SCORES_##CACHE(q + g * G * D, qf + g * G * D, scale, G, D, tile, keys,     \
+                                slots, Hkv, g, kt, scores + g * G * n + k0 - p0, n);        \
         }                                                                                   \
         memcpy(slots, next, sizeof(int64_t) * nt);                                          \
     }                                                                                       \

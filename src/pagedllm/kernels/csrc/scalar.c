@@ -135,3 +135,6 @@ void isa_bf16_tile(const uint16_t *x, int64_t x_stride, int rows, const uint16_t
         out[i] = float_to_bf16(acc);
     }
 }
+
+/* Decode scores over a bfloat16 cache: through a float32 tile. */
+ISA_KEY_SCORES_BF16_THROUGH_A_TILE
