@@ -100,6 +100,29 @@ def paged_decode_attention(
         raise MemoryError("CPU decode attention could not allocate its score buffers.")
 
 
+def dense_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Bidirectional attention over [B, N, H, D] bfloat16 tensors (token-major, each token's
+    heads side by side: a linear layer's output viewed as heads), every token of an item
+    attending to all of that item's tokens (a vision tower's image): [B, N, H, D] out.
+    Call is_available(torch.bfloat16) first."""
+    library = _library()
+    assert library is not None, "call is_available() first"
+    if query.dtype != torch.bfloat16 or not (query.shape == key.shape == value.shape):
+        raise ValueError("dense_attention takes bfloat16 query, key and value of one shape.")
+    query, key, value = query.contiguous(), key.contiguous(), value.contiguous()
+    out = torch.empty_like(query)
+    batch, num_tokens, heads, head_size = query.shape
+    failed = library.dense_attention_bf16(
+        batch, num_tokens, heads, head_size,
+        pointer(query), pointer(key), pointer(value), pointer(out), scale,
+    )  # fmt: skip
+    if failed:
+        raise MemoryError("CPU dense attention could not allocate its score buffers.")
+    return out
+
+
 def paged_prefill_attention(
     out: torch.Tensor,  # [num_tokens, H, D] contiguous, written at the requests' query rows
     query: torch.Tensor,  # [num_tokens, H, D], each token's heads dense

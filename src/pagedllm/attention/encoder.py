@@ -1,4 +1,5 @@
-"""Bidirectional attention for encoder-only models over packed variable-length sequences.
+"""Bidirectional attention for encoder-only models over packed variable-length sequences, and
+for items of equal length (a vision tower's images).
 
 Encoder models (BERT, XLM-RoBERTa) see every token of their own sequence, before and after,
 and keep no KV cache: a pooling request is computed once. The step's sequences arrive packed
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from pagedllm.attention import cpu_kernel
 
 # A group's longest sequence is at most this much longer than its shortest (plus a few
 # tokens), and a group holds at most this many sequences.
@@ -85,3 +88,24 @@ def _attend_padded(
         scale=scale, enable_gqa=key.shape[1] != query.shape[1],
     )  # fmt: skip
     return out.transpose(1, 2)[valid]
+
+
+def batched_bidirectional_attention(
+    query: torch.Tensor,  # [B, N, H, D]
+    key: torch.Tensor,  # [B, N, H, D]
+    value: torch.Tensor,  # [B, N, H, D]
+    scale: float | None = None,
+) -> torch.Tensor:  # [B, N, H, D]
+    """Items of N tokens each (one image's patches), every token attending to all of its own
+    item's; scale None is 1 / sqrt(D). bfloat16 on a CPU with the C kernels runs
+    csrc/dense_attention.c (torch's scaled_dot_product_attention took twice its time on
+    CLIP-B/16's shapes); anything else, torch's, so float32 outputs stay transformers'."""
+    if query.dtype == torch.bfloat16 and cpu_kernel.is_available(query.dtype, query.device):
+        head_size = query.shape[-1]
+        return cpu_kernel.dense_attention(
+            query, key, value, head_size**-0.5 if scale is None else scale
+        )
+    out = F.scaled_dot_product_attention(
+        query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), scale=scale
+    )
+    return out.transpose(1, 2)

@@ -155,6 +155,11 @@ FUNCTIONS: tuple[Function, ...] = (
       for kind in ("f32", "bf16", "f32_int8", "bf16_int8")),
     *(Function(f"paged_prefill_{kind}", _PREFILL_ARGS, ctypes.c_int)
       for kind in ("f32", "bf16", "f32_int8", "bf16_int8")),
+    # dense_attention_bf16(B, N, H, D, q, k, v, out, scale)
+    Function(
+        "dense_attention_bf16", (_I64, _I64, _I64, _I64, _PTR, _PTR, _PTR, _PTR, _F32),
+        ctypes.c_int,
+    ),
     Function("store_int8_f32", _STORE_ARGS, None),
     Function("store_int8_bf16", _STORE_ARGS, None),
     # add_rms_norm_bf16(T, H, x, x_stride, residual, has_residual, weight, out, eps)

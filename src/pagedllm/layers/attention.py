@@ -11,7 +11,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from pagedllm.attention.encoder import packed_bidirectional_attention
+from pagedllm.attention.encoder import (
+    batched_bidirectional_attention,
+    packed_bidirectional_attention,
+)
 from pagedllm.layers.forward_context import get_forward_context
 
 
@@ -82,3 +85,9 @@ class EncoderAttention(nn.Module):
         """q, k, v [T, H, D] of sequences packed back to back → [T, H * D]."""
         out = packed_bidirectional_attention(q, k, v, seq_lens, self.scale)
         return out.reshape(q.shape[0], self.num_heads * self.head_size)
+
+
+def image_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """q, k, v [B, N, H, D]: each of B items (an image's patches) attends to its own N tokens,
+    bidirectionally, scaled by 1 / sqrt(D), nothing cached → [B, N, H, D]."""
+    return batched_bidirectional_attention(q, k, v)

@@ -2,9 +2,9 @@
 
 Both are pre-norm ViTs over non-overlapping patches (a strided convolution), with learned
 absolute position embeddings; CLIP adds a class token and a norm before the layers, SigLIP
-neither. The towers attend bidirectionally over one image's patches (torch's
-scaled_dot_product_attention: no KV cache, images are encoded once and their outputs cached
-by the runner). Module and parameter names are transformers' (`embeddings.patch_embedding`,
+neither. The towers attend bidirectionally over one image's patches (layers.attention's
+image_attention: no KV cache, images are encoded once and their outputs cached by the
+runner). Module and parameter names are transformers' (`embeddings.patch_embedding`,
 `encoder.layers.N.self_attn.q_proj`...), so checkpoints load by name.
 """
 
@@ -14,10 +14,10 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from pagedllm.layers.activation import Activation
+from pagedllm.layers.attention import image_attention
 from pagedllm.models.spec import activation_of
 
 
@@ -37,12 +37,12 @@ class VisionAttention(nn.Module):
         """[B, N, hidden] → [B, N, hidden]."""
         batch, num_tokens, _ = x.shape
 
-        def heads(t: torch.Tensor) -> torch.Tensor:
-            return t.view(batch, num_tokens, self.num_heads, self.head_dim).transpose(1, 2)
+        def heads(t: torch.Tensor) -> torch.Tensor:  # [B, N, heads, head_dim]
+            return t.view(batch, num_tokens, self.num_heads, self.head_dim)
 
         q, k, v = heads(self.q_proj(x)), heads(self.k_proj(x)), heads(self.v_proj(x))
-        out = F.scaled_dot_product_attention(q, k, v)  # [B, heads, N, head_dim]
-        return self.out_proj(out.transpose(1, 2).reshape(batch, num_tokens, -1))
+        out = image_attention(q, k, v)
+        return self.out_proj(out.reshape(batch, num_tokens, -1))
 
 
 class VisionMLP(nn.Module):

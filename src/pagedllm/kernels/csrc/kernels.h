@@ -63,6 +63,12 @@ DECLARE_PREFILL(paged_prefill_f32_int8, float)
 DECLARE_PREFILL(paged_prefill_bf16_int8, uint16_t)
 #undef DECLARE_PREFILL
 
+/* dense_attention.c: bidirectional attention over [B, N, H, D] bfloat16 q, k, v (a vision
+ * tower's image tokens) into out of the same shape; non-zero when out of memory. */
+PAGEDLLM_API int dense_attention_bf16(int64_t B, int64_t N, int64_t H, int64_t D,
+                                      const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                                      uint16_t *out, float scale);
+
 /* The int8 cache's writer: K/V rows of the new tokens quantized into their slots. */
 PAGEDLLM_API void store_int8_f32(const PagedDims *d, int8_t *kv_cache, float *key,
                                  float *value, int64_t key_stride, int64_t value_stride,
