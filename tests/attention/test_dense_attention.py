@@ -8,6 +8,8 @@ import torch
 
 from pagedllm.attention import cpu_kernel
 from pagedllm.models.vision_towers import VisionAttention
+from pagedllm.platform import get_platform
+from pagedllm.platform.cpu_features import detect
 
 needs_kernel = pytest.mark.skipif(
     not cpu_kernel.is_available(torch.bfloat16), reason="no C compiler to build the kernel"
@@ -53,29 +55,45 @@ def test_refuses_other_dtypes_and_shapes():
     x = torch.zeros(1, 4, 2, 64)
     with pytest.raises(ValueError, match="bfloat16"):
         cpu_kernel.dense_attention(x, x, x, 0.125)
+    with pytest.raises(ValueError, match="bfloat16"):  # every one of the three is checked
+        cpu_kernel.dense_attention(x.bfloat16(), x, x.bfloat16(), 0.125)
     y = torch.zeros(1, 4, 2, 64, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="one shape"):
         cpu_kernel.dense_attention(y, y[:, :3], y[:, :3], 0.125)
 
 
 @needs_kernel
-def test_the_bfloat16_vision_attention_runs_on_it(monkeypatch):
-    """A bfloat16 tower's attention takes the C kernel (PAGEDLLM_ATTENTION_KERNEL=torch
-    keeps torch's scaled_dot_product_attention); both agree to bfloat16 rounding, and a
-    float32 tower keeps torch's path (its outputs equal transformers' exactly)."""
+def test_the_platform_picks_it_only_where_it_wins():
+    """Only the avx512_bf16 variant without AMX takes it (measured 2.1x torch's there; even
+    with AVX2, far slower on the scalar reference); never float32."""
+    platform = get_platform("cpu")
+    library = platform.kernel_library()
+    assert library is not None
+    wins = library.variant.name == "avx512_bf16" and "amx_bf16" not in detect().flags
+    assert platform.dense_attention_kernel(torch.bfloat16) == wins
+    assert not platform.dense_attention_kernel(torch.float32)
+
+
+@needs_kernel
+def test_the_bfloat16_vision_attention_runs_on_it_where_it_wins(monkeypatch):
+    """A bfloat16 tower's attention takes the C kernel where the platform says it wins
+    (PAGEDLLM_ATTENTION_KERNEL=torch keeps torch's scaled_dot_product_attention); both agree
+    to bfloat16 rounding; a float32 tower always keeps torch's path (whose outputs the
+    multimodal tests check against transformers')."""
     torch.manual_seed(0)
     attention = VisionAttention(hidden_size=96, num_heads=3).bfloat16()
     x = torch.randn(2, 30, 96).bfloat16()
     calls = []
     original = cpu_kernel.dense_attention
     monkeypatch.setattr(cpu_kernel, "dense_attention", lambda *a: calls.append(1) or original(*a))
+    expected = 1 if get_platform("cpu").dense_attention_kernel(torch.bfloat16) else 0
     with torch.no_grad():
         kernel_out = attention(x)
-        assert len(calls) == 1, "the bfloat16 tower's attention did not take the C kernel"
+        assert len(calls) == expected
         monkeypatch.setenv("PAGEDLLM_ATTENTION_KERNEL", "torch")
         torch_out = attention(x)
         monkeypatch.delenv("PAGEDLLM_ATTENTION_KERNEL")
-        assert len(calls) == 1  # switched off: torch's path
+        assert len(calls) == expected  # switched off: torch's path
         attention.float()(x.float())
-    assert len(calls) == 1  # float32: torch's path
+    assert len(calls) == expected  # float32: torch's path
     torch.testing.assert_close(kernel_out.float(), torch_out.float(), atol=2e-2, rtol=2e-2)

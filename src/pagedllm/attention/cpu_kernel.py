@@ -106,10 +106,13 @@ def dense_attention(
     """Bidirectional attention over [B, N, H, D] bfloat16 tensors (token-major, each token's
     heads side by side: a linear layer's output viewed as heads), every token of an item
     attending to all of that item's tokens (a vision tower's image): [B, N, H, D] out.
-    Call is_available(torch.bfloat16) first."""
+    Call is_available(torch.bfloat16) first (the platform's dense_attention_kernel says
+    where it beats torch's)."""
     library = _library()
     assert library is not None, "call is_available() first"
-    if query.dtype != torch.bfloat16 or not (query.shape == key.shape == value.shape):
+    if any(t.dtype != torch.bfloat16 for t in (query, key, value)) or not (
+        query.shape == key.shape == value.shape
+    ):
         raise ValueError("dense_attention takes bfloat16 query, key and value of one shape.")
     query, key, value = query.contiguous(), key.contiguous(), value.contiguous()
     out = torch.empty_like(query)

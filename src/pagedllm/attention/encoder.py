@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from pagedllm.attention import cpu_kernel
+from pagedllm.platform import get_platform
 
 # A group's longest sequence is at most this much longer than its shortest (plus a few
 # tokens), and a group holds at most this many sequences.
@@ -97,10 +98,11 @@ def batched_bidirectional_attention(
     scale: float | None = None,
 ) -> torch.Tensor:  # [B, N, H, D]
     """Items of N tokens each (one image's patches), every token attending to all of its own
-    item's; scale None is 1 / sqrt(D). bfloat16 on a CPU with the C kernels runs
-    csrc/dense_attention.c (torch's scaled_dot_product_attention took twice its time on
-    CLIP-B/16's shapes); anything else, torch's, so float32 outputs stay transformers'."""
-    if query.dtype == torch.bfloat16 and cpu_kernel.is_available(query.dtype, query.device):
+    item's; scale None is 1 / sqrt(D). bfloat16 where the platform says the C kernel wins
+    runs csrc/dense_attention.c (torch's scaled_dot_product_attention took twice its time
+    on CLIP-B/16's shapes with AVX-512 BF16); anything else, torch's, so float32 outputs
+    stay transformers'."""
+    if get_platform(query.device).dense_attention_kernel(query.dtype):
         head_size = query.shape[-1]
         return cpu_kernel.dense_attention(
             query, key, value, head_size**-0.5 if scale is None else scale

@@ -77,6 +77,12 @@ class Platform(ABC):
         del dtype
         return False
 
+    def dense_attention_kernel(self, dtype: torch.dtype) -> bool:
+        """Whether the C dense attention (a vision tower's images) beats torch's
+        scaled_dot_product_attention for `dtype` here."""
+        del dtype
+        return False
+
     # -- weights -------------------------------------------------------------------------
 
     def byte_dot_kernels(self, dtype: torch.dtype) -> bool:

@@ -32,8 +32,10 @@ const char ISA_NAME[] = "avx2";
 const int ISA_BF16_TOKENS = 4, ISA_BF16_PANELS = 1;
 #if defined(__AVXVNNI__)
 const int ISA_TILE_TOKENS = 4;
+_Static_assert(Q8_BLOCK_TOKENS % 4 == 0, "a tile's tokens lie in one block (isa.h)");
 #else
 const int ISA_TILE_TOKENS = 2;
+_Static_assert(Q8_BLOCK_TOKENS % 2 == 0, "a tile's tokens lie in one block (isa.h)");
 #endif
 
 static inline int32_t load_i32(const int8_t *p) {

@@ -25,6 +25,7 @@ const char ISA_NAME[] = "avx512";
 const int ISA_BF16_TOKENS = 4, ISA_BF16_PANELS = 3;
 #endif
 const int ISA_TILE_TOKENS = 8;
+_Static_assert(Q8_BLOCK_TOKENS % 8 == 0, "a tile's tokens lie in one block (isa.h)");
 
 static inline int32_t load_i32(const int8_t *p) {
     int32_t v;

@@ -209,6 +209,7 @@ void isa_attn_weighted_sum_rows(float *acc, int64_t rows, int64_t D, const float
  * With AVX-512 BF16, vdpbf16ps takes q and the keys as they are (exact products, summed in
  * float32 in pairs; scale applied once per score); other ISAs widen the keys into a float32
  * tile and score qf with isa_attn_key_scores (the results agree to float32 rounding). */
+/* (kt <= KEY_TILE) */
 void isa_attn_key_scores_bf16(const uint16_t *q, const float *qf, float scale, int64_t rows,
                               int64_t D, const uint16_t *const *keys, int64_t kt, float *s,
                               int64_t s_stride);

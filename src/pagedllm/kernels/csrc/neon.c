@@ -23,6 +23,7 @@ const char ISA_NAME[] = "neon_dotprod";
 const char ISA_NAME[] = "neon";
 #endif
 const int ISA_TILE_TOKENS = 4;
+_Static_assert(Q8_BLOCK_TOKENS % 4 == 0, "a tile's tokens lie in one block (isa.h)");
 /* bfloat16 tiles: one panel (four vectors of 4 rows) x 4 tokens, 16 accumulators */
 const int ISA_BF16_TOKENS = 4, ISA_BF16_PANELS = 1;
 

@@ -12,6 +12,7 @@
 
 const char ISA_NAME[] = "scalar";
 const int ISA_TILE_TOKENS = 1;
+_Static_assert(Q8_BLOCK_TOKENS % 1 == 0, "a tile's tokens lie in one block (isa.h)");
 const int ISA_BF16_TOKENS = 1, ISA_BF16_PANELS = 1;
 
 void isa_quantize_q8_bf16(const Q8Activations *a, const uint16_t *x, int64_t t, int halves) {
