@@ -46,9 +46,9 @@ int byte_dot_matmul(int format, int64_t M, int64_t N, int64_t K, const uint16_t 
     const size_t dm_bytes = FMT_HALF_SCALES(format) ? 2 : 4;
     const int64_t G = K / Q8_GROUP, panels = (N + PANEL_ROWS - 1) / PANEL_ROWS;
     const int64_t group_bytes = INT8 ? 512 : 256, dm_stride = FMT_DM_STRIDE(format);
-    /* dx [entries, 2], c [entries] and sums [entries, 2] in one allocation (4-byte values),
-     * an entry per token and group in q8_entry's order, for whole blocks of tokens */
-    /* whole blocks of Q8_BLOCK_TOKENS tokens (isa.h's layout) */
+    /* codes xq [entries, 32]; dx [entries, 2], c [entries] and sums [entries, 2] in one
+     * allocation (4-byte values): an entry per token and group in q8_entry's order, for
+     * whole blocks of Q8_BLOCK_TOKENS tokens (isa.h's layout) */
     const int64_t padded = (M + Q8_BLOCK_TOKENS - 1) / Q8_BLOCK_TOKENS * Q8_BLOCK_TOKENS;
     Q8Activations a = {K, G, malloc((size_t)(padded * K)),
                        malloc(sizeof(float) * (size_t)(5 * padded * G)), NULL, NULL};
