@@ -19,6 +19,11 @@ static inline uint16_t float_to_bf16(float f) {
     return (uint16_t)(bits >> 16);
 }
 
+/* n bfloat16 values widened to float32. */
+static inline void bf16_row_to_float(float *dst, const uint16_t *src, int64_t n) {
+    for (int64_t j = 0; j < n; j++) dst[j] = bf16_to_float(src[j]);
+}
+
 /* f rounded to bfloat16 and back: what a torch op with a bfloat16 result keeps. */
 static inline float round_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
 

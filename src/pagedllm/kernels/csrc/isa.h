@@ -223,7 +223,7 @@ void isa_attn_key_scores_bf16(const uint16_t *q, const float *qf, float scale, i
         (void)q, (void)scale;                                                               \
         float tile[KEY_TILE * D];                                                           \
         for (int64_t t = 0; t < kt; t++)                                                    \
-            for (int64_t j = 0; j < D; j++) tile[t * D + j] = bf16_to_float(keys[t][j]);    \
+            bf16_row_to_float(tile + t * D, keys[t], D);                                    \
         isa_attn_key_scores(qf, rows, D, tile, kt, s, s_stride);                            \
     }
 

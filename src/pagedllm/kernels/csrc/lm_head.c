@@ -92,7 +92,7 @@ static void refine_row(const uint16_t *logits, int64_t N, int64_t K, const uint1
                        const uint16_t *weight, int64_t k, int64_t *ids, float *exact,
                        float *xf) {
     top_candidates(logits, N, k, exact, ids);
-    for (int64_t j = 0; j < K; j++) xf[j] = bf16_to_float(x[j]);
+    bf16_row_to_float(xf, x, K);
     for (int64_t c = 0; c < k; c++) exact[c] = dot_f32_bf16(xf, weight + ids[c] * K, K);
 }
 

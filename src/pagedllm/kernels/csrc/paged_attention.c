@@ -30,6 +30,7 @@
 #include "bf16.h"
 #include "isa.h"
 #include "kernels.h" /* PagedDims */
+#include "softmax.h"
 
 #define INT8_SCALE_BYTES 4
 #define INT8_GROUP 16 /* values per scale (kv_quant.GROUP) */
@@ -43,21 +44,10 @@
 #define LOAD_ROW_F32(dst, row, D)                                                            \
     do { const float *r_ = (const float *)(row);                                            \
          for (int64_t j_ = 0; j_ < (D); j_++) (dst)[j_] = r_[j_]; } while (0)
-#define LOAD_ROW_BF16(dst, row, D)                                                           \
-    do { const uint16_t *r_ = (const uint16_t *)(row);                                      \
-         for (int64_t j_ = 0; j_ < (D); j_++) (dst)[j_] = bf16_to_float(r_[j_]); } while (0)
+#define LOAD_ROW_BF16(dst, row, D) bf16_row_to_float((dst), (const uint16_t *)(row), (D))
 /* The int8 row's codes times their group's scale: isa.h's (gcc's vectorization of this
  * loop nest depended on its surroundings: measured scalar, 3.4x slower, in some). */
 #define LOAD_ROW_INT8(dst, row, D) isa_int8_row_to_float((dst), (const int8_t *)(row), (D))
-
-/* s[0..n) becomes softmax(s[0..n)), in float32. */
-static inline void softmax(float *s, int64_t n) {
-    float mx = -INFINITY, sum = 0.f;
-    for (int64_t p = 0; p < n; p++) mx = s[p] > mx ? s[p] : mx;
-    for (int64_t p = 0; p < n; p++) { s[p] = expf(s[p] - mx); sum += s[p]; }
-    const float inv = 1.f / sum;
-    for (int64_t p = 0; p < n; p++) s[p] *= inv;
-}
 
 /* The cache slots of positions [k0, k0 + kt), read through the block table (one division a
  * tile). */
@@ -174,11 +164,7 @@ static void NAME(const PagedDims *d, const T *q, const char *keys, const char *v
     for (int64_t g = 0; g < Hkv; g++)                                                       \
         prefetch_rows(values, slots, n < KEY_TILE ? n : KEY_TILE, Hkv, g, ROW_BYTES_##CACHE(D)); \
     for (int64_t h = 0; h < H; h++) { /* exp(s - m) in place, their sum l */                \
-        float *s = scores + h * n, mx = -INFINITY, sum = 0.f;                               \
-        for (int64_t p = 0; p < n; p++) mx = s[p] > mx ? s[p] : mx;                         \
-        for (int64_t p = 0; p < n; p++) { s[p] = expf(s[p] - mx); sum += s[p]; }            \
-        m[h] = mx;                                                                          \
-        l[h] = sum;                                                                         \
+        l[h] = exp_minus_max(scores + h * n, n, &m[h]);                                     \
     }                                                                                       \
     memset(acc, 0, sizeof(float) * H * D);                                                  \
     for (int64_t k0 = p0; k0 < p1; k0 += KEY_TILE) {                                        \
