@@ -115,7 +115,10 @@ def test_the_c_decode_stack_runs_the_file_bit_for_bit() -> None:
     of the Python layer loop."""
     from pagedllm.worker.decode_step.cpu_stack import CpuDecodeStack
 
-    llm = LLM(str(GEMMA), max_model_len=1024)
+    # No prefix cache: the second pass must compute the same steps as the first. Where a
+    # CPU's matrix units make dense weights win large steps (AMX, crossover.py), a token's
+    # arithmetic depends on its step's size, and cached prompts would shrink the steps.
+    llm = LLM(str(GEMMA), max_model_len=1024, enable_prefix_caching=False)
     runner = llm.llm_engine.engine_core.engine_core.executor.worker.model_runner
     stack = runner.decode_step
     # 15 sliding layers and 3 global ones: five sliding KV cache groups and a global one.
