@@ -1,5 +1,5 @@
 /* The softmax steps the attention kernels share (paged_attention.c, dense_attention.c), in
- * float32 and in one order, so a row's weights are the same whichever kernel computes them. */
+ * float32, written once. */
 #ifndef PAGEDLLM_SOFTMAX_H
 #define PAGEDLLM_SOFTMAX_H
 
