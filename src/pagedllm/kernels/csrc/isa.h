@@ -204,12 +204,12 @@ void isa_attn_weighted_sum_rows(float *acc, int64_t rows, int64_t D, const float
                                 int64_t w_stride, const float *tile, int64_t n);
 
 /* The scores of a tile of keys from a bfloat16 cache, read where the cache holds them
- * (keys[t], t < kt, D values each): s[r * s_stride + t] = scale * (q_r . k_t) for r < rows,
- * with q the query rows in bfloat16 (D each) and qf the same rows times scale in float32.
- * With AVX-512 BF16, vdpbf16ps takes q and the keys as they are (exact products, summed in
- * float32 in pairs; scale applied once per score); other ISAs widen the keys into a float32
- * tile and score qf with isa_attn_key_scores (the results agree to float32 rounding). */
-/* (kt <= KEY_TILE) */
+ * (keys[t], t < kt <= KEY_TILE, D values each): s[r * s_stride + t] = scale * (q_r . k_t)
+ * for r < rows, with q the query rows in bfloat16 (D each) and qf the same rows times
+ * scale in float32. With AVX-512 BF16, vdpbf16ps takes q and the keys as they are (exact
+ * products, summed in float32 in pairs; scale applied once per score); other ISAs widen the
+ * keys into a float32 tile and score qf with isa_attn_key_scores (the results agree to
+ * float32 rounding). */
 void isa_attn_key_scores_bf16(const uint16_t *q, const float *qf, float scale, int64_t rows,
                               int64_t D, const uint16_t *const *keys, int64_t kt, float *s,
                               int64_t s_stride);
