@@ -13,7 +13,7 @@ from pagedllm import kernels
 from pagedllm.kernels import build, loader
 from pagedllm.kernels.variants import best_variant, get_variant, runnable_variants
 from pagedllm.layers.cpu_ops import w4a8_available
-from pagedllm.layers.quantization import quantize_w4a8
+from pagedllm.layers.quantization import Bf16PanelWeight, quantize_w4a8
 from pagedllm.platform import cpu_platform
 from pagedllm.platform.cpu import CpuPlatform
 from pagedllm.platform.cpu_features import CpuFeatures, detect
@@ -55,12 +55,13 @@ def test_clang_builds_the_same_arithmetic(tmp_path):
     if not variant.simd or not w4a8_available():
         return  # no W4A8 here (e.g. PAGEDLLM_CPU_ISA=scalar forces the scalar plan)
     weight = quantize_w4a8(torch.randn(80, 192).bfloat16())
+    panels = Bf16PanelWeight.from_weight(torch.randn(80, 192).bfloat16())  # AMX's tiles too
     x = torch.randn(9, 192).bfloat16()
     with cpu_platform().use_kernels(clang):
-        from_clang = weight.matmul(x)
+        from_clang = weight.matmul(x), panels.apply(x, None)
     with cpu_platform().use_kernels(kernels.load_variant(variant.name)):
-        from_gcc = weight.matmul(x)
-    assert torch.equal(from_clang, from_gcc)
+        from_gcc = weight.matmul(x), panels.apply(x, None)
+    assert all(map(torch.equal, from_clang, from_gcc))
 
 
 class _Records(logging.Handler):

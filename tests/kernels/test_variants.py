@@ -71,6 +71,14 @@ def test_each_library_reports_its_variant(libraries):
         assert library.isa == name
 
 
+def test_only_the_amx_variant_multiplies_on_matrix_units(libraries):
+    """amx_bf16 runs dense bfloat16 matmuls on AMX's tiles (where Linux grants them: 5.16+);
+    every other variant has none."""
+    for name, library in libraries.items():
+        units = bool(library.lib.bf16_matrix_units())
+        assert units is (name == "amx_bf16"), name
+
+
 def test_host_runs_its_best_variant_and_the_ones_below():
     names = [v.name for v in runnable_variants(detect())]
     assert names[-1] == "scalar"

@@ -14,6 +14,8 @@ PLANS = [
     ("avx512+vnni+bf16", "x86_64", f"{AVX512} avx512_bf16", True,
      ("avx512_bf16", True, True)),
     ("avx512+vnni+amx", "x86_64", f"{AVX512} amx_bf16 amx_int8", True, ("avx512", True, True)),
+    ("avx512+vnni+bf16+amx", "x86_64", f"{AVX512} avx512_bf16 amx_tile amx_bf16 amx_int8", True,
+     ("amx_bf16", True, True)),
     ("avx512+vnni", "x86_64", AVX512, True, ("avx512", True, False)),
     ("avx512 without vnni", "x86_64", "avx2 fma f16c avx512f avx512dq avx512bw avx512vl",
      True, ("avx2", True, False)),

@@ -185,6 +185,8 @@ FUNCTIONS: tuple[Function, ...] = (
     Function("w8a8_matmul_bf16", _BYTE_DOT_ARGS, ctypes.c_int),
     # bf16_matmul_bf16(M, N, K, x, x_stride, panels, out, out_stride): 1 when K is odd
     Function("bf16_matmul_bf16", (_I64, _I64, _I64, _PTR, _I64, _PTR, _PTR, _I64), ctypes.c_int),
+    # bf16_matrix_units(): 1 when bf16_matmul_bf16 runs on matrix units (AMX tiles)
+    Function("bf16_matrix_units", (), ctypes.c_int),
     # lora_add_bf16(num, K, N, x, x_stride, out, out_stride, order, order_slots, subs,
     # sub_offsets, R, A, B): 2 when out of memory.
     Function(

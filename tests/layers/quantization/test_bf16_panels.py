@@ -1,5 +1,6 @@
-"""Bf16PanelWeight (layers/quantization/bf16_panels.py, csrc/bf16_matmul.c): dense bfloat16
-weights on our C kernel, the arithmetic of vdpbf16ps on every variant, and where it serves."""
+"""Bf16PanelWeight (layers/quantization/bf16_panels.py, csrc/bf16_matmul.c, amx_bf16.c):
+dense bfloat16 weights on our C kernel, the arithmetic of vdpbf16ps on every vector variant,
+the matrix units' (AMX) exact where sums are exact, and where it serves."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ from pagedllm.platform.cpu_features import detect
 needs_kernels = pytest.mark.skipif(not cpu_ops.w4a8_available(), reason="no vector variant")
 # Every variant this CPU runs, the scalar reference included.
 VARIANTS = [v.name for v in runnable_variants(detect())]
+# Those with matrix units (AMX) for dense bfloat16 matmuls.
+MATRIX_VARIANTS = [v.name for v in runnable_variants(detect()) if "amx_bf16" in v.requires]
 
 
 def _vdpbf16ps_reference(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -40,6 +43,18 @@ def _on(variant: str, fn):
         return fn()
 
 
+def _on_matrix_units(variant: str, cols: int) -> bool:
+    """Whether `variant` multiplies a matrix of `cols` inputs on matrix units (AMX takes
+    K % 32 == 0): their arithmetic is the unit's own, not vdpbf16ps's order."""
+    return bool(kernels.load_variant(variant).lib.bf16_matrix_units()) and cols % 32 == 0
+
+
+def _panel_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x @ W^T by the kernel on freshly packed panels (checked bit for bit on its own)."""
+    return Bf16PanelWeight.from_weight(weight).apply(x.reshape(-1, x.shape[-1]).contiguous(),
+                                                     None)
+
+
 def test_panels_hold_the_weight_and_give_it_back():
     weight = torch.randn(37, 10).bfloat16()  # a partial last panel
     panels = pack_panels(weight)
@@ -55,7 +70,9 @@ def test_panels_hold_the_weight_and_give_it_back():
 def test_every_variant_computes_vdpbf16ps_arithmetic_bit_for_bit(variant, rows, cols):
     """Tiles of 1 to 17 tokens, partial panels, odd pair counts, runs of 1, 2 and 3 panels:
     the same bits as the reference order on every variant (the AVX-512 BF16 instruction's or
-    its emulation)."""
+    its emulation). Matrices on matrix units have their own order (the next tests)."""
+    if _on_matrix_units(variant, cols):
+        pytest.skip("on the matrix units: their own arithmetic (exact sums tested below)")
     gen = torch.Generator().manual_seed(rows + cols)
     weight = (torch.randn(rows, cols, generator=gen) * 0.1).bfloat16()
     method = Bf16PanelWeight.from_weight(weight)
@@ -66,14 +83,48 @@ def test_every_variant_computes_vdpbf16ps_arithmetic_bit_for_bit(variant, rows, 
 
 
 @needs_kernels
-def test_a_tokens_result_does_not_depend_on_its_batch():
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize(("rows", "cols"), [(37, 10), (80, 32), (24, 96), (100, 576), (50, 1024)])
+def test_every_variant_is_exact_where_every_sum_is(variant, rows, cols):
+    """Small integers make every product and partial sum exact in float32, so any order
+    gives the exact product, rounded once: this pins the layout of every path, the matrix
+    units' included (token counts filling one or both halves of a 32-token block, partial
+    panels, odd and even panel counts, chunks past 256 tokens)."""
+    gen = torch.Generator().manual_seed(rows * cols)
+    weight = torch.randint(-3, 4, (rows, cols), generator=gen).bfloat16()
+    method = Bf16PanelWeight.from_weight(weight)
+    for num_tokens in (1, 5, 16, 17, 31, 32, 33, 47, 300):
+        x = torch.randint(-3, 4, (num_tokens, cols), generator=gen).bfloat16()
+        got = _on(variant, lambda: method.apply(x, None))  # noqa: B023
+        assert torch.equal(got, (x.float() @ weight.float().T).bfloat16()), (variant, num_tokens)
+
+
+@needs_kernels
+@pytest.mark.parametrize("variant", MATRIX_VARIANTS)
+def test_matrix_units_round_like_a_float32_product(variant):
+    """Random values on the matrix units: within a float32 sum's rounding of the float64
+    product (before the final bfloat16 rounding), strided rows included."""
+    if not _on_matrix_units(variant, 576):
+        pytest.skip("the OS refused the matrix units (the vector tiles run)")
+    gen = torch.Generator().manual_seed(5)
+    weight = (torch.randn(200, 576, generator=gen) * 0.1).bfloat16()
+    x = (torch.randn(70, 1152, generator=gen) * 3).bfloat16()[:, ::2]
+    got = _on(variant, lambda: Bf16PanelWeight.from_weight(weight).apply(x, None))
+    exact = x.double() @ weight.double().T
+    torch.testing.assert_close(got.double(), exact, rtol=2 ** -8, atol=1e-3)
+
+
+@needs_kernels
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_a_tokens_result_does_not_depend_on_its_batch(variant):
     gen = torch.Generator().manual_seed(3)
     weight = torch.randn(96, 64, generator=gen).bfloat16()
     method = Bf16PanelWeight.from_weight(weight)
     x = torch.randn(300, 64, generator=gen).bfloat16()  # past a chunk of 256 tokens
-    batched = method.apply(x, None)
-    for row in (0, 7, 255, 256, 299):
-        assert torch.equal(method.apply(x[row:row + 1], None), batched[row:row + 1])
+    batched = _on(variant, lambda: method.apply(x, None))
+    for row in (0, 7, 17, 255, 256, 299):
+        alone = _on(variant, lambda: method.apply(x[row:row + 1], None))  # noqa: B023
+        assert torch.equal(alone, batched[row:row + 1]), (variant, row)
 
 
 @needs_kernels
@@ -86,7 +137,7 @@ def test_bias_leading_dimensions_and_strided_rows():
     out = method.apply(x, bias)
     assert out.shape == (2, 5, 48)
     flat = x.reshape(10, 32)
-    assert torch.equal(out.reshape(10, 48), _vdpbf16ps_reference(flat, weight) + bias)
+    assert torch.equal(out.reshape(10, 48), _panel_product(flat, weight) + bias)
     close = torch.nn.functional.linear(x.float(), weight.float(), bias.float())
     torch.testing.assert_close(out.float(), close, atol=0.05, rtol=0.02)
 
@@ -160,7 +211,7 @@ def test_a_dense_layer_becomes_panels_alone(bf16_panels):
     assert isinstance(layer.method, Bf16PanelWeight)
     assert layer.weight.numel() == 0 and layer.quantized is None
     x = torch.randn(5, 64).bfloat16()
-    assert torch.equal(layer(x), _vdpbf16ps_reference(x, weight))
+    assert torch.equal(layer(x), _panel_product(x, weight))
 
 
 @needs_kernels
@@ -185,7 +236,7 @@ def test_an_unquantized_head_ranks_on_the_panels(bf16_panels, setting):
     assert (head.greedy_tail(hidden) is not None) == (setting == "always")
     logits = head(hidden)
     if setting == "always":
-        raw = _vdpbf16ps_reference(hidden, head.weight.data).float()
+        raw = _panel_product(hidden, head.weight.data).float()
         others = torch.ones_like(raw, dtype=torch.bool).scatter_(1, raw.topk(8).indices, False)
         assert torch.equal(logits[others], raw[others])  # outside the refined top 8
 

@@ -15,7 +15,11 @@
 #include "bf16.h"
 #include "isa.h"
 
-#if defined(__AVX512BF16__)
+#if defined(ISA_AMX_BF16)
+const char ISA_NAME[] = "amx_bf16"; /* avx512_bf16 + dense bf16 matmuls on AMX (amx_bf16.c) */
+/* 24 accumulators, 3 weight vectors and the broadcast activation pair: 28 registers */
+const int ISA_BF16_TOKENS = 8, ISA_BF16_PANELS = 3;
+#elif defined(__AVX512BF16__)
 const char ISA_NAME[] = "avx512_bf16";
 /* 24 accumulators, 3 weight vectors and the broadcast activation pair: 28 registers */
 const int ISA_BF16_TOKENS = 8, ISA_BF16_PANELS = 3;

@@ -11,8 +11,9 @@
  * activations only, in the same order whatever the step's size or ISA, so a token's result is
  * the same alone or in any batch.
  *
- * A tile is up to ISA_BF16_PANELS panels x ISA_BF16_TOKENS tokens, its accumulators all in
- * registers. OpenMP threads take runs of panels; large steps go through in chunks of tokens
+ * Where the variant has matrix units (amx_bf16.c) the whole step runs on them instead.
+ * Otherwise a tile is up to ISA_BF16_PANELS panels x ISA_BF16_TOKENS tokens, its accumulators
+ * all in registers. OpenMP threads take runs of panels; large steps go through in chunks of tokens
  * whose activations stay in the core's cache while every panel passes over them.
  */
 #include <stdint.h>
@@ -26,6 +27,7 @@
 int bf16_matmul_bf16(int64_t M, int64_t N, int64_t K, const uint16_t *x, int64_t x_stride,
                      const uint16_t *panels, uint16_t *out, int64_t out_stride) {
     if (K % 2 != 0) return 1;
+    if (bf16_matrix_matmul(M, N, K, x, x_stride, panels, out, out_stride) == 0) return 0;
     const int64_t num_panels = (N + PANEL_ROWS - 1) / PANEL_ROWS;
     const int64_t units = (num_panels + ISA_BF16_PANELS - 1) / ISA_BF16_PANELS;
     const int64_t panel_size = K * PANEL_ROWS;

@@ -51,6 +51,13 @@
 
 #include "kernels.h" /* the weight formats FMT_* */
 
+/* Built for AMX's bfloat16 tiles (the amx_bf16 variant; gcc and clang name the macros
+ * differently). */
+#if (defined(__AMX_TILE__) || defined(__AMXTILE__)) && \
+    (defined(__AMX_BF16__) || defined(__AMXBF16__))
+#define ISA_AMX_BF16 1
+#endif
+
 /* Inputs per quantization group, and output rows per weight panel of the byte dot-product
  * layouts (an ISA-neutral choice: one AVX-512 vector, two AVX2 vectors, four NEON ones). */
 #define Q8_GROUP 32

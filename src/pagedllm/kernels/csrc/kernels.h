@@ -12,8 +12,8 @@
 
 #define PAGEDLLM_API __attribute__((visibility("default")))
 
-/* The variant this library was built as ("avx512", "avx2_vnni", "avx2", "neon_dotprod",
- * "neon" or "scalar"; w4a8.c). */
+/* The variant this library was built as (variants.py's names: "amx_bf16", "avx512_bf16",
+ * "avx512", "avx2_vnni", "avx2", "neon_dotprod", "neon" or "scalar"; w4a8.c). */
 PAGEDLLM_API const char *pagedllm_isa(void);
 
 /* paged_attention.c: the paged KV cache's shape and the query heads; window > 0 limits
@@ -113,6 +113,12 @@ PAGEDLLM_API int w4a8_sym_f16_matmul_bf16(int64_t M, int64_t N, int64_t K, const
 PAGEDLLM_API int bf16_matmul_bf16(int64_t M, int64_t N, int64_t K, const uint16_t *x,
                                   int64_t x_stride, const uint16_t *panels, uint16_t *out,
                                   int64_t out_stride);
+/* amx_bf16.c: bf16_matmul_bf16 on matrix units (Intel AMX); 1 where the variant has none,
+ * the OS refused them, or K % 32 != 0 (then the vector tiles run). bf16_matrix_units: 1
+ * when this library multiplies bfloat16 panels on them. */
+int bf16_matrix_matmul(int64_t M, int64_t N, int64_t K, const uint16_t *x, int64_t x_stride,
+                       const uint16_t *panels, uint16_t *out, int64_t out_stride);
+PAGEDLLM_API int bf16_matrix_units(void);
 /* Any format (FMT_*): what the decode stack calls. */
 int byte_dot_matmul(int format, int64_t M, int64_t N, int64_t K, const uint16_t *x,
                     int64_t x_stride, const uint8_t *codes, const void *dm, uint16_t *out,

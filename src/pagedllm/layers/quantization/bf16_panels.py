@@ -4,18 +4,20 @@ on CPU, and the step sizes where it serves instead of torch's matmul.
 A bfloat16 model without quantization ran its matrices on oneDNN: fast, but one dispatched
 op each, so its decode steps could not run the one-call C decode stack, and a step of a
 small model spent as much time between ops as in them. This weight keeps the same values in
-panels of 16 output rows that AVX-512 BF16's vdpbf16ps reads directly (the other variants
-emulate the instruction bit for bit), so the stack chains these matrices as it does the
-quantized ones. Each output row depends on its own token only: a token's result is the same
-alone or in any batch, and on every ISA.
+panels of 16 output rows that AVX-512 BF16's vdpbf16ps reads directly (the other vector
+variants emulate the instruction bit for bit) and that are AMX's B tiles as they lie (the
+amx_bf16 variant multiplies them on the matrix unit, in its own arithmetic, for matrices of
+K % 32 == 0), so the stack chains these matrices as it does the quantized ones. Each output
+row depends on its own token only: a token's result is the same alone or in any batch, and
+on every vector ISA.
 
 Whether it serves is measured once per process against the dense method the platform would
 pick (oneDNN's packed layout where bf16 is native), as crossover.py measures W4A8: every step
 where it is about as fast or faster at every size timed (AVX-512 BF16: 1.0-2.2x oneDNN's
-packed matmul, BENCHMARKS.md), else none (matrix units win large steps; the emulations lose to
-native bf16 beyond a few tokens). It never serves only some steps: that would hold the weight
-twice. PAGEDLLM_BF16_PANELS overrides. Quantized layers' dense copies (crossover.py) stay
-torch's.
+packed matmul; AMX tiles: 1.0-2x, BENCHMARKS.md), else none (vector kernels lose to matrix
+units at large steps; the emulations lose to native bf16 beyond a few tokens). It never
+serves only some steps: that would hold the weight twice. PAGEDLLM_BF16_PANELS overrides.
+Quantized layers' dense copies (crossover.py) stay torch's.
 """
 
 from __future__ import annotations
