@@ -111,20 +111,22 @@ def dense_from_tokens() -> int | str:
     return int(value)
 
 
-def bf16_panels() -> str:
+def bf16_panels() -> int | str:
     """PAGEDLLM_BF16_PANELS: where dense bfloat16 weights on CPU run our C kernel
     (layers/quantization/bf16_panels.py): "auto" (the default) measures it against torch's
-    matmul once per process, "always" uses it for every step, "never" keeps torch's.
+    matmul once per process, "always" uses it for every step, "never" keeps torch's, a
+    positive integer N uses it for steps of up to N tokens (torch's dense copy beyond).
 
     Raises:
         ValueError: for any other value.
     """
     value = os.environ.get("PAGEDLLM_BF16_PANELS", "").strip().lower() or "auto"
-    if value not in ("auto", "always", "never"):
-        raise ValueError(
-            f"PAGEDLLM_BF16_PANELS must be 'auto', 'always' or 'never', not {value!r}."
-        )
-    return value
+    if value in ("auto", "always", "never"):
+        return value
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError("PAGEDLLM_BF16_PANELS must be 'auto', 'always', 'never' or a "
+                         f"positive integer, not {value!r}.")
+    return int(value)
 
 
 def allow_runtime_lora_updating() -> bool:

@@ -160,6 +160,12 @@ class CpuPlatform(Platform):
         """Native bf16 matmuls beside the byte kernels: matrix units (AMX) may win."""
         return self.plan.native_bf16 and self.byte_dot_kernels(dtype)
 
+    def bf16_matrix_units(self) -> bool:
+        """Whether the loaded kernels multiply dense bfloat16 panels on matrix units (the
+        amx_bf16 variant, where Linux granted the tiles)."""
+        library = self.kernel_library()
+        return library is not None and bool(library.lib.bf16_matrix_units())
+
     def fused_ops(self) -> bool:
         """With the kernels built, unless PAGEDLLM_FUSED_OPS=torch."""
         return envs.fused_ops_enabled() and self.kernel_library() is not None

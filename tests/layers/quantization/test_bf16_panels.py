@@ -10,9 +10,14 @@ import torch
 from pagedllm import kernels
 from pagedllm.kernels.variants import runnable_variants
 from pagedllm.layers import cpu_ops
+from pagedllm.layers.quantization import CrossoverMethod
 from pagedllm.layers.quantization import bf16_panels as bf16_panels_module
 from pagedllm.layers.quantization.bf16_panels import (
+    ALL_STEPS,
+    NO_PANELS,
     Bf16PanelWeight,
+    PanelSteps,
+    choose_panel_steps,
     pack_panels,
     panels_fit,
     panels_win,
@@ -167,11 +172,29 @@ def test_the_panels_serve_where_they_never_lose(timings, serve):
     assert panels_win(timings) is serve
 
 
+# (panel seconds, dense seconds) by tokens, matrix units or not -> the steps chosen
+@pytest.mark.parametrize(("timings", "crossover", "steps"), [
+    ({1: (1.0, 2.0), 32: (1.0, 1.0), 512: (1.05, 1.0)}, True, ALL_STEPS),
+    ({1: (1.0, 1.4), 8: (1.0, 1.2), 32: (1.0, 1.3), 128: (1.0, 0.9), 512: (1.0, 0.8)}, True,
+     PanelSteps(True, 32)),
+    ({1: (1.0, 1.4), 8: (1.0, 1.2), 32: (1.0, 1.3), 128: (1.0, 0.9), 512: (1.0, 0.8)}, False,
+     NO_PANELS),
+    ({1: (1.0, 1.4), 8: (1.0, 1.05), 32: (1.0, 1.3), 512: (1.0, 0.8)}, True,
+     PanelSteps(True, 1)),  # a near-tie at 8 ends the run: the copy must pay
+    ({1: (1.0, 1.05), 32: (1.0, 1.3), 512: (1.0, 0.8)}, True, NO_PANELS),
+])
+def test_on_matrix_units_the_panels_serve_the_small_steps_they_win(timings, crossover, steps):
+    assert choose_panel_steps(timings, crossover) == steps
+
+
 @needs_kernels
-@pytest.mark.parametrize(("setting", "serve"), [("always", True), ("never", False)])
-def test_the_environment_overrides_the_measurement(bf16_panels, setting, serve):
+@pytest.mark.parametrize(("setting", "steps"), [
+    ("always", ALL_STEPS), ("never", NO_PANELS), ("16", PanelSteps(True, 16)),
+])
+def test_the_environment_overrides_the_measurement(bf16_panels, setting, steps):
     bf16_panels(setting)
-    assert bf16_panels_module.panels_serve() is serve
+    assert bf16_panels_module.panel_steps() == steps
+    assert bf16_panels_module.panels_serve() is steps.serve
 
 
 @needs_kernels
@@ -186,18 +209,19 @@ def test_auto_measures_once(bf16_panels, monkeypatch):
 
 
 @needs_kernels
-def test_an_unknown_setting_is_refused(bf16_panels):
-    bf16_panels("sometimes")
+@pytest.mark.parametrize("setting", ["sometimes", "0", "-4"])
+def test_an_unknown_setting_is_refused(bf16_panels, setting):
+    bf16_panels(setting)
     with pytest.raises(ValueError, match="PAGEDLLM_BF16_PANELS"):
         bf16_panels_module.panels_serve()
 
 
-def _loaded_layer(weight: torch.Tensor):
+def _loaded_layer(weight: torch.Tensor, keep_dense: bool = True):
     from pagedllm.layers.linear import Linear
 
     layer = Linear(weight.shape[1], weight.shape[0])
     layer.weight.data = weight.clone()
-    layer.process_weights_after_loading(None, keep_dense=True)
+    layer.process_weights_after_loading(None, keep_dense=keep_dense)
     return layer
 
 
@@ -215,7 +239,32 @@ def test_a_dense_layer_becomes_panels_alone(bf16_panels):
 
 
 @needs_kernels
-@pytest.mark.parametrize("setting", ["always", "never"])
+def test_panels_for_small_steps_keep_torchs_weight_for_the_large_ones(bf16_panels):
+    """Panels up to 4 tokens (matrix units' crossover): the layer holds both, steps of up to
+    4 rows are the panels' product and larger ones torch's; the layer counts as dense.
+    Without keep_dense_weights, torch's alone (never a slower path for large steps)."""
+    from pagedllm.layers.quantization.dense import dense_method
+
+    bf16_panels("4")
+    gen = torch.Generator().manual_seed(6)
+    weight = torch.randn(40, 64, generator=gen).bfloat16()
+    layer = _loaded_layer(weight)
+    method = layer.method
+    assert isinstance(method, CrossoverMethod) and method.max_tokens == 4
+    assert isinstance(method.small, Bf16PanelWeight) and not isinstance(method.large,
+                                                                        Bf16PanelWeight)
+    assert method.is_dense and layer.quantized is None
+    torch_method = dense_method(torch.nn.Parameter(weight.clone(), requires_grad=False))
+    for rows in (1, 4, 5, 9):
+        x = torch.randn(rows, 64, generator=gen).bfloat16()
+        want = _panel_product(x, weight) if rows <= 4 else torch_method.apply(x, None)
+        assert torch.equal(layer(x), want), rows
+    alone = _loaded_layer(weight, keep_dense=False).method
+    assert not isinstance(alone, (CrossoverMethod, Bf16PanelWeight)) and alone.is_dense
+
+
+@needs_kernels
+@pytest.mark.parametrize("setting", ["always", "never", "4"])
 def test_an_unquantized_head_ranks_on_the_panels(bf16_panels, setting):
     """A dense bfloat16 LM head runs its logits on the panels where they serve (a copy: the
     tied embedding and the float32 refinement read the weight), so a greedy step is one C
@@ -234,6 +283,10 @@ def test_an_unquantized_head_ranks_on_the_panels(bf16_panels, setting):
     exact = hidden.float() @ head.weight.float().T
     assert torch.equal(head.greedy_tokens(hidden), exact.argmax(-1))
     assert (head.greedy_tail(hidden) is not None) == (setting == "always")
+    if setting == "4":  # panels for steps of up to 4 rows, torch's dense method beyond
+        assert isinstance(head.method, CrossoverMethod) and head.method.max_tokens == 4
+        assert head.greedy_tail(hidden[:4]) is not None
+        assert torch.equal(head.greedy_tokens(hidden[:4]), exact[:4].argmax(-1))
     logits = head(hidden)
     if setting == "always":
         raw = _panel_product(hidden, head.weight.data).float()

@@ -15,7 +15,7 @@ import pytest
 from pagedllm import LLM, SamplingParams, kernels
 from pagedllm.kernels.variants import runnable_variants
 from pagedllm.layers import cpu_ops
-from pagedllm.layers.quantization import Bf16PanelWeight, W4A8Weight
+from pagedllm.layers.quantization import Bf16PanelWeight, CrossoverMethod, W4A8Weight
 from pagedllm.platform import cpu_platform
 from pagedllm.platform.cpu_features import detect
 from pagedllm.worker.decode_step import cpu_stack
@@ -294,6 +294,24 @@ def test_dense_bfloat16_layer_kinds_run_on_the_stack_as_the_layer_loop(
     bf16_panels("always")
     llm = LLM(str(tiny_arch_checkpoint(arch)), dtype="bfloat16", max_model_len=256)
     _check_against_the_layer_loop(llm, stack_calls)
+
+
+def test_dense_panels_up_to_a_step_size_serve_the_stack_for_those_steps(
+    tiny_llama_dir, stack_calls, bf16_panels
+):
+    """Where the panels win small steps only (matrix units), dense layers hold them beside
+    torch's weight: the stack takes the steps up to that size, the layer loop the others,
+    with the same tokens and logprobs as the layer loop throughout."""
+    bf16_panels("3")
+    llm = LLM(str(tiny_llama_dir), dtype="bfloat16", max_model_len=256)
+    runner = _runner(llm)
+    down_proj = runner.model.model.layers[0].mlp.down_proj
+    assert isinstance(down_proj.method, CrossoverMethod) and down_proj.quantized is None
+    assert runner.decode_step.max_tokens == 3
+    with_stack = [_generate(llm, prompts) for prompts in (PROMPTS[:2], MANY_PROMPTS)]
+    assert stack_calls == [2] * 23  # the 2-request decode steps; the 10-request ones ran dense
+    without = [_generate_without_stack(llm, prompts) for prompts in (PROMPTS[:2], MANY_PROMPTS)]
+    assert without == with_stack
 
 
 def test_no_stack_for_dense_weights_left_to_torch(tiny_llama_dir, bf16_panels):

@@ -11,13 +11,17 @@ K % 32 == 0), so the stack chains these matrices as it does the quantized ones. 
 row depends on its own token only: a token's result is the same alone or in any batch, and
 on every vector ISA.
 
-Whether it serves is measured once per process against the dense method the platform would
+Where it serves is measured once per process against the dense method the platform would
 pick (oneDNN's packed layout where bf16 is native), as crossover.py measures W4A8: every step
 where it is about as fast or faster at every size timed (AVX-512 BF16: 1.0-2.2x oneDNN's
-packed matmul; AMX tiles: 1.0-2x, BENCHMARKS.md), else none (vector kernels lose to matrix
-units at large steps; the emulations lose to native bf16 beyond a few tokens). It never
-serves only some steps: that would hold the weight twice. PAGEDLLM_BF16_PANELS overrides.
-Quantized layers' dense copies (crossover.py) stay torch's.
+packed matmul, BENCHMARKS.md), else none (vector kernels lose to matrix units at large steps;
+the emulations lose to native bf16 beyond a few tokens). On matrix units (the amx_bf16
+variant) both sides run the same tiles: ours win the small steps (1.1-1.4x, and the decode
+stack takes them) and oneDNN's packed layout the large ones (0.8-0.95x ours); there the
+panels serve steps up to the largest size they win, and the layer keeps torch's dense weight
+beside them for larger steps (twice the weight's memory, as quantized layers' dense copies;
+`keep_dense_weights=False` keeps torch's alone). PAGEDLLM_BF16_PANELS overrides ("always":
+every step; N: steps of up to N tokens). Quantized layers' dense copies (crossover.py) stay torch's.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ logger = init_logger(__name__)
 # Output rows per panel (one AVX-512 vector of float32 accumulators).
 PANEL_ROWS = 16
 # Step sizes timed, and the matrix (in, out): a small model's MLP.
-CANDIDATE_TOKENS = (1, 8, 32, 128, 512)
+CANDIDATE_TOKENS = (1, 8, 32, 64, 128, 512)
 _IN_FEATURES, _OUT_FEATURES = 1024, 4096
 # Slower than this factor of torch's time counts as a loss: at large steps both run at the
 # machine's bf16 rate (1.00-1.05x on AVX-512 BF16), and a tighter bound would let the timings'
@@ -100,11 +104,42 @@ class Bf16PanelWeight(LinearMethod):
         return FMT_BF16
 
 
+@dataclass(frozen=True)
+class PanelSteps:
+    """Which steps a dense bfloat16 matrix runs as panels: none (`serve` False), every one
+    (`max_tokens` None), or those of at most `max_tokens` rows, torch's dense method
+    serving the larger ones from a copy beside them."""
+
+    serve: bool
+    max_tokens: int | None = None
+
+
+NO_PANELS, ALL_STEPS = PanelSteps(False), PanelSteps(True)
+
+
 def panels_win(timings: dict[int, tuple[float, float]]) -> bool:
-    """Whether the panels serve, from `timings[tokens]` = (panel seconds, dense seconds):
-    at every size timed they are no slower than torch's matmul beyond the timings' noise
-    (`_TIE`). They serve every step or none: small steps only would hold the weight twice."""
+    """Whether the panels serve every step, from `timings[tokens]` = (panel seconds, dense
+    seconds): at every size timed they are no slower than torch's matmul beyond the
+    timings' noise (`_TIE`)."""
     return all(panel_s <= dense_s * _TIE for panel_s, dense_s in timings.values())
+
+
+def choose_panel_steps(timings: dict[int, tuple[float, float]], crossover: bool) -> PanelSteps:
+    """Every step where the panels never lose (`panels_win`); else, with `crossover` (matrix
+    units: both methods on the same tiles), the steps up to the largest size of the run of
+    smallest sizes where they win beyond noise (`_TIE` faster: a copy of the weight is the
+    price); else none."""
+    if panels_win(timings):
+        return ALL_STEPS
+    if not crossover:
+        return NO_PANELS
+    won = None
+    for tokens in sorted(timings):
+        panel_s, dense_s = timings[tokens]
+        if panel_s * _TIE > dense_s:
+            break
+        won = tokens
+    return NO_PANELS if won is None else PanelSteps(True, won)
 
 
 def _measure() -> dict[int, tuple[float, float]]:
@@ -124,20 +159,31 @@ def _measure() -> dict[int, tuple[float, float]]:
 
 
 @cache
-def panels_serve() -> bool:
-    """Whether this CPU's dense bfloat16 matrices run as panels (measured once per process
-    unless PAGEDLLM_BF16_PANELS says; never without a vector kernel variant)."""
-    if not cpu_platform().byte_dot_kernels(torch.bfloat16):
-        return False
+def panel_steps() -> PanelSteps:
+    """Which steps this CPU's dense bfloat16 matrices run as panels (measured once per
+    process unless PAGEDLLM_BF16_PANELS says; never without a vector kernel variant)."""
+    platform = cpu_platform()
+    if not platform.byte_dot_kernels(torch.bfloat16):
+        return NO_PANELS
     setting = envs.bf16_panels()
+    if isinstance(setting, int):
+        return PanelSteps(True, setting)
     if setting != "auto":
-        return setting == "always"
+        return ALL_STEPS if setting == "always" else NO_PANELS
     timings = _measure()
-    serve = panels_win(timings)
+    steps = choose_panel_steps(timings, crossover=platform.bf16_matrix_units())
     ratios = ", ".join(f"{t}: {d / p:.2f}x" for t, (p, d) in sorted(timings.items()))
+    chosen = ("no, torch's matmul is faster" if not steps.serve
+              else "every step" if steps.max_tokens is None
+              else f"steps of up to {steps.max_tokens} tokens (torch's dense copy beyond)")
     logger.info("Dense bf16 matrices on the C kernel: %s (its speedup over torch's matmul by "
-                "tokens %s).", "yes" if serve else "no, torch's matmul is faster", ratios)
-    return serve
+                "tokens %s).", chosen, ratios)
+    return steps
+
+
+def panels_serve() -> bool:
+    """Whether this CPU's dense bfloat16 matrices run as panels for some steps."""
+    return panel_steps().serve
 
 
 def panels_fit(weight: torch.Tensor) -> bool:

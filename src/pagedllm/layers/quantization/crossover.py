@@ -110,11 +110,16 @@ def dense_from_tokens() -> int | None:
 @dataclass
 class CrossoverMethod(LinearMethod):
     """`small` for steps of at most `max_tokens` rows, `large` for the others: a quantized
-    weight beside the dense one where each wins its own step sizes."""
+    weight beside the dense one where each wins its own step sizes (or bf16 panels beside
+    torch's dense weight on matrix units, bf16_panels.py)."""
 
     small: LinearMethod
     large: LinearMethod
     max_tokens: int
+
+    def __post_init__(self) -> None:
+        # dense when both sides are (bf16 panels beside torch's dense weight)
+        self.is_dense = self.small.is_dense and self.large.is_dense
 
     def apply(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """The method this step's row count falls to."""

@@ -5,7 +5,8 @@ codes), on what its platform runs.
 For a decoder matrix:
 - no quantization (or a layer never quantized, such as an MoE router): the dense weight,
   as bfloat16 panels for our C kernel where it is measured at least as fast as torch's
-  (bf16_panels.py), else packed where oneDNN's layout pays (`dense_method`);
+  (bf16_panels.py; on matrix units for small steps, torch's for the large ones beside it),
+  else packed where oneDNN's layout pays (`dense_method`);
 - on a GPU with Triton: group codes on the Triton kernel, the file's own where it has them;
 - where the byte kernels serve (bfloat16 on a CPU with a vector variant): the file's codes
   as W4A8 / W8A8 (or the two of a SplitWeight), else the weight quantized to W4A8 (int4)
@@ -27,7 +28,12 @@ import torch
 from torch import nn
 
 from pagedllm.layers.quantization.base import LinearMethod, ReorderedInput
-from pagedllm.layers.quantization.bf16_panels import Bf16PanelWeight, panels_fit, panels_serve
+from pagedllm.layers.quantization.bf16_panels import (
+    Bf16PanelWeight,
+    panel_steps,
+    panels_fit,
+    panels_serve,
+)
 from pagedllm.layers.quantization.byte_dot import (
     W4A8Weight,
     can_quantize_w4a8,
@@ -87,14 +93,21 @@ def _takes_panels(weight: torch.Tensor) -> bool:
     return panels_fit(weight) and panels_serve()
 
 
-def _unquantized(layer: LoadedLinear) -> LinearMethod:
+def _unquantized(layer: LoadedLinear, keep_dense: bool = True) -> LinearMethod:
     """A layer that stays dense: bfloat16 panels for our C kernel where they serve
-    (bf16_panels.py; they replace the plain weight), else torch's method."""
-    if _takes_panels(layer.weight.data):
-        panels = Bf16PanelWeight.from_weight(layer.weight.data)
-        layer.release_dense_weight()
-        return panels
-    return _dense(layer)
+    (bf16_panels.py; they replace the plain weight), beside torch's method for the large
+    steps where that wins (matrix units; with `keep_dense` only, else torch's alone), else
+    torch's method."""
+    if not _takes_panels(layer.weight.data):
+        return _dense(layer)
+    max_tokens = panel_steps().max_tokens
+    if max_tokens is not None and not keep_dense:
+        return _dense(layer)
+    panels = Bf16PanelWeight.from_weight(layer.weight.data)
+    if max_tokens is not None:
+        return CrossoverMethod(panels, _dense(layer), max_tokens)
+    layer.release_dense_weight()
+    return panels
 
 
 def select_linear_method(
@@ -105,7 +118,7 @@ def select_linear_method(
     method = plan.quantization if quantizable else None
     if method is None:
         layer.take_file_codes(usable=False)
-        return _unquantized(layer)
+        return _unquantized(layer, plan.keep_dense)
     if uses_triton_weights(weight.device):
         return _triton_method(layer, method)
     if method == "fp8":
@@ -113,8 +126,8 @@ def select_linear_method(
         layer.take_file_codes(usable=False)
         with torch.no_grad():
             weight.data.copy_(fp8_grid(weight.data))
-        if not can_quantize_w4a8(weight.data):
-            return _unquantized(layer)  # no kernel reads FP8: the rounded weight, dense
+        if not can_quantize_w4a8(weight.data):  # no kernel reads FP8: the rounded weight
+            return _unquantized(layer, plan.keep_dense)
     codes = layer.take_file_codes(usable=can_quantize_w4a8(weight.data))
     if codes is not None:
         byte_dot = _with_input_order(
@@ -156,7 +169,7 @@ def _weight_only_method(layer: LoadedLinear, method: str, keep_dense: bool) -> L
     shapes its int4 kernel cannot take stay dense."""
     quantized = quantize(layer.weight.data, method)
     if quantized is None:  # dense for every step, as an unquantized layer
-        return _unquantized(layer)
+        return _unquantized(layer, keep_dense)
     if keep_dense:
         return CrossoverMethod(quantized, _dense(layer), QUANTIZED_MAX_TOKENS)
     layer.release_dense_weight()
@@ -193,11 +206,15 @@ def _shortlist_method(weight: nn.Parameter, codes: GroupCodes | None) -> LinearM
 
 def _dense_head(weight: nn.Parameter) -> LinearMethod:
     """An unquantized head's method: bfloat16 panels for our C kernel where they serve (a
-    copy beside the dense weight, which the embedding and the refinement read), else
-    torch's dense method on the weight itself."""
-    if _takes_panels(weight.data):
-        return Bf16PanelWeight.from_weight(weight.data)
-    return dense_method(weight)
+    copy beside the dense weight, which the embedding and the refinement read; torch's
+    method on that weight for the large steps where it wins), else torch's dense method on
+    the weight itself."""
+    if not _takes_panels(weight.data):
+        return dense_method(weight)
+    panels = Bf16PanelWeight.from_weight(weight.data)
+    max_tokens = panel_steps().max_tokens
+    return panels if max_tokens is None else CrossoverMethod(panels, dense_method(weight),
+                                                            max_tokens)
 
 
 def select_lm_head_methods(
