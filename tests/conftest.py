@@ -230,8 +230,8 @@ def dense_from_tokens(monkeypatch: pytest.MonkeyPatch):
 
 @pytest.fixture
 def bf16_panels(monkeypatch: pytest.MonkeyPatch):
-    """Set PAGEDLLM_BF16_PANELS for one test ("always", "never", "auto" or a token count): whether dense
-    bfloat16 matrices run on the C kernel (layers/quantization/bf16_panels.py)."""
+    """Set PAGEDLLM_BF16_PANELS for one test ("always", "never", "auto" or a token count):
+    which steps of dense bfloat16 matrices run on the C kernel (bf16_panels.py)."""
     from pagedllm.layers.quantization import bf16_panels as panels
 
     yield from _cached_setting(monkeypatch, "PAGEDLLM_BF16_PANELS", panels.panel_steps)
