@@ -16,9 +16,9 @@ pick (oneDNN's packed layout where bf16 is native), as crossover.py measures W4A
 where it is about as fast or faster at every size timed (AVX-512 BF16: 1.0-2.2x oneDNN's
 packed matmul, BENCHMARKS.md), else none (vector kernels lose to matrix units at large steps;
 the emulations lose to native bf16 beyond a few tokens). On matrix units (the amx_bf16
-variant) both sides run the same tiles: ours win the small steps (1.1-1.4x, and the decode
-stack takes them) and oneDNN's packed layout the large ones (0.8-0.95x ours); there the
-panels serve steps up to the largest size they win, and the layer keeps torch's dense weight
+variant) both sides run the same tiles: ours win the small steps (1.0-1.35x, and the decode
+stack takes them) and oneDNN's packed layout the large ones (0.8-0.9x ours); there the
+panels serve steps up to the largest size they do not lose, and the layer keeps torch's dense weight
 beside them for larger steps (twice the weight's memory, as quantized layers' dense copies;
 `keep_dense_weights=False` keeps torch's alone). PAGEDLLM_BF16_PANELS overrides ("always":
 every step; N: steps of up to N tokens). Quantized layers' dense copies (crossover.py) stay torch's.
@@ -127,19 +127,22 @@ def panels_win(timings: dict[int, tuple[float, float]]) -> bool:
 def choose_panel_steps(timings: dict[int, tuple[float, float]], crossover: bool) -> PanelSteps:
     """Every step where the panels never lose (`panels_win`); else, with `crossover` (matrix
     units: both methods on the same tiles), the steps up to the largest size of the run of
-    smallest sizes where they win beyond noise (`_TIE` faster: a copy of the weight is the
-    price); else none."""
+    smallest sizes where they do not lose beyond noise (`_TIE`), else none. A tie there
+    still pays for the weight's second copy: one matrix is timed here, but the panels also
+    put those steps on the one-call decode stack (the LLaVA-shaped model's 32-request decode
+    step: 18.5 ms against 43-45 ms on oneDNN's matmuls and the Python layers, BENCHMARKS.md),
+    and the timing of one small matrix swings ±15% between processes."""
     if panels_win(timings):
         return ALL_STEPS
     if not crossover:
         return NO_PANELS
-    won = None
+    served = None
     for tokens in sorted(timings):
         panel_s, dense_s = timings[tokens]
-        if panel_s * _TIE > dense_s:
+        if panel_s > dense_s * _TIE:
             break
-        won = tokens
-    return NO_PANELS if won is None else PanelSteps(True, won)
+        served = tokens
+    return NO_PANELS if served is None else PanelSteps(True, served)
 
 
 def _measure() -> dict[int, tuple[float, float]]:
