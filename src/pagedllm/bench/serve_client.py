@@ -83,7 +83,10 @@ async def run_workload(
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     limit = asyncio.Semaphore(max_concurrency or len(payloads) or 1)
     rng = random.Random(seed)
-    connector = aiohttp.TCPConnector(limit=len(payloads) + 4)
+    # A connection per request (as vLLM's benchmark, a session per request): llama-server
+    # closes a kept-alive connection after a few requests, and reusing a closed one failed
+    # a quarter of its requests ("Can not write request body").
+    connector = aiohttp.TCPConnector(limit=len(payloads) + 4, force_close=True)
     timeout = aiohttp.ClientTimeout(total=request_timeout)
     # read_bufsize: a streamed line longer than the default 64 KiB buffer would fail.
     async with aiohttp.ClientSession(connector=connector, timeout=timeout,
