@@ -123,7 +123,7 @@ def bf16_panels() -> int | str:
     value = os.environ.get("PAGEDLLM_BF16_PANELS", "").strip().lower() or "auto"
     if value in ("auto", "always", "never"):
         return value
-    if not value.isdigit() or int(value) < 1:
+    if not value.isdecimal() or not value.isascii() or int(value) < 1:
         raise ValueError("PAGEDLLM_BF16_PANELS must be 'auto', 'always', 'never' or a "
                          f"positive integer, not {value!r}.")
     return int(value)

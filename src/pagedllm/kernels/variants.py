@@ -55,9 +55,9 @@ _AVX512_FLAGS = (
 
 # Best first: the first one a CPU runs is the one it gets.
 VARIANTS: tuple[Variant, ...] = (
-    # avx512_bf16 with dense bfloat16 matmuls on AMX's tiles (csrc/amx_bf16.c): 1.8-4x
-    # oneDNN's at decode sizes, even at 512 tokens (BENCHMARKS.md). Their arithmetic is the
-    # matrix unit's, not vdpbf16ps's; everything else is avx512_bf16's.
+    # avx512_bf16 with dense bfloat16 matmuls on AMX's tiles (csrc/amx_bf16.c): 2-4x torch's
+    # linear at 1-32 tokens, 0.8-0.95x oneDNN's packed matmul at 512 (BENCHMARKS.md). Their
+    # arithmetic is the matrix unit's, not vdpbf16ps's; everything else is avx512_bf16's.
     Variant("amx_bf16", "x86_64", "avx512.c", _AVX512 | {"avx512_bf16", "amx_tile", "amx_bf16"},
             (*_AVX512_FLAGS, "-mavx512bf16", "-mamx-tile", "-mamx-bf16")),
     # The same source with vdpbf16ps for dense bfloat16 weights (bit-identical to avx512's

@@ -48,10 +48,10 @@ def _on(variant: str, fn):
         return fn()
 
 
-def _on_matrix_units(variant: str, cols: int) -> bool:
-    """Whether `variant` multiplies a matrix of `cols` inputs on matrix units (AMX takes
-    K % 32 == 0): their arithmetic is the unit's own, not vdpbf16ps's order."""
-    return bool(kernels.load_variant(variant).lib.bf16_matrix_units()) and cols % 32 == 0
+def _on_matrix_units(variant: str) -> bool:
+    """Whether `variant` multiplies on matrix units (AMX): their arithmetic is the unit's
+    own, not vdpbf16ps's order."""
+    return bool(kernels.load_variant(variant).lib.bf16_matrix_units())
 
 
 def _panel_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -76,7 +76,7 @@ def test_every_variant_computes_vdpbf16ps_arithmetic_bit_for_bit(variant, rows, 
     """Tiles of 1 to 17 tokens, partial panels, odd pair counts, runs of 1, 2 and 3 panels:
     the same bits as the reference order on every variant (the AVX-512 BF16 instruction's or
     its emulation). Matrices on matrix units have their own order (the next tests)."""
-    if _on_matrix_units(variant, cols):
+    if _on_matrix_units(variant):
         pytest.skip("on the matrix units: their own arithmetic (exact sums tested below)")
     gen = torch.Generator().manual_seed(rows + cols)
     weight = (torch.randn(rows, cols, generator=gen) * 0.1).bfloat16()
@@ -89,12 +89,13 @@ def test_every_variant_computes_vdpbf16ps_arithmetic_bit_for_bit(variant, rows, 
 
 @needs_kernels
 @pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize(("rows", "cols"), [(37, 10), (80, 32), (24, 96), (100, 576), (50, 1024)])
+@pytest.mark.parametrize(("rows", "cols"), [(37, 10), (80, 32), (24, 98), (100, 576), (50, 1024)])
 def test_every_variant_is_exact_where_every_sum_is(variant, rows, cols):
     """Small integers make every product and partial sum exact in float32, so any order
     gives the exact product, rounded once: this pins the layout of every path, the matrix
     units' included (token counts filling one or both halves of a 32-token block, partial
-    panels, odd and even panel counts, chunks past 256 tokens)."""
+    panels, odd and even panel counts, chunks past 256 tokens, inputs past the last whole
+    tile step)."""
     gen = torch.Generator().manual_seed(rows * cols)
     weight = torch.randint(-3, 4, (rows, cols), generator=gen).bfloat16()
     method = Bf16PanelWeight.from_weight(weight)
@@ -108,15 +109,17 @@ def test_every_variant_is_exact_where_every_sum_is(variant, rows, cols):
 @pytest.mark.parametrize("variant", MATRIX_VARIANTS)
 def test_matrix_units_round_like_a_float32_product(variant):
     """Random values on the matrix units: within a float32 sum's rounding of the float64
-    product (before the final bfloat16 rounding), strided rows included."""
-    if not _on_matrix_units(variant, 576):
+    product (before the final bfloat16 rounding), rows read in place x_stride apart, and
+    input counts past the last whole tile step of 32 (added with vdpbf16ps)."""
+    if not _on_matrix_units(variant):
         pytest.skip("the OS refused the matrix units (the vector tiles run)")
     gen = torch.Generator().manual_seed(5)
-    weight = (torch.randn(200, 576, generator=gen) * 0.1).bfloat16()
-    x = (torch.randn(70, 1152, generator=gen) * 3).bfloat16()[:, ::2]
-    got = _on(variant, lambda: Bf16PanelWeight.from_weight(weight).apply(x, None))
-    exact = x.double() @ weight.double().T
-    torch.testing.assert_close(got.double(), exact, rtol=2 ** -8, atol=1e-3)
+    for cols in (576, 98, 20):
+        weight = (torch.randn(200, cols, generator=gen) * 0.1).bfloat16()
+        x = (torch.randn(70, 1152, generator=gen) * 3).bfloat16()[:, :cols]  # rows 1152 apart
+        got = _on(variant, lambda: Bf16PanelWeight.from_weight(weight).apply(x, None))  # noqa: B023
+        exact = x.double() @ weight.double().T
+        torch.testing.assert_close(got.double(), exact, rtol=2 ** -8, atol=1e-3)
 
 
 @needs_kernels

@@ -8,7 +8,8 @@
  * memory, and the activations are A tiles read in place (16 tokens x 32 inputs).
  * A block is 2 x 16 tokens x 2 panels: four float32 accumulator tiles, two A tiles and two B
  * tiles, the eight tiles AMX has; each step of 32 inputs loads four tiles and runs four
- * tdpbf16ps. Tails (fewer tokens, one panel) configure shorter tiles.
+ * tdpbf16ps. Tails (fewer tokens, one panel) configure shorter tiles; the last K % 32
+ * inputs are added to the float32 sums with vdpbf16ps before rounding.
  *
  * The arithmetic is the matrix unit's (its own order and rounding inside a step of 32
  * inputs; measured equal to oneDNN's AMX matmul, not to vdpbf16ps). It does not depend on
@@ -16,7 +17,8 @@
  * same order, so a token's result is the same alone or in any batch.
  *
  * Linux lets a process use the tiles only after asking (arch_prctl ARCH_REQ_XCOMP_PERM);
- * that is asked once, and a refusal (a kernel older than 5.16) leaves the vector path.
+ * that is asked once, and a refusal (a kernel older than 5.16, a VM without AMX state)
+ * leaves the vector tiles.
  */
 #include <stdint.h>
 
@@ -85,10 +87,22 @@ static inline void store_bf16x16(uint16_t *dst, __m512 v, int lanes) {
     _mm256_mask_storeu_epi16(dst, (__mmask16)((1u << lanes) - 1), half);
 }
 
-/* An accumulator tile's `rows` x 16 float32 (stored at sums) into bfloat16 output rows. */
-static void write_rows(const float *sums, int rows, uint16_t *out, int64_t out_stride, int lanes) {
-    for (int r = 0; r < rows; r++)
-        store_bf16x16(out + r * out_stride, _mm512_load_ps(sums + r * 16), lanes);
+/* An accumulator tile's `rows` x 16 float32 (stored at sums) into bfloat16 output rows,
+ * after adding the inputs [k0, K) past the last whole tile step (K % 32 of them, in pairs)
+ * with vdpbf16ps: tokens x (x_stride apart) times panel w. */
+static void write_rows(float *sums, int rows, const uint16_t *x, int64_t x_stride,
+                       const uint16_t *w, int64_t k0, int64_t K, uint16_t *out,
+                       int64_t out_stride, int lanes) {
+    for (int r = 0; r < rows; r++) {
+        __m512 acc = _mm512_load_ps(sums + r * 16);
+        for (int64_t k = k0; k < K; k += 2) {
+            uint32_t pair;
+            memcpy(&pair, x + r * x_stride + k, sizeof pair);
+            acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_set1_epi32((int)pair),
+                                   (__m512bh)_mm512_loadu_si512(w + k * PANEL_ROWS));
+        }
+        store_bf16x16(out + r * out_stride, acc, lanes);
+    }
 }
 
 /* One block: tokens x[0 .. r0 + r1) times panels w0 (and w1 when `two`), all K inputs. The
@@ -104,7 +118,8 @@ static void block(const uint16_t *x, int64_t x_stride, int r0, int r1, const uin
         _tile_zero(C10);
         _tile_zero(C11);
     }
-    for (int64_t k = 0; k < K; k += K_STEP) {
+    const int64_t whole = K - K % K_STEP; /* inputs the tiles take; write_rows adds the rest */
+    for (int64_t k = 0; k < whole; k += K_STEP) {
         /* pair k / 2 of a panel starts at element k * 16: 16 pairs of 64 bytes follow */
         _tile_loadd(A0, x + k, xb);
         _tile_loadd(B0, w0 + k * PANEL_ROWS, 64);
@@ -121,25 +136,26 @@ static void block(const uint16_t *x, int64_t x_stride, int r0, int r1, const uin
     }
     float sums[TILE_ROWS * 16] __attribute__((aligned(64)));
     _tile_stored(C00, sums, 64);
-    write_rows(sums, r0, out, out_stride, lanes0);
+    write_rows(sums, r0, x, x_stride, w0, whole, K, out, out_stride, lanes0);
     if (two) {
         _tile_stored(C01, sums, 64);
-        write_rows(sums, r0, out + PANEL_ROWS, out_stride, lanes1);
+        write_rows(sums, r0, x, x_stride, w1, whole, K, out + PANEL_ROWS, out_stride, lanes1);
     }
     if (r1) {
         uint16_t *out1 = out + TILE_ROWS * out_stride;
         _tile_stored(C10, sums, 64);
-        write_rows(sums, r1, out1, out_stride, lanes0);
+        write_rows(sums, r1, x1, x_stride, w0, whole, K, out1, out_stride, lanes0);
         if (two) {
             _tile_stored(C11, sums, 64);
-            write_rows(sums, r1, out1 + PANEL_ROWS, out_stride, lanes1);
+            write_rows(sums, r1, x1, x_stride, w1, whole, K, out1 + PANEL_ROWS, out_stride,
+                       lanes1);
         }
     }
 }
 
 int bf16_matrix_matmul(int64_t M, int64_t N, int64_t K, const uint16_t *x, int64_t x_stride,
                        const uint16_t *panels, uint16_t *out, int64_t out_stride) {
-    if (K % K_STEP != 0 || !bf16_matrix_units()) return 1;
+    if (K % 2 != 0 || !bf16_matrix_units()) return 1;
     const int64_t num_panels = (N + PANEL_ROWS - 1) / PANEL_ROWS;
     const int64_t units = (num_panels + 1) / 2, panel_size = K * PANEL_ROWS;
     #pragma omp parallel

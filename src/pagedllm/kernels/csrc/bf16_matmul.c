@@ -8,10 +8,11 @@
  * holds W[16 p + i][2 j] and W[16 p + i][2 j + 1] for its 16 rows i, 64 bytes side by side
  * (one AVX-512 vector: lane i multiplies the activation pair 2j, 2j + 1 broadcast to every
  * lane). The last panel is padded with zero rows. An output row depends on its own token's
- * activations only, in the same order whatever the step's size or ISA, so a token's result is
- * the same alone or in any batch.
+ * activations only, in the same order whatever the step's size or vector ISA, so a token's
+ * result is the same alone or in any batch.
  *
- * Where the variant has matrix units (amx_bf16.c) the whole step runs on them instead.
+ * Where the variant has matrix units (amx_bf16.c) the whole step runs on them instead, in
+ * their own order (not vdpbf16ps's; batch-invariant too).
  * Otherwise a tile is up to ISA_BF16_PANELS panels x ISA_BF16_TOKENS tokens, its accumulators
  * all in registers. OpenMP threads take runs of panels; large steps go through in chunks of tokens
  * whose activations stay in the core's cache while every panel passes over them.

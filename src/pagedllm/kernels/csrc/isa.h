@@ -32,7 +32,8 @@
  * Either way acc is then rounded to bfloat16 (nearest even).
  *
  * bfloat16 weights (bf16_matmul.c) multiply bfloat16 activations as they are, in the order of
- * AVX-512 BF16's vdpbf16ps: per output row, over the input pairs j in order,
+ * AVX-512 BF16's vdpbf16ps (on every variant but amx_bf16, whose matrix units sum in their
+ * own order: amx_bf16.c): per output row, over the input pairs j in order,
  *   acc = fma(w[2j + 1], x[2j + 1], acc);  acc = fma(w[2j], x[2j], acc)
  * from acc = 0, then rounded to bfloat16. The product of two bfloat16 values is exact in
  * float32, so each step is one rounding, as the instruction's; it also treats denormal

@@ -114,7 +114,7 @@ PAGEDLLM_API int bf16_matmul_bf16(int64_t M, int64_t N, int64_t K, const uint16_
                                   int64_t x_stride, const uint16_t *panels, uint16_t *out,
                                   int64_t out_stride);
 /* amx_bf16.c: bf16_matmul_bf16 on matrix units (Intel AMX); 1 where the variant has none,
- * the OS refused them, or K % 32 != 0 (then the vector tiles run). bf16_matrix_units: 1
+ * the OS refused them, or K is odd (then the vector tiles run). bf16_matrix_units: 1
  * when this library multiplies bfloat16 panels on them. */
 int bf16_matrix_matmul(int64_t M, int64_t N, int64_t K, const uint16_t *x, int64_t x_stride,
                        const uint16_t *panels, uint16_t *out, int64_t out_stride);

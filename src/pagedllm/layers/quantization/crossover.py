@@ -127,7 +127,8 @@ class CrossoverMethod(LinearMethod):
         return method.apply(x, bias)
 
     def dense(self, dtype: torch.dtype) -> torch.Tensor:
-        """The small method's weight (the quantized one: what decode steps multiply by)."""
+        """The small method's weight (what decode steps multiply by: the quantized one, or
+        the panels)."""
         return self.small.dense(dtype)
 
     def nbytes(self) -> int:

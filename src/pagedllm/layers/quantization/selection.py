@@ -44,7 +44,7 @@ from pagedllm.layers.quantization.byte_dot import (
 )
 from pagedllm.layers.quantization.codes import GroupCodes, fp8_grid
 from pagedllm.layers.quantization.crossover import CrossoverMethod, dense_from_tokens
-from pagedllm.layers.quantization.dense import PackedDenseMethod, dense_method
+from pagedllm.layers.quantization.dense import DenseMethod, PackedDenseMethod, dense_method
 from pagedllm.layers.quantization.triton_groups import (
     quantize_for_triton,
     triton_weight_from_codes,
@@ -207,13 +207,13 @@ def _shortlist_method(weight: nn.Parameter, codes: GroupCodes | None) -> LinearM
 def _dense_head(weight: nn.Parameter) -> LinearMethod:
     """An unquantized head's method: bfloat16 panels for our C kernel where they serve (a
     copy beside the dense weight, which the embedding and the refinement read; torch's
-    method on that weight for the large steps where it wins), else torch's dense method on
-    the weight itself."""
+    linear on that same weight for the large steps where it wins, so no third copy), else
+    torch's dense method on the weight itself."""
     if not _takes_panels(weight.data):
         return dense_method(weight)
     panels = Bf16PanelWeight.from_weight(weight.data)
     max_tokens = panel_steps().max_tokens
-    return panels if max_tokens is None else CrossoverMethod(panels, dense_method(weight),
+    return panels if max_tokens is None else CrossoverMethod(panels, DenseMethod(weight),
                                                             max_tokens)
 
 
