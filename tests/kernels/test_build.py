@@ -11,7 +11,7 @@ import torch
 
 from pagedllm import kernels
 from pagedllm.kernels import build, loader
-from pagedllm.kernels.variants import best_variant, get_variant, runnable_variants
+from pagedllm.kernels.variants import VARIANTS, best_variant, get_variant, runnable_variants
 from pagedllm.layers.cpu_ops import w4a8_available
 from pagedllm.layers.quantization import Bf16PanelWeight, quantize_w4a8
 from pagedllm.platform import cpu_platform
@@ -30,6 +30,17 @@ def test_each_variant_has_its_own_flags_and_never_march_native():
     assert command[-1] == "-lm" and str(build.CSRC / "avx2.c") in command
     neon = build.compile_command(get_variant("neon_dotprod"), "cc", build.CSRC / "x.so", False)
     assert "-march=armv8.2-a+dotprod" in neon and "-fopenmp" not in neon
+
+
+def test_an_extending_variant_keeps_its_bases_source_flags_and_features():
+    """What `extends` promises the tests that run only the base variant (amx_bf16 adds AMX's
+    flags to avx512_bf16's)."""
+    extending = [v for v in VARIANTS if v.extends is not None]
+    assert [v.name for v in extending] == ["amx_bf16"]
+    for variant in extending:
+        base = get_variant(variant.extends)
+        assert variant.source == base.source and variant.simd == base.simd
+        assert set(base.flags) <= set(variant.flags) and base.requires <= variant.requires
 
 
 def test_macos_builds_a_dylib_without_openmp():

@@ -31,6 +31,9 @@ class Variant:
         simd: True when its byte dot products are vector code; the scalar reference's are
             slower than torch's own quantized and dense paths, so the engine never picks
             W4A8 on it.
+        extends: the variant whose source and flags this one adds to (None: its own), so
+            everything but what it adds computes as there (tests of the shared kernels run
+            the base variant only).
     """
 
     name: str
@@ -39,6 +42,7 @@ class Variant:
     requires: frozenset[str]
     flags: tuple[str, ...]
     simd: bool = True
+    extends: str | None = None
 
     def runs_on(self, features: CpuFeatures) -> bool:
         """True when a CPU with `features` can execute this variant's instructions."""
@@ -59,7 +63,7 @@ VARIANTS: tuple[Variant, ...] = (
     # linear at 1-32 tokens, 0.8-0.95x oneDNN's packed matmul at 512 (BENCHMARKS.md). Their
     # arithmetic is the matrix unit's, not vdpbf16ps's; everything else is avx512_bf16's.
     Variant("amx_bf16", "x86_64", "avx512.c", _AVX512 | {"avx512_bf16", "amx_tile", "amx_bf16"},
-            (*_AVX512_FLAGS, "-mavx512bf16", "-mamx-tile", "-mamx-bf16")),
+            (*_AVX512_FLAGS, "-mavx512bf16", "-mamx-tile", "-mamx-bf16"), extends="avx512_bf16"),
     # The same source with vdpbf16ps for dense bfloat16 weights (bit-identical to avx512's
     # emulation of it, about twice as fast).
     Variant("avx512_bf16", "x86_64", "avx512.c", _AVX512 | {"avx512_bf16"},

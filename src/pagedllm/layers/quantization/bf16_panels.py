@@ -7,9 +7,9 @@ small model spent as much time between ops as in them. This weight keeps the sam
 panels of 16 output rows that AVX-512 BF16's vdpbf16ps reads directly (the other vector
 variants emulate the instruction bit for bit) and that are AMX's B tiles as they lie (the
 amx_bf16 variant multiplies them on the matrix unit, in its own arithmetic; an input count
-past a multiple of 32 adds its last pairs with vdpbf16ps), so the stack chains these matrices as it does the quantized ones. Each output
-row depends on its own token only: a token's result is the same alone or in any batch, and
-on every vector ISA.
+past a multiple of 32 adds its last pairs with vdpbf16ps), so the stack chains these
+matrices as it does the quantized ones. Each output row depends on its own token only: a
+token's result is the same alone or in any batch, and on every vector ISA.
 
 Where it serves is measured once per process against the dense method the platform would
 pick (oneDNN's packed layout where bf16 is native), as crossover.py measures W4A8: every step
