@@ -31,6 +31,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "avx512_bf16_store.h"
+
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
 /* Inputs per tile step: 16 rows of 64 bytes in A (32 bfloat16), 16 pairs in B. */
@@ -76,15 +78,6 @@ static void configure(int r0, int r1) {
         cfg.colsb[t] = rows[t] ? 64 : 0;
     }
     _tile_loadconfig(&cfg);
-}
-
-/* 16 float32 -> bfloat16, round to nearest even (as float_to_bf16), the first `lanes`. */
-static inline void store_bf16x16(uint16_t *dst, __m512 v, int lanes) {
-    __m512i bits = _mm512_castps_si512(v);
-    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-    bits = _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), odd));
-    const __m256i half = _mm512_cvtepi32_epi16(_mm512_srli_epi32(bits, 16));
-    _mm256_mask_storeu_epi16(dst, (__mmask16)((1u << lanes) - 1), half);
 }
 
 /* An accumulator tile's `rows` x 16 float32 (stored at sums) into bfloat16 output rows,

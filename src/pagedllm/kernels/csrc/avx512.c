@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "avx512_bf16_store.h"
 #include "bf16.h"
 #include "isa.h"
 
@@ -59,18 +60,6 @@ void isa_quantize_q8_bf16(const Q8Activations *a, const uint16_t *x, int64_t t, 
         }
         q8_record_group(a, t, g, amax, sums, halves);
     }
-}
-
-/* 16 float32 → bfloat16 (round to nearest even, as float_to_bf16), the first `lanes` stored. */
-static inline void store_bf16x16(uint16_t *dst, __m512 v, int lanes) {
-    __m512i bits = _mm512_castps_si512(v);
-    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-    bits = _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), odd));
-    const __m256i half = _mm512_cvtepi32_epi16(_mm512_srli_epi32(bits, 16));
-    if (lanes == PANEL_ROWS)
-        _mm256_storeu_si256((__m256i *)dst, half);
-    else
-        _mm256_mask_storeu_epi16(dst, (__mmask16)((1u << lanes) - 1), half);
 }
 
 /* 16 scales at dm + i, float16 or float32 by the format (the conversion is exact). */
