@@ -67,9 +67,11 @@ class StackWeight(ctypes.Structure):
 
 
 class StackMatrix(ctypes.Structure):
-    """kernels.h StackMatrix: one weight or two summed (a split GGUF format), and a bias."""
+    """kernels.h StackMatrix: one weight or two summed (a split GGUF format), a bias, and
+    the weight steps of at least `large_from` tokens take instead (codes NULL: none)."""
 
-    _fields_ = [("parts", StackWeight * 2), ("bias", _PTR)]
+    _fields_ = [("parts", StackWeight * 2), ("bias", _PTR), ("large", StackWeight),
+                ("large_from", _I64)]
 
 
 class StackMoE(ctypes.Structure):

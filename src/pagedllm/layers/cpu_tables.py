@@ -62,14 +62,42 @@ def method_kernel_parts(method: LinearMethod) -> tuple[list[KernelWeight], int |
     return None
 
 
+def large_panels(method: LinearMethod) -> tuple[Bf16PanelWeight, int, int | None] | None:
+    """(panels, first step size, largest step size or None: any) when `method` is a byte
+    dot-product weight whose large steps run bfloat16 panels (a quantized layer's crossover
+    on matrix units, selection.py), else None."""
+    if not isinstance(method, CrossoverMethod) or method_kernel_parts(method.small) is None:
+        return None
+    large, first = method.large, method.max_tokens + 1
+    if isinstance(large, Bf16PanelWeight):
+        return large, first, None
+    if isinstance(large, CrossoverMethod) and isinstance(large.small, Bf16PanelWeight):
+        return large.small, first, large.max_tokens
+    return None
+
+
+def stack_limit(linear: Linear) -> int | None:
+    """The largest step the matrix's table serves (None: every step): its large panels'
+    limit where it has them, else its byte dot-product weight's (kernel_parts)."""
+    method = linear.method.base_method()
+    large = large_panels(method)
+    if large is not None:
+        return large[2]
+    found = method_kernel_parts(method)
+    return None if found is None else found[1]
+
+
 def stack_matrix(linear: Linear) -> StackMatrix | None:
-    """The matrix's table (bias included), or None when its weight is not one of our
-    kernels' (kernel_parts) or its bias is not bfloat16."""
+    """The matrix's table (bias included; its large panels too, large_panels), or None when
+    its weight is not one of our kernels' (kernel_parts) or its bias is not bfloat16."""
     found = kernel_parts(linear)
     if found is None or (linear.bias is not None and linear.bias.dtype != torch.bfloat16):
         return None
     matrix = parts_matrix(found[0])
     matrix.bias = None if linear.bias is None else linear.bias.data_ptr()
+    large = large_panels(linear.method.base_method())
+    if large is not None:
+        matrix.large, matrix.large_from = _weight(large[0]), large[1]
     return matrix
 
 
@@ -139,7 +167,7 @@ def moe_table(moe: FusedMoE) -> MoETable | None:
     matrices = [m for m in found if m is not None]
     if len(matrices) != len(found):
         return None
-    limits = [parts[1] for m in linears if (parts := kernel_parts(m)) and parts[1]]
+    limits = [limit for m in linears if (limit := stack_limit(m)) is not None]
     gate_up = (StackMatrix * moe.num_experts)(*matrices[0 : 2 * moe.num_experts : 2])
     down = (StackMatrix * moe.num_experts)(*matrices[1 : 2 * moe.num_experts : 2])
     table = StackMoE(

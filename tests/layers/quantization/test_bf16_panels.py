@@ -298,17 +298,29 @@ def test_an_unquantized_head_ranks_on_the_panels(bf16_panels, setting):
 
 
 @needs_kernels
-def test_quantized_layers_keep_torchs_dense_copy(bf16_panels, dense_from_tokens):
-    """The dense copy a quantized layer keeps for large steps (matrix units) stays torch's,
-    so no step size falls to panels that another method shadows."""
+@pytest.mark.parametrize("panels", ["always", "8", "never"])
+def test_quantized_layers_large_steps_run_as_an_unquantized_layers(
+    bf16_panels, dense_from_tokens, panels
+):
+    """The large steps of a quantized layer that keeps a dense copy (matrix units) run as
+    an unquantized layer's: the panels where they serve (alone, or torch's dense weight
+    beyond their steps), else torch's dense weight; the W4A8 weight takes the small ones."""
     from pagedllm.layers.linear import Linear
     from pagedllm.layers.quantization import CrossoverMethod, W4A8Weight
 
-    bf16_panels("always")
+    bf16_panels(panels)
     dense_from_tokens("4")
     layer = Linear(64, 40)
     layer.weight.data = torch.randn(40, 64).bfloat16()
     layer.process_weights_after_loading("int4", keep_dense=True)
     method = layer.method
     assert isinstance(method, CrossoverMethod) and isinstance(method.small, W4A8Weight)
-    assert not isinstance(method.large, Bf16PanelWeight) and method.large.is_dense
+    assert method.max_tokens == 3
+    large = method.large
+    if panels == "always":
+        assert isinstance(large, Bf16PanelWeight)
+    elif panels == "8":
+        assert isinstance(large, CrossoverMethod) and large.max_tokens == 8
+        assert isinstance(large.small, Bf16PanelWeight) and large.large.is_dense
+    else:
+        assert not isinstance(large, (Bf16PanelWeight, CrossoverMethod)) and large.is_dense

@@ -321,11 +321,13 @@ def test_no_stack_for_dense_weights_left_to_torch(tiny_llama_dir, bf16_panels):
 
 
 def test_steps_for_kept_dense_weights_run_the_python_layers(
-    tiny_llama_dir, dense_from_tokens, stack_calls
+    tiny_llama_dir, dense_from_tokens, bf16_panels, stack_calls
 ):
     """Where dense bf16 wins from some step size (CPUs with matrix units), the layers keep
-    dense weights for such steps and the stack takes only the smaller ones."""
+    dense weights for such steps and, without panels, the stack takes only the smaller
+    ones."""
     dense_from_tokens("4")
+    bf16_panels("never")
     llm = LLM(str(tiny_llama_dir), dtype="bfloat16", quantization="int4", max_model_len=256)
     runner = _runner(llm)
     assert runner.model.model.layers[0].mlp.down_proj.keeps_dense
@@ -333,6 +335,32 @@ def test_steps_for_kept_dense_weights_run_the_python_layers(
     with_stack = [_generate(llm, prompts) for prompts in (PROMPTS[:2], MANY_PROMPTS)]
     assert stack_calls == [2] * 23  # the 2-request decode steps; the 10-request ones ran dense
     without = [_generate_without_stack(llm, prompts) for prompts in (PROMPTS[:2], MANY_PROMPTS)]
+    assert without == with_stack
+
+
+@pytest.mark.parametrize(("panels", "max_tokens", "decode_rows"), [
+    ("8", 8, [4] * 23),  # the 10-request steps past the panels: torch's dense weight
+    ("always", None, [4] * 23 + [10] * 23),
+])
+def test_large_steps_of_quantized_layers_run_their_panels_on_the_stack(
+    tiny_llama_dir, dense_from_tokens, bf16_panels, stack_calls, panels, max_tokens,
+    decode_rows,
+):
+    """On matrix units a quantized layer's large steps run as an unquantized layer's: bf16
+    panels where they serve, which the stack multiplies in its one call (the matrix's
+    `large` weight), bit for bit as the layer loop."""
+    dense_from_tokens("4")
+    bf16_panels(panels)
+    llm = LLM(str(tiny_llama_dir), dtype="bfloat16", quantization="int4", max_model_len=256)
+    runner = _runner(llm)
+    method = runner.model.model.layers[0].mlp.down_proj.method
+    assert isinstance(method, CrossoverMethod) and method.max_tokens == 3
+    large = method.large if panels == "always" else method.large.small
+    assert isinstance(large, Bf16PanelWeight)
+    assert runner.decode_step.max_tokens == max_tokens
+    with_stack = [_generate(llm, prompts) for prompts in (PROMPTS, MANY_PROMPTS)]
+    assert stack_calls == decode_rows
+    without = [_generate_without_stack(llm, prompts) for prompts in (PROMPTS, MANY_PROMPTS)]
     assert without == with_stack
 
 

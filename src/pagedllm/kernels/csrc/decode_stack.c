@@ -59,11 +59,14 @@ static int part_matmul(const StackWeight *w, int64_t T, int64_t N, int64_t K,
 }
 
 /* out [T, N] = x @ W^T (+ the second part's product) (+ bias), each sum rounded as the
- * Python layer's bfloat16 adds; `scratch` holds [T, N] for the second part. */
+ * Python layer's bfloat16 adds; `scratch` holds [T, N] for the second part. Steps of at
+ * least large_from tokens take the large weight alone (the Python layer's crossover). */
 int stack_matmul(const StackMatrix *m, int64_t T, int64_t N, int64_t K, const uint16_t *x,
                   int64_t x_stride, uint16_t *out, int64_t out_stride, uint16_t *scratch) {
-    int failed = part_matmul(&m->parts[0], T, N, K, x, x_stride, out, out_stride);
-    if (m->parts[1].codes != NULL) {
+    const int large = m->large.codes != NULL && T >= m->large_from;
+    int failed = part_matmul(large ? &m->large : &m->parts[0], T, N, K, x, x_stride, out,
+                             out_stride);
+    if (!large && m->parts[1].codes != NULL) {
         failed |= part_matmul(&m->parts[1], T, N, K, x, x_stride, scratch, N);
         add_rows(T, N, out, out_stride, scratch, N);
     }

@@ -164,6 +164,10 @@ typedef struct {
 typedef struct {
     StackWeight parts[2]; /* a split GGUF weight sums two; parts[1].codes NULL otherwise */
     const uint16_t *bias; /* NULL: none */
+    /* Steps of at least large_from tokens multiply by `large` instead of the parts (a
+     * quantized weight's bf16 panels on matrix units: crossover.py); codes NULL: none. */
+    StackWeight large;
+    int64_t large_from;
 } StackMatrix;
 
 /* A sparse MLP's weights (moe.c): the router, each expert's two matrices, the shared

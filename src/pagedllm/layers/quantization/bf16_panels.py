@@ -21,7 +21,9 @@ stack takes them) and oneDNN's packed layout the large ones (0.8-0.9x ours); the
 panels serve steps up to the largest size they do not lose, and the layer keeps torch's dense weight
 beside them for larger steps (twice the weight's memory, as quantized layers' dense copies;
 `keep_dense_weights=False` keeps torch's alone). PAGEDLLM_BF16_PANELS overrides ("always":
-every step; N: steps of up to N tokens). Quantized layers' dense copies (crossover.py) stay torch's.
+every step; N: steps of up to N tokens). A quantized layer's large steps (crossover.py: the
+sizes where dense bf16 beats W4A8, on matrix units) run as an unquantized layer's, so the
+panels serve there too, and the decode stack keeps those steps in its one call.
 """
 
 from __future__ import annotations

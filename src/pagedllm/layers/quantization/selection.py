@@ -11,7 +11,8 @@ For a decoder matrix:
 - where the byte kernels serve (bfloat16 on a CPU with a vector variant): the file's codes
   as W4A8 / W8A8 (or the two of a SplitWeight), else the weight quantized to W4A8 (int4)
   or W8A8 (fp8's grid); beside the dense weight for large steps where dense measured
-  faster (matrix units, crossover.py) and `keep_dense`;
+  faster (matrix units, crossover.py) and `keep_dense`, which runs as an unquantized
+  layer's (bf16 panels where they serve, torch's method beyond);
 - elsewhere torch's weight-only int4 / int8 for steps of up to 8 tokens, beside the dense
   weight for larger ones unless not `keep_dense`; fp8 there is the dense weight rounded to
   FP8's grid (no kernel reads FP8).
@@ -180,7 +181,9 @@ def _beside_dense_for_large_steps(
     layer: LoadedLinear, byte_dot: LinearMethod, codes: GroupCodes | None, keep_dense: bool
 ) -> LinearMethod:
     """The byte kernels alone (the dense weight released), or beside the dense weight for
-    the step sizes where dense measured faster on this CPU (matrix units)."""
+    the step sizes where dense measured faster on this CPU (matrix units). There the large
+    steps run as an unquantized layer's would: bfloat16 panels on our C kernel where they
+    serve (so the decode stack keeps such steps in its one call), torch's method beyond."""
     dense_from = dense_from_tokens() if keep_dense else None
     if dense_from is None:
         layer.release_dense_weight()
@@ -189,7 +192,7 @@ def _beside_dense_for_large_steps(
     if codes is not None:  # the dense weight was never filled from the file
         with torch.no_grad():
             weight.data.copy_(codes.dense(weight.dtype))
-    return CrossoverMethod(byte_dot, _dense(layer), dense_from - 1)
+    return CrossoverMethod(byte_dot, _unquantized(layer), dense_from - 1)
 
 
 def _shortlist_method(weight: nn.Parameter, codes: GroupCodes | None) -> LinearMethod:

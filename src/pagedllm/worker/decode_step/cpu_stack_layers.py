@@ -26,7 +26,7 @@ from pagedllm.layers import cpu_ops
 from pagedllm.layers.cpu_tables import (
     MoETable,
     gated_activation_code,
-    kernel_parts,
+    stack_limit,
     stack_matrix,
 )
 from pagedllm.layers.layernorm import LayerNorm, OnePlusRMSNorm, RMSNorm
@@ -151,12 +151,12 @@ def dense_mlp(layers: list[DecoderLayer]) -> tuple[int, bool]:
 
 
 def max_quantized_tokens(layers: list[DecoderLayer]) -> int | None:
-    """The largest step every matrix runs on its byte dot-product weights (None: any)."""
+    """The largest step every matrix's table serves (None: any; cpu_tables.stack_limit)."""
     limits = [
-        found[1]
+        limit
         for layer in layers
         for linear in matrices(layer)
-        if (found := kernel_parts(linear)) is not None and found[1] is not None
+        if (limit := stack_limit(linear)) is not None
     ]
     for layer in layers:
         table = moe_of(layer)
