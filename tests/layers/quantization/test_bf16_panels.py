@@ -298,7 +298,7 @@ def test_an_unquantized_head_ranks_on_the_panels(bf16_panels, setting):
 
 
 @needs_kernels
-@pytest.mark.parametrize("panels", ["always", "8", "never"])
+@pytest.mark.parametrize("panels", ["always", "8", "2", "never"])
 def test_quantized_layers_large_steps_run_as_an_unquantized_layers(
     bf16_panels, dense_from_tokens, panels
 ):
@@ -322,5 +322,5 @@ def test_quantized_layers_large_steps_run_as_an_unquantized_layers(
     elif panels == "8":
         assert isinstance(large, CrossoverMethod) and large.max_tokens == 8
         assert isinstance(large.small, Bf16PanelWeight) and large.large.is_dense
-    else:
+    else:  # never, or only steps W4A8 takes anyway (no third copy that never serves)
         assert not isinstance(large, (Bf16PanelWeight, CrossoverMethod)) and large.is_dense

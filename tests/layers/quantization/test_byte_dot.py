@@ -295,10 +295,14 @@ def test_head_requantizes_4_bit_codes_whose_scales_are_not_float16():
 
 
 @pytest.mark.parametrize("from_codes", [False, True])
-def test_linear_keeps_dense_weights_where_they_win_large_steps(dense_from_tokens, from_codes):
+def test_linear_keeps_dense_weights_where_they_win_large_steps(
+    dense_from_tokens, bf16_panels, from_codes
+):
     """With a crossover (CPUs with matrix units), steps below it run W4A8 and larger ones the
-    kept dense weight, which for file codes is their exact dequantization."""
+    kept dense weight (torch's here: no panels), which for file codes is their exact
+    dequantization."""
     dense_from_tokens("16")
+    bf16_panels("never")
     weight = torch.randn(48, 64, generator=torch.Generator().manual_seed(7)).bfloat16()
     linear = Linear(64, 48)
     if from_codes:

@@ -23,7 +23,8 @@ beside them for larger steps (twice the weight's memory, as quantized layers' de
 `keep_dense_weights=False` keeps torch's alone). PAGEDLLM_BF16_PANELS overrides ("always":
 every step; N: steps of up to N tokens). A quantized layer's large steps (crossover.py: the
 sizes where dense bf16 beats W4A8, on matrix units) run as an unquantized layer's, so the
-panels serve there too, and the decode stack keeps those steps in its one call.
+panels serve there too (a third copy beside W4A8 and torch's where the panels stop short of
+every step), and the decode stack keeps those steps in its one call.
 """
 
 from __future__ import annotations

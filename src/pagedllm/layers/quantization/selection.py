@@ -192,7 +192,11 @@ def _beside_dense_for_large_steps(
     if codes is not None:  # the dense weight was never filled from the file
         with torch.no_grad():
             weight.data.copy_(codes.dense(weight.dtype))
-    return CrossoverMethod(byte_dot, _unquantized(layer), dense_from - 1)
+    # Panels limited to steps the byte kernels take anyway would never serve: torch's alone.
+    panels_limit = panel_steps().max_tokens
+    panels_reach = panels_limit is None or panels_limit >= dense_from
+    return CrossoverMethod(byte_dot, _unquantized(layer) if panels_reach else _dense(layer),
+                           dense_from - 1)
 
 
 def _shortlist_method(weight: nn.Parameter, codes: GroupCodes | None) -> LinearMethod:
