@@ -71,8 +71,7 @@ def large_panels(method: LinearMethod) -> tuple[Bf16PanelWeight, int, int | None
     large, first = method.large, method.max_tokens + 1
     if isinstance(large, Bf16PanelWeight):
         return large, first, None
-    if (isinstance(large, CrossoverMethod) and isinstance(large.small, Bf16PanelWeight)
-            and large.max_tokens >= first):
+    if isinstance(large, CrossoverMethod) and isinstance(large.small, Bf16PanelWeight):
         return large.small, first, large.max_tokens
     return None
 

@@ -62,7 +62,7 @@ from pagedllm.worker.decode_step.cpu_stack_layers import (
     final_norm_pointers,
     is_layer_norm,
     matrices,
-    max_quantized_tokens,
+    max_stack_tokens,
     moe_of,
     plain_embedding,
     shared_shape,
@@ -158,7 +158,7 @@ class CpuDecodeStack(DecodeStep):
             fill_layer(entry, layer, kv_cache, group)
         self.lora_slots = self._lora_slots()
         self.lora_table = self._lora_table() if self.lora_slots is not None else None
-        self.max_tokens = max_quantized_tokens(self.layers)
+        self.max_tokens = max_stack_tokens(self.layers)
 
     @classmethod
     def build(

@@ -150,7 +150,7 @@ def dense_mlp(layers: list[DecoderLayer]) -> tuple[int, bool]:
     return 0, True
 
 
-def max_quantized_tokens(layers: list[DecoderLayer]) -> int | None:
+def max_stack_tokens(layers: list[DecoderLayer]) -> int | None:
     """The largest step every matrix's table serves (None: any; cpu_tables.stack_limit)."""
     limits = [
         limit
