@@ -87,6 +87,20 @@ def stack_limit(linear: Linear) -> int | None:
     return None if found is None else found[1]
 
 
+def stack_capacity(linear: Linear) -> int | None:
+    """The largest step the matrix's table can run at all, faster or not (None: any):
+    panels multiply steps of every size, so only a byte dot-product weight whose large
+    steps go to torch's dense weight alone stops at its crossover (stack_limit is where
+    the table is measured to be the faster method)."""
+    method = linear.method.base_method()
+    if large_panels(method) is not None:
+        return None
+    found = method_kernel_parts(method)
+    if found is None or all(isinstance(part, Bf16PanelWeight) for part in found[0]):
+        return None
+    return found[1]
+
+
 def stack_matrix(linear: Linear) -> StackMatrix | None:
     """The matrix's table (bias included; its large panels too, large_panels), or None when
     its weight is not one of our kernels' (kernel_parts) or its bias is not bfloat16."""

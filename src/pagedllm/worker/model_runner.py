@@ -25,7 +25,7 @@ import torch
 from pagedllm.attention.backend import AttentionBackend, CommonAttentionMetadata
 from pagedllm.attention.torch_paged import TorchPagedBackend
 from pagedllm.core.kv_cache_groups import KVCacheGroupSpec
-from pagedllm.core.sched_output import SchedulerOutput
+from pagedllm.core.sched_output import CachedRequestData, SchedulerOutput
 from pagedllm.distributed.parallel_state import get_pp_group, get_tp_group
 from pagedllm.layers.forward_context import ForwardContext
 from pagedllm.logger import init_logger
@@ -289,6 +289,29 @@ class ModelRunner:
             token_type_ids=self._token_type_ids(step.states),
             mm_embeds=step.mm_embeds,
         ))
+
+    @torch.inference_mode()
+    def forward_bare(self, inputs: StepInputs, fast_path: DecodeStep | None) -> torch.Tensor:
+        """The last hidden states of a step of no known request (no hooks, no sampling;
+        its KV written to `inputs`' slots), through `fast_path` where it serves the step,
+        else through the model's layers: for the worker's measurements at startup
+        (decode_step/stack_reach.py)."""
+        step = RunnerStep(
+            SchedulerOutput(
+                scheduled_new_reqs=[], scheduled_cached_reqs=CachedRequestData(),
+                num_scheduled_tokens=dict(zip(inputs.request_ids, inputs.query_lens.tolist(),
+                                              strict=True)),
+                total_num_scheduled_tokens=len(inputs.input_ids), finished_request_ids=set(),
+            ),
+            inputs, [], self._to_device,
+        )
+        kept, self.decode_step = self.decode_step, fast_path
+        try:
+            hidden_states = self._forward(step)
+        finally:
+            self.decode_step = kept
+        assert hidden_states is not None, "a pipeline stage before the last measures nothing"
+        return hidden_states
 
     def _decode_batch(self, inputs: StepInputs, rows: AttentionRows) -> DecodeBatch | None:
         """The step for the decode-step fast path, when it is decode-only (one token a

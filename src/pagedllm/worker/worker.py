@@ -41,6 +41,7 @@ from pagedllm.utils.device import to_torch_dtype
 from pagedllm.worker.decode_step import DecodeBatch, DecodeStep
 from pagedllm.worker.decode_step.cpu_stack import CpuDecodeStack
 from pagedllm.worker.decode_step.cuda_graphs import DecodeGraphs, default_capture_sizes
+from pagedllm.worker.decode_step.stack_reach import extend_reach
 from pagedllm.worker.fault_injection import faults_requested, install_fault_injection
 from pagedllm.worker.model_runner import ModelRunner
 from pagedllm.worker.outputs import ModelRunnerOutput
@@ -95,6 +96,8 @@ class Worker:
         # One tensor per slot; the runner sees them per layer.
         self.kv_caches = self._allocate_kv_caches()
         self.sleep_mode = SleepMode()
+        # The decode stack's largest step, once measured (stack_reach.py), for its rebuilds.
+        self._stack_reach: int | None = None
         self._build_runner()
 
     def _build_runner(self) -> None:
@@ -217,7 +220,13 @@ class Worker:
             return self._capture_decode_graphs()
         if kind == "cpu_stack" and self._cpu_stack_applies():
             runner = self.model_runner
-            return CpuDecodeStack.build(self.model, runner.kv_caches, runner.group_of_layer)
+            stack = CpuDecodeStack.build(self.model, runner.kv_caches, runner.group_of_layer)
+            if stack is not None and self._stack_reach is None:  # measured on the first build
+                extend_reach(stack, runner, self.config.scheduler_config.max_num_batched_tokens)
+                self._stack_reach = stack.max_tokens
+            elif stack is not None:  # a rebuild (wake_up): no steps over the caches' blocks
+                stack.max_tokens = self._stack_reach
+            return stack
         return None
 
     def _cpu_stack_applies(self) -> bool:

@@ -67,3 +67,27 @@ def test_measurement_here(dense_from_tokens):
     assert sorted(timings) == list(CANDIDATE_TOKENS)
     assert all(q > 0 and d > 0 for q, d in timings.values())
     assert chosen is None or chosen in CANDIDATE_TOKENS
+
+
+def test_two_calls_are_timed_in_turn_and_each_keeps_its_best(monkeypatch):
+    """paired_best_times alternates the two calls (so a burst of another process slows
+    both alike) for at least the rounds and seconds asked, after one untimed call each."""
+    calls: list[str] = []
+    # Each call of either side advances a fake clock: first 1 unit, second 3 units.
+    now = [0.0]
+
+    def first():
+        calls.append("a")
+        now[0] += 1.0
+
+    def second():
+        calls.append("b")
+        now[0] += 3.0
+
+    monkeypatch.setattr(dense_crossover.time, "perf_counter", lambda: now[0])
+    best = dense_crossover.paired_best_times(first, second, min_rounds=3, min_seconds=0.0)
+    assert best == (1.0, 3.0)
+    assert calls == ["a", "b"] + ["a", "b"] * 3
+    calls.clear()
+    dense_crossover.paired_best_times(first, second, min_rounds=1, min_seconds=10.0)
+    assert calls == ["a", "b"] * 4  # warm-up, then rounds until 10 units have passed

@@ -38,7 +38,7 @@ from pagedllm import envs
 from pagedllm.kernels.abi import FMT_BF16
 from pagedllm.layers import cpu_ops
 from pagedllm.layers.quantization.base import LinearMethod
-from pagedllm.layers.quantization.crossover import best_time
+from pagedllm.layers.quantization.crossover import paired_best_times
 from pagedllm.layers.quantization.dense import dense_method
 from pagedllm.logger import init_logger
 from pagedllm.platform import cpu_platform, get_platform
@@ -157,9 +157,9 @@ def _measure() -> dict[int, tuple[float, float]]:
     timings = {}
     for tokens in CANDIDATE_TOKENS:
         x = torch.randn(tokens, _IN_FEATURES, generator=gen).bfloat16()
-        timings[tokens] = (
-            best_time(lambda: panels.apply(x, None)),  # noqa: B023 (timed right here)
-            best_time(lambda: dense.apply(x, None)),  # noqa: B023
+        timings[tokens] = paired_best_times(
+            lambda: panels.apply(x, None),  # noqa: B023 (timed right here)
+            lambda: dense.apply(x, None),  # noqa: B023
         )
     return timings
 

@@ -46,6 +46,7 @@ from pagedllm.kernels.abi import (
     StackLoRAStep,
     StackPrefills,
 )
+from pagedllm.layers.cpu_tables import stack_capacity
 from pagedllm.lora.layers import LoRALinearMethod, LoRALinearSlots
 from pagedllm.models.common import DecoderLayer, DecoderModel
 from pagedllm.platform import cpu_platform
@@ -158,7 +159,12 @@ class CpuDecodeStack(DecodeStep):
             fill_layer(entry, layer, kv_cache, group)
         self.lora_slots = self._lora_slots()
         self.lora_table = self._lora_table() if self.lora_slots is not None else None
+        # The largest step it serves (None: any): where every matrix's table is measured
+        # the faster method; the worker may raise it up to `capacity`, the largest step the
+        # tables can run at all, where whole steps are measured faster here than through
+        # the layers (stack_reach.py).
         self.max_tokens = max_stack_tokens(self.layers)
+        self.capacity = max_stack_tokens(self.layers, stack_capacity)
 
     @classmethod
     def build(

@@ -16,6 +16,7 @@ formats (torch's dense matmul, weight-only int8, act-order GPTQ...), LoRA on a M
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 from typing import cast
 
 import torch
@@ -150,13 +151,17 @@ def dense_mlp(layers: list[DecoderLayer]) -> tuple[int, bool]:
     return 0, True
 
 
-def max_stack_tokens(layers: list[DecoderLayer]) -> int | None:
-    """The largest step every matrix's table serves (None: any; cpu_tables.stack_limit)."""
+def max_stack_tokens(
+    layers: list[DecoderLayer], per_matrix: Callable[[Linear], int | None] = stack_limit
+) -> int | None:
+    """The largest step every matrix's table serves (None: any): where each is measured
+    the faster method (cpu_tables.stack_limit), or with `per_matrix` =
+    cpu_tables.stack_capacity where each can run at all. Sparse MLPs bound both alike."""
     limits = [
         limit
         for layer in layers
         for linear in matrices(layer)
-        if (limit := stack_limit(linear)) is not None
+        if (limit := per_matrix(linear)) is not None
     ]
     for layer in layers:
         table = moe_of(layer)
