@@ -87,11 +87,16 @@ def test_same_prompt_under_two_adapters_never_shares_kv(setup):
 
 
 @pytest.mark.parametrize("quantization", ["int4", None], ids=["w4a8", "dense_bf16"])
-def test_decode_stack_adds_lora_deltas_as_the_python_layers(setup, monkeypatch, quantization):
+def test_decode_stack_adds_lora_deltas_as_the_python_layers(
+    setup, monkeypatch, quantization, bf16_panels
+):
     """bfloat16 W4A8 or dense bf16 panels: LoRA decode steps run in the C decode stack,
     which adds each matrix's deltas with the same kernel the Python layers call: the same
     tokens and bit-identical logprobs as with the stack off, adapters and base requests
-    mixed."""
+    mixed. Panels for every step: on matrix units the engine with the stack would otherwise
+    measure how far it serves (stack_reach.py) and multiply its larger steps as the other
+    engine's layers do not."""
+    bf16_panels("always")
     from pagedllm.worker.decode_step.cpu_stack import CpuDecodeStack
 
     model_dir, prompts, loras, _ = setup

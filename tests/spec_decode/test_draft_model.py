@@ -106,10 +106,14 @@ def test_a_draft_with_another_vocabulary_is_refused(tiny_llama_dir, tmp_path,
         LLM(str(tiny_llama_dir), speculative_config={"model": str(other)})
 
 
-def test_a_draft_model_takes_the_cpu_decode_stack(tiny_llama_dir, monkeypatch):
+def test_a_draft_model_takes_the_cpu_decode_stack(tiny_llama_dir, monkeypatch, bf16_panels):
     """bfloat16 int4 on CPU: the draft model's steps of one token a row run in the one-call
     C decode stack over its own caches, as the target's decode steps do; the tokens are
-    those of a run with the stack off (it is bit-identical to the layers)."""
+    those of a run with the stack off (it is bit-identical to the layers). Panels for every
+    step: on matrix units the engine with the stack would otherwise measure how far it
+    serves (stack_reach.py) and multiply its larger steps as the other engine's layers do
+    not."""
+    bf16_panels("always")
     from pagedllm.worker.decode_step import cpu_stack
     from pagedllm.worker.step_hooks.spec_decode import SpecDecodeHook
 

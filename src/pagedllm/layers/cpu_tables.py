@@ -101,6 +101,20 @@ def stack_capacity(linear: Linear) -> int | None:
     return found[1]
 
 
+def extend_panels(method: LinearMethod, max_tokens: int) -> None:
+    """Let `method`'s bf16 panels serve steps of up to `max_tokens` rows where they stop
+    short of that, torch's dense weight keeping the larger ones: a dense layer's crossover,
+    or a quantized layer's large steps' (the decode stack's measured reach,
+    worker/decode_step/stack_reach.py, so the layers multiply as the stack does)."""
+    crossover = None
+    if isinstance(method, CrossoverMethod) and isinstance(method.small, Bf16PanelWeight):
+        crossover = method
+    elif large_panels(method) is not None and isinstance(method, CrossoverMethod):
+        crossover = method.large if isinstance(method.large, CrossoverMethod) else None
+    if crossover is not None and crossover.max_tokens < max_tokens:
+        crossover.max_tokens = max_tokens
+
+
 def stack_matrix(linear: Linear) -> StackMatrix | None:
     """The matrix's table (bias included; its large panels too, large_panels), or None when
     its weight is not one of our kernels' (kernel_parts) or its bias is not bfloat16."""

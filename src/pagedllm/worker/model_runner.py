@@ -291,27 +291,30 @@ class ModelRunner:
         ))
 
     @torch.inference_mode()
-    def forward_bare(self, inputs: StepInputs, fast_path: DecodeStep | None) -> torch.Tensor:
+    def forward_bare(
+        self, inputs: StepInputs, fast_path: DecodeStep | None
+    ) -> torch.Tensor | None:
         """The last hidden states of a step of no known request (no hooks, no sampling;
-        its KV written to `inputs`' slots), through `fast_path` where it serves the step,
-        else through the model's layers: for the worker's measurements at startup
-        (decode_step/stack_reach.py)."""
-        step = RunnerStep(
-            SchedulerOutput(
-                scheduled_new_reqs=[], scheduled_cached_reqs=CachedRequestData(),
-                num_scheduled_tokens=dict(zip(inputs.request_ids, inputs.query_lens.tolist(),
-                                              strict=True)),
-                total_num_scheduled_tokens=len(inputs.input_ids), finished_request_ids=set(),
-            ),
-            inputs, [], self._to_device,
-        )
+        its KV written to `inputs`' slots): through `fast_path` (None when it does not
+        serve the step), or through the model's layers when `fast_path` is None. For the
+        worker's measurements at startup (decode_step/stack_reach.py)."""
         kept, self.decode_step = self.decode_step, fast_path
         try:
-            hidden_states = self._forward(step)
+            if fast_path is not None:
+                batch = self._decode_batch(inputs, _attention_rows(inputs))
+                return None if batch is None else fast_path.run(batch)
+            return self._forward(RunnerStep(
+                SchedulerOutput(
+                    scheduled_new_reqs=[], scheduled_cached_reqs=CachedRequestData(),
+                    num_scheduled_tokens=dict(zip(
+                        inputs.request_ids, inputs.query_lens.tolist(), strict=True)),
+                    total_num_scheduled_tokens=len(inputs.input_ids),
+                    finished_request_ids=set(),
+                ),
+                inputs, [], self._to_device,
+            ))
         finally:
             self.decode_step = kept
-        assert hidden_states is not None, "a pipeline stage before the last measures nothing"
-        return hidden_states
 
     def _decode_batch(self, inputs: StepInputs, rows: AttentionRows) -> DecodeBatch | None:
         """The step for the decode-step fast path, when it is decode-only (one token a

@@ -96,8 +96,8 @@ class Worker:
         # One tensor per slot; the runner sees them per layer.
         self.kv_caches = self._allocate_kv_caches()
         self.sleep_mode = SleepMode()
-        # The decode stack's largest step, once measured (stack_reach.py), for its rebuilds.
-        self._stack_reach: int | None = None
+        # Whether the decode stack's reach was measured (stack_reach.py): once per worker.
+        self._stack_reach_measured = False
         self._build_runner()
 
     def _build_runner(self) -> None:
@@ -221,11 +221,13 @@ class Worker:
         if kind == "cpu_stack" and self._cpu_stack_applies():
             runner = self.model_runner
             stack = CpuDecodeStack.build(self.model, runner.kv_caches, runner.group_of_layer)
-            if stack is not None and self._stack_reach is None:  # measured on the first build
-                extend_reach(stack, runner, self.config.scheduler_config.max_num_batched_tokens)
-                self._stack_reach = stack.max_tokens
-            elif stack is not None:  # a rebuild (wake_up): no steps over the caches' blocks
-                stack.max_tokens = self._stack_reach
+            if stack is not None:  # measured on the first build only (wake_up rebuilds
+                # it over caches whose blocks may be live): extend_reach reuses the choice
+                config = self.config
+                extend_reach(stack, runner, min(config.scheduler_config.max_num_batched_tokens,
+                                                config.model_config.max_model_len),
+                             measure=not self._stack_reach_measured)
+                self._stack_reach_measured = True
             return stack
         return None
 

@@ -4,15 +4,20 @@ real engine (timings replaced where the test needs a known choice)."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+import numpy as np
 import pytest
 import torch
 
 from pagedllm import LLM, SamplingParams
 from pagedllm.layers import cpu_ops
+from pagedllm.layers.quantization import CrossoverMethod
 from pagedllm.worker.decode_step import cpu_stack, stack_reach
 from pagedllm.worker.decode_step.base import DecodeBatch, StepRequests
 from pagedllm.worker.decode_step.stack_reach import (
     MAX_REACH_TOKENS,
+    apply_reach,
     choose_reach,
     extend_reach,
     reach_sizes,
@@ -77,41 +82,88 @@ def test_a_synthetic_prompt_gives_the_same_hidden_states_on_the_stack_and_the_la
     assert runner.decode_step is stack  # put back
 
 
+def _measuring(monkeypatch) -> None:
+    """Measure as under the default setting whatever PAGEDLLM_BF16_PANELS says (the stack's
+    module alone: the panels keep the test's setting), with no earlier choice cached."""
+    monkeypatch.setattr(stack_reach, "envs", SimpleNamespace(bf16_panels=lambda: "auto"))
+    monkeypatch.setattr(stack_reach, "_REACHED", {})
+
+
 @needs_kernels
-def test_the_measured_reach_decides_which_steps_the_stack_serves(panels_llm, monkeypatch):
-    """With timings where the stack wins at 16 and 32 tokens and loses at 64, a stack
-    limited to 8 serves up to 32: 64 is the last size timed, a larger one never."""
-    runner = _runner(panels_llm)
+def test_the_measured_reach_decides_which_steps_the_stack_and_the_panels_serve(
+    tiny_llama_dir, bf16_panels, monkeypatch
+):
+    """With timings where the stack wins at 16 and 32 tokens and loses at 64, a stack whose
+    panels stop at 8 serves up to 32 (64 is the last size timed), and the layers' panels
+    follow it."""
+    bf16_panels("8")
+    llm = LLM(str(tiny_llama_dir), dtype="bfloat16", max_model_len=256)
+    runner = _runner(llm)
     stack = runner.decode_step
-    stack.max_tokens = 8
+    assert stack.max_tokens == 8 and stack.capacity is None
     timed: list[tuple[int, bool]] = []
 
     def fake_forward(inputs, fast_path):
         timed.append((len(inputs.input_ids), fast_path is not None))
+        return object()
 
     def fake_paired_times(on_stack, through_layers, **_):
         on_stack()
         through_layers()
         stack_wins = timed[-1][0] < 64
-        return (1.0, 2.0) if stack_wins else (2.0, 1.0)
+        return (0.01, 0.02) if stack_wins else (0.02, 0.01)
 
     monkeypatch.setattr(runner, "forward_bare", fake_forward)
     monkeypatch.setattr(stack_reach, "paired_best_times", fake_paired_times)
-    monkeypatch.setattr(stack_reach.envs, "bf16_panels", lambda: "auto")
-    monkeypatch.setattr(stack_reach, "_REACHED", {})
+    _measuring(monkeypatch)
     extend_reach(stack, runner, max_step=200)
     assert stack.max_tokens == 32
     assert sorted({tokens for tokens, _ in timed}) == [16, 32, 64]  # stopped at the loss
     assert {on_stack for _, on_stack in timed} == {True, False}
+    down_proj = runner.model.model.layers[0].mlp.down_proj.method
+    assert isinstance(down_proj, CrossoverMethod) and down_proj.max_tokens == 32
     rows = 32
     batch = DecodeBatch(
-        torch.zeros(rows, dtype=torch.int64).numpy(), torch.arange(rows).numpy(),
-        torch.arange(16, 16 + rows).numpy(), torch.ones(1, 2, dtype=torch.int64).numpy(), (),
-        StepRequests(*(torch.tensor(v).numpy() for v in ([0, rows], [rows], [0]))),
+        np.zeros(rows, dtype=np.int64), np.arange(rows), np.arange(16, 16 + rows),
+        np.ones((1, 2), dtype=np.int64), (),
+        StepRequests(np.array([0, rows]), np.array([rows]), np.array([0])),
     )
     assert stack.serves(batch)
     stack.max_tokens = 31
     assert not stack.serves(batch)
+
+
+@needs_kernels
+def test_a_failed_measurement_keeps_the_limit_and_caches_nothing(
+    tiny_llama_dir, bf16_panels, monkeypatch, caplog
+):
+    bf16_panels("8")
+    llm = LLM(str(tiny_llama_dir), dtype="bfloat16", max_model_len=256)
+    runner = _runner(llm)
+    stack = runner.decode_step
+
+    def failing(inputs, fast_path):
+        raise RuntimeError("no such step")
+
+    monkeypatch.setattr(runner, "forward_bare", failing)
+    _measuring(monkeypatch)
+    extend_reach(stack, runner, max_step=200)
+    assert stack.max_tokens == 8
+    assert stack_reach._REACHED == {}
+    assert "timing its steps failed (no such step)" in caplog.text
+
+
+@needs_kernels
+def test_a_step_the_stack_refuses_is_not_timed(tiny_llama_dir, bf16_panels, monkeypatch):
+    bf16_panels("8")
+    llm = LLM(str(tiny_llama_dir), dtype="bfloat16", max_model_len=256)
+    runner = _runner(llm)
+    stack = runner.decode_step
+    monkeypatch.setattr(stack, "serves", lambda batch: False)  # as for an EAGLE-3 target
+    monkeypatch.setattr(stack_reach, "paired_best_times", lambda *a, **k: pytest.fail("timed"))
+    _measuring(monkeypatch)
+    extend_reach(stack, runner, max_step=200)
+    assert stack.max_tokens == 8
 
 
 @needs_kernels
@@ -127,28 +179,32 @@ def test_a_set_panels_limit_is_the_stacks_limit_too(tiny_llama_dir, bf16_panels,
 def test_a_measured_reach_serves_long_prompts_on_the_stack_with_the_layer_loops_tokens(
     tiny_llama_dir, bf16_panels, monkeypatch
 ):
-    """The whole path on a real engine: panels limited to 4 tokens by the load-time rule
-    (stood in for here), timings where the stack always wins: the stack serves prompts of
-    up to 64 tokens, and with panels for every step the tokens equal the layer loop's."""
-    bf16_panels("always")
-    monkeypatch.setattr(cpu_stack, "max_stack_tokens",
-                        lambda layers, per_matrix=None: 4 if per_matrix is None else None)
-    monkeypatch.setattr(stack_reach.envs, "bf16_panels", lambda: "auto")
-    monkeypatch.setattr(stack_reach, "_REACHED", {})
+    """The whole path on a real engine: panels stopping at 4 tokens, the reach measured at
+    startup (real timings: any outcome) and then set to 64: the stack serves a 59-token
+    first step, and the layers, their panels extended with it, give the same tokens."""
+    bf16_panels("4")
+    _measuring(monkeypatch)
     monkeypatch.setattr(stack_reach, "MAX_REACH_TOKENS", 64)
     llm = LLM(str(tiny_llama_dir), dtype="bfloat16", max_model_len=256)
     runner = _runner(llm)
-    assert runner.decode_step.max_tokens in (4, 8, 16, 32, 64)  # real timings, any outcome
-    runner.decode_step.max_tokens = 64
+    stack = runner.decode_step
+    assert stack.max_tokens in (4, 8, 16, 32, 64)
+    apply_reach(stack, 64)
+    assert runner.model.model.layers[1].self_attn.qkv_proj.method.max_tokens == 64
     prompts = [{"prompt_token_ids": [(7 * i + 3) % 200 + 1 for i in range(n)]} for n in (50, 9)]
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
     served = []
-    run = runner.decode_step.run
-    monkeypatch.setattr(runner.decode_step, "run",
-                        lambda batch: served.append(batch.num_rows) or run(batch))
+    run = stack.run
+    monkeypatch.setattr(stack, "run", lambda batch: served.append(batch.num_rows) or run(batch))
     with_stack = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     assert max(served) == 59  # both prompts in the stack's first step
-    stack, runner.decode_step = runner.decode_step, None
+    runner.decode_step = None
     without = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     runner.decode_step = stack
     assert with_stack == without
+
+
+def test_the_longest_sequence_bounds_the_sizes():
+    """The worker passes the least of the step budget and max_model_len: a synthetic prompt
+    never runs past the model's positions."""
+    assert reach_sizes(64, None, min(2048, 256), 10**6) == [128, 256]

@@ -24,7 +24,9 @@ beside them for larger steps (twice the weight's memory, as quantized layers' de
 every step; N: steps of up to N tokens). A quantized layer's large steps (crossover.py: the
 sizes where dense bf16 beats W4A8, on matrix units) run as an unquantized layer's, so the
 panels serve there too (a third copy beside W4A8 and torch's where the panels stop short of
-every step), and the decode stack keeps those steps in its one call.
+every step), and the decode stack keeps those steps in its one call. That limit compares
+one matrix alone; the worker may raise it where whole steps run faster on the decode stack
+than through the layers (worker/decode_step/stack_reach.py, cpu_tables.extend_panels).
 """
 
 from __future__ import annotations

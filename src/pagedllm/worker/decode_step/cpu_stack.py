@@ -12,9 +12,11 @@ same order, and the final norm: the result is bit-identical to the model's forwa
 (tested), only the dispatch is gone. cpu_stack_layers.py says which layers qualify
 (Llama, Mistral, Phi-3, Qwen2, Qwen3, Gemma 3 and their windowed and hybrid variants,
 GPT-2, OPT).
-Where quantized layers keep torch's dense weights for large steps (CPUs with matrix units,
-layers/quantization/crossover.py), the stack takes only the steps small enough for the
-byte dot-product weights.
+Where layers keep torch's dense weights for large steps (CPUs with matrix units: a quantized
+layer's crossover, layers/quantization/crossover.py, and the bf16 panels' own,
+bf16_panels.py), the stack takes only the steps its tables multiply: up to the panels'
+limit, which the worker may raise where whole steps are measured faster here
+(stack_reach.py; the layers' panels then follow, so both stay bit-identical).
 
 Steps that mix decodes with prefill chunks (chunked prefill beside running requests: most
 serving steps that admit a request) run here as well: the C loop attends the chunks with the
@@ -193,9 +195,9 @@ class CpuDecodeStack(DecodeStep):
     takes_mixed_steps = True
 
     def serves(self, batch: DecodeBatch) -> bool:
-        """Steps our kernels' weights serve (not those sent to kept torch dense weights),
-        whose LoRA deltas the C kernel takes, on a model that keeps no aux hidden states
-        (EAGLE-3), with a table for each KV cache group."""
+        """Steps of at most `max_tokens` rows (our kernels' weights serve them, not kept
+        torch dense weights), whose LoRA deltas the C kernel takes, on a model that keeps
+        no aux hidden states (EAGLE-3), with a table for each KV cache group."""
         num_rows = batch.num_rows
         if num_rows == 0 or self.decoder.aux_hidden_state_layers:
             return False

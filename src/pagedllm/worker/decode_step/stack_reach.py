@@ -6,15 +6,17 @@ stack stopped there: a larger step (a serving step of 32 decodes beside a 128-to
 ran the Python layers on torch's dense weights. That limit compares one matrix alone. A step
 through the layers also pays for its ~400 dispatched ops, their intermediate tensors and
 the threads waiting between them, which the stack's one call does not: 32 decodes beside a
-128-token prompt took 91 ms through the layers and 56 ms on the stack (BENCHMARKS.md).
+128-token prompt took 91 ms through the layers and 53-56 ms on the stack (BENCHMARKS.md).
 
 So where the stack's tables can run steps larger than its limit (`CpuDecodeStack.capacity`:
 the panels multiply any size), the worker times whole steps once at startup, as it captures
 CUDA graphs there: a synthetic prompt of each size through the stack and through the layers,
-and the stack takes every size up to the first where it is slower (once per process and
-model shape). The synthetic prompt writes its KV into blocks no request holds yet (every
-block is free at startup). Only the default (PAGEDLLM_BF16_PANELS unset) measures; a set
-value is the stack's limit too.
+and the stack takes the sizes up to the last one timed before the first where it is slower
+(once per process and model shape). The layers' panels then serve those sizes too
+(cpu_tables.extend_panels), so a step the layers run instead multiplies as the stack would.
+The synthetic prompt writes its KV into blocks no request holds yet (every block is free
+when the worker first builds the stack; rebuilds reuse the choice). Only the default
+(PAGEDLLM_BF16_PANELS unset) measures; a set value is the stack's limit too.
 """
 
 from __future__ import annotations
@@ -24,8 +26,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from pagedllm import envs
+from pagedllm.layers.cpu_tables import extend_panels
 from pagedllm.layers.quantization.crossover import paired_best_times
 from pagedllm.logger import init_logger
+from pagedllm.worker.decode_step.cpu_stack_layers import matrices
 from pagedllm.worker.input_batch import StepInputs
 
 if TYPE_CHECKING:
@@ -39,6 +43,9 @@ logger = init_logger(__name__)
 MAX_REACH_TOKENS = 512
 # Passes timed per path and size, in turn, after one of each to warm up; the best is kept.
 _ROUNDS = 2
+# A pass through the layers longer than this ends the measurement at its size (a larger
+# model's start would grow by seconds a size).
+_SLOW_PASS_S = 0.5
 # The reach chosen per model shape and bounds: measured once per process (as the panels'
 # limit is), so two engines of one model take the same path for the same step.
 _REACHED: dict[tuple[object, ...], int] = {}
@@ -95,10 +102,15 @@ def synthetic_prompt(num_tokens: int, num_groups: int, block_size: int,
     )
 
 
-def extend_reach(stack: CpuDecodeStack, runner: ModelRunner, max_step: int) -> None:
+def extend_reach(stack: CpuDecodeStack, runner: ModelRunner, max_step: int,
+                 measure: bool = True) -> None:
     """Raise `stack.max_tokens` to the largest step size where whole steps are measured
     faster on the stack than through the layers (module docstring), where its tables can
-    run steps past it."""
+    run steps past it; the layers' panels then serve those sizes too (`apply_reach`).
+    `max_step`: the engine's largest step and longest sequence, whichever is less. A
+    choice made for this shape earlier in the process is reused; else only with `measure`
+    (the worker's first build: a rebuild's caches may hold live blocks) it is measured. A
+    measurement that fails leaves the limit, with a warning."""
     limit = stack.max_tokens
     if limit is None or envs.bf16_panels() != "auto":
         return
@@ -107,27 +119,61 @@ def extend_reach(stack: CpuDecodeStack, runner: ModelRunner, max_step: int) -> N
     if not sizes:
         return
     dims = stack.dims
-    key = (dims.num_layers, dims.hidden, dims.intermediate, dims.num_heads, dims.num_kv_heads,
-           dims.head_size, dims.vocab_size, dims.kv_bf16, limit, tuple(sizes))
-    if key in _REACHED:  # a model of the same shapes in this process: the same choice
-        stack.max_tokens = _REACHED[key]
+    key = (type(stack.decoder).__name__, dims.num_layers, dims.hidden, dims.intermediate,
+           dims.num_heads, dims.num_kv_heads, dims.head_size, dims.vocab_size, dims.kv_bf16,
+           stack.num_groups, limit, tuple(sizes))
+    reach = _REACHED.get(key)
+    if reach is None and measure:
+        try:
+            reach = _measure_reach(stack, runner, limit, sizes)
+        except Exception as error:  # noqa: BLE001 - any failure keeps the matrices' limit
+            logger.warning("Decode stack: timing its steps failed (%s); it keeps steps of up "
+                           "to %d tokens.", error, limit)
+            return
+        _REACHED[key] = reach
+    if reach is not None:
+        apply_reach(stack, reach)
+
+
+def apply_reach(stack: CpuDecodeStack, reach: int) -> None:
+    """The stack serves steps of up to `reach` tokens, and so do its layers' panels where
+    they stopped short (cpu_tables.extend_panels): a step the layers run instead (one the
+    stack does not take) multiplies as the stack would, so the two stay bit-identical."""
+    if stack.max_tokens is not None and reach <= stack.max_tokens:
         return
+    for layer in stack.layers:
+        for linear in matrices(layer):
+            extend_panels(linear.method.base_method(), reach)
+    stack.max_tokens = reach
+
+
+def _measure_reach(stack: CpuDecodeStack, runner: ModelRunner, limit: int,
+                   sizes: list[int]) -> int:
+    """Time each size on the stack and through the layers, from the smallest, until the
+    stack is slower, the stack refuses the step or a pass takes over _SLOW_PASS_S; the
+    reach `choose_reach` makes of it."""
+    timings: dict[int, tuple[float, float]] = {}
     stack.max_tokens = sizes[-1]  # the stack serves every size timed while it is timed
-    timings = {}
     try:
         for tokens in sizes:
-            inputs = synthetic_prompt(tokens, len(runner.kv_cache_groups), block_size,
+            inputs = synthetic_prompt(tokens, stack.num_groups, runner.block_size,
                                       stack.dims.vocab_size or 1)
+            if runner.forward_bare(inputs, stack) is None:
+                break  # a step the stack does not take (a model keeping hidden states)
             timings[tokens] = paired_best_times(
                 lambda: runner.forward_bare(inputs, stack),  # noqa: B023 (timed right here)
                 lambda: runner.forward_bare(inputs, None),  # noqa: B023
                 min_rounds=_ROUNDS, min_seconds=0.0,
             )
-            if timings[tokens][0] > timings[tokens][1]:
-                break  # the larger sizes would not be taken
+            on_stack, layers = timings[tokens]
+            if on_stack > layers or layers > _SLOW_PASS_S:
+                break  # the larger sizes would not be taken, or cost too long a start
     finally:
-        stack.max_tokens = _REACHED[key] = choose_reach(limit, timings)
-    ratios = ", ".join(f"{t}: {layers / on_stack:.2f}x"
-                       for t, (on_stack, layers) in sorted(timings.items()))
-    logger.info("Decode stack: steps of up to %d tokens (its limit by the matrices alone: %d; "
-                "its speedup over the layers by tokens %s).", stack.max_tokens, limit, ratios)
+        stack.max_tokens = limit
+    reach = choose_reach(limit, timings)
+    if timings:
+        ratios = ", ".join(f"{t}: {layers / on_stack:.2f}x"
+                           for t, (on_stack, layers) in sorted(timings.items()))
+        logger.info("Decode stack: steps of up to %d tokens (its limit by the matrices alone: "
+                    "%d; its speedup over the layers by tokens %s).", reach, limit, ratios)
+    return reach
