@@ -11,7 +11,7 @@ addresses, so the layer must outlive them.
 from __future__ import annotations
 
 import ctypes
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -109,8 +109,9 @@ def extend_panels(method: LinearMethod, max_tokens: int) -> None:
     crossover = None
     if isinstance(method, CrossoverMethod) and isinstance(method.small, Bf16PanelWeight):
         crossover = method
-    elif large_panels(method) is not None and isinstance(method, CrossoverMethod):
-        crossover = method.large if isinstance(method.large, CrossoverMethod) else None
+    elif large_panels(method) is not None:  # a CrossoverMethod with panels for large steps
+        large = cast(CrossoverMethod, method).large
+        crossover = large if isinstance(large, CrossoverMethod) else None
     if crossover is not None and crossover.max_tokens < max_tokens:
         crossover.max_tokens = max_tokens
 

@@ -96,7 +96,8 @@ class Worker:
         # One tensor per slot; the runner sees them per layer.
         self.kv_caches = self._allocate_kv_caches()
         self.sleep_mode = SleepMode()
-        # Whether the decode stack's reach was measured (stack_reach.py): once per worker.
+        # Whether a decode stack was built once (its reach is measured only then, over free
+        # blocks: stack_reach.py).
         self._stack_reach_measured = False
         self._build_runner()
 
@@ -213,6 +214,7 @@ class Worker:
     def _build_decode_step(self) -> DecodeStep | None:
         """The platform's decode-step fast path, where it serves this engine (none while a
         fault is injected: the fast paths would bypass its hook)."""
+        measured, self._stack_reach_measured = self._stack_reach_measured, True
         if faults_requested():
             return None
         kind = self.platform.decode_step_kind()
@@ -226,8 +228,7 @@ class Worker:
                 config = self.config
                 extend_reach(stack, runner, min(config.scheduler_config.max_num_batched_tokens,
                                                 config.model_config.max_model_len),
-                             measure=not self._stack_reach_measured)
-                self._stack_reach_measured = True
+                             measure=not measured)
             return stack
         return None
 

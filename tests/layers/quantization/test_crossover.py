@@ -3,6 +3,8 @@ the override, and the measurement itself on this CPU."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from pagedllm import envs
@@ -84,7 +86,7 @@ def test_two_calls_are_timed_in_turn_and_each_keeps_its_best(monkeypatch):
         calls.append("b")
         now[0] += 3.0
 
-    monkeypatch.setattr(dense_crossover.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(dense_crossover, "time", SimpleNamespace(perf_counter=lambda: now[0]))
     best = dense_crossover.paired_best_times(first, second, min_rounds=3, min_seconds=0.0)
     assert best == (1.0, 3.0)
     assert calls == ["a", "b"] + ["a", "b"] * 3

@@ -12,7 +12,7 @@ So where the stack's tables can run steps larger than its limit (`CpuDecodeStack
 the panels multiply any size), the worker times whole steps once at startup, as it captures
 CUDA graphs there: a synthetic prompt of each size through the stack and through the layers,
 and the stack takes the sizes up to the last one timed before the first where it is slower
-(once per process and model shape). The layers' panels then serve those sizes too
+(once per process, model shape and step bounds). The layers' panels then serve those sizes too
 (cpu_tables.extend_panels), so a step the layers run instead multiplies as the stack would.
 The synthetic prompt writes its KV into blocks no request holds yet (every block is free
 when the worker first builds the stack; rebuilds reuse the choice). Only the default
@@ -46,8 +46,9 @@ _ROUNDS = 2
 # A pass through the layers longer than this ends the measurement at its size (a larger
 # model's start would grow by seconds a size).
 _SLOW_PASS_S = 0.5
-# The reach chosen per model shape and bounds: measured once per process (as the panels'
-# limit is), so two engines of one model take the same path for the same step.
+# The reach chosen per model shape, limit and sizes timed (which the step budget,
+# max_model_len and the cache's blocks bound): measured once per process (as the panels'
+# limit is), so two engines of one model and configuration take the same path for a step.
 _REACHED: dict[tuple[object, ...], int] = {}
 
 
@@ -130,7 +131,8 @@ def extend_reach(stack: CpuDecodeStack, runner: ModelRunner, max_step: int,
             logger.warning("Decode stack: timing its steps failed (%s); it keeps steps of up "
                            "to %d tokens.", error, limit)
             return
-        _REACHED[key] = reach
+        if reach is not None:
+            _REACHED[key] = reach
     if reach is not None:
         apply_reach(stack, reach)
 
@@ -148,10 +150,11 @@ def apply_reach(stack: CpuDecodeStack, reach: int) -> None:
 
 
 def _measure_reach(stack: CpuDecodeStack, runner: ModelRunner, limit: int,
-                   sizes: list[int]) -> int:
+                   sizes: list[int]) -> int | None:
     """Time each size on the stack and through the layers, from the smallest, until the
     stack is slower, the stack refuses the step or a pass takes over _SLOW_PASS_S; the
-    reach `choose_reach` makes of it."""
+    reach `choose_reach` makes of it, or None when no size was timed (a stack refusing
+    such steps says nothing about another engine's of the same shape)."""
     timings: dict[int, tuple[float, float]] = {}
     stack.max_tokens = sizes[-1]  # the stack serves every size timed while it is timed
     try:
@@ -170,10 +173,11 @@ def _measure_reach(stack: CpuDecodeStack, runner: ModelRunner, limit: int,
                 break  # the larger sizes would not be taken, or cost too long a start
     finally:
         stack.max_tokens = limit
+    if not timings:
+        return None
     reach = choose_reach(limit, timings)
-    if timings:
-        ratios = ", ".join(f"{t}: {layers / on_stack:.2f}x"
-                           for t, (on_stack, layers) in sorted(timings.items()))
-        logger.info("Decode stack: steps of up to %d tokens (its limit by the matrices alone: "
-                    "%d; its speedup over the layers by tokens %s).", reach, limit, ratios)
+    ratios = ", ".join(f"{t}: {layers / on_stack:.2f}x"
+                       for t, (on_stack, layers) in sorted(timings.items()))
+    logger.info("Decode stack: steps of up to %d tokens (its limit by the matrices alone: %d; "
+                "its speedup over the layers by tokens %s).", reach, limit, ratios)
     return reach
