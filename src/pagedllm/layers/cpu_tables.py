@@ -11,7 +11,7 @@ addresses, so the layer must outlive them.
 from __future__ import annotations
 
 import ctypes
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -106,13 +106,13 @@ def extend_panels(method: LinearMethod, max_tokens: int) -> None:
     short of that, torch's dense weight keeping the larger ones: a dense layer's crossover,
     or a quantized layer's large steps' (the decode stack's measured reach,
     worker/decode_step/stack_reach.py, so the layers multiply as the stack does)."""
-    crossover = None
-    if isinstance(method, CrossoverMethod) and isinstance(method.small, Bf16PanelWeight):
-        crossover = method
-    elif large_panels(method) is not None:  # a CrossoverMethod with panels for large steps
-        large = cast(CrossoverMethod, method).large
-        crossover = large if isinstance(large, CrossoverMethod) else None
-    if crossover is not None and crossover.max_tokens < max_tokens:
+    crossover = method
+    if isinstance(method, CrossoverMethod) and not isinstance(method.small, Bf16PanelWeight):
+        crossover = method.large  # a quantized layer's: its large steps' method
+    if (
+        isinstance(crossover, CrossoverMethod) and isinstance(crossover.small, Bf16PanelWeight)
+        and crossover.max_tokens < max_tokens
+    ):
         crossover.max_tokens = max_tokens
 
 
