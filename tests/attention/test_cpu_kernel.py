@@ -203,3 +203,58 @@ def test_a_decode_alone_equals_it_in_a_large_batch(cache_dtype, length, shape):
     batched = attend(slice(None))
     for r in (0, 17, num_reqs - 1):
         assert torch.equal(attend(slice(r, r + 1))[0], batched[r])
+
+
+def _prefill(cache, tables, chunks, head_size, window=None):
+    """paged_prefill_attention over `chunks` [(table row, context, query rows)], each its
+    own request of one call."""
+    rows = torch.cat([q for _, _, q in chunks]).contiguous()
+    out = torch.zeros_like(rows)
+    lens = [q.shape[0] for _, _, q in chunks]
+    starts = torch.tensor([0, *lens[:-1]], dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    cpu_kernel.paged_prefill_attention(
+        out, rows, cache, torch.stack([tables[r] for r, _, _ in chunks]).contiguous(),
+        starts, torch.tensor(lens, dtype=torch.int32),
+        torch.tensor([c for _, c, _ in chunks], dtype=torch.int32),
+        max(c + q.shape[0] for _, c, q in chunks), head_size**-0.5, window,
+    )
+    return out
+
+
+@needs_kernel
+@pytest.mark.parametrize("shape", HEAD_SHAPES)
+@pytest.mark.parametrize("window", [None, 40])
+def test_a_prompts_prefill_rows_do_not_depend_on_chunks_or_batch(window, shape):
+    """A bfloat16 cache's prefill (on AMX's tiles where the library has them): each query
+    row is bit-identical prefilled whole, in chunks of any size, or beside other requests;
+    and close to a float64 reference (bfloat16 output rounding)."""
+    gen = torch.Generator().manual_seed(11)
+    block_size, (kv_heads, heads, head_size) = 16, shape
+    lengths = [150, 37]
+    blocks = [-(-n // block_size) for n in lengths]
+    cache = torch.randn(2, sum(blocks) + 1, block_size, kv_heads, head_size,
+                        generator=gen).bfloat16()
+    order = (torch.randperm(sum(blocks), generator=gen) + 1).int()
+    tables = torch.zeros(len(lengths), max(blocks), dtype=torch.int32)
+    tables[0, : blocks[0]], tables[1, : blocks[1]] = order[: blocks[0]], order[blocks[0] :]
+    query = torch.randn(lengths[0], heads, head_size, generator=gen).bfloat16()
+    whole = _prefill(cache, tables, [(0, 0, query)], head_size, window)
+    for cuts in ([0, 1, 17, 50, 150], [0, 64, 70, 150], [0, 149, 150]):
+        for lo, hi in zip(cuts, cuts[1:], strict=False):
+            chunk = _prefill(cache, tables, [(0, lo, query[lo:hi])], head_size, window)
+            assert torch.equal(chunk, whole[lo:hi]), (cuts, lo)
+    other = torch.randn(lengths[1], heads, head_size, generator=gen).bfloat16()
+    both = _prefill(cache, tables, [(1, 0, other), (0, 0, query)], head_size, window)
+    assert torch.equal(both[lengths[1]:], whole)
+    slots = (tables[0].long()[:, None] * block_size + torch.arange(block_size)).flatten()
+    keys, values = (cache[i].reshape(-1, kv_heads, head_size)[slots[: lengths[0]]].double()
+                    for i in (0, 1))
+    q = query.double().view(lengths[0], kv_heads, heads // kv_heads, head_size)
+    scores = torch.einsum("tghd,pgd->tghp", q, keys) * head_size**-0.5
+    position = torch.arange(lengths[0])
+    visible = position[None, :] <= position[:, None]
+    if window is not None:
+        visible &= position[None, :] > position[:, None] - window
+    scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
+    want = torch.einsum("tghp,pgd->tghd", scores.softmax(-1), values).reshape(whole.shape)
+    torch.testing.assert_close(whole.double(), want, atol=1e-2, rtol=1e-2)

@@ -27,7 +27,8 @@ CSRC = Path(__file__).with_name("csrc")
 # The sources every variant shares; its ISA source (isa.h's primitives) is added to them.
 COMMON_SOURCES = (
     "w4a8.c", "paged_attention.c", "cpu_ops.c", "lora.c", "decode_stack.c", "moe.c",
-    "lm_head.c", "decode_loop.c", "bf16_matmul.c", "amx_bf16.c", "dense_attention.c",
+    "lm_head.c", "decode_loop.c", "bf16_matmul.c", "amx_bf16.c", "amx_attention.c",
+    "dense_attention.c",
 )
 # -ffast-math lets the compiler vectorize the float reductions of the common sources; the
 # arithmetic that must be equal on every ISA is written with explicit fused multiply-adds

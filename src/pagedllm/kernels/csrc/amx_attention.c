@@ -1,0 +1,321 @@
+/*
+ * Prefill attention from a bfloat16 paged cache on Intel AMX's tiles (the amx_bf16 variant;
+ * every other build compiles this file to "not here", and paged_attention.c's vector kernel
+ * runs). Same inputs and work items as paged_prefill_bf16 (paged_attention.c): each
+ * request's new query rows attend causally to its context and themselves.
+ *
+ * Two passes:
+ * - each (request, kv head)'s keys and values are packed once into the tiles' B layout
+ *   (tdpbf16ps takes B as K / 2 rows of column pairs): keys as 16-key tiles of their
+ *   dimension pairs transposed (for Q K^T), values as 32-key tiles of position pairs
+ *   interleaved per 16 dimensions (for P V). Positions past the context are zeros.
+ * - each item (request, kv head, 16 queries: the query heads of the kv head, G rows a
+ *   query) packs its query rows as A tiles, computes its scores 16 keys at a time (float32
+ *   sums, then times the scale), takes the float32 softmax of each row as the vector kernel
+ *   does (softmax.h), and multiplies the probabilities by the values: each probability is
+ *   split into two bfloat16 parts (p = hi + lo, exact to about 16 bits; one part alone
+ *   would round it to 8) whose products add into the same float32 accumulators.
+ *
+ * A row's result does not depend on the batch or on how its prompt was chunked: every
+ * tile's element is its own row's sums over the same key tiles, which start at multiples of
+ * 32 positions whatever the item, and the tiles past a row's position add products of zero
+ * probabilities (exact zeros), so skipping them for a whole row tile changes no row.
+ *
+ * Takes head sizes that are multiples of 32 and blocks of a multiple of 16 positions (a key
+ * tile stays in one block); anything else returns -1 and the vector kernel runs.
+ */
+#include <stdint.h>
+
+#include "isa.h"
+#include "kernels.h"
+
+#ifdef ISA_AMX_BF16
+#include <immintrin.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bf16.h"
+#include "softmax.h"
+
+#define QUERY_BLOCK 16 /* queries an item, as paged_attention.c's */
+#define TILE 16        /* rows of a tile; 64 bytes a row */
+#define KEYS_QK 16     /* keys of a score tile (the B tile's 16 columns) */
+#define KEYS_PV 32     /* keys of a value tile (the A tile's 32 bfloat16 columns) */
+#define ACCUMULATORS 4 /* 16-dimension output slices a pass keeps in tiles */
+
+/* Tile registers: accumulators C0..C3, A tiles for the hi and lo probabilities (the query
+ * in the scores pass), one B tile. Literal numbers: the intrinsics paste them. */
+#define A_HI 4
+#define A_LO 5
+#define B_T 6
+
+typedef struct __attribute__((aligned(64))) {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} TileConfig;
+
+static void configure_tiles(void) {
+    TileConfig cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t <= B_T; t++) cfg.rows[t] = TILE, cfg.colsb[t] = 64;
+    _tile_loadconfig(&cfg);
+}
+
+static inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+/* Bytes of one (request, kv head)'s packed keys and values for n positions at head size D. */
+static inline int64_t packed_bytes(int64_t n, int64_t D) {
+    return (round_up(n, KEYS_QK) + round_up(n, KEYS_PV)) * D * 2;
+}
+
+/* The cache row of position k (kv head g) through the block table. */
+static inline const uint16_t *cache_row(const uint16_t *rows, const int32_t *blocks,
+                                        int64_t bs, int64_t Hkv, int64_t g, int64_t D,
+                                        int64_t k) {
+    return rows + (((int64_t)blocks[k / bs] * bs + k % bs) * Hkv + g) * D;
+}
+
+/* Keys [0, n) of kv head g as score B tiles: tile t, chunk c (32 dimensions) is 16 rows of
+ * 16 pairs, row kk holding pair kk (dimensions c * 32 + 2kk, +1) of keys 16t .. 16t + 15. */
+static void pack_keys(uint32_t *dst, const uint16_t *keys, const int32_t *blocks, int64_t bs,
+                      int64_t Hkv, int64_t g, int64_t D, int64_t n) {
+    const int64_t chunks = D / 32, padded = round_up(n, KEYS_QK);
+    for (int64_t k = 0; k < padded; k++) {
+        uint32_t *tile = dst + (k / KEYS_QK) * chunks * 256 + k % KEYS_QK;
+        if (k >= n) {
+            for (int64_t p = 0; p < D / 2; p++) tile[(p / 16) * 256 + (p % 16) * 16] = 0;
+            continue;
+        }
+        const uint16_t *row = cache_row(keys, blocks, bs, Hkv, g, D, k);
+        for (int64_t p = 0; p < D / 2; p++) {
+            uint32_t pair;
+            memcpy(&pair, row + 2 * p, sizeof pair);
+            tile[(p / 16) * 256 + (p % 16) * 16] = pair;
+        }
+    }
+}
+
+/* Values [0, n) of kv head g as value B tiles: tile t, slice s (16 dimensions) is 16 rows of
+ * 16 pairs, row kk holding positions 32t + 2kk and + 1 of each dimension side by side. */
+static void pack_values(uint16_t *dst, const uint16_t *values, const int32_t *blocks,
+                        int64_t bs, int64_t Hkv, int64_t g, int64_t D, int64_t n) {
+    const int64_t slices = D / 16, padded = round_up(n, KEYS_PV);
+    for (int64_t k = 0; k < padded; k++) {
+        uint16_t *tile = dst + (k / KEYS_PV) * slices * 512 + ((k % KEYS_PV) / 2) * 32 + k % 2;
+        const uint16_t *row = k < n ? cache_row(values, blocks, bs, Hkv, g, D, k) : NULL;
+        for (int64_t j = 0; j < D; j++)
+            tile[(j / 16) * 512 + (j % 16) * 2] = row ? row[j] : 0;
+    }
+}
+
+/* A thread's buffers for one item: scores [rows][keys], the query A rows, the hi and lo
+ * probabilities [rows][keys], a tile's float32 sums. */
+typedef struct {
+    float *scores, *sums;
+    uint16_t *query, *p_hi, *p_lo;
+    int64_t keys; /* the scores' and probabilities' row length: max_seq_len rounded up */
+} ItemBuffers;
+
+static int alloc_buffers(ItemBuffers *b, int64_t rows, int64_t max_seq_len, int64_t D) {
+    const int64_t padded_rows = round_up(rows, TILE);
+    b->keys = round_up(max_seq_len, KEYS_PV);
+    b->scores = malloc(sizeof(float) * padded_rows * b->keys);
+    b->sums = aligned_alloc(64, sizeof(float) * TILE * 16);
+    b->query = malloc(2 * padded_rows * D);
+    b->p_hi = malloc(2 * padded_rows * b->keys);
+    b->p_lo = malloc(2 * padded_rows * b->keys);
+    return b->scores && b->sums && b->query && b->p_hi && b->p_lo;
+}
+
+static void free_buffers(ItemBuffers *b) {
+    free(b->scores), free(b->sums), free(b->query), free(b->p_hi), free(b->p_lo);
+}
+
+/* One item: queries [i0, i1) of the request whose first query is batch token `first`,
+ * with `context` cached positions, for kv head g; keys/values packed as above. */
+static void item(const PagedDims *d, const uint16_t *query, int64_t q_stride, uint16_t *out,
+                 const uint32_t *packed_keys, const uint16_t *packed_values, int64_t first,
+                 int64_t context, int64_t i0, int64_t i1, int64_t g, float scale,
+                 ItemBuffers *b) {
+    const int64_t D = d->head_size, H = d->num_heads, G = H / d->num_kv_heads;
+    const int64_t rows = (i1 - i0) * G, row_tiles = (rows + TILE - 1) / TILE;
+    const int64_t chunks = D / 32, slices = D / 16, stride = b->keys;
+    /* Keys before the first row's window start are skipped a 32-key tile at a time. */
+    const int64_t w = d->window, first_visible = w > 0 && context + i0 + 1 > w
+                                                     ? context + i0 + 1 - w : 0;
+    const int64_t k_start = first_visible / KEYS_PV * KEYS_PV;
+    for (int64_t r = 0; r < row_tiles * TILE; r++) { /* row r: query i0 + r / G, head r % G */
+        uint16_t *dst = b->query + r * D;
+        if (r < rows)
+            memcpy(dst, query + (first + i0 + r / G) * q_stride + (g * G + r % G) * D, 2 * D);
+        else
+            memset(dst, 0, 2 * D);
+    }
+    for (int64_t rt = 0; rt < row_tiles; rt++) {
+        const int64_t r0 = rt * TILE, r1 = r0 + TILE < rows ? r0 + TILE : rows;
+        const int64_t last = context + i0 + (r1 - 1) / G; /* the tile's last row's position */
+        /* Scores of the tile's rows against every key up to its last row's position. */
+        for (int64_t k0 = k_start; k0 <= last; k0 += KEYS_QK) {
+            _tile_zero(0);
+            for (int64_t c = 0; c < chunks; c++) {
+                _tile_loadd(A_HI, b->query + r0 * D + c * 32, 2 * D);
+                _tile_loadd(B_T, packed_keys + ((k0 / KEYS_QK) * chunks + c) * 256, 64);
+                _tile_dpbf16ps(0, A_HI, B_T);
+            }
+            _tile_stored(0, b->sums, 64);
+            const int64_t kt = last + 1 - k0 < KEYS_QK ? last + 1 - k0 : KEYS_QK;
+            for (int64_t r = r0; r < r1; r++)
+                for (int64_t t = 0; t < kt; t++)
+                    b->scores[r * stride + k0 + t] = b->sums[(r - r0) * 16 + t] * scale;
+        }
+        /* Each row's softmax over its visible keys; the probabilities in two parts. */
+        const int64_t k_end = round_up(last + 1, KEYS_PV);
+        for (int64_t r = r0; r < r0 + TILE; r++) {
+            uint16_t *hi = b->p_hi + r * stride, *lo = b->p_lo + r * stride;
+            if (r >= r1) {
+                memset(hi + k_start, 0, 2 * (k_end - k_start));
+                memset(lo + k_start, 0, 2 * (k_end - k_start));
+                continue;
+            }
+            const int64_t pos = context + i0 + r / G;
+            const int64_t low = w > 0 && pos + 1 > w ? pos + 1 - w : 0;
+            float *s = b->scores + r * stride;
+            softmax(s + low, pos + 1 - low);
+            for (int64_t k = k_start; k < k_end; k++) {
+                const float p = k >= low && k <= pos ? s[k] : 0.f;
+                hi[k] = float_to_bf16(p);
+                lo[k] = float_to_bf16(p - bf16_to_float(hi[k]));
+            }
+        }
+        /* The probabilities times the values, ACCUMULATORS slices of 16 dimensions a pass. */
+        for (int64_t s0 = 0; s0 < slices; s0 += ACCUMULATORS) {
+            const int64_t n = slices - s0 < ACCUMULATORS ? slices - s0 : ACCUMULATORS;
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+            for (int64_t k0 = k_start; k0 < k_end; k0 += KEYS_PV) {
+                _tile_loadd(A_HI, b->p_hi + r0 * stride + k0, 2 * stride);
+                _tile_loadd(A_LO, b->p_lo + r0 * stride + k0, 2 * stride);
+                const uint16_t *v = packed_values + ((k0 / KEYS_PV) * slices + s0) * 512;
+                /* (literal tile numbers: a loop over them would not compile) */
+                _tile_loadd(B_T, v, 64);
+                _tile_dpbf16ps(0, A_HI, B_T);
+                _tile_dpbf16ps(0, A_LO, B_T);
+                if (n > 1) {
+                    _tile_loadd(B_T, v + 512, 64);
+                    _tile_dpbf16ps(1, A_HI, B_T);
+                    _tile_dpbf16ps(1, A_LO, B_T);
+                }
+                if (n > 2) {
+                    _tile_loadd(B_T, v + 1024, 64);
+                    _tile_dpbf16ps(2, A_HI, B_T);
+                    _tile_dpbf16ps(2, A_LO, B_T);
+                }
+                if (n > 3) {
+                    _tile_loadd(B_T, v + 1536, 64);
+                    _tile_dpbf16ps(3, A_HI, B_T);
+                    _tile_dpbf16ps(3, A_LO, B_T);
+                }
+            }
+            for (int64_t j = 0; j < n; j++) {
+                if (j == 0) _tile_stored(0, b->sums, 64);
+                if (j == 1) _tile_stored(1, b->sums, 64);
+                if (j == 2) _tile_stored(2, b->sums, 64);
+                if (j == 3) _tile_stored(3, b->sums, 64);
+                for (int64_t r = r0; r < r1; r++) {
+                    uint16_t *o = out + (first + i0 + r / G) * H * D + (g * G + r % G) * D
+                                  + (s0 + j) * 16;
+                    for (int64_t t = 0; t < 16; t++) o[t] = float_to_bf16(b->sums[(r - r0) * 16 + t]);
+                }
+            }
+        }
+    }
+}
+
+int paged_prefill_bf16_tiles(const PagedDims *d, const uint16_t *query, int64_t q_stride,
+                             uint16_t *out, const char *kv_cache, const int32_t *block_tables,
+                             const int32_t *query_starts, const int32_t *query_lens,
+                             const int32_t *context_lens, int64_t num_reqs,
+                             int64_t max_seq_len, float scale) {
+    const int64_t D = d->head_size, Hkv = d->num_kv_heads, bs = d->block_size;
+    if (D % 32 != 0 || bs % KEYS_QK != 0 || num_reqs == 0 || !bf16_matrix_units()) return -1;
+    const uint16_t *keys = (const uint16_t *)kv_cache;
+    const uint16_t *values = keys + d->num_blocks * bs * Hkv * D;
+    /* Where each (request, kv head)'s packed keys and values start, and the items. */
+    int64_t *packed_at = malloc(sizeof(int64_t) * (num_reqs * Hkv + 1));
+    int64_t *item_starts = malloc(sizeof(int64_t) * (num_reqs + 1));
+    if (packed_at == NULL || item_starts == NULL) {
+        free(packed_at), free(item_starts);
+        return 1;
+    }
+    packed_at[0] = 0, item_starts[0] = 0;
+    for (int64_t r = 0; r < num_reqs; r++) {
+        const int64_t n = context_lens[r] + query_lens[r];
+        for (int64_t g = 0; g < Hkv; g++)
+            packed_at[r * Hkv + g + 1] = packed_at[r * Hkv + g] + packed_bytes(n, D);
+        item_starts[r + 1] = item_starts[r]
+            + Hkv * ((query_lens[r] + QUERY_BLOCK - 1) / QUERY_BLOCK);
+    }
+    char *packed = aligned_alloc(64, round_up(packed_at[num_reqs * Hkv], 64));
+    if (packed == NULL) {
+        free(packed_at), free(item_starts);
+        return 1;
+    }
+    int failed = 0;
+    #pragma omp parallel
+    {
+        #pragma omp for schedule(dynamic, 1)
+        for (int64_t u = 0; u < num_reqs * Hkv; u++) {
+            const int64_t r = u / Hkv, g = u % Hkv, n = context_lens[r] + query_lens[r];
+            const int32_t *blocks = block_tables + r * d->max_blocks;
+            char *at = packed + packed_at[u];
+            pack_keys((uint32_t *)at, keys, blocks, bs, Hkv, g, D, n);
+            pack_values((uint16_t *)(at + round_up(n, KEYS_QK) * D * 2), values, blocks, bs,
+                        Hkv, g, D, n);
+        }
+        ItemBuffers b;
+        const int ok = alloc_buffers(&b, QUERY_BLOCK * (d->num_heads / Hkv), max_seq_len, D);
+        if (!ok) {
+            #pragma omp atomic write
+            failed = 1;
+        } else {
+            configure_tiles();
+        }
+        #pragma omp for schedule(dynamic, 1)
+        for (int64_t it = 0; it < item_starts[num_reqs]; it++) {
+            if (!ok) continue;
+            int64_t r = 0;
+            while (item_starts[r + 1] <= it) r++;
+            const int64_t local = it - item_starts[r], g = local % Hkv;
+            const int64_t i0 = (local / Hkv) * QUERY_BLOCK;
+            const int64_t i1 = i0 + QUERY_BLOCK < query_lens[r] ? i0 + QUERY_BLOCK : query_lens[r];
+            const int64_t n = context_lens[r] + query_lens[r];
+            const char *at = packed + packed_at[r * Hkv + g];
+            item(d, query, q_stride, out, (const uint32_t *)at,
+                 (const uint16_t *)(at + round_up(n, KEYS_QK) * D * 2), query_starts[r],
+                 context_lens[r], i0, i1, g, scale, &b);
+        }
+        if (ok) _tile_release();
+        free_buffers(&b);
+    }
+    free(packed), free(packed_at), free(item_starts);
+    return failed;
+}
+
+#else /* not built for AMX */
+
+int paged_prefill_bf16_tiles(const PagedDims *d, const uint16_t *query, int64_t q_stride,
+                             uint16_t *out, const char *kv_cache, const int32_t *block_tables,
+                             const int32_t *query_starts, const int32_t *query_lens,
+                             const int32_t *context_lens, int64_t num_reqs,
+                             int64_t max_seq_len, float scale) {
+    (void)d, (void)query, (void)q_stride, (void)out, (void)kv_cache, (void)block_tables;
+    (void)query_starts, (void)query_lens, (void)context_lens, (void)num_reqs;
+    (void)max_seq_len, (void)scale;
+    return -1;
+}
+
+#endif
