@@ -224,16 +224,21 @@ def _prefill(cache, tables, chunks, head_size, window=None):
 @needs_kernel
 @pytest.mark.parametrize("shape", HEAD_SHAPES)
 @pytest.mark.parametrize("window", [None, 40])
-def test_a_prompts_prefill_rows_do_not_depend_on_chunks_or_batch(window, shape):
-    """A bfloat16 cache's prefill (on AMX's tiles where the library has them): each query
+@pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.int8])
+def test_a_prompts_prefill_rows_do_not_depend_on_chunks_or_batch(cache_dtype, window, shape):
+    """bfloat16 queries' prefill (on AMX's tiles where the library has them): each query
     row is bit-identical prefilled whole, in chunks of any size, or beside other requests;
-    and close to a float64 reference (bfloat16 output rounding)."""
+    and close to a float64 reference over the cache's values (bfloat16 output rounding)."""
     gen = torch.Generator().manual_seed(11)
     block_size, (kv_heads, heads, head_size) = 16, shape
     lengths = [150, 37]
     blocks = [-(-n // block_size) for n in lengths]
-    cache = torch.randn(2, sum(blocks) + 1, block_size, kv_heads, head_size,
-                        generator=gen).bfloat16()
+    rows = torch.randn(2, sum(blocks) + 1, block_size, kv_heads, head_size, generator=gen)
+    if cache_dtype == torch.int8:
+        cache = kv_quant.quantize_rows(rows)
+        exact = kv_quant.dequantize_rows(cache, torch.float32)
+    else:
+        cache = exact = rows.bfloat16()
     order = (torch.randperm(sum(blocks), generator=gen) + 1).int()
     tables = torch.zeros(len(lengths), max(blocks), dtype=torch.int32)
     tables[0, : blocks[0]], tables[1, : blocks[1]] = order[: blocks[0]], order[blocks[0] :]
@@ -247,7 +252,7 @@ def test_a_prompts_prefill_rows_do_not_depend_on_chunks_or_batch(window, shape):
     both = _prefill(cache, tables, [(1, 0, other), (0, 0, query)], head_size, window)
     assert torch.equal(both[lengths[1]:], whole)
     slots = (tables[0].long()[:, None] * block_size + torch.arange(block_size)).flatten()
-    keys, values = (cache[i].reshape(-1, kv_heads, head_size)[slots[: lengths[0]]].double()
+    keys, values = (exact[i].reshape(-1, kv_heads, head_size)[slots[: lengths[0]]].double()
                     for i in (0, 1))
     q = query.double().view(lengths[0], kv_heads, heads // kv_heads, head_size)
     scores = torch.einsum("tghd,pgd->tghp", q, keys) * head_size**-0.5

@@ -1,14 +1,19 @@
 /*
- * Prefill attention from a bfloat16 paged cache on Intel AMX's tiles (the amx_bf16 variant;
- * every other build compiles this file to "not here", and paged_attention.c's vector kernel
- * runs). Same inputs and work items as paged_prefill_bf16 (paged_attention.c): each
- * request's new query rows attend causally to its context and themselves.
+ * Prefill attention of bfloat16 queries on Intel AMX's tiles, from a bfloat16 or int8 paged
+ * cache (the amx_bf16 variant; every other build compiles this file to "not here", and
+ * paged_attention.c's vector kernels run). Same inputs and work items as
+ * paged_prefill_bf16 / paged_prefill_bf16_int8 (paged_attention.c): each request's new
+ * query rows attend causally to its context and themselves.
  *
  * Two passes:
  * - each (request, kv head)'s keys and values are packed once into the tiles' B layout
  *   (tdpbf16ps takes B as K / 2 rows of column pairs): keys as 16-key tiles of their
  *   dimension pairs transposed (for Q K^T), values as 32-key tiles of position pairs
- *   interleaved per 16 dimensions (for P V). Positions past the context are zeros.
+ *   interleaved per 16 dimensions (for P V). Positions past the context are zeros. An int8
+ *   cache's rows are converted to float32 as the vector kernel converts them
+ *   (isa_int8_row_to_float) and each value is packed in two bfloat16 parts (hi + lo, exact
+ *   to about 16 bits), whose products add into the same sums (the lo values times the lo
+ *   probabilities, below 2^-16 of the result, are left out).
  * - each item (request, kv head, 16 queries: the query heads of the kv head, G rows a
  *   query) packs its query rows as A tiles, computes its scores 16 keys at a time (float32
  *   sums, then times the scale), takes the float32 softmax of each row as the vector kernel
@@ -21,8 +26,8 @@
  * 32 positions whatever the item, and the tiles past a row's position add products of zero
  * probabilities (exact zeros), so skipping them for a whole row tile changes no row.
  *
- * Takes head sizes that are multiples of 32 and blocks of a multiple of 16 positions (a key
- * tile stays in one block); anything else returns -1 and the vector kernel runs.
+ * Takes head sizes that are multiples of 32; anything else returns -1 and the vector kernel
+ * runs.
  */
 #include <stdint.h>
 
@@ -55,6 +60,18 @@ typedef struct __attribute__((aligned(64))) {
     uint8_t rows[16];
 } TileConfig;
 
+/* Accumulator C += (hi + lo probabilities) x the values' tile v (+ hi x v_lo: split). */
+#define PV_SLICE(C, v, v_lo, split)                                                          \
+    do {                                                                                    \
+        _tile_loadd(B_T, (v), 64);                                                          \
+        _tile_dpbf16ps(C, A_HI, B_T);                                                       \
+        _tile_dpbf16ps(C, A_LO, B_T);                                                       \
+        if (split) {                                                                        \
+            _tile_loadd(B_T, (v_lo), 64);                                                   \
+            _tile_dpbf16ps(C, A_HI, B_T);                                                   \
+        }                                                                                   \
+    } while (0)
+
 static void configure_tiles(void) {
     TileConfig cfg;
     memset(&cfg, 0, sizeof cfg);
@@ -65,48 +82,81 @@ static void configure_tiles(void) {
 
 static inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
-/* Bytes of one (request, kv head)'s packed keys and values for n positions at head size D. */
-static inline int64_t packed_bytes(int64_t n, int64_t D) {
-    return (round_up(n, KEYS_QK) + round_up(n, KEYS_PV)) * D * 2;
+/* The cache's format: bytes a row (one position, one kv head) and whether its values come
+ * in two bfloat16 parts (int8 rows: D codes, then a float32 scale per 16 of them). */
+typedef struct {
+    int64_t row_bytes;
+    int split;
+} CacheFormat;
+
+/* Bytes of one part of a (request, kv head)'s packed keys, and of its values, for n
+ * positions at head size D. */
+static inline int64_t keys_bytes(int64_t n, int64_t D) { return round_up(n, KEYS_QK) * D * 2; }
+static inline int64_t values_bytes(int64_t n, int64_t D) { return round_up(n, KEYS_PV) * D * 2; }
+static inline int64_t packed_bytes(int64_t n, int64_t D, int split) {
+    return (keys_bytes(n, D) + values_bytes(n, D)) * (split ? 2 : 1);
 }
 
-/* The cache row of position k (kv head g) through the block table. */
-static inline const uint16_t *cache_row(const uint16_t *rows, const int32_t *blocks,
-                                        int64_t bs, int64_t Hkv, int64_t g, int64_t D,
-                                        int64_t k) {
-    return rows + (((int64_t)blocks[k / bs] * bs + k % bs) * Hkv + g) * D;
+/* Position k's row (kv head g) as D bfloat16 values: hi (and lo where the format splits),
+ * through the block table. */
+static inline void cache_row(uint16_t *hi, uint16_t *lo, const char *rows,
+                             const int32_t *blocks, int64_t bs, int64_t Hkv, int64_t g,
+                             int64_t D, int64_t k, CacheFormat f) {
+    const char *row = rows + (((int64_t)blocks[k / bs] * bs + k % bs) * Hkv + g) * f.row_bytes;
+    if (!f.split) {
+        memcpy(hi, row, 2 * D);
+        return;
+    }
+    float x[512];
+    isa_int8_row_to_float(x, (const int8_t *)row, D);
+    for (int64_t j = 0; j < D; j++) {
+        hi[j] = float_to_bf16(x[j]);
+        lo[j] = float_to_bf16(x[j] - bf16_to_float(hi[j]));
+    }
 }
 
-/* Keys [0, n) of kv head g as score B tiles: tile t, chunk c (32 dimensions) is 16 rows of
- * 16 pairs, row kk holding pair kk (dimensions c * 32 + 2kk, +1) of keys 16t .. 16t + 15. */
-static void pack_keys(uint32_t *dst, const uint16_t *keys, const int32_t *blocks, int64_t bs,
-                      int64_t Hkv, int64_t g, int64_t D, int64_t n) {
+/* Keys [0, n) of kv head g as score B tiles (the hi part at dst, the lo part keys_bytes
+ * after it where the format splits): tile t, chunk c (32 dimensions) is 16 rows of 16 pairs,
+ * row kk holding pair kk (dimensions c * 32 + 2kk, +1) of keys 16t .. 16t + 15. */
+static void pack_keys(uint32_t *dst, const char *keys, const int32_t *blocks, int64_t bs,
+                      int64_t Hkv, int64_t g, int64_t D, int64_t n, CacheFormat f) {
     const int64_t chunks = D / 32, padded = round_up(n, KEYS_QK);
+    uint32_t *dst_lo = dst + keys_bytes(n, D) / 4;
+    uint16_t hi[512], lo[512];
     for (int64_t k = 0; k < padded; k++) {
-        uint32_t *tile = dst + (k / KEYS_QK) * chunks * 256 + k % KEYS_QK;
-        if (k >= n) {
-            for (int64_t p = 0; p < D / 2; p++) tile[(p / 16) * 256 + (p % 16) * 16] = 0;
-            continue;
+        const int64_t at = (k / KEYS_QK) * chunks * 256 + k % KEYS_QK;
+        if (k < n) {
+            cache_row(hi, lo, keys, blocks, bs, Hkv, g, D, k, f);
+        } else {
+            memset(hi, 0, 2 * D), memset(lo, 0, 2 * D);
         }
-        const uint16_t *row = cache_row(keys, blocks, bs, Hkv, g, D, k);
         for (int64_t p = 0; p < D / 2; p++) {
-            uint32_t pair;
-            memcpy(&pair, row + 2 * p, sizeof pair);
-            tile[(p / 16) * 256 + (p % 16) * 16] = pair;
+            const int64_t i = at + (p / 16) * 256 + (p % 16) * 16;
+            memcpy(dst + i, hi + 2 * p, 4);
+            if (f.split) memcpy(dst_lo + i, lo + 2 * p, 4);
         }
     }
 }
 
-/* Values [0, n) of kv head g as value B tiles: tile t, slice s (16 dimensions) is 16 rows of
- * 16 pairs, row kk holding positions 32t + 2kk and + 1 of each dimension side by side. */
-static void pack_values(uint16_t *dst, const uint16_t *values, const int32_t *blocks,
-                        int64_t bs, int64_t Hkv, int64_t g, int64_t D, int64_t n) {
+/* Values [0, n) of kv head g as value B tiles (parts as pack_keys'): tile t, slice s (16
+ * dimensions) is 16 rows of 16 pairs, row kk holding positions 32t + 2kk and + 1 of each
+ * dimension side by side. */
+static void pack_values(uint16_t *dst, const char *values, const int32_t *blocks, int64_t bs,
+                        int64_t Hkv, int64_t g, int64_t D, int64_t n, CacheFormat f) {
     const int64_t slices = D / 16, padded = round_up(n, KEYS_PV);
+    uint16_t *dst_lo = dst + values_bytes(n, D) / 2;
+    uint16_t hi[512], lo[512];
     for (int64_t k = 0; k < padded; k++) {
-        uint16_t *tile = dst + (k / KEYS_PV) * slices * 512 + ((k % KEYS_PV) / 2) * 32 + k % 2;
-        const uint16_t *row = k < n ? cache_row(values, blocks, bs, Hkv, g, D, k) : NULL;
-        for (int64_t j = 0; j < D; j++)
-            tile[(j / 16) * 512 + (j % 16) * 2] = row ? row[j] : 0;
+        const int64_t at = (k / KEYS_PV) * slices * 512 + ((k % KEYS_PV) / 2) * 32 + k % 2;
+        if (k < n) {
+            cache_row(hi, lo, values, blocks, bs, Hkv, g, D, k, f);
+        } else {
+            memset(hi, 0, 2 * D), memset(lo, 0, 2 * D);
+        }
+        for (int64_t j = 0; j < D; j++) {
+            dst[at + (j / 16) * 512 + (j % 16) * 2] = hi[j];
+            if (f.split) dst_lo[at + (j / 16) * 512 + (j % 16) * 2] = lo[j];
+        }
     }
 }
 
@@ -136,9 +186,14 @@ static void free_buffers(ItemBuffers *b) {
 /* One item: queries [i0, i1) of the request whose first query is batch token `first`,
  * with `context` cached positions, for kv head g; keys/values packed as above. */
 static void item(const PagedDims *d, const uint16_t *query, int64_t q_stride, uint16_t *out,
-                 const uint32_t *packed_keys, const uint16_t *packed_values, int64_t first,
+                 const char *packed, int64_t n_keys, int split, int64_t first,
                  int64_t context, int64_t i0, int64_t i1, int64_t g, float scale,
                  ItemBuffers *b) {
+    const uint32_t *packed_keys = (const uint32_t *)packed;
+    const uint32_t *keys_lo = packed_keys + keys_bytes(n_keys, d->head_size) / 4;
+    const uint16_t *packed_values = (const uint16_t *)(packed + keys_bytes(n_keys, d->head_size)
+                                                       * (split ? 2 : 1));
+    const uint16_t *values_lo = packed_values + values_bytes(n_keys, d->head_size) / 2;
     const int64_t D = d->head_size, H = d->num_heads, G = H / d->num_kv_heads;
     const int64_t rows = (i1 - i0) * G, row_tiles = (rows + TILE - 1) / TILE;
     const int64_t chunks = D / 32, slices = D / 16, stride = b->keys;
@@ -161,8 +216,13 @@ static void item(const PagedDims *d, const uint16_t *query, int64_t q_stride, ui
             _tile_zero(0);
             for (int64_t c = 0; c < chunks; c++) {
                 _tile_loadd(A_HI, b->query + r0 * D + c * 32, 2 * D);
-                _tile_loadd(B_T, packed_keys + ((k0 / KEYS_QK) * chunks + c) * 256, 64);
+                const int64_t at = ((k0 / KEYS_QK) * chunks + c) * 256;
+                _tile_loadd(B_T, packed_keys + at, 64);
                 _tile_dpbf16ps(0, A_HI, B_T);
+                if (split) {
+                    _tile_loadd(B_T, keys_lo + at, 64);
+                    _tile_dpbf16ps(0, A_HI, B_T);
+                }
             }
             _tile_stored(0, b->sums, 64);
             const int64_t kt = last + 1 - k0 < KEYS_QK ? last + 1 - k0 : KEYS_QK;
@@ -199,26 +259,12 @@ static void item(const PagedDims *d, const uint16_t *query, int64_t q_stride, ui
             for (int64_t k0 = k_start; k0 < k_end; k0 += KEYS_PV) {
                 _tile_loadd(A_HI, b->p_hi + r0 * stride + k0, 2 * stride);
                 _tile_loadd(A_LO, b->p_lo + r0 * stride + k0, 2 * stride);
-                const uint16_t *v = packed_values + ((k0 / KEYS_PV) * slices + s0) * 512;
+                const int64_t at = ((k0 / KEYS_PV) * slices + s0) * 512;
                 /* (literal tile numbers: a loop over them would not compile) */
-                _tile_loadd(B_T, v, 64);
-                _tile_dpbf16ps(0, A_HI, B_T);
-                _tile_dpbf16ps(0, A_LO, B_T);
-                if (n > 1) {
-                    _tile_loadd(B_T, v + 512, 64);
-                    _tile_dpbf16ps(1, A_HI, B_T);
-                    _tile_dpbf16ps(1, A_LO, B_T);
-                }
-                if (n > 2) {
-                    _tile_loadd(B_T, v + 1024, 64);
-                    _tile_dpbf16ps(2, A_HI, B_T);
-                    _tile_dpbf16ps(2, A_LO, B_T);
-                }
-                if (n > 3) {
-                    _tile_loadd(B_T, v + 1536, 64);
-                    _tile_dpbf16ps(3, A_HI, B_T);
-                    _tile_dpbf16ps(3, A_LO, B_T);
-                }
+                PV_SLICE(0, packed_values + at, values_lo + at, split);
+                if (n > 1) PV_SLICE(1, packed_values + at + 512, values_lo + at + 512, split);
+                if (n > 2) PV_SLICE(2, packed_values + at + 1024, values_lo + at + 1024, split);
+                if (n > 3) PV_SLICE(3, packed_values + at + 1536, values_lo + at + 1536, split);
             }
             for (int64_t j = 0; j < n; j++) {
                 if (j == 0) _tile_stored(0, b->sums, 64);
@@ -235,15 +281,15 @@ static void item(const PagedDims *d, const uint16_t *query, int64_t q_stride, ui
     }
 }
 
-int paged_prefill_bf16_tiles(const PagedDims *d, const uint16_t *query, int64_t q_stride,
-                             uint16_t *out, const char *kv_cache, const int32_t *block_tables,
-                             const int32_t *query_starts, const int32_t *query_lens,
-                             const int32_t *context_lens, int64_t num_reqs,
-                             int64_t max_seq_len, float scale) {
+static int prefill_tiles(const PagedDims *d, const uint16_t *query, int64_t q_stride,
+                         uint16_t *out, const char *kv_cache, const int32_t *block_tables,
+                         const int32_t *query_starts, const int32_t *query_lens,
+                         const int32_t *context_lens, int64_t num_reqs, int64_t max_seq_len,
+                         float scale, CacheFormat f) {
     const int64_t D = d->head_size, Hkv = d->num_kv_heads, bs = d->block_size;
-    if (D % 32 != 0 || bs % KEYS_QK != 0 || num_reqs == 0 || !bf16_matrix_units()) return -1;
-    const uint16_t *keys = (const uint16_t *)kv_cache;
-    const uint16_t *values = keys + d->num_blocks * bs * Hkv * D;
+    if (D % 32 != 0 || D > 512 || num_reqs == 0 || !bf16_matrix_units()) return -1;
+    const char *keys = kv_cache;
+    const char *values = keys + d->num_blocks * bs * Hkv * f.row_bytes;
     /* Where each (request, kv head)'s packed keys and values start, and the items. */
     int64_t *packed_at = malloc(sizeof(int64_t) * (num_reqs * Hkv + 1));
     int64_t *item_starts = malloc(sizeof(int64_t) * (num_reqs + 1));
@@ -255,7 +301,7 @@ int paged_prefill_bf16_tiles(const PagedDims *d, const uint16_t *query, int64_t 
     for (int64_t r = 0; r < num_reqs; r++) {
         const int64_t n = context_lens[r] + query_lens[r];
         for (int64_t g = 0; g < Hkv; g++)
-            packed_at[r * Hkv + g + 1] = packed_at[r * Hkv + g] + packed_bytes(n, D);
+            packed_at[r * Hkv + g + 1] = packed_at[r * Hkv + g] + packed_bytes(n, D, f.split);
         item_starts[r + 1] = item_starts[r]
             + Hkv * ((query_lens[r] + QUERY_BLOCK - 1) / QUERY_BLOCK);
     }
@@ -272,9 +318,9 @@ int paged_prefill_bf16_tiles(const PagedDims *d, const uint16_t *query, int64_t 
             const int64_t r = u / Hkv, g = u % Hkv, n = context_lens[r] + query_lens[r];
             const int32_t *blocks = block_tables + r * d->max_blocks;
             char *at = packed + packed_at[u];
-            pack_keys((uint32_t *)at, keys, blocks, bs, Hkv, g, D, n);
-            pack_values((uint16_t *)(at + round_up(n, KEYS_QK) * D * 2), values, blocks, bs,
-                        Hkv, g, D, n);
+            pack_keys((uint32_t *)at, keys, blocks, bs, Hkv, g, D, n, f);
+            pack_values((uint16_t *)(at + keys_bytes(n, D) * (f.split ? 2 : 1)), values, blocks,
+                        bs, Hkv, g, D, n, f);
         }
         ItemBuffers b;
         const int ok = alloc_buffers(&b, QUERY_BLOCK * (d->num_heads / Hkv), max_seq_len, D);
@@ -293,10 +339,8 @@ int paged_prefill_bf16_tiles(const PagedDims *d, const uint16_t *query, int64_t 
             const int64_t i0 = (local / Hkv) * QUERY_BLOCK;
             const int64_t i1 = i0 + QUERY_BLOCK < query_lens[r] ? i0 + QUERY_BLOCK : query_lens[r];
             const int64_t n = context_lens[r] + query_lens[r];
-            const char *at = packed + packed_at[r * Hkv + g];
-            item(d, query, q_stride, out, (const uint32_t *)at,
-                 (const uint16_t *)(at + round_up(n, KEYS_QK) * D * 2), query_starts[r],
-                 context_lens[r], i0, i1, g, scale, &b);
+            item(d, query, q_stride, out, packed + packed_at[r * Hkv + g], n, f.split,
+                 query_starts[r], context_lens[r], i0, i1, g, scale, &b);
         }
         if (ok) _tile_release();
         free_buffers(&b);
@@ -305,16 +349,48 @@ int paged_prefill_bf16_tiles(const PagedDims *d, const uint16_t *query, int64_t 
     return failed;
 }
 
+#define TILES_ARGS                                                                           \
+    const PagedDims *d, const uint16_t *query, int64_t q_stride, uint16_t *out,              \
+        const char *kv_cache, const int32_t *block_tables, const int32_t *query_starts,      \
+        const int32_t *query_lens, const int32_t *context_lens, int64_t num_reqs,            \
+        int64_t max_seq_len, float scale
+
+int paged_prefill_bf16_tiles(TILES_ARGS) {
+    const CacheFormat f = {2 * d->head_size, 0};
+    return prefill_tiles(d, query, q_stride, out, kv_cache, block_tables, query_starts,
+                         query_lens, context_lens, num_reqs, max_seq_len, scale, f);
+}
+
+int paged_prefill_bf16_int8_tiles(TILES_ARGS) {
+    /* kv_quant's rows: D codes, a float32 scale per 16 */
+    const CacheFormat f = {d->head_size + 4 * (d->head_size / 16), 1};
+    if (d->head_size % 16 != 0) return -1;
+    return prefill_tiles(d, query, q_stride, out, kv_cache, block_tables, query_starts,
+                         query_lens, context_lens, num_reqs, max_seq_len, scale, f);
+}
+
 #else /* not built for AMX */
+
+#define UNUSED_TILES_ARGS                                                                    \
+    (void)d, (void)query, (void)q_stride, (void)out, (void)kv_cache, (void)block_tables;     \
+    (void)query_starts, (void)query_lens, (void)context_lens, (void)num_reqs;                \
+    (void)max_seq_len, (void)scale
 
 int paged_prefill_bf16_tiles(const PagedDims *d, const uint16_t *query, int64_t q_stride,
                              uint16_t *out, const char *kv_cache, const int32_t *block_tables,
                              const int32_t *query_starts, const int32_t *query_lens,
                              const int32_t *context_lens, int64_t num_reqs,
                              int64_t max_seq_len, float scale) {
-    (void)d, (void)query, (void)q_stride, (void)out, (void)kv_cache, (void)block_tables;
-    (void)query_starts, (void)query_lens, (void)context_lens, (void)num_reqs;
-    (void)max_seq_len, (void)scale;
+    UNUSED_TILES_ARGS;
+    return -1;
+}
+
+int paged_prefill_bf16_int8_tiles(const PagedDims *d, const uint16_t *query, int64_t q_stride,
+                                  uint16_t *out, const char *kv_cache,
+                                  const int32_t *block_tables, const int32_t *query_starts,
+                                  const int32_t *query_lens, const int32_t *context_lens,
+                                  int64_t num_reqs, int64_t max_seq_len, float scale) {
+    UNUSED_TILES_ARGS;
     return -1;
 }
 

@@ -62,13 +62,18 @@ DECLARE_PREFILL(paged_prefill_bf16, uint16_t)
 DECLARE_PREFILL(paged_prefill_f32_int8, float)
 DECLARE_PREFILL(paged_prefill_bf16_int8, uint16_t)
 #undef DECLARE_PREFILL
-/* amx_attention.c: paged_prefill_bf16 on AMX's tiles; -1 where this build or the shapes
- * have none (then the vector kernel runs), 1 when out of memory. */
+/* amx_attention.c: paged_prefill_bf16 / _bf16_int8 on AMX's tiles; -1 where this build or
+ * the shapes have none (then the vector kernels run), 1 when out of memory. */
 int paged_prefill_bf16_tiles(const PagedDims *d, const uint16_t *query, int64_t q_stride,
                              uint16_t *out, const char *kv_cache, const int32_t *block_tables,
                              const int32_t *query_starts, const int32_t *query_lens,
                              const int32_t *context_lens, int64_t num_reqs,
                              int64_t max_seq_len, float scale);
+int paged_prefill_bf16_int8_tiles(const PagedDims *d, const uint16_t *query, int64_t q_stride,
+                                  uint16_t *out, const char *kv_cache,
+                                  const int32_t *block_tables, const int32_t *query_starts,
+                                  const int32_t *query_lens, const int32_t *context_lens,
+                                  int64_t num_reqs, int64_t max_seq_len, float scale);
 
 /* dense_attention.c: bidirectional attention over [B, N, H, D] bfloat16 q, k, v (a vision
  * tower's image tokens) into out of the same shape; non-zero when out of memory. */

@@ -428,30 +428,31 @@ int NAME(const PagedDims *d, const T *query, int64_t q_stride, T *out, const cha
     return failed;                                                                          \
 }
 
-static int paged_prefill_bf16_vector(const PagedDims *d, const uint16_t *query,
-                                     int64_t q_stride, uint16_t *out, const char *kv_cache,
-                                     const int32_t *block_tables, const int32_t *query_starts,
-                                     const int32_t *query_lens, const int32_t *context_lens,
-                                     int64_t num_reqs, int64_t max_seq_len, float scale);
+#define PREFILL_ARGS                                                                         \
+    const PagedDims *d, const uint16_t *query, int64_t q_stride, uint16_t *out,              \
+        const char *kv_cache, const int32_t *block_tables, const int32_t *query_starts,      \
+        const int32_t *query_lens, const int32_t *context_lens, int64_t num_reqs,            \
+        int64_t max_seq_len, float scale
+#define PREFILL_CALL                                                                         \
+    d, query, q_stride, out, kv_cache, block_tables, query_starts, query_lens, context_lens, \
+        num_reqs, max_seq_len, scale
+static int paged_prefill_bf16_vector(PREFILL_ARGS);
+static int paged_prefill_bf16_int8_vector(PREFILL_ARGS);
 DEFINE_PREFILL(paged_prefill_bf16_vector, uint16_t, bf16_to_float, float_to_bf16, BF16)
-DEFINE_PREFILL(paged_prefill_bf16_int8, uint16_t, bf16_to_float, float_to_bf16, INT8)
+DEFINE_PREFILL(paged_prefill_bf16_int8_vector, uint16_t, bf16_to_float, float_to_bf16, INT8)
 DEFINE_PREFILL(paged_prefill_f32, float, LOAD_F32, STORE_F32, F32)
 DEFINE_PREFILL(paged_prefill_f32_int8, float, LOAD_F32, STORE_F32, INT8)
 
-/* The bfloat16 cache's prefill: on AMX's tiles where this build and the shapes have them
- * (amx_attention.c), else the vector kernel above. */
-int paged_prefill_bf16(const PagedDims *d, const uint16_t *query, int64_t q_stride,
-                       uint16_t *out, const char *kv_cache, const int32_t *block_tables,
-                       const int32_t *query_starts, const int32_t *query_lens,
-                       const int32_t *context_lens, int64_t num_reqs, int64_t max_seq_len,
-                       float scale) {
-    const int tiles = paged_prefill_bf16_tiles(d, query, q_stride, out, kv_cache, block_tables,
-                                               query_starts, query_lens, context_lens,
-                                               num_reqs, max_seq_len, scale);
-    if (tiles >= 0) return tiles;
-    return paged_prefill_bf16_vector(d, query, q_stride, out, kv_cache, block_tables,
-                                     query_starts, query_lens, context_lens, num_reqs,
-                                     max_seq_len, scale);
+/* The bfloat16 queries' prefill: on AMX's tiles where this build and the shapes have them
+ * (amx_attention.c), else the vector kernels above. */
+int paged_prefill_bf16(PREFILL_ARGS) {
+    const int tiles = paged_prefill_bf16_tiles(PREFILL_CALL);
+    return tiles >= 0 ? tiles : paged_prefill_bf16_vector(PREFILL_CALL);
+}
+
+int paged_prefill_bf16_int8(PREFILL_ARGS) {
+    const int tiles = paged_prefill_bf16_int8_tiles(PREFILL_CALL);
+    return tiles >= 0 ? tiles : paged_prefill_bf16_int8_vector(PREFILL_CALL);
 }
 
 /* One int8 cache row from D values, per group of INT8_GROUP: scale = max |x| * (1 / 127),
