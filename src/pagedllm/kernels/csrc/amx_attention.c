@@ -15,9 +15,10 @@
  *   to about 16 bits), whose products add into the same sums (the lo values times the lo
  *   probabilities, below 2^-16 of the result, are left out).
  * - each item (request, kv head, 16 queries: the query heads of the kv head, G rows a
- *   query) packs its query rows as A tiles, computes its scores 16 keys at a time (float32
- *   sums, then times the scale), takes the float32 softmax of each row as the vector kernel
- *   does (softmax.h), and multiplies the probabilities by the values: each probability is
+ *   query) packs its query rows as A tiles, computes its scores 32 keys at a time (two
+ *   accumulator tiles of float32 sums, then times the scale), takes the float32 softmax of
+ *   each row (softmax.h's steps, in three passes), and multiplies the probabilities by the
+ *   values (four 16-dimension accumulators a pass, two in turn): each probability is
  *   split into two bfloat16 parts (p = hi + lo, exact to about 16 bits; one part alone
  *   would round it to 8) whose products add into the same float32 accumulators.
  *
@@ -26,8 +27,8 @@
  * 32 positions whatever the item, and the tiles past a row's position add products of zero
  * probabilities (exact zeros), so skipping them for a whole row tile changes no row.
  *
- * Takes head sizes that are multiples of 32; anything else returns -1 and the vector kernel
- * runs.
+ * Takes head sizes that are multiples of 32; anything else returns -1 and the vector kernels
+ * run.
  */
 #include <stdint.h>
 
@@ -40,7 +41,7 @@
 #include <string.h>
 
 #include "bf16.h"
-#include "softmax.h"
+#include <math.h>
 
 #define QUERY_BLOCK 16 /* queries an item, as paged_attention.c's */
 #define TILE 16        /* rows of a tile; 64 bytes a row */
@@ -49,10 +50,12 @@
 #define ACCUMULATORS 4 /* 16-dimension output slices a pass keeps in tiles */
 
 /* Tile registers: accumulators C0..C3, A tiles for the hi and lo probabilities (the query
- * in the scores pass), one B tile. Literal numbers: the intrinsics paste them. */
+ * in the scores pass), two B tiles (two accumulators in turn: a tdpbf16ps waits for the
+ * last one into the same accumulator). Literal numbers: the intrinsics paste them. */
 #define A_HI 4
 #define A_LO 5
 #define B_T 6
+#define B_2 7
 
 typedef struct __attribute__((aligned(64))) {
     uint8_t palette, start_row, reserved[14];
@@ -60,15 +63,26 @@ typedef struct __attribute__((aligned(64))) {
     uint8_t rows[16];
 } TileConfig;
 
-/* Accumulator C += (hi + lo probabilities) x the values' tile v (+ hi x v_lo: split). */
-#define PV_SLICE(C, v, v_lo, split)                                                          \
+/* Accumulators Ca (and Cb: `two`) += (hi + lo probabilities) x the values' tiles v (and
+ * v + 512), + hi x their lo parts v_lo where the cache's values are split. Each sum takes its
+ * products in the same order whatever the pairing. */
+#define PV_TWO(Ca, Cb, v, v_lo, two, split)                                                  \
     do {                                                                                    \
         _tile_loadd(B_T, (v), 64);                                                          \
-        _tile_dpbf16ps(C, A_HI, B_T);                                                       \
-        _tile_dpbf16ps(C, A_LO, B_T);                                                       \
+        _tile_dpbf16ps(Ca, A_HI, B_T);                                                      \
+        if (two) {                                                                          \
+            _tile_loadd(B_2, (v) + 512, 64);                                                \
+            _tile_dpbf16ps(Cb, A_HI, B_2);                                                  \
+        }                                                                                   \
+        _tile_dpbf16ps(Ca, A_LO, B_T);                                                      \
+        if (two) _tile_dpbf16ps(Cb, A_LO, B_2);                                             \
         if (split) {                                                                        \
             _tile_loadd(B_T, (v_lo), 64);                                                   \
-            _tile_dpbf16ps(C, A_HI, B_T);                                                   \
+            _tile_dpbf16ps(Ca, A_HI, B_T);                                                  \
+            if (two) {                                                                      \
+                _tile_loadd(B_2, (v_lo) + 512, 64);                                         \
+                _tile_dpbf16ps(Cb, A_HI, B_2);                                              \
+            }                                                                               \
         }                                                                                   \
     } while (0)
 
@@ -76,7 +90,7 @@ static void configure_tiles(void) {
     TileConfig cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
-    for (int t = 0; t <= B_T; t++) cfg.rows[t] = TILE, cfg.colsb[t] = 64;
+    for (int t = 0; t <= B_2; t++) cfg.rows[t] = TILE, cfg.colsb[t] = 64;
     _tile_loadconfig(&cfg);
 }
 
@@ -212,23 +226,32 @@ static void item(const PagedDims *d, const uint16_t *query, int64_t q_stride, ui
         const int64_t r0 = rt * TILE, r1 = r0 + TILE < rows ? r0 + TILE : rows;
         const int64_t last = context + i0 + (r1 - 1) / G; /* the tile's last row's position */
         /* Scores of the tile's rows against every key up to its last row's position. */
-        for (int64_t k0 = k_start; k0 <= last; k0 += KEYS_QK) {
+        for (int64_t k0 = k_start; k0 <= last; k0 += 2 * KEYS_QK) { /* two key tiles */
+            const int two = k0 + KEYS_QK <= last;
             _tile_zero(0);
+            _tile_zero(1);
             for (int64_t c = 0; c < chunks; c++) {
                 _tile_loadd(A_HI, b->query + r0 * D + c * 32, 2 * D);
-                const int64_t at = ((k0 / KEYS_QK) * chunks + c) * 256;
+                const int64_t at = ((k0 / KEYS_QK) * chunks + c) * 256, next = chunks * 256;
                 _tile_loadd(B_T, packed_keys + at, 64);
                 _tile_dpbf16ps(0, A_HI, B_T);
+                if (two) {
+                    _tile_loadd(B_2, packed_keys + at + next, 64);
+                    _tile_dpbf16ps(1, A_HI, B_2);
+                }
                 if (split) {
                     _tile_loadd(B_T, keys_lo + at, 64);
                     _tile_dpbf16ps(0, A_HI, B_T);
+                    if (two) {
+                        _tile_loadd(B_2, keys_lo + at + next, 64);
+                        _tile_dpbf16ps(1, A_HI, B_2);
+                    }
                 }
             }
-            _tile_stored(0, b->sums, 64);
-            const int64_t kt = last + 1 - k0 < KEYS_QK ? last + 1 - k0 : KEYS_QK;
-            for (int64_t r = r0; r < r1; r++)
-                for (int64_t t = 0; t < kt; t++)
-                    b->scores[r * stride + k0 + t] = b->sums[(r - r0) * 16 + t] * scale;
+            /* straight into the scores (rows past the item's and keys past `last` are
+             * written too: the buffer holds whole tiles; softmax never reads them) */
+            _tile_stored(0, b->scores + r0 * stride + k0, 4 * stride);
+            if (two) _tile_stored(1, b->scores + r0 * stride + k0 + KEYS_QK, 4 * stride);
         }
         /* Each row's softmax over its visible keys; the probabilities in two parts. */
         const int64_t k_end = round_up(last + 1, KEYS_PV);
@@ -241,10 +264,20 @@ static void item(const PagedDims *d, const uint16_t *query, int64_t q_stride, ui
             }
             const int64_t pos = context + i0 + r / G;
             const int64_t low = w > 0 && pos + 1 > w ? pos + 1 - w : 0;
-            float *s = b->scores + r * stride;
-            softmax(s + low, pos + 1 - low);
+            /* softmax.h's steps with the scale and the normalization folded into the
+             * passes around the exponentials */
+            float *s = b->scores + r * stride, mx = -INFINITY, sum = 0.f;
+            for (int64_t k = low; k <= pos; k++) {
+                s[k] *= scale;
+                mx = s[k] > mx ? s[k] : mx;
+            }
+            for (int64_t k = low; k <= pos; k++) {
+                s[k] = expf(s[k] - mx);
+                sum += s[k];
+            }
+            const float inv = 1.f / sum;
             for (int64_t k = k_start; k < k_end; k++) {
-                const float p = k >= low && k <= pos ? s[k] : 0.f;
+                const float p = k >= low && k <= pos ? s[k] * inv : 0.f;
                 hi[k] = float_to_bf16(p);
                 lo[k] = float_to_bf16(p - bf16_to_float(hi[k]));
             }
@@ -261,10 +294,9 @@ static void item(const PagedDims *d, const uint16_t *query, int64_t q_stride, ui
                 _tile_loadd(A_LO, b->p_lo + r0 * stride + k0, 2 * stride);
                 const int64_t at = ((k0 / KEYS_PV) * slices + s0) * 512;
                 /* (literal tile numbers: a loop over them would not compile) */
-                PV_SLICE(0, packed_values + at, values_lo + at, split);
-                if (n > 1) PV_SLICE(1, packed_values + at + 512, values_lo + at + 512, split);
-                if (n > 2) PV_SLICE(2, packed_values + at + 1024, values_lo + at + 1024, split);
-                if (n > 3) PV_SLICE(3, packed_values + at + 1536, values_lo + at + 1536, split);
+                PV_TWO(0, 1, packed_values + at, values_lo + at, n > 1, split);
+                if (n > 2)
+                    PV_TWO(2, 3, packed_values + at + 1024, values_lo + at + 1024, n > 3, split);
             }
             for (int64_t j = 0; j < n; j++) {
                 if (j == 0) _tile_stored(0, b->sums, 64);
@@ -281,15 +313,15 @@ static void item(const PagedDims *d, const uint16_t *query, int64_t q_stride, ui
     }
 }
 
-static int prefill_tiles(const PagedDims *d, const uint16_t *query, int64_t q_stride,
-                         uint16_t *out, const char *kv_cache, const int32_t *block_tables,
-                         const int32_t *query_starts, const int32_t *query_lens,
-                         const int32_t *context_lens, int64_t num_reqs, int64_t max_seq_len,
-                         float scale, CacheFormat f) {
+/* The causal attention of every request's query rows to its context and themselves, keys
+ * and values as the paged cache holds them (rows `f.row_bytes` apart). */
+static int attend_tiles(const PagedDims *d, const uint16_t *query, int64_t q_stride,
+                        uint16_t *out, const char *keys, const char *values,
+                        const int32_t *block_tables, const int32_t *query_starts,
+                        const int32_t *query_lens, const int32_t *context_lens,
+                        int64_t num_reqs, int64_t max_seq_len, float scale, CacheFormat f) {
     const int64_t D = d->head_size, Hkv = d->num_kv_heads, bs = d->block_size;
     if (D % 32 != 0 || D > 512 || num_reqs == 0 || !bf16_matrix_units()) return -1;
-    const char *keys = kv_cache;
-    const char *values = keys + d->num_blocks * bs * Hkv * f.row_bytes;
     /* Where each (request, kv head)'s packed keys and values start, and the items. */
     int64_t *packed_at = malloc(sizeof(int64_t) * (num_reqs * Hkv + 1));
     int64_t *item_starts = malloc(sizeof(int64_t) * (num_reqs + 1));
@@ -354,6 +386,13 @@ static int prefill_tiles(const PagedDims *d, const uint16_t *query, int64_t q_st
         const char *kv_cache, const int32_t *block_tables, const int32_t *query_starts,      \
         const int32_t *query_lens, const int32_t *context_lens, int64_t num_reqs,            \
         int64_t max_seq_len, float scale
+
+/* The paged cache [2, num_blocks, block_size, Hkv, row]: its keys, then its values. */
+static int prefill_tiles(TILES_ARGS, CacheFormat f) {
+    const char *values = kv_cache + d->num_blocks * d->block_size * d->num_kv_heads * f.row_bytes;
+    return attend_tiles(d, query, q_stride, out, kv_cache, values, block_tables, query_starts,
+                        query_lens, context_lens, num_reqs, max_seq_len, scale, f);
+}
 
 int paged_prefill_bf16_tiles(TILES_ARGS) {
     const CacheFormat f = {2 * d->head_size, 0};
