@@ -48,6 +48,10 @@
 #define KEYS_QK 16     /* keys of a score tile (the B tile's 16 columns) */
 #define KEYS_PV 32     /* keys of a value tile (the A tile's 32 bfloat16 columns) */
 #define ACCUMULATORS 4 /* 16-dimension output slices a pass keeps in tiles */
+/* The most a call packs (the step's contexts and new tokens, every kv head): long contexts
+ * past it (e.g. a 512-token chunk after 8k cached positions of Llama-3-8B's 8 x 128 heads
+ * from the int8 cache, 64 MB) keep the vector kernel, which reads the cache in place. */
+#define MAX_PACKED_BYTES (64LL << 20)
 
 /* Tile registers: accumulators C0..C3, A tiles for the hi and lo probabilities (the query
  * in the scores pass), two B tiles (two accumulators in turn: a tdpbf16ps waits for the
@@ -336,6 +340,10 @@ static int attend_tiles(const PagedDims *d, const uint16_t *query, int64_t q_str
             packed_at[r * Hkv + g + 1] = packed_at[r * Hkv + g] + packed_bytes(n, D, f.split);
         item_starts[r + 1] = item_starts[r]
             + Hkv * ((query_lens[r] + QUERY_BLOCK - 1) / QUERY_BLOCK);
+    }
+    if (packed_at[num_reqs * Hkv] > MAX_PACKED_BYTES) {
+        free(packed_at), free(item_starts);
+        return -1;
     }
     char *packed = aligned_alloc(64, round_up(packed_at[num_reqs * Hkv], 64));
     if (packed == NULL) {
