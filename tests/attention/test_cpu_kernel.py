@@ -8,6 +8,10 @@ import torch
 from pagedllm.attention import cpu_kernel, kv_quant
 from pagedllm.attention.cpu_paged import CpuPagedMetadata
 from pagedllm.attention.registry import backend_name_for_device
+from pagedllm.kernels import load_variant
+from pagedllm.kernels.variants import runnable_variants
+from pagedllm.platform import cpu_platform
+from pagedllm.platform.cpu_features import detect
 
 from .test_torch_paged import make_backend, make_common_metadata
 
@@ -263,3 +267,91 @@ def test_a_prompts_prefill_rows_do_not_depend_on_chunks_or_batch(cache_dtype, wi
     scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
     want = torch.einsum("tghp,pgd->tghd", scores.softmax(-1), values).reshape(whole.shape)
     torch.testing.assert_close(whole.double(), want, atol=1e-2, rtol=1e-2)
+
+
+def _tiles_here() -> bool:
+    """Whether this process's kernels run the prefill on AMX's tiles."""
+    library = cpu_platform().kernel_library()
+    return (
+        library is not None and library.variant.name == "amx_bf16"
+        and bool(library.lib.bf16_matrix_units())
+    )
+
+
+def _paged_prompt(gen, length, kv_heads, head_size, cache_dtype, first_block=1):
+    """A cache holding one prompt's random K/V in consecutive blocks, and its table."""
+    block_size = 16
+    blocks = -(-length // block_size)
+    rows = torch.randn(2, first_block + blocks, block_size, kv_heads, head_size, generator=gen)
+    cache = kv_quant.quantize_rows(rows) if cache_dtype == torch.int8 else rows.bfloat16()
+    table = torch.arange(first_block, first_block + blocks, dtype=torch.int32)[None]
+    return cache, table
+
+
+@needs_kernel
+@pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.int8])
+def test_the_tiles_run_where_the_cpu_has_them(cache_dtype):
+    """On AMX the prefill takes the tiles (its rounding differs from the vector kernel's in
+    some low bits); any variant agrees with avx512_bf16's vector kernel to bfloat16
+    rounding."""
+    if "avx512_bf16" not in [v.name for v in runnable_variants(detect())]:
+        pytest.skip("needs the avx512_bf16 variant to compare with")
+    gen = torch.Generator().manual_seed(5)
+    cache, table = _paged_prompt(gen, 300, 3, 64, cache_dtype)
+    query = torch.randn(300, 9, 64, generator=gen).bfloat16()
+    here = _prefill(cache, table, [(0, 0, query)], 64)
+    with cpu_platform().use_kernels(load_variant("avx512_bf16")):
+        vector = _prefill(cache, table, [(0, 0, query)], 64)
+    if _tiles_here():
+        assert not torch.equal(here, vector)
+    torch.testing.assert_close(here.float(), vector.float(), atol=2e-2, rtol=2e-2)
+
+
+@needs_kernel
+@pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.int8])
+def test_a_non_finite_value_reaches_only_the_rows_that_see_it(cache_dtype):
+    """A NaN in the cache's values at position 20 makes rows 20 on non-finite and leaves
+    the rows before it finite (the tiles multiply later positions by zero probabilities:
+    0 x NaN must not reach them); with a window, the tiles' rows past it are finite again.
+    (The vector kernel's windowed items start at their first row's window, so there a row
+    up to 15 positions past the window of the NaN is non-finite too: not asserted.)"""
+    gen = torch.Generator().manual_seed(6)
+    cache, table = _paged_prompt(gen, 40, 3, 64, cache_dtype)
+    if cache_dtype == torch.int8:  # the row's scales
+        cache[1, 2, 4, 1, 64:].view(torch.float32)[:] = float("nan")
+    else:
+        cache[1, 2, 4, 1, 7] = float("nan")  # block 2 = positions 16-31: position 20
+    query = torch.randn(40, 9, 64, generator=gen).bfloat16()
+    out = _prefill(cache, table, [(0, 0, query)], 64)
+    finite = out.float().isfinite().all(dim=2)  # [position, head]
+    assert finite[:20].all()
+    assert not finite[20:, 3:6].any()  # the kv head holding the NaN
+    assert finite[:, :3].all() and finite[:, 6:].all()
+    windowed = _prefill(cache, table, [(0, 0, query)], 64, window=8)
+    seen = windowed.float().isfinite().all(dim=2)[:, 3:6].all(dim=1)
+    assert seen[:20].all() and not seen[20:28].any()
+    if _tiles_here():
+        assert seen[28:].all()
+
+
+@needs_kernel
+def test_a_row_does_not_depend_on_a_large_neighbour():
+    """A step whose packed keys and values pass the tiles' 64 MB is taken in groups of
+    requests: a small prompt's rows are the same beside a request with a long context, and
+    that request's row is right."""
+    gen = torch.Generator().manual_seed(8)
+    kv_heads, head_size, long = 8, 512, 4200  # 16 KB packed a position: 67 MB
+    cache, table = _paged_prompt(gen, long + 1, kv_heads, head_size, torch.bfloat16)
+    small = torch.randn(40, kv_heads, head_size, generator=gen).bfloat16()
+    tables = torch.zeros(2, table.shape[1], dtype=torch.int32)
+    tables[0] = table[0]
+    tables[1, :3] = table[0, :3]  # the small prompt reads the first 48 positions' blocks
+    alone = _prefill(cache, tables, [(1, 0, small)], head_size)
+    one = torch.randn(1, kv_heads, head_size, generator=gen).bfloat16()
+    both = _prefill(cache, tables, [(1, 0, small), (0, long, one)], head_size)
+    assert torch.equal(both[:40], alone)
+    keys, values = (cache[i, 1:].reshape(-1, kv_heads, head_size)[: long + 1].double()
+                    for i in (0, 1))
+    scores = torch.einsum("hd,phd->hp", one[0].double(), keys) * head_size**-0.5
+    want = torch.einsum("hp,phd->hd", scores.softmax(-1), values)
+    torch.testing.assert_close(both[40].double(), want, atol=1e-2, rtol=1e-2)

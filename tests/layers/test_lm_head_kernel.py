@@ -17,8 +17,8 @@ from pagedllm.platform import cpu_platform
 from pagedllm.platform.cpu_features import detect
 
 pytestmark = pytest.mark.skipif(not cpu_ops.w4a8_available(), reason="no vector kernels here")
-# Vector variants with their own byte dot products (amx_bf16 adds only dense bf16 matmuls to
-# avx512_bf16's: the same arithmetic here).
+# Vector variants with their own byte dot products (amx_bf16 adds dense bf16 matmuls and the
+# prefill attention on AMX's tiles to avx512_bf16's: the same arithmetic here).
 VARIANTS = [v.name for v in runnable_variants(detect()) if v.simd and v.extends is None]
 VOCAB, WIDTH = 1000, 96
 

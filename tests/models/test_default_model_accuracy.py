@@ -42,8 +42,9 @@ DEFAULT_MIN_AGREEMENT = 0.97  # the default mode, on the long set
 LONG_ANSWER_TOKENS = 128
 # llama.cpp's mean |continuation loglikelihood - float32's| on the long chat set (nats).
 LLAMACPP_CONTINUATION_DIFF = 0.117
-# Vector variants with their own byte dot products (amx_bf16 adds only dense bf16 matmuls to
-# avx512_bf16's: the same arithmetic here).
+# Vector variants with their own byte dot products (amx_bf16 adds dense bf16 matmuls and the
+# prefill attention on AMX's tiles to avx512_bf16's; on an AMX CPU the process's own variant,
+# and so its attention, is what test_teacher_forced_agreement_and_perplexity scores).
 VECTOR_VARIANTS = [v.name for v in runnable_variants(detect()) if v.simd and v.extends is None]
 MAX_PERPLEXITY_REL_DIFF = 0.02  # |perplexity / float32 perplexity - 1|
 

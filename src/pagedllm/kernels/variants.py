@@ -61,7 +61,8 @@ _AVX512_FLAGS = (
 VARIANTS: tuple[Variant, ...] = (
     # avx512_bf16 with dense bfloat16 matmuls on AMX's tiles (csrc/amx_bf16.c): 2-4x torch's
     # linear at 1-32 tokens, 0.8-0.95x oneDNN's packed matmul at 512 (BENCHMARKS.md). Their
-    # arithmetic is the matrix unit's, not vdpbf16ps's; everything else is avx512_bf16's.
+    # arithmetic is the matrix unit's, not vdpbf16ps's; so is the prefill attention of
+    # bfloat16 queries (csrc/amx_attention.c); everything else is avx512_bf16's.
     Variant("amx_bf16", "x86_64", "avx512.c", _AVX512 | {"avx512_bf16", "amx_tile", "amx_bf16"},
             (*_AVX512_FLAGS, "-mavx512bf16", "-mamx-tile", "-mamx-bf16"), extends="avx512_bf16"),
     # The same source with vdpbf16ps for dense bfloat16 weights (bit-identical to avx512's

@@ -22,8 +22,9 @@ pytestmark = pytest.mark.skipif(
 PROMPTS = [[5, 17, 42, 8, 99, 3], [7, 7, 12], [101, 55, 23, 61, 9, 14, 30, 2, 77], [4, 44]]
 # More requests than the matmul kernel's tile of 8 tokens.
 MANY_PROMPTS = [[i + 3, 2 * i + 5, 11] for i in range(10)]
-# Vector variants with their own byte dot products (amx_bf16 adds only dense bf16 matmuls to
-# avx512_bf16's: the same arithmetic here).
+# Vector variants with their own byte dot products (amx_bf16 adds dense bf16 matmuls and the
+# prefill attention on AMX's tiles to avx512_bf16's: the same byte dot products, and both
+# arms of a test prefill alike).
 VARIANTS = [v.name for v in runnable_variants(detect()) if v.simd and v.extends is None]
 
 

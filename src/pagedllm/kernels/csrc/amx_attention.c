@@ -22,6 +22,12 @@
  *   split into two bfloat16 parts (p = hi + lo, exact to about 16 bits; one part alone
  *   would round it to 8) whose products add into the same float32 accumulators.
  *
+ * The tiles of a row tile multiply the values past each row's position by zero
+ * probabilities, so a non-finite value there would reach earlier rows (0 x NaN): the values
+ * are packed with such rows zeroed and counted, and a row that sees one is written as NaN,
+ * as the vector kernel leaves it non-finite. A step packs at most MAX_PACKED_BYTES at once
+ * (whole requests a group).
+ *
  * A row's result does not depend on the batch or on how its prompt was chunked: every
  * tile's element is its own row's sums over the same key tiles, which start at multiples of
  * 32 positions whatever the item, and the tiles past a row's position add products of zero
@@ -48,9 +54,8 @@
 #define KEYS_QK 16     /* keys of a score tile (the B tile's 16 columns) */
 #define KEYS_PV 32     /* keys of a value tile (the A tile's 32 bfloat16 columns) */
 #define ACCUMULATORS 4 /* 16-dimension output slices a pass keeps in tiles */
-/* The most a call packs (the step's contexts and new tokens, every kv head): long contexts
- * past it (e.g. a 512-token chunk after 8k cached positions of Llama-3-8B's 8 x 128 heads
- * from the int8 cache, 64 MB) keep the vector kernel, which reads the cache in place. */
+/* The most a call packs at once (contexts and new tokens, every kv head): a step past it
+ * runs in groups of requests (a request larger alone is packed alone). */
 #define MAX_PACKED_BYTES (64LL << 20)
 
 /* Tile registers: accumulators C0..C3, A tiles for the hi and lo probabilities (the query
@@ -111,8 +116,9 @@ typedef struct {
  * positions at head size D. */
 static inline int64_t keys_bytes(int64_t n, int64_t D) { return round_up(n, KEYS_QK) * D * 2; }
 static inline int64_t values_bytes(int64_t n, int64_t D) { return round_up(n, KEYS_PV) * D * 2; }
+/* A unit's packed keys, values, and its values' non-finite position counts (n + 1 int32). */
 static inline int64_t packed_bytes(int64_t n, int64_t D, int split) {
-    return (keys_bytes(n, D) + values_bytes(n, D)) * (split ? 2 : 1);
+    return (keys_bytes(n, D) + values_bytes(n, D)) * (split ? 2 : 1) + round_up(4 * (n + 1), 64);
 }
 
 /* Position k's row (kv head g) as D bfloat16 values: hi (and lo where the format splits),
@@ -158,19 +164,27 @@ static void pack_keys(uint32_t *dst, const char *keys, const int32_t *blocks, in
 
 /* Values [0, n) of kv head g as value B tiles (parts as pack_keys'): tile t, slice s (16
  * dimensions) is 16 rows of 16 pairs, row kk holding positions 32t + 2kk and + 1 of each
- * dimension side by side. */
-static void pack_values(uint16_t *dst, const char *values, const int32_t *blocks, int64_t bs,
-                        int64_t Hkv, int64_t g, int64_t D, int64_t n, CacheFormat f) {
+ * dimension side by side. A row with a non-finite value is packed as zeros and counted:
+ * bad[k] non-finite rows before position k (a tile's rows multiply the values past their
+ * own positions by zero probabilities, and 0 x NaN would reach them; item() makes the rows
+ * that see such a position non-finite instead, as the vector kernel leaves them). The test
+ * is on the bits: -ffast-math lets the compiler assume isnan() false. */
+static void pack_values(uint16_t *dst, int32_t *bad, const char *values, const int32_t *blocks,
+                        int64_t bs, int64_t Hkv, int64_t g, int64_t D, int64_t n,
+                        CacheFormat f) {
     const int64_t slices = D / 16, padded = round_up(n, KEYS_PV);
     uint16_t *dst_lo = dst + values_bytes(n, D) / 2;
+    bad[0] = 0;
     uint16_t hi[512], lo[512];
     for (int64_t k = 0; k < padded; k++) {
         const int64_t at = (k / KEYS_PV) * slices * 512 + ((k % KEYS_PV) / 2) * 32 + k % 2;
+        int nonfinite = 0;
         if (k < n) {
             cache_row(hi, lo, values, blocks, bs, Hkv, g, D, k, f);
-        } else {
-            memset(hi, 0, 2 * D), memset(lo, 0, 2 * D);
+            for (int64_t j = 0; j < D; j++) nonfinite |= (hi[j] & 0x7F80) == 0x7F80;
+            bad[k + 1] = bad[k] + nonfinite;
         }
+        if (k >= n || nonfinite) memset(hi, 0, 2 * D), memset(lo, 0, 2 * D);
         for (int64_t j = 0; j < D; j++) {
             dst[at + (j / 16) * 512 + (j % 16) * 2] = hi[j];
             if (f.split) dst_lo[at + (j / 16) * 512 + (j % 16) * 2] = lo[j];
@@ -212,6 +226,9 @@ static void item(const PagedDims *d, const uint16_t *query, int64_t q_stride, ui
     const uint16_t *packed_values = (const uint16_t *)(packed + keys_bytes(n_keys, d->head_size)
                                                        * (split ? 2 : 1));
     const uint16_t *values_lo = packed_values + values_bytes(n_keys, d->head_size) / 2;
+    const int32_t *bad = (const int32_t *)(packed_values + values_bytes(n_keys, d->head_size)
+                                                             / 2 * (split ? 2 : 1));
+    uint8_t sees_bad[TILE]; /* a row of the tile sees a non-finite value */
     const int64_t D = d->head_size, H = d->num_heads, G = H / d->num_kv_heads;
     const int64_t rows = (i1 - i0) * G, row_tiles = (rows + TILE - 1) / TILE;
     const int64_t chunks = D / 32, slices = D / 16, stride = b->keys;
@@ -268,6 +285,7 @@ static void item(const PagedDims *d, const uint16_t *query, int64_t q_stride, ui
             }
             const int64_t pos = context + i0 + r / G;
             const int64_t low = w > 0 && pos + 1 > w ? pos + 1 - w : 0;
+            sees_bad[r - r0] = bad[pos + 1] > bad[low];
             /* softmax.h's steps with the scale and the normalization folded into the
              * passes around the exponentials */
             float *s = b->scores + r * stride, mx = -INFINITY, sum = 0.f;
@@ -310,11 +328,63 @@ static void item(const PagedDims *d, const uint16_t *query, int64_t q_stride, ui
                 for (int64_t r = r0; r < r1; r++) {
                     uint16_t *o = out + (first + i0 + r / G) * H * D + (g * G + r % G) * D
                                   + (s0 + j) * 16;
-                    for (int64_t t = 0; t < 16; t++) o[t] = float_to_bf16(b->sums[(r - r0) * 16 + t]);
+                    for (int64_t t = 0; t < 16; t++)
+                        o[t] = sees_bad[r - r0] ? 0x7FC0 /* NaN */
+                                                : float_to_bf16(b->sums[(r - r0) * 16 + t]);
                 }
             }
         }
     }
+}
+
+/* Requests [r0, r1): their (request, kv head) units packed at `base` + packed_at[unit]
+ * (base points before the group's first unit), then their items. */
+static int attend_group(const PagedDims *d, const uint16_t *query, int64_t q_stride,
+                        uint16_t *out, const char *keys, const char *values,
+                        const int32_t *block_tables, const int32_t *query_starts,
+                        const int32_t *query_lens, const int32_t *context_lens,
+                        int64_t max_seq_len, float scale, CacheFormat f, char *base,
+                        const int64_t *packed_at, const int64_t *item_starts, int64_t r0,
+                        int64_t r1) {
+    const int64_t D = d->head_size, Hkv = d->num_kv_heads, bs = d->block_size;
+    int failed = 0;
+    #pragma omp parallel
+    {
+        #pragma omp for schedule(dynamic, 1)
+        for (int64_t u = r0 * Hkv; u < r1 * Hkv; u++) {
+            const int64_t r = u / Hkv, g = u % Hkv, n = context_lens[r] + query_lens[r];
+            const int32_t *blocks = block_tables + r * d->max_blocks;
+            char *at = base + packed_at[u];
+            const int64_t values_at = keys_bytes(n, D) * (f.split ? 2 : 1);
+            pack_keys((uint32_t *)at, keys, blocks, bs, Hkv, g, D, n, f);
+            pack_values((uint16_t *)(at + values_at),
+                        (int32_t *)(at + values_at + values_bytes(n, D) * (f.split ? 2 : 1)),
+                        values, blocks, bs, Hkv, g, D, n, f);
+        }
+        ItemBuffers b;
+        const int ok = alloc_buffers(&b, QUERY_BLOCK * (d->num_heads / Hkv), max_seq_len, D);
+        if (!ok) {
+            #pragma omp atomic write
+            failed = 1;
+        } else {
+            configure_tiles();
+        }
+        #pragma omp for schedule(dynamic, 1)
+        for (int64_t it = item_starts[r0]; it < item_starts[r1]; it++) {
+            if (!ok) continue;
+            int64_t r = r0;
+            while (item_starts[r + 1] <= it) r++;
+            const int64_t local = it - item_starts[r], g = local % Hkv;
+            const int64_t i0 = (local / Hkv) * QUERY_BLOCK;
+            const int64_t i1 = i0 + QUERY_BLOCK < query_lens[r] ? i0 + QUERY_BLOCK : query_lens[r];
+            const int64_t n = context_lens[r] + query_lens[r];
+            item(d, query, q_stride, out, base + packed_at[r * Hkv + g], n, f.split,
+                 query_starts[r], context_lens[r], i0, i1, g, scale, &b);
+        }
+        if (ok) _tile_release();
+        free_buffers(&b);
+    }
+    return failed;
 }
 
 /* The causal attention of every request's query rows to its context and themselves, keys
@@ -326,64 +396,46 @@ static int attend_tiles(const PagedDims *d, const uint16_t *query, int64_t q_str
                         int64_t num_reqs, int64_t max_seq_len, float scale, CacheFormat f) {
     const int64_t D = d->head_size, Hkv = d->num_kv_heads, bs = d->block_size;
     if (D % 32 != 0 || D > 512 || num_reqs == 0 || !bf16_matrix_units()) return -1;
-    /* Where each (request, kv head)'s packed keys and values start, and the items. */
+    /* Where each (request, kv head)'s packed keys and values start, and each request's
+     * first item. */
     int64_t *packed_at = malloc(sizeof(int64_t) * (num_reqs * Hkv + 1));
     int64_t *item_starts = malloc(sizeof(int64_t) * (num_reqs + 1));
     if (packed_at == NULL || item_starts == NULL) {
         free(packed_at), free(item_starts);
-        return 1;
+        return -1;
     }
     packed_at[0] = 0, item_starts[0] = 0;
-    for (int64_t r = 0; r < num_reqs; r++) {
+    int64_t largest = 0; /* the most one group of requests packs */
+    for (int64_t r = 0, group_start = 0; r < num_reqs; r++) {
         const int64_t n = context_lens[r] + query_lens[r];
         for (int64_t g = 0; g < Hkv; g++)
             packed_at[r * Hkv + g + 1] = packed_at[r * Hkv + g] + packed_bytes(n, D, f.split);
         item_starts[r + 1] = item_starts[r]
             + Hkv * ((query_lens[r] + QUERY_BLOCK - 1) / QUERY_BLOCK);
+        if (packed_at[(r + 1) * Hkv] - packed_at[group_start * Hkv] > MAX_PACKED_BYTES
+            && r > group_start)
+            group_start = r;
+        const int64_t size = packed_at[(r + 1) * Hkv] - packed_at[group_start * Hkv];
+        largest = size > largest ? size : largest;
     }
-    if (packed_at[num_reqs * Hkv] > MAX_PACKED_BYTES) {
+    char *packed = aligned_alloc(64, round_up(largest, 64));
+    if (packed == NULL) { /* nothing written yet: the vector kernel runs */
         free(packed_at), free(item_starts);
         return -1;
     }
-    char *packed = aligned_alloc(64, round_up(packed_at[num_reqs * Hkv], 64));
-    if (packed == NULL) {
-        free(packed_at), free(item_starts);
-        return 1;
-    }
     int failed = 0;
-    #pragma omp parallel
-    {
-        #pragma omp for schedule(dynamic, 1)
-        for (int64_t u = 0; u < num_reqs * Hkv; u++) {
-            const int64_t r = u / Hkv, g = u % Hkv, n = context_lens[r] + query_lens[r];
-            const int32_t *blocks = block_tables + r * d->max_blocks;
-            char *at = packed + packed_at[u];
-            pack_keys((uint32_t *)at, keys, blocks, bs, Hkv, g, D, n, f);
-            pack_values((uint16_t *)(at + keys_bytes(n, D) * (f.split ? 2 : 1)), values, blocks,
-                        bs, Hkv, g, D, n, f);
-        }
-        ItemBuffers b;
-        const int ok = alloc_buffers(&b, QUERY_BLOCK * (d->num_heads / Hkv), max_seq_len, D);
-        if (!ok) {
-            #pragma omp atomic write
-            failed = 1;
-        } else {
-            configure_tiles();
-        }
-        #pragma omp for schedule(dynamic, 1)
-        for (int64_t it = 0; it < item_starts[num_reqs]; it++) {
-            if (!ok) continue;
-            int64_t r = 0;
-            while (item_starts[r + 1] <= it) r++;
-            const int64_t local = it - item_starts[r], g = local % Hkv;
-            const int64_t i0 = (local / Hkv) * QUERY_BLOCK;
-            const int64_t i1 = i0 + QUERY_BLOCK < query_lens[r] ? i0 + QUERY_BLOCK : query_lens[r];
-            const int64_t n = context_lens[r] + query_lens[r];
-            item(d, query, q_stride, out, packed + packed_at[r * Hkv + g], n, f.split,
-                 query_starts[r], context_lens[r], i0, i1, g, scale, &b);
-        }
-        if (ok) _tile_release();
-        free_buffers(&b);
+    /* Groups of whole requests packed at once, within MAX_PACKED_BYTES unless one request
+     * alone is larger: the memory stays bounded, and no row's result depends on the
+     * grouping (an item reads only its own request's packed rows). */
+    for (int64_t r0 = 0; r0 < num_reqs && !failed;) {
+        int64_t r1 = r0 + 1;
+        while (r1 < num_reqs
+               && packed_at[(r1 + 1) * Hkv] - packed_at[r0 * Hkv] <= MAX_PACKED_BYTES)
+            r1++;
+        failed = attend_group(d, query, q_stride, out, keys, values, block_tables,
+                              query_starts, query_lens, context_lens, max_seq_len, scale, f,
+                              packed - packed_at[r0 * Hkv], packed_at, item_starts, r0, r1);
+        r0 = r1;
     }
     free(packed), free(packed_at), free(item_starts);
     return failed;
