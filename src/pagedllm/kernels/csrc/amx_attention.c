@@ -24,9 +24,9 @@
  *
  * The tiles of a row tile multiply the values past each row's position by zero
  * probabilities, so a non-finite value there would reach earlier rows (0 x NaN): the values
- * are packed with such rows zeroed and counted, and a row that sees one is written as NaN,
- * as the vector kernel leaves it non-finite. A step packs at most MAX_PACKED_BYTES at once
- * (whole requests a group).
+ * are packed with such rows zeroed and counted, and a row that sees one is written as NaN
+ * (all its values; the vector kernel's are non-finite where the values are). A step packs
+ * at most MAX_PACKED_BYTES at once, or one (request, kv head)'s context where that is more.
  *
  * A row's result does not depend on the batch or on how its prompt was chunked: every
  * tile's element is its own row's sums over the same key tiles, which start at multiples of
@@ -55,7 +55,7 @@
 #define KEYS_PV 32     /* keys of a value tile (the A tile's 32 bfloat16 columns) */
 #define ACCUMULATORS 4 /* 16-dimension output slices a pass keeps in tiles */
 /* The most a call packs at once (contexts and new tokens, every kv head): a step past it
- * runs in groups of requests (a request larger alone is packed alone). */
+ * runs in groups of (request, kv head) units (a unit larger alone is packed alone). */
 #define MAX_PACKED_BYTES (64LL << 20)
 
 /* Tile registers: accumulators C0..C3, A tiles for the hi and lo probabilities (the query
@@ -166,8 +166,8 @@ static void pack_keys(uint32_t *dst, const char *keys, const int32_t *blocks, in
  * dimensions) is 16 rows of 16 pairs, row kk holding positions 32t + 2kk and + 1 of each
  * dimension side by side. A row with a non-finite value is packed as zeros and counted:
  * bad[k] non-finite rows before position k (a tile's rows multiply the values past their
- * own positions by zero probabilities, and 0 x NaN would reach them; item() makes the rows
- * that see such a position non-finite instead, as the vector kernel leaves them). The test
+ * own positions by zero probabilities, and 0 x NaN would reach them; item() writes the rows
+ * that see such a position as NaN instead). The test
  * is on the bits: -ffast-math lets the compiler assume isnan() false. */
 static void pack_values(uint16_t *dst, int32_t *bad, const char *values, const int32_t *blocks,
                         int64_t bs, int64_t Hkv, int64_t g, int64_t D, int64_t n,
@@ -337,24 +337,25 @@ static void item(const PagedDims *d, const uint16_t *query, int64_t q_stride, ui
     }
 }
 
-/* Requests [r0, r1): their (request, kv head) units packed at `base` + packed_at[unit]
- * (base points before the group's first unit), then their items. */
+/* Units [u0, u1) (unit u: request u / Hkv, kv head u % Hkv): each packed at `packed` +
+ * packed_at[u] - packed_at[u0], then its items (unit u's are [item_starts[u],
+ * item_starts[u + 1]), 16 queries each). */
 static int attend_group(const PagedDims *d, const uint16_t *query, int64_t q_stride,
                         uint16_t *out, const char *keys, const char *values,
                         const int32_t *block_tables, const int32_t *query_starts,
                         const int32_t *query_lens, const int32_t *context_lens,
-                        int64_t max_seq_len, float scale, CacheFormat f, char *base,
-                        const int64_t *packed_at, const int64_t *item_starts, int64_t r0,
-                        int64_t r1) {
+                        int64_t max_seq_len, float scale, CacheFormat f, char *packed,
+                        const int64_t *packed_at, const int64_t *item_starts, int64_t u0,
+                        int64_t u1) {
     const int64_t D = d->head_size, Hkv = d->num_kv_heads, bs = d->block_size;
     int failed = 0;
     #pragma omp parallel
     {
         #pragma omp for schedule(dynamic, 1)
-        for (int64_t u = r0 * Hkv; u < r1 * Hkv; u++) {
+        for (int64_t u = u0; u < u1; u++) {
             const int64_t r = u / Hkv, g = u % Hkv, n = context_lens[r] + query_lens[r];
             const int32_t *blocks = block_tables + r * d->max_blocks;
-            char *at = base + packed_at[u];
+            char *at = packed + (packed_at[u] - packed_at[u0]);
             const int64_t values_at = keys_bytes(n, D) * (f.split ? 2 : 1);
             pack_keys((uint32_t *)at, keys, blocks, bs, Hkv, g, D, n, f);
             pack_values((uint16_t *)(at + values_at),
@@ -370,15 +371,15 @@ static int attend_group(const PagedDims *d, const uint16_t *query, int64_t q_str
             configure_tiles();
         }
         #pragma omp for schedule(dynamic, 1)
-        for (int64_t it = item_starts[r0]; it < item_starts[r1]; it++) {
+        for (int64_t it = item_starts[u0]; it < item_starts[u1]; it++) {
             if (!ok) continue;
-            int64_t r = r0;
-            while (item_starts[r + 1] <= it) r++;
-            const int64_t local = it - item_starts[r], g = local % Hkv;
-            const int64_t i0 = (local / Hkv) * QUERY_BLOCK;
+            int64_t u = u0;
+            while (item_starts[u + 1] <= it) u++;
+            const int64_t r = u / Hkv, g = u % Hkv;
+            const int64_t i0 = (it - item_starts[u]) * QUERY_BLOCK;
             const int64_t i1 = i0 + QUERY_BLOCK < query_lens[r] ? i0 + QUERY_BLOCK : query_lens[r];
             const int64_t n = context_lens[r] + query_lens[r];
-            item(d, query, q_stride, out, base + packed_at[r * Hkv + g], n, f.split,
+            item(d, query, q_stride, out, packed + (packed_at[u] - packed_at[u0]), n, f.split,
                  query_starts[r], context_lens[r], i0, i1, g, scale, &b);
         }
         if (ok) _tile_release();
@@ -394,28 +395,25 @@ static int attend_tiles(const PagedDims *d, const uint16_t *query, int64_t q_str
                         const int32_t *block_tables, const int32_t *query_starts,
                         const int32_t *query_lens, const int32_t *context_lens,
                         int64_t num_reqs, int64_t max_seq_len, float scale, CacheFormat f) {
-    const int64_t D = d->head_size, Hkv = d->num_kv_heads, bs = d->block_size;
+    const int64_t D = d->head_size, Hkv = d->num_kv_heads, units = num_reqs * Hkv;
     if (D % 32 != 0 || D > 512 || num_reqs == 0 || !bf16_matrix_units()) return -1;
-    /* Where each (request, kv head)'s packed keys and values start, and each request's
-     * first item. */
-    int64_t *packed_at = malloc(sizeof(int64_t) * (num_reqs * Hkv + 1));
-    int64_t *item_starts = malloc(sizeof(int64_t) * (num_reqs + 1));
+    /* Where each (request, kv head) unit's packed keys and values start, and its first
+     * item. */
+    int64_t *packed_at = malloc(sizeof(int64_t) * (units + 1));
+    int64_t *item_starts = malloc(sizeof(int64_t) * (units + 1));
     if (packed_at == NULL || item_starts == NULL) {
         free(packed_at), free(item_starts);
         return -1;
     }
     packed_at[0] = 0, item_starts[0] = 0;
-    int64_t largest = 0; /* the most one group of requests packs */
-    for (int64_t r = 0, group_start = 0; r < num_reqs; r++) {
-        const int64_t n = context_lens[r] + query_lens[r];
-        for (int64_t g = 0; g < Hkv; g++)
-            packed_at[r * Hkv + g + 1] = packed_at[r * Hkv + g] + packed_bytes(n, D, f.split);
-        item_starts[r + 1] = item_starts[r]
-            + Hkv * ((query_lens[r] + QUERY_BLOCK - 1) / QUERY_BLOCK);
-        if (packed_at[(r + 1) * Hkv] - packed_at[group_start * Hkv] > MAX_PACKED_BYTES
-            && r > group_start)
-            group_start = r;
-        const int64_t size = packed_at[(r + 1) * Hkv] - packed_at[group_start * Hkv];
+    int64_t largest = 0; /* the most one group of units packs */
+    for (int64_t u = 0, group_start = 0; u < units; u++) {
+        const int64_t r = u / Hkv, n = context_lens[r] + query_lens[r];
+        packed_at[u + 1] = packed_at[u] + packed_bytes(n, D, f.split);
+        item_starts[u + 1] = item_starts[u] + (query_lens[r] + QUERY_BLOCK - 1) / QUERY_BLOCK;
+        if (packed_at[u + 1] - packed_at[group_start] > MAX_PACKED_BYTES && u > group_start)
+            group_start = u;
+        const int64_t size = packed_at[u + 1] - packed_at[group_start];
         largest = size > largest ? size : largest;
     }
     char *packed = aligned_alloc(64, round_up(largest, 64));
@@ -424,18 +422,16 @@ static int attend_tiles(const PagedDims *d, const uint16_t *query, int64_t q_str
         return -1;
     }
     int failed = 0;
-    /* Groups of whole requests packed at once, within MAX_PACKED_BYTES unless one request
-     * alone is larger: the memory stays bounded, and no row's result depends on the
-     * grouping (an item reads only its own request's packed rows). */
-    for (int64_t r0 = 0; r0 < num_reqs && !failed;) {
-        int64_t r1 = r0 + 1;
-        while (r1 < num_reqs
-               && packed_at[(r1 + 1) * Hkv] - packed_at[r0 * Hkv] <= MAX_PACKED_BYTES)
-            r1++;
+    /* Groups of units packed at once, within MAX_PACKED_BYTES unless one unit alone is
+     * larger (one kv head's context: the memory stays within the larger of the two), and no
+     * row's result depends on the grouping (an item reads only its own unit). */
+    for (int64_t u0 = 0; u0 < units && !failed;) {
+        int64_t u1 = u0 + 1;
+        while (u1 < units && packed_at[u1 + 1] - packed_at[u0] <= MAX_PACKED_BYTES) u1++;
         failed = attend_group(d, query, q_stride, out, keys, values, block_tables,
                               query_starts, query_lens, context_lens, max_seq_len, scale, f,
-                              packed - packed_at[r0 * Hkv], packed_at, item_starts, r0, r1);
-        r0 = r1;
+                              packed, packed_at, item_starts, u0, u1);
+        u0 = u1;
     }
     free(packed), free(packed_at), free(item_starts);
     return failed;
