@@ -46,8 +46,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "bf16.h"
 #include <math.h>
+
+#include "amx_tiles.h"
+#include "bf16.h"
 
 #define QUERY_BLOCK 16 /* queries an item, as paged_attention.c's */
 #define TILE 16        /* rows of a tile; 64 bytes a row */
@@ -65,12 +67,6 @@
 #define A_LO 5
 #define B_T 6
 #define B_2 7
-
-typedef struct __attribute__((aligned(64))) {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} TileConfig;
 
 /* Accumulators Ca (and Cb: `two`) += (hi + lo probabilities) x the values' tiles v (and
  * v + 512), + hi x their lo parts v_lo where the cache's values are split. Each sum takes its
@@ -95,15 +91,19 @@ typedef struct __attribute__((aligned(64))) {
         }                                                                                   \
     } while (0)
 
+/* Every tile 16 rows of 64 bytes. */
 static void configure_tiles(void) {
-    TileConfig cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int t = 0; t <= B_2; t++) cfg.rows[t] = TILE, cfg.colsb[t] = 64;
-    _tile_loadconfig(&cfg);
+    const int rows[8] = {TILE, TILE, TILE, TILE, TILE, TILE, TILE, TILE};
+    configure_tile_rows(rows);
 }
 
 static inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+/* x as hi + lo, two bfloat16 values (exact to about 16 bits). */
+static inline void split_bf16(float x, uint16_t *hi, uint16_t *lo) {
+    *hi = float_to_bf16(x);
+    *lo = float_to_bf16(x - bf16_to_float(*hi));
+}
 
 /* The cache's format: bytes a row (one position, one kv head) and whether its values come
  * in two bfloat16 parts (int8 rows: D codes, then a float32 scale per 16 of them). */
@@ -133,10 +133,7 @@ static inline void cache_row(uint16_t *hi, uint16_t *lo, const char *rows,
     }
     float x[512];
     isa_int8_row_to_float(x, (const int8_t *)row, D);
-    for (int64_t j = 0; j < D; j++) {
-        hi[j] = float_to_bf16(x[j]);
-        lo[j] = float_to_bf16(x[j] - bf16_to_float(hi[j]));
-    }
+    for (int64_t j = 0; j < D; j++) split_bf16(x[j], hi + j, lo + j);
 }
 
 /* Keys [0, n) of kv head g as score B tiles (the hi part at dst, the lo part keys_bytes
@@ -299,9 +296,7 @@ static void item(const PagedDims *d, const uint16_t *query, int64_t q_stride, ui
             }
             const float inv = 1.f / sum;
             for (int64_t k = k_start; k < k_end; k++) {
-                const float p = k >= low && k <= pos ? s[k] * inv : 0.f;
-                hi[k] = float_to_bf16(p);
-                lo[k] = float_to_bf16(p - bf16_to_float(hi[k]));
+                split_bf16(k >= low && k <= pos ? s[k] * inv : 0.f, hi + k, lo + k);
             }
         }
         /* The probabilities times the values, ACCUMULATORS slices of 16 dimensions a pass. */

@@ -31,6 +31,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "amx_tiles.h"
 #include "avx512_bf16_store.h"
 
 #define ARCH_REQ_XCOMP_PERM 0x1023
@@ -53,12 +54,6 @@
 #define B0 6
 #define B1 7
 
-typedef struct __attribute__((aligned(64))) {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} TileConfig;
-
 int bf16_matrix_units(void) {
     /* 0 unknown, 1 granted, -1 refused: the request is idempotent, so a race only repeats it */
     static volatile int state = 0;
@@ -68,16 +63,9 @@ int bf16_matrix_units(void) {
 
 /* Tiles for r0 tokens in the first half and r1 (maybe 0: unused) in the second. */
 static void configure(int r0, int r1) {
-    TileConfig cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
     const int rows[8] = {[C00] = r0, [C01] = r0, [C10] = r1, [C11] = r1,
                          [A0] = r0, [A1] = r1, [B0] = TILE_ROWS, [B1] = TILE_ROWS};
-    for (int t = 0; t < 8; t++) {
-        cfg.rows[t] = (uint8_t)rows[t];
-        cfg.colsb[t] = rows[t] ? 64 : 0;
-    }
-    _tile_loadconfig(&cfg);
+    configure_tile_rows(rows);
 }
 
 /* An accumulator tile's `rows` x 16 float32 (stored at sums) into bfloat16 output rows,
