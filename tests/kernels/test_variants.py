@@ -230,3 +230,32 @@ def test_lora_deltas_match_scalar(libraries, variant):
         got = _run(libraries, variant, lambda: _lora_delta(num_tokens))  # noqa: B023
         # float32 sums in the compiler's vector order: at most one bfloat16 rounding apart.
         torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=1e-2)
+
+
+# float32 NaNs whose bit patterns sit where a round-to-nearest-even add could carry out of
+# the exponent: the largest payloads (either sign) and the smallest.
+NAN_BITS = [0x7FFFFFFF, 0xFFFFFFFF, 0x7FFF8000, 0x7F800001, 0x7FC00000]
+
+
+@pytest.mark.parametrize("variant", ["scalar", *HOST_VARIANTS])
+def test_a_nan_stays_a_nan_in_bfloat16(libraries, variant):
+    """Every float32 NaN rounds to a bfloat16 NaN: a NaN in the float32 residual stream
+    must reach the normed row (the engine's non-finite checks read the bfloat16 rows), not
+    turn into a zero or an infinity on the way."""
+    gen = torch.Generator().manual_seed(5)
+    num_rows = len(NAN_BITS) + 1
+    x = torch.randn(num_rows, 576, generator=gen).bfloat16()
+    weight = (torch.rand(576, generator=gen) + 0.5).bfloat16()
+    residual = torch.randn(num_rows, 576, generator=gen)
+    bits = residual.view(torch.int32)
+    for row, nan in enumerate(NAN_BITS):
+        bits[row, 7] = torch.tensor(nan, dtype=torch.int64).to(torch.int32)  # wraps
+
+    def ops() -> list[torch.Tensor]:
+        rms, _ = cpu_ops.add_rms_norm(x, residual.clone(), weight, 1e-5)
+        layer, _ = cpu_ops.add_layer_norm(x, residual.clone(), weight, weight, 1e-5)
+        return [rms, layer]
+
+    for normed in _run(libraries, variant, ops):
+        assert normed[:-1].float().isnan().all(), variant  # every value of those rows
+        assert normed[-1].float().isfinite().all(), variant

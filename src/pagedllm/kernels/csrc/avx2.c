@@ -93,7 +93,8 @@ void isa_quantize_q8_bf16(const Q8Activations *a, const uint16_t *x, int64_t t, 
     }
 }
 
-/* 8 float32 → bfloat16 (round to nearest even), the first `lanes` stored. */
+/* 8 float32 → bfloat16 (round to nearest even), the first `lanes` stored; NaNs as in
+ * avx512_bf16_store.h's store_bf16x16. */
 static inline void store_bf16x8(uint16_t *dst, __m256 v, int lanes) {
     __m256i bits = _mm256_castps_si256(v);
     const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));

@@ -8,7 +8,9 @@
 
 #include "isa.h" /* PANEL_ROWS */
 
-/* 16 float32 → bfloat16 (round to nearest even, as float_to_bf16), the first `lanes` stored. */
+/* 16 float32 → bfloat16 (round to nearest even, as float_to_bf16), the first `lanes` stored.
+ * Unlike float_to_bf16 it does not test for NaNs: a NaN whose low 16 bits are zero, as
+ * every NaN from the matmuls' bfloat16 and int8 inputs is, stays a NaN anyway. */
 static inline void store_bf16x16(uint16_t *dst, __m512 v, int lanes) {
     __m512i bits = _mm512_castps_si512(v);
     const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));

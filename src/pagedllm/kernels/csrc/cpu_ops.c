@@ -106,10 +106,18 @@ static inline void gated_and_mul(int64_t kind, int64_t T, int64_t d, const uint1
     for (int64_t t = 0; t < T; t++) {
         const uint16_t *gate = x + t * x_stride, *up = gate + d;
         uint16_t *o = out + t * d;
-        for (int64_t j = 0; j < d; j++) {
-            const float g = bf16_to_float(gate[j]);
-            const float a = kind == STACK_SILU ? g / (1.f + expf(-g)) : gelu_tanh(g);
-            o[j] = float_to_bf16(round_bf16(a) * bf16_to_float(up[j]));
+        /* A loop per kind: OpenMP's outlined body sees `kind` as a variable, and one loop
+         * with a select would be if-converted to compute both activations. */
+        if (kind == STACK_SILU) {
+            for (int64_t j = 0; j < d; j++) {
+                const float g = bf16_to_float(gate[j]);
+                o[j] = float_to_bf16(round_bf16(g / (1.f + expf(-g))) * bf16_to_float(up[j]));
+            }
+        } else {
+            for (int64_t j = 0; j < d; j++) {
+                const float g = bf16_to_float(gate[j]);
+                o[j] = float_to_bf16(round_bf16(gelu_tanh(g)) * bf16_to_float(up[j]));
+            }
         }
     }
 }

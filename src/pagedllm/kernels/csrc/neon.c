@@ -64,7 +64,8 @@ void isa_quantize_q8_bf16(const Q8Activations *a, const uint16_t *x, int64_t t, 
     }
 }
 
-/* 4 float32 → bfloat16 (round to nearest even), the first `lanes` stored. */
+/* 4 float32 → bfloat16 (round to nearest even), the first `lanes` stored; NaNs as in
+ * avx512_bf16_store.h's store_bf16x16. */
 static inline void store_bf16x4(uint16_t *dst, float32x4_t v, int lanes) {
     uint32x4_t bits = vreinterpretq_u32_f32(v);
     const uint32x4_t odd = vandq_u32(vshrq_n_u32(bits, 16), vdupq_n_u32(1));
