@@ -422,9 +422,10 @@ def add_scheduler_steps_arg(group: argparse._ArgumentGroup | argparse.ArgumentPa
     group.add_argument(
         "--num-scheduler-steps",
         type=int,
-        default=1,
+        default=None,
         help="the engine's decode steps per scheduler step while every request only "
-        "decodes (multi-step scheduling; 1: every step scheduled, the engine's default)",
+        "decodes (multi-step scheduling; 1: every step scheduled; default: the engine's, "
+        "8 while every request's output is final only, else 1)",
     )
 
 

@@ -16,7 +16,9 @@ Model execution is forward + logits + sampling; the rest is engine overhead. Rep
 phase: total seconds and share of the summed step wall time, for `--num-iters` passes after
 a warm-up, median and range.
 
-`--single-stream` times the decode steps of one request instead: each step's wall time
+`--single-stream` times the decode steps of one request instead, taking its output at its
+end as `LLM.generate` does (the engine then groups decode steps by default: multi-step
+scheduling) and then as a stream (one step at a time): each step's wall time
 split into the time inside the C kernels (every call into the kernel library: the decode
 stack, the LM head's matmul, ...) and the time outside them (scheduler, input preparation,
 torch ops, sampling, output processing, Python), median over the steps. A last pass with
@@ -178,16 +180,25 @@ class KernelClock:
 
 
 def single_stream_pass(llm: Any, clock: KernelClock, prompt: list[int], output_len: int,
-                       timer: PhaseTimer | None = None) -> list[tuple[float, float]]:
+                       timer: PhaseTimer | None = None, final_only: bool = True
+                       ) -> list[tuple[float, float]]:
     """One request's decode steps after its prefill: (wall s, s inside kernels) each; with
     a `timer` (its wrappers installed), each engine step's phase totals are kept in
     `timer.steps`, per decode step. An engine step of several decode steps (multi-step
-    scheduling: it returns that many tokens) counts as that many steps of its mean time."""
+    scheduling: it returns that many tokens) counts as that many steps of its mean time.
+    `final_only`: the request takes its final output alone, as `LLM.generate`'s do (the
+    engine may then group decode steps); else its output after every step, as a stream."""
     from pagedllm import SamplingParams
+    from pagedllm.sampling_params import RequestOutputKind
 
     engine = llm.llm_engine
-    params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=output_len)
-    engine.add_request(f"ss-{time.monotonic_ns()}", {"prompt_token_ids": prompt}, params)
+    kind = RequestOutputKind.FINAL_ONLY if final_only else RequestOutputKind.CUMULATIVE
+    params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=output_len,
+                            output_kind=kind)
+    request_id = f"ss-{time.monotonic_ns()}"
+    engine.add_request(request_id, {"prompt_token_ids": prompt}, params)
+    # The engine core's own request (in this process): its token count after each step.
+    request = engine.engine_core.engine_core.scheduler.requests[request_id]
     steps: list[tuple[float, float]] = []
     num_tokens, prefilled = 0, False
     while engine.has_unfinished_requests():
@@ -195,9 +206,9 @@ def single_stream_pass(llm: Any, clock: KernelClock, prompt: list[int], output_l
         if timer is not None:
             timer.totals.clear()
         start = time.perf_counter()
-        outputs = engine.step()
+        engine.step()
         wall = time.perf_counter() - start
-        total = len(outputs[0].outputs[0].token_ids) if outputs else num_tokens
+        total = request.num_output_tokens
         new, num_tokens = total - num_tokens, total
         if not prefilled:  # the first step is the prefill (and its first token)
             prefilled = True
@@ -238,18 +249,32 @@ def report_single_stream(llm: Any, prompt: list[int], output_len: int, num_iters
         clock.uninstall()
 
 
+# The two ways a request takes its output: at its end (LLM.generate, a server request
+# without `stream`) or after every step (a stream); the engine groups decode steps by
+# default only for the first (core/multi_step.py).
+STREAM_KINDS = {"final output only (LLM.generate)": True, "streamed": False}
+
+
 def _single_stream_report(llm: Any, clock: KernelClock, prompt: list[int], output_len: int,
                           num_iters: int) -> dict[str, Any]:
-    """report_single_stream's passes and printout, with `clock` installed."""
-    single_stream_pass(llm, clock, prompt, 16)  # warm-up
+    """report_single_stream's passes and printout, with `clock` installed: one block per
+    way of taking the output."""
+    return {name: _single_stream_kind(llm, clock, prompt, output_len, num_iters, name, final)
+            for name, final in STREAM_KINDS.items()}
+
+
+def _single_stream_kind(llm: Any, clock: KernelClock, prompt: list[int], output_len: int,
+                        num_iters: int, name: str, final_only: bool) -> dict[str, Any]:
+    """The passes and printout for one way of taking the output."""
+    single_stream_pass(llm, clock, prompt, 16, final_only=final_only)  # warm-up
     steps = []
     for _ in range(num_iters):
         llm.reset_prefix_cache()
-        steps += single_stream_pass(llm, clock, prompt, output_len)
+        steps += single_stream_pass(llm, clock, prompt, output_len, final_only=final_only)
     wall = statistics.median(w for w, _ in steps)
     kernels = statistics.median(k for _, k in steps)
     outside = statistics.median(w - k for w, k in steps)
-    print(f"single stream, {len(prompt)}-token prompt, {len(steps)} decode steps:")
+    print(f"single stream, {name}, {len(prompt)}-token prompt, {len(steps)} decode steps:")
     print(f"  step {wall * 1e3:.3f} ms (median)   in kernels {kernels * 1e3:.3f} ms   "
           f"outside {outside * 1e3:.3f} ms = {outside / wall * 100:.1f}% of the step")
     # The outside time by phase, in a pass of its own (the phase wrappers cost time).
@@ -257,16 +282,16 @@ def _single_stream_report(llm: Any, clock: KernelClock, prompt: list[int], outpu
     instrument(llm, timer)
     try:
         llm.reset_prefix_cache()
-        single_stream_pass(llm, clock, prompt, output_len, timer)
+        single_stream_pass(llm, clock, prompt, output_len, timer, final_only=final_only)
     finally:
         timer.uninstall()
     phases = outside_by_phase(timer.steps)
     print("  outside the kernels by phase (median µs a step, a pass with phase timers):")
-    for name, seconds in phases.items():
-        print(f"    {name:<24} {seconds * 1e6:8.1f}")
+    for phase, seconds in phases.items():
+        print(f"    {phase:<24} {seconds * 1e6:8.1f}")
     return {"steps": len(steps), "step_ms": wall * 1e3, "kernel_ms": kernels * 1e3,
             "outside_ms": outside * 1e3, "outside_share": outside / wall,
-            "outside_by_phase_us": {name: s * 1e6 for name, s in phases.items()}}
+            "outside_by_phase_us": {phase: s * 1e6 for phase, s in phases.items()}}
 
 
 def timed_pass(

@@ -142,7 +142,7 @@ class EngineRunner:
             if args.quantization
             else ")"
         ) + (f" kv={args.kv_cache_dtype}" if args.kv_cache_dtype else "") + (
-            f" steps={args.num_scheduler_steps}" if args.num_scheduler_steps > 1 else "")
+            f" steps={args.num_scheduler_steps}" if args.num_scheduler_steps else "")
         start = time.perf_counter()
         self.llm = LLM(model=location.path, dtype=args.dtype, seed=args.seed, **kwargs)
         self.setup_s = time.perf_counter() - start

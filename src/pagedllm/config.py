@@ -175,7 +175,10 @@ class SchedulerConfig:
         num_scheduler_steps: decode steps the runner takes per scheduler step when every
             running request only decodes (vLLM's multi-step scheduling): the scheduler,
             its stats and the output processing run once per this many tokens. Tokens
-            then stream in groups of this many; 1 (the default) schedules every step.
+            then stream in groups of this many; 1 schedules every step. None (the
+            default): core/multi_step.py's AUTO_SCHEDULER_STEPS while every running request
+            takes its final output only (the offline LLM, a server request without
+            `stream`), else 1: a streamed token comes out as soon as it is made.
     """
 
     max_num_seqs: int = 256
@@ -187,10 +190,10 @@ class SchedulerConfig:
     max_num_encoder_input_tokens: int = 0
     encoder_cache_size: int = 0
     prefill_tokens_per_decode: int = 0
-    num_scheduler_steps: int = 1
+    num_scheduler_steps: int | None = None
 
     def __post_init__(self) -> None:
-        if self.num_scheduler_steps < 1:
+        if self.num_scheduler_steps is not None and self.num_scheduler_steps < 1:
             raise ValueError(
                 f"num_scheduler_steps must be at least 1, got {self.num_scheduler_steps}."
             )
@@ -381,21 +384,25 @@ class EngineConfig:
     kv_transfer_config: Any = None
 
     def __post_init__(self) -> None:
-        if self.scheduler_config.num_scheduler_steps > 1:
-            _check_multi_step(self)
+        steps = self.scheduler_config.num_scheduler_steps
+        conflict = _multi_step_conflict(self)
+        if conflict is None or steps == 1:
+            return
+        if steps is not None:
+            raise ValueError(
+                f"num_scheduler_steps={steps} does not combine with {conflict}: use 1 with it."
+            )
+        # The automatic default stands aside (the config is frozen: set through object).
+        object.__setattr__(self, "scheduler_config",
+                           replace(self.scheduler_config, num_scheduler_steps=1))
 
 
-def _check_multi_step(config: EngineConfig) -> None:
-    """Multi-step scheduling runs its extra steps in one worker, sampling plainly: it
-    does not combine with the systems that act between every two steps."""
-    steps = config.scheduler_config.num_scheduler_steps
+def _multi_step_conflict(config: EngineConfig) -> str | None:
+    """The first system configured that acts between every two steps (multi-step
+    scheduling runs its extra steps in one worker, sampling plainly), or None."""
     conflicts = {
         "speculative_config": config.speculative_config is not None,
         "kv_transfer_config": config.kv_transfer_config is not None,
         "tensor_parallel_size/pipeline_parallel_size": config.parallel_config.world_size > 1,
     }
-    for name, present in conflicts.items():
-        if present:
-            raise ValueError(
-                f"num_scheduler_steps={steps} does not combine with {name}: use 1 with it."
-            )
+    return next((name for name, present in conflicts.items() if present), None)

@@ -43,17 +43,19 @@ def test_single_stream_report_splits_the_outside_time_by_phase(tiny_llama_dir, m
     breakdown = load_benchmark("step_breakdown")
     llm = LLM(str(tiny_llama_dir), dtype="bfloat16", quantization="int4", max_model_len=128)
     try:
-        result = breakdown.report_single_stream(llm, [5, 17, 42, 8], 6, 1)
+        results = breakdown.report_single_stream(llm, [5, 17, 42, 8], 6, 1)
     finally:
         sys.modules.pop("common", None)
-    phases = result["outside_by_phase_us"]
-    assert set(phases) == {
-        "model, outside kernels", "schedule", "input preparation", "scheduler update",
-        "output processing", "other",
-    }
-    for phase in ("schedule", "input preparation", "output processing"):
-        assert phases[phase] > 0  # each timed in every decode step
-    assert 0 < result["kernel_ms"] < result["step_ms"]
+    assert set(results) == set(breakdown.STREAM_KINDS)  # LLM.generate's way, and a stream
+    for result in results.values():
+        phases = result["outside_by_phase_us"]
+        assert set(phases) == {
+            "model, outside kernels", "schedule", "input preparation", "scheduler update",
+            "output processing", "other",
+        }
+        for phase in ("schedule", "input preparation", "output processing"):
+            assert phases[phase] > 0  # each timed in every decode step
+        assert 0 < result["kernel_ms"] < result["step_ms"]
     # The phase wrappers are gone again (the classes are the whole process's).
     from pagedllm.core.scheduler import Scheduler
     assert Scheduler.schedule.__qualname__ == "Scheduler.schedule"

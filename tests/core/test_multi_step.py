@@ -6,9 +6,18 @@ from __future__ import annotations
 
 import pytest
 
-from pagedllm.config import SchedulerConfig
+from pagedllm.config import (
+    CacheConfig,
+    DeviceConfig,
+    EngineConfig,
+    ModelConfig,
+    SchedulerConfig,
+)
+from pagedllm.core.multi_step import AUTO_SCHEDULER_STEPS
 from pagedllm.core.sched_output import SchedulerOutput
 from pagedllm.request import RequestStatus
+from pagedllm.sampling_params import RequestOutputKind
+from pagedllm.spec_decode.config import SpeculativeConfig
 from pagedllm.worker.outputs import ModelRunnerOutput
 from tests.core.test_scheduler import EOS, TOKEN, make_request, make_scheduler, step
 
@@ -146,3 +155,35 @@ def test_lookahead_left_unused_is_freed_before_a_swap() -> None:
 def test_an_empty_step_is_never_a_multi_step() -> None:
     scheduler = make_scheduler(num_scheduler_steps=4)
     assert scheduler.schedule().num_steps == 1
+
+
+def test_the_default_groups_only_requests_whose_output_is_final() -> None:
+    """num_scheduler_steps=None: AUTO_SCHEDULER_STEPS while every running request takes
+    its final output alone (the offline LLM's); one step while one streams."""
+    scheduler = make_scheduler(num_blocks=64, num_scheduler_steps=None)
+    final = make_request("final", 3, max_tokens=30, output_kind=RequestOutputKind.FINAL_ONLY)
+    scheduler.add_request(final)
+    step(scheduler)
+    output = scheduler.schedule()
+    assert output.num_steps == AUTO_SCHEDULER_STEPS
+    run_steps(scheduler, output)
+    streamed = make_request("streamed", 3, max_tokens=30)  # CUMULATIVE, vLLM's default
+    scheduler.add_request(streamed)
+    step(scheduler)  # streamed's prompt
+    assert scheduler.schedule().num_steps == 1
+
+
+def test_the_default_stands_aside_for_a_system_between_steps() -> None:
+    """The automatic default becomes 1 where multi-step cannot run; an explicit count
+    there is an error."""
+    spec = SpeculativeConfig("ngram", num_speculative_tokens=2, prompt_lookup_max=3)
+    model = ModelConfig("m", "m", None, "float32", 64, 0, "LlamaForCausalLM", None)
+
+    def config(steps: int | None) -> EngineConfig:
+        return EngineConfig(model, CacheConfig(), SchedulerConfig(num_scheduler_steps=steps),
+                            DeviceConfig(), speculative_config=spec)
+
+    assert config(None).scheduler_config.num_scheduler_steps == 1
+    assert config(1).scheduler_config.num_scheduler_steps == 1
+    with pytest.raises(ValueError, match="speculative_config"):
+        config(4)

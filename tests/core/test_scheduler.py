@@ -39,7 +39,7 @@ def make_scheduler(
     kv_cache_groups: tuple[KVCacheGroupSpec, ...] | None = None,
     num_lookahead_slots: int = 0,
     prefill_tokens_per_decode: int = 0,
-    num_scheduler_steps: int = 1,
+    num_scheduler_steps: int | None = 1,
 ) -> Scheduler:
     """A scheduler with tiny limits; prefix caching is off unless asked for, so that the
     identical prompts of these tests do not share blocks."""

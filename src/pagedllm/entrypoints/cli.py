@@ -67,7 +67,8 @@ ENGINE_ARG_HELP = {
     "num_scheduler_steps": "Decode steps per scheduler step while every request only "
                            "decodes (vLLM's multi-step scheduling): the scheduler and the "
                            "output processing run once per this many tokens, which then "
-                           "stream in groups; 1 (the default) schedules every step.",
+                           "stream in groups; 1 schedules every step. Default: 8 while "
+                           "every running request is answered whole (no stream), else 1.",
     "enable_chunked_prefill": "Split long prompts across steps.",
     "kv_cache_memory_bytes": "KV cache size in bytes (CPU default: PAGEDLLM_CPU_KVCACHE_SPACE "
                              "GiB, 1).",

@@ -62,8 +62,9 @@ class LLM(PoolingMethods):
             "priority"), prefill_tokens_per_decode (while requests decode, the prompt
             tokens a step computes beside them per decoding request, at least 16, with
             chunked prefill; 0, the default: no cap), num_scheduler_steps (decode
-            steps per scheduler step while every request only decodes; 1, the default:
-            every step scheduled), runner ("auto", "generate",
+            steps per scheduler step while every request only decodes; 1: every step
+            scheduled; None, the default: 8, as `generate`'s outputs are final only),
+            runner ("auto", "generate",
             "pooling"), convert ("auto", "none",
             "embed", "classify"; with runner="generate", "embed" adds embeddings to
             generation), pooler_config (PoolerConfig or dict: pooling_type, normalize,

@@ -218,11 +218,12 @@ FUNCTIONS: tuple[Function, ...] = (
         ctypes.c_int,
     ),
     # decode_greedy_steps(dims, layers, T, steps, input_ids, hidden, residual, positions,
-    # group, seq_lens, token_rows, lora, head, N, weight, k, scratch, tokens, steps_done)
+    # group, seq_lens, token_rows, lora, head, N, weight, k, scratch, tokens, steps_done,
+    # stop_ids, stop_width)
     Function(
         "decode_greedy_steps",
         (_PTR, _PTR, _I64, _I64, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR,
-         _I64, _PTR, _I64, _PTR, _PTR, _PTR),
+         _I64, _PTR, _I64, _PTR, _PTR, _PTR, _PTR, _I64),
         ctypes.c_int,
     ),
 )

@@ -38,7 +38,7 @@ from pagedllm.worker.block_table import (
 from pagedllm.worker.decode_step.base import DecodeBatch, DecodeStep, StepRequests
 from pagedllm.worker.input_batch import CachedRequestState, StepInputs
 from pagedllm.worker.model_forward import ForwardInputs, make_model_forward
-from pagedllm.worker.multi_step import GreedyDecodeLoop, run_extra_steps
+from pagedllm.worker.multi_step import GreedyDecodeLoop, StopTokens, run_extra_steps
 from pagedllm.worker.outputs import ModelRunnerOutput
 from pagedllm.worker.sampling import SamplingPipeline, only_argmax
 from pagedllm.worker.step_hooks import RunnerStep, StepHook
@@ -112,8 +112,9 @@ class ModelRunner:
         and return the sampled tokens per request."""
         output = self._execute_step(scheduler_output)
         if scheduler_output.num_steps > 1:
+            stops = StopTokens.of([self.requests[rid] for rid in output.request_ids])
             output = run_extra_steps(self._execute_step, scheduler_output, output,
-                                     self._greedy_loop(output.request_ids))
+                                     self._greedy_loop(output.request_ids), stops)
         return output
 
     def _greedy_loop(self, request_ids: list[str]) -> GreedyDecodeLoop | None:

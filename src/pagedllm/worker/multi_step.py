@@ -15,11 +15,15 @@ The extra steps go one of two ways:
   weights went through the caches costs ~0.1 ms a step;
 - otherwise each extra step runs the runner's whole step (`extra_step` writes its
   SchedulerOutput), for any sampling the scheduler lets take several steps.
+
+Either way the steps end with the first that samples a token ending a request (`StopTokens`:
+its EOS, its stop token ids): nothing is computed past a request's end that the stop checks
+would then throw away, and its seat frees at once. A stop string is found after the group.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
@@ -38,24 +42,73 @@ if TYPE_CHECKING:
 logger = init_logger(__name__)
 
 
+@dataclass
+class StopTokens:
+    """Each row's tokens that end its request at its next token: its EOS (unless ignored)
+    and its stop token ids, once that token meets its min_tokens (a row that meets them
+    later in the group is checked after it, by the engine).
+
+    Attributes:
+        table: [rows, width] int64, -1 where a row has fewer; None when no row has any.
+    """
+
+    table: np.ndarray | None
+
+    @classmethod
+    def of(cls, states: Sequence[CachedRequestState]) -> StopTokens:
+        """The stop tokens of `states`' rows, each holding its latest token."""
+        rows: list[list[int]] = []
+        for state in states:
+            params = state.sampling_params
+            ids: list[int] = []
+            if state.num_output_tokens + 1 >= params.min_tokens:
+                if not params.ignore_eos and state.eos_token_id is not None:
+                    ids.append(state.eos_token_id)
+                ids.extend(params.stop_token_ids or ())
+            rows.append(ids)
+        width = max((len(ids) for ids in rows), default=0)
+        if width == 0:
+            return cls(None)
+        table = np.full((len(rows), width), -1, dtype=np.int64)
+        for row, ids in enumerate(rows):
+            table[row, : len(ids)] = ids
+        return cls(table)
+
+    def hit(self, tokens: Sequence[int]) -> bool:
+        """Whether a row's token (one a row) is one of its stop tokens."""
+        table = self.table
+        if table is None:
+            return False
+        return bool((table == np.asarray(tokens, dtype=np.int64)[:, None]).any())
+
+
 def run_extra_steps(
     execute: Callable[[SchedulerOutput], ModelRunnerOutput],
     first: SchedulerOutput,
     output: ModelRunnerOutput,
     loop: GreedyDecodeLoop | None = None,
+    stops: StopTokens | None = None,
 ) -> ModelRunnerOutput:
     """Run `first`'s steps after the first (whose `output` is given), through `loop` while
     it serves them, then through `execute`, and return every step's tokens merged into
-    `output`. A step where a request failed (non-finite) is the last: the scheduler ends
-    that request, the others go on later."""
+    `output`. A step where a request failed (non-finite), or where a row sampled one of
+    its `stops`, is the last: the scheduler ends that request, the others go on later."""
+    stops = stops or StopTokens(None)
     done = 1
-    if loop is not None and not output.failed_request_ids:
-        done += loop.run(first, output)
-    for step in range(done, first.num_steps):
-        if output.failed_request_ids:
-            break
-        merge_step(output, execute(extra_step(first, step)))
+    if not output.failed_request_ids and not stops.hit(_last_tokens(output)):
+        if loop is not None:
+            done += loop.run(first, output, stops)
+        while done < first.num_steps and not output.failed_request_ids:
+            if done > 1 and stops.hit(_last_tokens(output)):
+                break
+            merge_step(output, execute(extra_step(first, done)))
+            done += 1
     return output
+
+
+def _last_tokens(output: ModelRunnerOutput) -> list[int]:
+    """Each row's latest token (-1 for a row that sampled none)."""
+    return [tokens[-1] if tokens else -1 for tokens in output.sampled_token_ids]
 
 
 @dataclass
@@ -77,9 +130,12 @@ class GreedyDecodeLoop:
     model: CausalLM
     block_size: int
 
-    def run(self, first: SchedulerOutput, output: ModelRunnerOutput) -> int:
-        """Take `first`'s extra steps while the fast path serves them; the number taken,
-        a failed one included (the rest go through the runner's step)."""
+    def run(self, first: SchedulerOutput, output: ModelRunnerOutput,
+            stops: StopTokens | None = None) -> int:
+        """Take `first`'s extra steps while the fast path serves them, up to the first
+        that samples one of `stops`; the number taken, a failed one included (the rest go
+        through the runner's step)."""
+        stops = stops or StopTokens(None)
         states = self.states
         # The first step appended each request's lookahead blocks to its table, and left
         # each state's computed count at its position.
@@ -94,19 +150,22 @@ class GreedyDecodeLoop:
             batch = DecodeBatch(input_ids, positions, slots, table)
             if not self.decode_step.serves(batch):
                 break
-            steps = self._forward(batch, first.num_steps - 1 - taken)
+            steps = self._forward(batch, first.num_steps - 1 - taken, stops)
             for tokens in steps:
                 taken += 1
                 if min(tokens) < 0:
                     _fail(output, [i for i, t in enumerate(tokens) if t < 0])
                     return taken
                 self._append(tokens, output)
+                if stops.hit(tokens):
+                    return taken
         return taken
 
-    def _forward(self, batch: DecodeBatch, steps: int) -> list[list[int]]:
+    def _forward(self, batch: DecodeBatch, steps: int, stops: StopTokens) -> list[list[int]]:
         """The tokens of up to `steps` steps from `batch`: all of them in one call where
-        the fast path takes them so, else one step's."""
-        together = self.decode_step.greedy_steps(batch, steps, self.model)
+        the fast path takes them so (ending at a step that samples one of `stops`), else
+        one step's."""
+        together = self.decode_step.greedy_steps(batch, steps, self.model, stops.table)
         if together is not None:
             return together
         hidden = self.decode_step.run(batch)

@@ -40,8 +40,8 @@ def loop_steps(monkeypatch) -> list[int]:
     taken: list[int] = []
     original = CpuDecodeStack.greedy_steps
 
-    def counting(self, batch, steps, head):
-        result = original(self, batch, steps, head)
+    def counting(self, batch, steps, head, stop_ids=None):
+        result = original(self, batch, steps, head, stop_ids)
         if result is not None:
             taken.append(len(result))
         return result
@@ -78,3 +78,17 @@ def test_more_rows_than_a_tile_and_blocks_crossed(tiny_llama_dir, loop_steps):
     # The prefill's token, 4 multi-steps of 8 (the first step, then 7 in the call) and a
     # last one of the 7 tokens left.
     assert loop_steps == [7, 7, 7, 7, 6]
+
+
+def test_the_loop_ends_at_a_stop_token(tiny_llama_dir, loop_steps):
+    """A row sampling one of its stop tokens ends the call: no step is computed past the
+    request's end, and the tokens are one step at a time's up to the stop."""
+    free = _tokens(_llm(tiny_llama_dir, "int8", 1), [PROMPTS[0]], [30])[0]
+    # a token first sampled at index 3..8: inside the first multi-step's C call (the
+    # prefill samples index 0, the multi-step's own first step index 1)
+    index = next(i for i in range(3, 9) if free[i] not in free[:i])
+    params = SamplingParams(temperature=0.0, max_tokens=30, stop_token_ids=[free[index]])
+    llm = _llm(tiny_llama_dir, "int8", 8)
+    (output,) = llm.generate([{"prompt_token_ids": PROMPTS[0]}], params, use_tqdm=False)
+    assert list(output.outputs[0].token_ids) == free[: index + 1]
+    assert loop_steps == [index - 1]  # indices 2..index, then the call returned

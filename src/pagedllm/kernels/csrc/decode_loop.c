@@ -19,6 +19,9 @@
  * position and whose `slots` [T] int64 is the caller's buffer, written here each step;
  * token_rows [T] is 0..T-1. head, N, k, weight, scratch: greedy_head_bf16's. tokens
  * [steps, T] out. *steps_done: the steps whose tokens are in `tokens`.
+ * stop_ids [T, stop_width] (-1: none; NULL when stop_width is 0): each row's tokens that
+ * end its request; the call returns after the first step where a row samples one of its
+ * own, so no step is computed past it (the engine's stop checks cut the tokens as ever).
  * Returns 0; the decode stack's or the head's code (below 16); 17 when the stack does not
  * look the embeddings up or apply the final norm itself; 16 when a row of a step's hidden
  * states was not finite (that step's tokens hold -1 there and count in *steps_done). */
@@ -28,7 +31,8 @@ int decode_greedy_steps(const StackDims *d, const StackLayer *layers, int64_t T,
                         const int32_t *token_rows,
                         const StackLoRAStep *lora, const StackMatrix *head, int64_t N,
                         const uint16_t *weight, int64_t k, uint16_t *scratch,
-                        int64_t *tokens, int64_t *steps_done) {
+                        int64_t *tokens, int64_t *steps_done, const int64_t *stop_ids,
+                        int64_t stop_width) {
     *steps_done = 0;
     if (d->embedding == NULL || d->final_norm == NULL) return 17;
     int64_t *slots = (int64_t *)group->slots; /* the caller's buffer, the stack reads it */
@@ -48,12 +52,16 @@ int decode_greedy_steps(const StackDims *d, const StackLayer *layers, int64_t T,
                                   scratch);
         if (failed) return failed;
         *steps_done = s + 1;
+        int stopped = 0;
         for (int64_t t = 0; t < T; t++) {
             if (out[t] < 0) return 16;
+            for (int64_t j = 0; j < stop_width; j++)
+                stopped |= out[t] == stop_ids[t * stop_width + j];
             input_ids[t] = out[t];
             positions[t] += 1;
             seq_lens[t] += 1;
         }
+        if (stopped) return 0;
     }
     return 0;
 }

@@ -280,6 +280,7 @@ PAGEDLLM_API int decode_greedy_steps(const StackDims *d, const StackLayer *layer
                                      const int32_t *token_rows,
                                      const StackLoRAStep *lora, const StackMatrix *head,
                                      int64_t N, const uint16_t *weight, int64_t k,
-                                     uint16_t *scratch, int64_t *tokens, int64_t *steps_done);
+                                     uint16_t *scratch, int64_t *tokens, int64_t *steps_done,
+                                     const int64_t *stop_ids, int64_t stop_width);
 
 #endif

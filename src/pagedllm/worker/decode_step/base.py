@@ -83,14 +83,16 @@ class DecodeStep(ABC):
         """The final hidden states [n, hidden] of the step's rows; call after `serves`."""
 
     def greedy_steps(
-        self, batch: DecodeBatch, steps: int, head: GreedyHead
+        self, batch: DecodeBatch, steps: int, head: GreedyHead,
+        stop_ids: np.ndarray | None = None,
     ) -> list[list[int]] | None:
         """Up to `steps` decode steps of the decode-only `batch` in a row, each feeding its
         rows' argmax (`head`'s) to the next one position further, where the path can take
         them at once (a multi-step's extra steps: worker/multi_step.py); call after
-        `serves`; it may write over the batch's slot mapping. Returns each step's tokens (a
-        last step with a non-finite row holds -1 there), or None (the default) where it
-        cannot."""
+        `serves`; it may write over the batch's slot mapping. `stop_ids` [rows, width]
+        int64 (-1: none): each row's tokens that end its request; the steps end with the
+        first that samples one. Returns each step's tokens (a last step with a non-finite
+        row holds -1 there), or None (the default) where it cannot."""
         return None
 
 

@@ -239,13 +239,15 @@ class CpuDecodeStack(DecodeStep):
         return hidden
 
     def greedy_steps(
-        self, batch: DecodeBatch, steps: int, head: GreedyHead
+        self, batch: DecodeBatch, steps: int, head: GreedyHead,
+        stop_ids: np.ndarray | None = None,
     ) -> list[list[int]] | None:
         """`steps` greedy decode steps in one C call (csrc/decode_loop.c: the stack, the
         LM head's greedy tail, the argmax fed back), where the call looks the embeddings
         up and applies the final norm itself, the model has one KV cache group and the
         head's C tail serves; else None. The call stops after a step with a non-finite
-        row (-1 there: the last step returned)."""
+        row (-1 there: the last step returned), or where a row sampled one of its
+        `stop_ids` (DecodeStep.greedy_steps)."""
         dims = self.dims
         if not (dims.embedding and dims.final_norm) or self.num_groups != 1 or (
             batch.requests is not None
@@ -264,6 +266,8 @@ class CpuDecodeStack(DecodeStep):
         residual = torch.empty(num_rows, dims.hidden, dtype=torch.float32)
         tokens = torch.empty(steps, num_rows, dtype=torch.int64)
         done = ctypes.c_int64(0)
+        stops = None if stop_ids is None else torch.from_numpy(
+            np.ascontiguousarray(stop_ids, dtype=np.int64))
         lora_step = self._lora_step()
         failed = self.library.decode_greedy_steps(
             ctypes.byref(dims), self.table, num_rows, steps, pointer(input_ids),
@@ -272,6 +276,7 @@ class CpuDecodeStack(DecodeStep):
             None if lora_step is None else ctypes.byref(lora_step),
             ctypes.byref(tail.matrix), tail.weight.shape[0], pointer(tail.weight), tail.k,
             pointer(tail.scratch), pointer(tokens), ctypes.byref(done),
+            None if stops is None else pointer(stops), 0 if stops is None else stops.shape[1],
         )
         if failed == 3:
             raise IndexError("The CPU decode stack: a token id outside the vocabulary.")
