@@ -176,9 +176,10 @@ class SchedulerConfig:
             running request only decodes (vLLM's multi-step scheduling): the scheduler,
             its stats and the output processing run once per this many tokens. Tokens
             then stream in groups of this many; 1 schedules every step. None (the
-            default): core/multi_step.py's AUTO_SCHEDULER_STEPS while every running request
-            takes its final output only (the offline LLM, a server request without
-            `stream`), else 1: a streamed token comes out as soon as it is made.
+            default): in the offline LLM, core/multi_step.py's AUTO_SCHEDULER_STEPS while
+            every running request takes its final output only, else 1 (a streamed token
+            comes out as soon as it is made); an online engine (AsyncLLM, the server)
+            takes 1 (for_online_serving).
     """
 
     max_num_seqs: int = 256
@@ -395,6 +396,16 @@ class EngineConfig:
         # The automatic default stands aside (the config is frozen: set through object).
         object.__setattr__(self, "scheduler_config",
                            replace(self.scheduler_config, num_scheduler_steps=1))
+
+
+def for_online_serving(config: EngineConfig) -> EngineConfig:
+    """`config` for an engine taking requests while it runs (AsyncLLM, the server): the
+    automatic multi-step default becomes 1 there, as a request arriving during a group
+    would wait for the group to end before its first step; an explicit count stays."""
+    if config.scheduler_config.num_scheduler_steps is not None:
+        return config
+    return replace(config, scheduler_config=replace(config.scheduler_config,
+                                                    num_scheduler_steps=1))
 
 
 def _multi_step_conflict(config: EngineConfig) -> str | None:

@@ -57,6 +57,12 @@ def test_concurrent_generate_matches_offline(engine, tiny_llama_dir):
     _idle(engine)
 
 
+def test_an_online_engine_takes_one_step_at_a_time_by_default(engine):
+    """The offline LLM groups the steps of requests answered whole; an online engine does
+    not (a request arriving during a group would wait for it), unless asked."""
+    assert engine.engine_config.scheduler_config.num_scheduler_steps == 1
+
+
 def test_cancelled_caller_is_aborted(engine):
     async def run() -> None:
         async def consume() -> None:

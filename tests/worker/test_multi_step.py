@@ -24,7 +24,8 @@ def scheduler_of(llm: LLM):
 
 @pytest.fixture(scope="module")
 def single(tiny_llama_dir: Path) -> LLM:
-    return LLM(str(tiny_llama_dir), dtype="float32", max_model_len=128)
+    # (one step at a time: the default groups the steps of requests answered whole)
+    return LLM(str(tiny_llama_dir), dtype="float32", max_model_len=128, num_scheduler_steps=1)
 
 
 @pytest.fixture(scope="module")

@@ -153,6 +153,10 @@ class KVCacheManager:
             for m, blocks in zip(self.managers, computed, strict=True)
         )
 
+    def get_num_blocks_to_grow(self, request: Request, num_new_tokens: int) -> int:
+        """Free blocks that growing the running `request` by `num_new_tokens` consumes."""
+        return self._num_blocks_to_take(request, num_new_tokens, self.empty_blocks())
+
     def can_allocate(
         self,
         request: Request,

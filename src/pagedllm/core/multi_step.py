@@ -22,9 +22,12 @@ which needs text, is found only after the group.
 
 `num_scheduler_steps=None`, the default, groups AUTO_SCHEDULER_STEPS steps only when every
 running request asked for its final output alone (`RequestOutputKind.FINAL_ONLY`: the
-offline `LLM`, a server request without `stream`): nobody sees its tokens before it ends,
-so grouping changes nothing it could observe but the time. A streamed request keeps one
-token a step, as vLLM's default does; an explicit N groups every plain decode (vLLM V0).
+offline `LLM`'s requests): nobody sees its tokens before it ends, so grouping changes
+nothing it could observe but the time. A streamed request keeps one token a step, as vLLM's
+default does, and an online engine (AsyncLLM, the server) takes 1 (config.py's
+for_online_serving: a request arriving during a group would wait for it); an explicit N
+groups every plain decode (vLLM V0). A group whose lookahead slots do not fit in the free
+blocks runs as one step (Scheduler._group_fits), so grouping makes no preemption sooner.
 """
 
 from __future__ import annotations

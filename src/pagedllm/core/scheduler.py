@@ -295,6 +295,8 @@ class Scheduler:
         plan.num_steps = self.multi_step.steps_for(
             self.running, lambda: bool(plan.preempted_ids) or self._admits_others()
         )
+        if plan.num_steps > 1 and not self._group_fits(plan.num_steps):
+            plan.num_steps = 1  # a group's lookahead slots never preempt a request
         self._schedule_running(plan)
         # After a preemption for space the cache is tight: admitting others now would only
         # thrash. A swap-in never shares a step with a swap-out (see sched_output.py).
@@ -413,6 +415,18 @@ class Scheduler:
         it holds no blocks)."""
         request.status = status
         self._free_request(request)
+
+    def _group_fits(self, num_steps: int) -> bool:
+        """Whether every running request's next token and its multi-step group's lookahead
+        slots fit in the free blocks. A group that does not fit runs as one step, so grouping
+        makes no preemption happen sooner than one step at a time would (a bfloat16 step's
+        results depend on which requests share it)."""
+        if not self.has_kv_cache:
+            return True
+        manager = self.kv_cache_manager
+        lookahead = MultiStepPolicy.lookahead(num_steps)
+        needed = sum(manager.get_num_blocks_to_grow(r, 1 + lookahead) for r in self.running)
+        return needed <= manager.get_num_free_blocks()
 
     def _schedule_running(self, plan: StepPlan) -> None:
         """Give each running request its next tokens, preempting from the tail if needed."""

@@ -91,8 +91,8 @@ class EngineArgs:
     # Prompt tokens a step may compute per decoding request (SchedulerConfig's; 0: no cap).
     prefill_tokens_per_decode: int = 0
     # Decode steps a scheduler step runs when every request only decodes (vLLM V0's
-    # multi-step scheduling; 1: every step scheduled; None: 8 while every request takes
-    # its final output only, else 1).
+    # multi-step scheduling; 1: every step scheduled; None: in the offline LLM 8 while
+    # every request takes its final output only, else 1; an online engine takes 1).
     num_scheduler_steps: int | None = None
     enable_chunked_prefill: bool = True
     kv_cache_memory_bytes: int | None = None

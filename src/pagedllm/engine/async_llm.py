@@ -15,7 +15,7 @@ import time
 from collections.abc import AsyncGenerator
 from typing import Any, cast
 
-from pagedllm.config import EngineConfig, ModelConfig
+from pagedllm.config import EngineConfig, ModelConfig, for_online_serving
 from pagedllm.engine.arg_utils import EngineArgs
 from pagedllm.engine.core_client import AsyncEngineCoreClient, AsyncMPClient
 from pagedllm.engine.core_thread import ThreadedCoreClient
@@ -58,6 +58,7 @@ class AsyncLLM:
         self, engine_config: EngineConfig, log_stats: bool = True, model_name: str | None = None,
         multiprocessing: bool = False,
     ) -> None:
+        engine_config = for_online_serving(engine_config)
         self.engine_config = engine_config
         self._shut_down = False
         self.engine_core: AsyncEngineCoreClient = _make_client(engine_config, multiprocessing)

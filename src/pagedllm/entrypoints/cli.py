@@ -67,8 +67,9 @@ ENGINE_ARG_HELP = {
     "num_scheduler_steps": "Decode steps per scheduler step while every request only "
                            "decodes (vLLM's multi-step scheduling): the scheduler and the "
                            "output processing run once per this many tokens, which then "
-                           "stream in groups; 1 schedules every step. Default: 8 while "
-                           "every running request is answered whole (no stream), else 1.",
+                           "stream in groups; 1 schedules every step. Default: 1 for the "
+                           "server (a new request would wait for a group); the offline "
+                           "LLM groups 8 while every request is answered whole.",
     "enable_chunked_prefill": "Split long prompts across steps.",
     "kv_cache_memory_bytes": "KV cache size in bytes (CPU default: PAGEDLLM_CPU_KVCACHE_SPACE "
                              "GiB, 1).",

@@ -88,10 +88,9 @@ def test_metrics_count_tokens_and_requests(client, http):
     assert delta("pagedllm:prompt_tokens_total") == out.usage.prompt_tokens
     assert delta("pagedllm:request_success_total", finished_reason="length") == 1
     assert delta("pagedllm:e2e_request_latency_seconds_count") == 1
-    # One latency sample per engine step that gave the request tokens (vLLM's): this
-    # request is answered whole, so its 6 tokens after the first came in one multi-step
-    # group (core/multi_step.py's default); a streamed one gets one a token (next test).
-    assert delta("pagedllm:inter_token_latency_seconds_count") == 1
+    # One latency sample per engine step that gave the request tokens (vLLM's): the server
+    # takes one step at a time (config.py's for_online_serving), so one a token.
+    assert delta("pagedllm:inter_token_latency_seconds_count") == 6
     assert delta("pagedllm:model_execute_seconds_total") > 0  # the runner's busy time grew
     # --block-size 16 on the command line beat `block-size: 4` in the YAML config.
     assert metric(after, "pagedllm:cache_config_info", block_size="16") == 1
@@ -99,7 +98,7 @@ def test_metrics_count_tokens_and_requests(client, http):
 
 
 def test_a_stream_counts_a_latency_sample_a_token(client, http):
-    """A streamed request's tokens come one a step (no multi-step grouping): 6 gaps."""
+    """A streamed request's tokens come one a step: 6 gaps for 7 tokens."""
     name = "pagedllm:inter_token_latency_seconds_count"
     labels = {"model_name": MODEL_NAME}
     try:
