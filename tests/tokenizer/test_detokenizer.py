@@ -393,3 +393,25 @@ def test_codec_is_cached_per_tokenizer(tiny_tokenizer: Any) -> None:
     assert detokenizer_module._codec_for(tiny_tokenizer) is detokenizer_module._codec_for(
         tiny_tokenizer
     )
+
+
+def test_a_prompt_ending_inside_a_character_stays_out_of_the_output(tiny_tokenizer: Any) -> None:
+    """A prompt whose text ends in an incomplete character: the fast path gives the offset
+    algorithm's text, one token at a time too (DecodeStream alone put the prompt's last
+    characters into the output when an output token completed it)."""
+    vocab_size = len(tiny_tokenizer)
+
+    @_HYPOTHESIS
+    @given(
+        prompt_ids=st.lists(st.integers(0, vocab_size - 1), min_size=1, max_size=6),
+        output_ids=st.lists(st.integers(0, vocab_size - 1), min_size=1, max_size=20),
+        chunk_sizes=st.lists(st.integers(1, 4), min_size=1, max_size=4),
+    )
+    def check(prompt_ids: list[int], output_ids: list[int], chunk_sizes: list[int]) -> None:
+        fast = _stream(tiny_tokenizer, prompt_ids, output_ids, chunk_sizes,
+                       use_decode_stream=True)
+        exact = _stream(tiny_tokenizer, prompt_ids, output_ids, chunk_sizes,
+                        use_decode_stream=False)
+        assert "".join(fast) == "".join(exact)
+
+    check()

@@ -128,6 +128,11 @@ class _StreamDecoder:
         self._ids: list[int] = list(context)
         self._num_emitted_ids = len(context)
         self._fallback: _OffsetDecoder | None = None
+        if context and _ends_inside_a_character(codec, context, skip_special_tokens):
+            # DecodeStream diffs against the context's text, U+FFFD included: an output
+            # token that completes that character would bring the context's own last
+            # characters into the output. The offset algorithm holds them back.
+            self._fallback = _OffsetDecoder(codec, context, skip_special_tokens)
 
     def step(self, token_ids: list[int]) -> str:
         """Append tokens; return the newly complete text (maybe "")."""
@@ -160,6 +165,11 @@ class _StreamDecoder:
         pending = self._ids[self._num_emitted_ids :]
         self._fallback = _OffsetDecoder(self._codec, emitted, self._skip_special_tokens)
         return self._fallback.step(pending)
+
+
+def _ends_inside_a_character(codec: _TokenCodec, ids: list[int], skip_special: bool) -> bool:
+    """Whether `ids` decode to a text ending in an incomplete character (U+FFFD)."""
+    return codec.tokens_to_string(codec.to_tokens(ids, skip_special)).endswith(REPLACEMENT_CHAR)
 
 
 class IncrementalDetokenizer:
