@@ -69,12 +69,11 @@ class MultiStepPolicy:
         the scheduler's step skips it)."""
         if not self.enabled or not running:
             return 1
-        automatic = self.num_steps is None
-        if automatic and not all(final_only(request) for request in running):
+        if self.num_steps is None and not all(final_only(request) for request in running):
             return 1
         if admits_others():
             return 1
-        steps = AUTO_SCHEDULER_STEPS if self.num_steps is None else self.num_steps
+        steps = self.num_steps or AUTO_SCHEDULER_STEPS
         for request in running:
             if not runs_multi_step(request):
                 return 1

@@ -86,20 +86,19 @@ def run_extra_steps(
     execute: Callable[[SchedulerOutput], ModelRunnerOutput],
     first: SchedulerOutput,
     output: ModelRunnerOutput,
-    loop: GreedyDecodeLoop | None = None,
-    stops: StopTokens | None = None,
+    loop: GreedyDecodeLoop | None,
+    stops: StopTokens,
 ) -> ModelRunnerOutput:
     """Run `first`'s steps after the first (whose `output` is given), through `loop` while
     it serves them, then through `execute`, and return every step's tokens merged into
     `output`. A step where a request failed (non-finite), or where a row sampled one of
     its `stops`, is the last: the scheduler ends that request, the others go on later."""
-    stops = stops or StopTokens(None)
     done = 1
     if not output.failed_request_ids and not stops.hit(_last_tokens(output)):
         if loop is not None:
             done += loop.run(first, output, stops)
         while done < first.num_steps and not output.failed_request_ids:
-            if done > 1 and stops.hit(_last_tokens(output)):
+            if stops.hit(_last_tokens(output)):
                 break
             merge_step(output, execute(extra_step(first, done)))
             done += 1
@@ -130,12 +129,10 @@ class GreedyDecodeLoop:
     model: CausalLM
     block_size: int
 
-    def run(self, first: SchedulerOutput, output: ModelRunnerOutput,
-            stops: StopTokens | None = None) -> int:
+    def run(self, first: SchedulerOutput, output: ModelRunnerOutput, stops: StopTokens) -> int:
         """Take `first`'s extra steps while the fast path serves them, up to the first
         that samples one of `stops`; the number taken, a failed one included (the rest go
         through the runner's step)."""
-        stops = stops or StopTokens(None)
         states = self.states
         # The first step appended each request's lookahead blocks to its table, and left
         # each state's computed count at its position.
