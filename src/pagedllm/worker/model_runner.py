@@ -4,7 +4,9 @@ It applies the scheduler's diff to its own per-request state, flattens the sched
 of all requests (prefill chunks, decodes and verified drafts alike) into one batch, runs the
 model (or, for a step the platform has a fast path for, that fast path:
 worker/decode_step/), samples with the one sampling pipeline (worker/sampling.py), and
-answers with plain lists. It never touches scheduling state.
+answers with plain lists. It never touches scheduling state. A decode step of plain greedy
+requests that no hook acts on skips all of that: the greedy loop (worker/multi_step.py)
+takes it whole, the fast path's forward and the LM head's argmax (one C call on the CPU).
 
 Capabilities plug in as step hooks registered by the worker (worker/step_hooks/): LoRA
 groups the step's tokens before the forward, pooling and prompt logprobs read the hidden
@@ -110,12 +112,49 @@ class ModelRunner:
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """Run one scheduler step (its `num_steps` decode steps: worker/multi_step.py)
         and return the sampled tokens per request."""
-        output = self._execute_step(scheduler_output)
+        self._update_states(scheduler_output)
+        output = self._greedy_steps(scheduler_output)
+        if output is not None:
+            return output
+        output = self._run_step(scheduler_output)
         if scheduler_output.num_steps > 1:
             stops = StopTokens.of([self.requests[rid] for rid in output.request_ids])
             output = run_extra_steps(self._execute_step, scheduler_output, output,
                                      self._greedy_loop(output.request_ids), stops)
         return output
+
+    def _greedy_steps(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput | None:
+        """A decode step of plain greedy requests (its `num_steps` steps) taken whole by
+        the greedy loop (worker/multi_step.py): the fast path's forward and the LM head's
+        argmax, one C call on the CPU stack, without the input arrays, the sampling
+        pipeline or the hooks, none of which acts on such a step. None (nothing run) for
+        any other step, or where the loop did not complete the first step (a failed row:
+        the runner's own step then fails it as always)."""
+        scheduled = scheduler_output
+        if (
+            scheduled.scheduled_new_reqs or scheduled.scheduled_spec_decode_tokens
+            or scheduled.structured_output_request_ids or scheduled.is_empty
+            or not self.sampling.samples or self.tokens_from_scheduler
+            or any(count != 1 for count in scheduled.num_scheduled_tokens.values())
+        ):
+            return None
+        request_ids = list(scheduled.num_scheduled_tokens)
+        states = [self.requests[request_id] for request_id in request_ids]
+        # Each row computes its latest sampled token (past the prompt: no prompt logprobs
+        # to score, no prompt chunk of one token).
+        if any(s.num_computed_tokens != s.num_tokens - 1
+               or s.num_computed_tokens < s.num_prompt_tokens for s in states):
+            return None
+        loop = self._greedy_loop(request_ids)
+        if loop is None:
+            return None
+        output = ModelRunnerOutput(request_ids=request_ids,
+                                   sampled_token_ids=[[] for _ in request_ids])
+        stops = StopTokens.of(states)
+        taken = loop.run(scheduled.num_steps, output, stops, ahead=0)
+        if taken == 0 or (taken == 1 and output.failed_request_ids):
+            return None  # (the loop appended nothing to the states)
+        return run_extra_steps(self._execute_step, scheduled, output, None, stops, done=taken)
 
     def _greedy_loop(self, request_ids: list[str]) -> GreedyDecodeLoop | None:
         """The fast loop for a multi-step's extra steps (worker/multi_step.py) when every
@@ -139,6 +178,11 @@ class ModelRunner:
     def _execute_step(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """Run one step and return the sampled tokens per request."""
         self._update_states(scheduler_output)
+        return self._run_step(scheduler_output)
+
+    def _run_step(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        """One step whose requests' states are up to date: the sampled tokens per
+        request."""
         if scheduler_output.is_empty:
             empty = ModelRunnerOutput(request_ids=[], sampled_token_ids=[])
             for hook in self.hooks:

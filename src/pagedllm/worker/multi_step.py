@@ -6,15 +6,17 @@ the first step as scheduled, then each extra step as a decode-only step it write
 every request computes the token it sampled in the step before, one position further. The
 tokens of all the steps go back together, in the first step's order.
 
-The extra steps go one of two ways:
+The steps go one of two ways:
 - `GreedyDecodeLoop`: plain greedy rows on the platform's decode-step fast path, with no
-  hook that acts on a decode step. The CPU stack takes all the extra steps in one C call
-  (csrc/decode_loop.c: the stack, the LM head's greedy tail, the argmax fed back); another
-  fast path takes each as its forward and the LM head's argmax. No input preparation,
-  sampling pipeline or hooks: on a CPU the host's work between two kernel calls after the
-  weights went through the caches costs ~0.1 ms a step;
-- otherwise each extra step runs the runner's whole step (`extra_step` writes its
-  SchedulerOutput), for any sampling the scheduler lets take several steps.
+  hook that acts on a decode step. The loop takes the whole scheduler step, the first step
+  too (ModelRunner._greedy_steps; a step of one decode step alike): the CPU stack all of
+  them in one C call (csrc/decode_loop.c: the stack, the LM head's greedy tail, the argmax
+  fed back); another fast path each as its forward and the LM head's argmax. No input
+  preparation, sampling pipeline or hooks: on a CPU the host's work between two kernel
+  calls after the weights went through the caches costs ~0.1-0.2 ms;
+- otherwise the runner takes the first step as scheduled and each extra step as its whole
+  step (`extra_step` writes its SchedulerOutput), for any sampling the scheduler lets take
+  several steps (the loop takes the extra ones where it serves them).
 
 Either way the steps end with the first that samples a token ending a request (`StopTokens`:
 its EOS, its stop token ids): nothing is computed past a request's end that the stop checks
@@ -88,15 +90,17 @@ def run_extra_steps(
     output: ModelRunnerOutput,
     loop: GreedyDecodeLoop | None,
     stops: StopTokens,
+    done: int = 1,
 ) -> ModelRunnerOutput:
     """Run `first`'s steps after the first (whose `output` is given), through `loop` while
     it serves them, then through `execute`, and return every step's tokens merged into
     `output`. A step where a request failed (non-finite), or where a row sampled one of
-    its `stops`, is the last: the scheduler ends that request, the others go on later."""
-    done = 1
+    its `stops`, is the last: the scheduler ends that request, the others go on later.
+    `done`: the steps `output` holds already (the first, or more where the loop took the
+    whole step: ModelRunner._greedy_steps)."""
     if not output.failed_request_ids and not stops.hit(_last_tokens(output)):
         if loop is not None:
-            done += loop.run(first, output, stops)
+            done += loop.run(first.num_steps - done, output, stops)
         while done < first.num_steps and not output.failed_request_ids:
             if stops.hit(_last_tokens(output)):
                 break
@@ -129,25 +133,29 @@ class GreedyDecodeLoop:
     model: CausalLM
     block_size: int
 
-    def run(self, first: SchedulerOutput, output: ModelRunnerOutput, stops: StopTokens) -> int:
-        """Take `first`'s extra steps while the fast path serves them, up to the first
+    def run(self, num_steps: int, output: ModelRunnerOutput, stops: StopTokens,
+            ahead: int = 1) -> int:
+        """Take up to `num_steps` steps while the fast path serves them, up to the first
         that samples one of `stops`; the number taken, a failed one included (the rest go
-        through the runner's step)."""
+        through the runner's step). `ahead`: how far each request's first position here
+        lies past its computed count: 1 after the runner's own first step (which appended
+        its token but left the count at that token's position), 0 for a step the loop
+        takes from its start (ModelRunner._greedy_steps)."""
         states = self.states
-        # The first step appended each request's lookahead blocks to its table, and left
-        # each state's computed count at its position.
+        # The scheduler appended each request's blocks (a multi-step's lookahead ones too)
+        # to its table.
         table = make_block_table_array([s.block_ids[0] for s in states])
-        base = np.array([s.num_computed_tokens for s in states], dtype=np.int64)
+        base = np.array([s.num_computed_tokens for s in states], dtype=np.int64) + ahead
         rows = np.arange(len(states))
         taken = 0
-        while taken < first.num_steps - 1:
-            positions = base + taken + 1
+        while taken < num_steps:
+            positions = base + taken
             slots = compute_slot_mapping(table, rows, positions, self.block_size)
             input_ids = np.array([s.token_ids[-1] for s in states], dtype=np.int64)
             batch = DecodeBatch(input_ids, positions, slots, table)
             if not self.decode_step.serves(batch):
                 break
-            steps = self._forward(batch, first.num_steps - 1 - taken, stops)
+            steps = self._forward(batch, num_steps - taken, stops)
             for tokens in steps:
                 taken += 1
                 if min(tokens) < 0:

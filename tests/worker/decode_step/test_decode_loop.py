@@ -1,6 +1,7 @@
-"""A multi-step's extra greedy steps in one C call (csrc/decode_loop.c through
-CpuDecodeStack.greedy_steps): the tokens of one step at a time, on every vector variant,
-with either KV cache, and the loop really taking the steps."""
+"""Plain greedy decode steps in one C call (csrc/decode_loop.c through
+CpuDecodeStack.greedy_steps): a step alone and a multi-step's steps together give the
+tokens of the runner's own step (the stack, then the sampling pipeline's head), on every
+vector variant, with either KV cache, and the loop really taking the steps."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pagedllm.platform import cpu_platform
 from pagedllm.platform.cpu_features import detect
 from pagedllm.worker.decode_step import cpu_stack
 from pagedllm.worker.decode_step.cpu_stack import CpuDecodeStack
+from pagedllm.worker.model_runner import ModelRunner
 
 pytestmark = pytest.mark.skipif(
     cpu_stack._library() is None or not cpu_ops.w4a8_available(),
@@ -50,6 +52,14 @@ def loop_steps(monkeypatch) -> list[int]:
     return taken
 
 
+def _without_loop(monkeypatch, tiny_llama_dir, kv_cache_dtype: str, prompts: list[list[int]],
+                  lengths: list[int]) -> list[list[int]]:
+    """The tokens of the runner's own steps, one at a time (no greedy loop)."""
+    with monkeypatch.context() as patch:
+        patch.setattr(ModelRunner, "_greedy_loop", lambda self, request_ids: None)
+        return _tokens(_llm(tiny_llama_dir, kv_cache_dtype, 1), prompts, lengths)
+
+
 def _llm(tiny_llama_dir, kv_cache_dtype: str, num_scheduler_steps: int) -> LLM:
     return LLM(str(tiny_llama_dir), dtype="bfloat16", quantization="int4", max_model_len=256,
                kv_cache_dtype=kv_cache_dtype, num_scheduler_steps=num_scheduler_steps)
@@ -58,37 +68,66 @@ def _llm(tiny_llama_dir, kv_cache_dtype: str, num_scheduler_steps: int) -> LLM:
 @pytest.mark.parametrize("kv_cache_dtype", ["int8", "auto"])
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_the_loop_gives_one_step_at_a_times_tokens(
-    tiny_llama_dir, loop_steps, variant, kv_cache_dtype
+    tiny_llama_dir, loop_steps, monkeypatch, variant, kv_cache_dtype
 ):
     lengths = [19, 7, 24, 12]  # the shortest caps a multi-step: 4, 3, 2... steps
     with cpu_platform().use_kernels(kernels.load_variant(variant)):
-        want = _tokens(_llm(tiny_llama_dir, kv_cache_dtype, 1), PROMPTS, lengths)
+        want = _without_loop(monkeypatch, tiny_llama_dir, kv_cache_dtype, PROMPTS, lengths)
         assert not loop_steps
-        got = _tokens(_llm(tiny_llama_dir, kv_cache_dtype, 5), PROMPTS, lengths)
-    assert got == want
-    assert loop_steps and max(loop_steps) == 4  # the first step, then 4 in the call
+        alone = _tokens(_llm(tiny_llama_dir, kv_cache_dtype, 1), PROMPTS, lengths)
+        assert loop_steps and set(loop_steps) == {1}  # every decode step, one a call
+        loop_steps.clear()
+        grouped = _tokens(_llm(tiny_llama_dir, kv_cache_dtype, 5), PROMPTS, lengths)
+    assert alone == want
+    assert grouped == want
+    assert loop_steps and max(loop_steps) == 5  # a multi-step's steps all in the call
 
 
-def test_more_rows_than_a_tile_and_blocks_crossed(tiny_llama_dir, loop_steps):
+def test_more_rows_than_a_tile_and_blocks_crossed(tiny_llama_dir, loop_steps, monkeypatch):
     # 40 tokens of 16-token blocks: several multi-steps write into blocks the scheduler
     # allocated as lookahead slots.
-    want = _tokens(_llm(tiny_llama_dir, "int8", 1), MANY_PROMPTS, [40] * 10)
+    want = _without_loop(monkeypatch, tiny_llama_dir, "int8", MANY_PROMPTS, [40] * 10)
     got = _tokens(_llm(tiny_llama_dir, "int8", 8), MANY_PROMPTS, [40] * 10)
     assert got == want
-    # The prefill's token, 4 multi-steps of 8 (the first step, then 7 in the call) and a
-    # last one of the 7 tokens left.
-    assert loop_steps == [7, 7, 7, 7, 6]
+    # The prefill's token, 4 multi-steps of 8 and a last one of the 7 tokens left.
+    assert loop_steps == [8, 8, 8, 8, 7]
 
 
-def test_the_loop_ends_at_a_stop_token(tiny_llama_dir, loop_steps):
+def test_the_loop_ends_at_a_stop_token(tiny_llama_dir, loop_steps, monkeypatch):
     """A row sampling one of its stop tokens ends the call: no step is computed past the
     request's end, and the tokens are one step at a time's up to the stop."""
-    free = _tokens(_llm(tiny_llama_dir, "int8", 1), [PROMPTS[0]], [30])[0]
-    # a token first sampled at index 3..8: inside the first multi-step's C call (the
-    # prefill samples index 0, the multi-step's own first step index 1)
-    index = next(i for i in range(3, 9) if free[i] not in free[:i])
+    free = _without_loop(monkeypatch, tiny_llama_dir, "int8", [PROMPTS[0]], [30])[0]
+    # a token first sampled at index 2..8: inside the first multi-step's C call (the
+    # prefill samples index 0, the call indices 1..8)
+    index = next(i for i in range(2, 9) if free[i] not in free[:i])
     params = SamplingParams(temperature=0.0, max_tokens=30, stop_token_ids=[free[index]])
     llm = _llm(tiny_llama_dir, "int8", 8)
     (output,) = llm.generate([{"prompt_token_ids": PROMPTS[0]}], params, use_tqdm=False)
     assert list(output.outputs[0].token_ids) == free[: index + 1]
-    assert loop_steps == [index - 1]  # indices 2..index, then the call returned
+    assert loop_steps == [index]  # indices 1..index, then the call returned
+
+
+def test_a_first_step_the_loop_finds_not_finite_is_the_runners_own(
+    tiny_llama_dir, monkeypatch
+):
+    """A row the loop's call marks non-finite in its first step: nothing of the step is
+    kept, and the runner's own step takes it (which fails that request alone where the
+    fault is real: tests/worker/test_nonfinite_requests.py). Faked here on the call's
+    result: the tiny model's rows are finite, so the redone step gives the true tokens."""
+    lengths = [6, 6]
+    want = _without_loop(monkeypatch, tiny_llama_dir, "int8", PROMPTS[:2], lengths)
+    original = CpuDecodeStack.greedy_steps
+    faked: list[list[int]] = []
+
+    def failing_once(self, batch, steps, head, stop_ids=None):
+        result = original(self, batch, steps, head, stop_ids)
+        if result and not faked:
+            faked.append(result[0])
+            return [[-1, *result[0][1:]]]  # the call returns at a non-finite row
+        return result
+
+    monkeypatch.setattr(CpuDecodeStack, "greedy_steps", failing_once)
+    llm = _llm(tiny_llama_dir, "int8", 1)
+    assert _tokens(llm, PROMPTS[:2], lengths) == want
+    assert faked
+    assert llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_manager.usage == 0.0
