@@ -167,6 +167,7 @@ class CpuDecodeStack(DecodeStep):
         # the layers (stack_reach.py).
         self.max_tokens = max_stack_tokens(self.layers)
         self.capacity = max_stack_tokens(self.layers, stack_capacity)
+        self._greedy_call: _GreedyCall | None = None  # greedy_steps' arrays, kept
 
     @classmethod
     def build(
@@ -254,35 +255,32 @@ class CpuDecodeStack(DecodeStep):
         ):
             return None
         num_rows = batch.num_rows
-        hidden = torch.empty(num_rows, dims.hidden, dtype=torch.bfloat16)
-        tail = head.greedy_tail(hidden)
+        call = self._greedy_call
+        if call is None or not call.fits(num_rows, steps, batch.groups[0][1].shape[1]):
+            call = self._greedy_call = None  # (the old arrays freed first)
+            call = self._greedy_call = _GreedyCall(
+                dims, num_rows, max(steps, _GREEDY_STEPS),
+                max(batch.groups[0][1].shape[1], _GREEDY_BLOCKS))
+        tail = call.tail_arguments(head)
         if tail is None:
             return None
-        # The call advances ids, positions and sequence lengths in place (copies here), and
-        # writes each step's slots over the batch's slot mapping (_AttentionRows' view).
-        input_ids = torch.from_numpy(batch.input_ids.astype(np.int64))
-        positions = torch.from_numpy(batch.positions.astype(np.int64))
-        attention = _AttentionRows(batch)
-        residual = torch.empty(num_rows, dims.hidden, dtype=torch.float32)
-        tokens = torch.empty(steps, num_rows, dtype=torch.int64)
-        done = ctypes.c_int64(0)
-        stops = None if stop_ids is None else torch.from_numpy(
-            np.ascontiguousarray(stop_ids, dtype=np.int64))
+        call.load(batch)
+        stops = None if stop_ids is None else np.ascontiguousarray(stop_ids, dtype=np.int64)
         lora_step = self._lora_step()
         failed = self.library.decode_greedy_steps(
-            ctypes.byref(dims), self.table, num_rows, steps, pointer(input_ids),
-            pointer(hidden), pointer(residual), pointer(positions), attention.groups,
-            pointer(attention.seq_lens), pointer(attention.token_rows),
+            call.dims, self.table, num_rows, steps, call.input_ids_pointer,
+            call.hidden_pointer, call.residual_pointer, call.positions_pointer,
+            call.group, call.seq_lens_pointer, call.token_rows_pointer,
             None if lora_step is None else ctypes.byref(lora_step),
-            ctypes.byref(tail.matrix), tail.weight.shape[0], pointer(tail.weight), tail.k,
-            pointer(tail.scratch), pointer(tokens), ctypes.byref(done),
-            None if stops is None else pointer(stops), 0 if stops is None else stops.shape[1],
+            *tail, call.tokens_pointer, call.done_reference,
+            None if stops is None else stops.ctypes.data,
+            0 if stops is None else stops.shape[1],
         )
         if failed == 3:
             raise IndexError("The CPU decode stack: a token id outside the vocabulary.")
         if failed not in (0, _NONFINITE_ROW):
             raise RuntimeError(f"The CPU greedy decode loop failed (code {failed}).")
-        return cast("list[list[int]]", tokens[: done.value].tolist())
+        return cast("list[list[int]]", call.tokens[: call.done.value].tolist())
 
     # LoRA: the layers' adapter slots (lora/layers.py) feed the same C kernel the Python
     # layers call, after each matrix.
@@ -321,6 +319,83 @@ class CpuDecodeStack(DecodeStep):
 
 # csrc/decode_loop.c: a step's row was not finite (its token -1, the step returned).
 _NONFINITE_ROW = 16
+
+
+# greedy_steps' kept arrays start with room for this many steps and block table columns.
+_GREEDY_STEPS, _GREEDY_BLOCKS = 8, 64
+
+
+class _GreedyCall:
+    """greedy_steps' arrays for a number of rows, kept from call to call: a batch-1 step's
+    host work between two kernel calls is mostly first touches on caches the weights went
+    through, so fewer objects a call (no tensors made, pointers and the group's entry
+    written once) is less of it.
+
+    Args:
+        dims: the stack's dimensions; rows: the batch rows; steps: room for this many
+        steps' tokens; max_blocks: block table columns (the C call's row stride).
+    """
+
+    def __init__(self, dims: StackDims, rows: int, steps: int, max_blocks: int) -> None:
+        self.rows, self.steps, self.max_blocks = rows, steps, max_blocks
+        self.dims = ctypes.byref(dims)
+        hidden = dims.hidden
+        # The call advances ids, positions and sequence lengths in place, and writes each
+        # step's slots over `slots`.
+        self.input_ids = np.zeros(rows, dtype=np.int64)
+        self.positions = np.zeros(rows, dtype=np.int64)
+        self.seq_lens = np.zeros(rows, dtype=np.int32)
+        self.token_rows = np.arange(rows, dtype=np.int32)  # decode-only: token t is row t
+        self.slots = np.zeros(rows, dtype=np.int64)
+        self.tables = np.zeros((rows, max_blocks), dtype=np.int32)
+        self.tokens = np.zeros((steps, rows), dtype=np.int64)
+        self.done = ctypes.c_int64(0)
+        self.hidden = torch.empty(rows, hidden, dtype=torch.bfloat16)
+        self.residual = torch.empty(rows, hidden, dtype=torch.float32)
+        self.hidden_pointer = self.hidden.data_ptr()
+        self.residual_pointer = self.residual.data_ptr()
+        self.input_ids_pointer = self.input_ids.ctypes.data
+        self.positions_pointer = self.positions.ctypes.data
+        self.seq_lens_pointer = self.seq_lens.ctypes.data
+        self.token_rows_pointer = self.token_rows.ctypes.data
+        self.tokens_pointer = self.tokens.ctypes.data
+        self.done_reference = ctypes.byref(self.done)
+        self.group = (StackGroup * 1)()
+        entry = self.group[0]
+        entry.slots, entry.block_tables = self.slots.ctypes.data, self.tables.ctypes.data
+        entry.max_blocks = max_blocks
+        self._head: GreedyHead | None = None
+        self._tail: tuple[Any, ...] | None = None
+
+    def tail_arguments(self, head: GreedyHead) -> tuple[Any, ...] | None:
+        """The C call's arguments for `head`'s greedy tail at these rows (None where the
+        tail does not serve them): asked of the head once. Like the stack's own pointers
+        into the weights, they hold while the model's tensors do (the worker builds a new
+        stack where they change)."""
+        if head is not self._head:
+            tail = head.greedy_tail(self.hidden)
+            self._tail = None if tail is None else (
+                ctypes.byref(tail.matrix), tail.weight.shape[0], tail.weight.data_ptr(),
+                tail.k, tail.scratch.data_ptr(),
+                tail,  # (kept alive with its pointers: not an argument)
+            )
+            self._head = head
+        return None if self._tail is None else self._tail[:-1]
+
+    def fits(self, rows: int, steps: int, table_columns: int) -> bool:
+        """Whether these arrays serve a call of `rows` rows, `steps` steps and a block
+        table of `table_columns` columns."""
+        return rows == self.rows and steps <= self.steps and table_columns <= self.max_blocks
+
+    def load(self, batch: DecodeBatch) -> None:
+        """Write a decode-only batch (one KV cache group) into the arrays."""
+        slot_mapping, block_table = batch.groups[0]
+        self.input_ids[:] = batch.input_ids
+        self.positions[:] = batch.positions
+        np.add(batch.positions, 1, out=self.seq_lens, casting="unsafe")
+        self.slots[:] = slot_mapping
+        columns = block_table.shape[1]
+        self.tables[:, :columns] = block_table  # (columns past them: never read)
 
 
 def _int32(values: np.ndarray) -> torch.Tensor:
