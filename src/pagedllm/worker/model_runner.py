@@ -128,8 +128,8 @@ class ModelRunner:
         the greedy loop (worker/multi_step.py): the fast path's forward and the LM head's
         argmax, one C call on the CPU stack, without the input arrays, the sampling
         pipeline or the hooks, none of which acts on such a step. None (nothing run) for
-        any other step, or where the loop did not complete the first step (a failed row:
-        the runner's own step then fails it as always)."""
+        any other step, or where the loop did not take the first step (a failed row: the
+        runner's own step then fails it as always)."""
         scheduled = scheduler_output
         if (
             scheduled.scheduled_new_reqs or scheduled.scheduled_spec_decode_tokens
@@ -152,7 +152,7 @@ class ModelRunner:
                                    sampled_token_ids=[[] for _ in request_ids])
         stops = StopTokens.of(states)
         taken = loop.run(scheduled.num_steps, output, stops, ahead=0)
-        if taken == 0 or (taken == 1 and output.failed_request_ids):
+        if taken == 0:
             return None  # (the loop appended nothing to the states)
         return run_extra_steps(self._execute_step, scheduled, output, None, stops, done=taken)
 

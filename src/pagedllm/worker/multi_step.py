@@ -140,7 +140,9 @@ class GreedyDecodeLoop:
         through the runner's step). `ahead`: how far each request's first position here
         lies past its computed count: 1 after the runner's own first step (which appended
         its token but left the count at that token's position), 0 for a step the loop
-        takes from its start (ModelRunner._greedy_steps)."""
+        takes from its start (ModelRunner._greedy_steps). A failed row in such a step's
+        first step leaves it to the runner (0 taken, nothing appended or failed: the
+        runner's own step computes it again and fails the row as ever)."""
         states = self.states
         # The scheduler appended each request's blocks (a multi-step's lookahead ones too)
         # to its table.
@@ -157,10 +159,12 @@ class GreedyDecodeLoop:
                 break
             steps = self._forward(batch, num_steps - taken, stops)
             for tokens in steps:
-                taken += 1
                 if min(tokens) < 0:
+                    if taken == 0 and ahead == 0:
+                        return 0
                     _fail(output, [i for i, t in enumerate(tokens) if t < 0])
-                    return taken
+                    return taken + 1
+                taken += 1
                 self._append(tokens, output)
                 if stops.hit(tokens):
                     return taken

@@ -30,6 +30,15 @@ MANY_PROMPTS = [[i + 3, 2 * i + 5, 11] for i in range(10)]
 VARIANTS = [v.name for v in runnable_variants(detect()) if v.simd and v.extends is None]
 
 
+@pytest.fixture(autouse=True)
+def fixed_kernels(dense_from_tokens) -> None:
+    """No W4A8 / dense crossover timed at load (the once-per-process answer cleared): the
+    stack serves steps of any rows, and every step of both engines of a test, whatever its
+    size, runs the same kernels (the bf16 panels' steps are fixed for every test:
+    conftest.py). Timed, a loaded machine can draw a crossover below a test's rows."""
+    dense_from_tokens("never")
+
+
 def _tokens(llm: LLM, prompts: list[list[int]], max_tokens: list[int]) -> list[list[int]]:
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in max_tokens]
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
@@ -131,3 +140,145 @@ def test_a_first_step_the_loop_finds_not_finite_is_the_runners_own(
     assert _tokens(llm, PROMPTS[:2], lengths) == want
     assert faked
     assert llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_manager.usage == 0.0
+
+
+# -- whole steps beside everything else a batch may hold ------------------------------------
+
+
+
+
+def _outputs(llm: LLM, prompts: list[list[int]], params: list[SamplingParams]) -> list[tuple]:
+    """Each request's tokens, finish reason and prompt logprobs (rounded)."""
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    result = []
+    for output in outputs:
+        prompt_logprobs = None if output.prompt_logprobs is None else [
+            None if entry is None else sorted((t, round(v.logprob, 4)) for t, v in entry.items())
+            for entry in output.prompt_logprobs
+        ]
+        completion = output.outputs[0]
+        result.append((list(completion.token_ids), completion.finish_reason, prompt_logprobs))
+    return result
+
+
+MIXED_PROMPTS = [[5, 17, 42, 8, 99, 3], [7], [101, 55, 23, 61, 9, 14, 30, 2, 77], [4, 44],
+                 [9, 9, 9, 9, 9, 9, 9]]
+MIXED_PARAMS = [
+    SamplingParams(temperature=0.0, max_tokens=20, prompt_logprobs=2),
+    SamplingParams(temperature=0.0, max_tokens=20, min_tokens=6),
+    SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True),
+    SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True, prompt_logprobs=1),
+    SamplingParams(temperature=0.0, max_tokens=17, ignore_eos=True),
+]
+
+
+@pytest.mark.parametrize("steps", [1, 4])
+@pytest.mark.parametrize("engine", [
+    {"max_num_batched_tokens": 3, "enable_chunked_prefill": True},  # prompts in 1-3 tokens
+    {"block_size": 4, "num_gpu_blocks_override": 20, "max_model_len": 64},  # preemptions
+], ids=["chunked", "preempted"])
+def test_whole_steps_beside_prompts_chunks_and_preemption(
+    tiny_llama_dir, loop_steps, monkeypatch, engine, steps
+):
+    """A one-token prompt, prompt logprobs, min_tokens with EOS, prompts chunked a few
+    tokens a step, preemption and resumption: the same outputs as the runner's own steps,
+    the loop taking the plain decode steps among them, twice over the same engine (the
+    second time from the prefix cache)."""
+    def engine_of() -> LLM:
+        return LLM(str(tiny_llama_dir), dtype="bfloat16", quantization="int4",
+                   num_scheduler_steps=steps, **{"max_model_len": 128, **engine})
+
+    with monkeypatch.context() as patch:
+        patch.setattr(ModelRunner, "_greedy_loop", lambda self, request_ids: None)
+        want = _outputs(engine_of(), MIXED_PROMPTS, MIXED_PARAMS)
+    assert not loop_steps
+    llm = engine_of()
+    assert _outputs(llm, MIXED_PROMPTS, MIXED_PARAMS) == want
+    assert _outputs(llm, MIXED_PROMPTS, MIXED_PARAMS) == want
+    assert loop_steps
+    assert llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_manager.usage == 0.0
+
+
+@pytest.mark.parametrize("case", ["a table outgrows the kept columns",
+                                  "a narrower table over a wider one's columns"])
+def test_the_kept_arrays_as_tables_and_rows_change(
+    tiny_llama_dir, loop_steps, monkeypatch, case
+):
+    """The call's kept arrays (cpu_stack._GreedyCall) made again as a context outgrows their
+    block table columns and as the batch's rows change; and kept where a short request
+    takes a long one's row, the long table's columns left behind unread."""
+    if case == "a table outgrows the kept columns":  # 64 columns of 4 tokens, then 70
+        prompts, lengths, kwargs = [[3 + i % 50 for i in range(20)], [7, 8]], [260, 30], {
+            "num_scheduler_steps": 8}
+    else:  # two seats: the 300-token request's row goes to the third request
+        prompts = [[3 + (7 * i) % 280 for i in range(300)], [7, 8, 9], [11] * 20]
+        lengths, kwargs = [10, 60, 60], {"num_scheduler_steps": 1, "max_num_seqs": 2}
+
+    def engine_of() -> LLM:
+        return LLM(str(tiny_llama_dir), dtype="bfloat16", quantization="int4",
+                   max_model_len=512, block_size=4, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(ModelRunner, "_greedy_loop", lambda self, request_ids: None)
+        want = _tokens(engine_of(), prompts, lengths)
+    made: list[tuple[int, int]] = []
+    original = cpu_stack._GreedyCall.__init__
+
+    def recording(self, dims, rows, steps, max_blocks):
+        made.append((rows, max_blocks))
+        original(self, dims, rows, steps, max_blocks)
+
+    monkeypatch.setattr(cpu_stack._GreedyCall, "__init__", recording)
+    assert _tokens(engine_of(), prompts, lengths) == want
+    assert loop_steps
+    if case == "a table outgrows the kept columns":
+        assert [rows for rows, _ in made] == [2, 1, 1]  # two rows, one, then wider
+        assert made[-1][1] > 64
+    else:
+        # the two-row arrays made for the long table, kept for the short one after it,
+        # then one row
+        assert [rows for rows, _ in made] == [2, 1] and made[0][1] > 64
+
+
+def test_a_row_failing_inside_a_whole_step_keeps_the_tokens_before(
+    tiny_llama_dir, monkeypatch
+):
+    """A row the call marks non-finite at its second step: its request fails with the
+    tokens of the steps before (as in a multi-step's extra steps), its neighbour goes on
+    to the tokens of the runner's own steps, and every block comes back."""
+    lengths = [10, 10]
+    want = _without_loop(monkeypatch, tiny_llama_dir, "int8", PROMPTS[:2], lengths)
+    original = CpuDecodeStack.greedy_steps
+    faked: list[bool] = []
+
+    def failing_at_the_second_step(self, batch, steps, head, stop_ids=None):
+        result = original(self, batch, steps, head, stop_ids)
+        if result and len(result) >= 2 and not faked:
+            faked.append(True)
+            return [result[0], [-1, *result[1][1:]]]  # the call returns at that step
+        return result
+
+    monkeypatch.setattr(CpuDecodeStack, "greedy_steps", failing_at_the_second_step)
+    llm = _llm(tiny_llama_dir, "int8", 4)
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in lengths]
+    outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS[:2]], params,
+                           use_tqdm=False)
+    assert faked
+    failed, neighbour = (o.outputs[0] for o in outputs)
+    # the prefill's token and the call's first step's
+    assert (list(failed.token_ids), failed.finish_reason) == (want[0][:2], "error")
+    assert (list(neighbour.token_ids), neighbour.finish_reason) == (want[1], "length")
+    assert llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_manager.usage == 0.0
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=0.0, max_tokens=6, logprobs=1),
+    SamplingParams(temperature=0.8, max_tokens=6, seed=1),
+    SamplingParams(temperature=0.0, max_tokens=6, repetition_penalty=1.3),
+    SamplingParams(temperature=0.0, max_tokens=6, logit_bias={5: 2.0}),
+], ids=["logprobs", "sampled", "penalty", "logit_bias"])
+def test_steps_the_loop_does_not_take(tiny_llama_dir, loop_steps, params):
+    """Requests that need more than the argmax keep their steps in the runner's own."""
+    llm = _llm(tiny_llama_dir, "int8", 1)
+    llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
+    assert not loop_steps

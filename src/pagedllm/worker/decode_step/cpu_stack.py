@@ -258,9 +258,9 @@ class CpuDecodeStack(DecodeStep):
         call = self._greedy_call
         if call is None or not call.fits(num_rows, steps, batch.groups[0][1].shape[1]):
             call = self._greedy_call = None  # (the old arrays freed first)
-            call = self._greedy_call = _GreedyCall(
+            call = self._greedy_call = _GreedyCall(  # room for a context twice as long
                 dims, num_rows, max(steps, _GREEDY_STEPS),
-                max(batch.groups[0][1].shape[1], _GREEDY_BLOCKS))
+                max(2 * batch.groups[0][1].shape[1], _GREEDY_BLOCKS))
         tail = call.tail_arguments(head)
         if tail is None:
             return None
@@ -371,7 +371,9 @@ class _GreedyCall:
         """The C call's arguments for `head`'s greedy tail at these rows (None where the
         tail does not serve them): asked of the head once. Like the stack's own pointers
         into the weights, they hold while the model's tensors do (the worker builds a new
-        stack where they change)."""
+        stack where they change). The tail's logits buffer stays alive with them, also
+        once the head has taken a larger one for more rows (one buffer of these rows'
+        size at most, until a call of another row count replaces these arrays)."""
         if head is not self._head:
             tail = head.greedy_tail(self.hidden)
             self._tail = None if tail is None else (
