@@ -118,19 +118,18 @@ class ModelRunner:
             return output
         output = self._run_step(scheduler_output)
         if scheduler_output.num_steps > 1:
-            stops = StopTokens.of([self.requests[rid] for rid in output.request_ids])
+            states = [self.requests[rid] for rid in output.request_ids]
             output = run_extra_steps(self._execute_step, scheduler_output, output,
-                                     self._greedy_loop(output.request_ids), stops)
+                                     self._greedy_loop(states), StopTokens.of(states))
         return output
 
-    def _greedy_steps(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput | None:
+    def _greedy_steps(self, scheduled: SchedulerOutput) -> ModelRunnerOutput | None:
         """A decode step of plain greedy requests (its `num_steps` steps) taken whole by
         the greedy loop (worker/multi_step.py): the fast path's forward and the LM head's
         argmax, one C call on the CPU stack, without the input arrays, the sampling
         pipeline or the hooks, none of which acts on such a step. None (nothing run) for
         any other step, or where the loop did not take the first step (a failed row: the
         runner's own step then fails it as always)."""
-        scheduled = scheduler_output
         if (
             scheduled.scheduled_new_reqs or scheduled.scheduled_spec_decode_tokens
             or scheduled.structured_output_request_ids or scheduled.is_empty
@@ -145,19 +144,20 @@ class ModelRunner:
         if any(s.num_computed_tokens != s.num_tokens - 1
                or s.num_computed_tokens < s.num_prompt_tokens for s in states):
             return None
-        loop = self._greedy_loop(request_ids)
+        loop = self._greedy_loop(states)
         if loop is None:
             return None
         output = ModelRunnerOutput(request_ids=request_ids,
                                    sampled_token_ids=[[] for _ in request_ids])
-        stops = StopTokens.of(states)
-        taken = loop.run(scheduled.num_steps, output, stops, ahead=0)
+        # (a step alone ends after its one step: no stop tokens to look for)
+        stops = StopTokens.of(states) if scheduled.num_steps > 1 else StopTokens(None)
+        taken = loop.run(scheduled.num_steps, output, stops)
         if taken == 0:
             return None  # (the loop appended nothing to the states)
         return run_extra_steps(self._execute_step, scheduled, output, None, stops, done=taken)
 
-    def _greedy_loop(self, request_ids: list[str]) -> GreedyDecodeLoop | None:
-        """The fast loop for a multi-step's extra steps (worker/multi_step.py) when every
+    def _greedy_loop(self, states: list[CachedRequestState]) -> GreedyDecodeLoop | None:
+        """The greedy loop (worker/multi_step.py) for a decode step of `states` when every
         request samples its plain argmax, the decode-step fast path and one KV cache group
         without a window serve the step, and no hook acts on a decode step; else None."""
         groups = self.kv_cache_groups
@@ -169,7 +169,6 @@ class ModelRunner:
             or (custom is not None and not custom.argmax_invariant)
         ):
             return None
-        states = [self.requests[request_id] for request_id in request_ids]
         if not all(only_argmax(state) for state in states):
             return None
         return GreedyDecodeLoop(states, self.decode_step, cast("CausalLM", self.model),

@@ -133,21 +133,17 @@ class GreedyDecodeLoop:
     model: CausalLM
     block_size: int
 
-    def run(self, num_steps: int, output: ModelRunnerOutput, stops: StopTokens,
-            ahead: int = 1) -> int:
-        """Take up to `num_steps` steps while the fast path serves them, up to the first
-        that samples one of `stops`; the number taken, a failed one included (the rest go
-        through the runner's step). `ahead`: how far each request's first position here
-        lies past its computed count: 1 after the runner's own first step (which appended
-        its token but left the count at that token's position), 0 for a step the loop
-        takes from its start (ModelRunner._greedy_steps). A failed row in such a step's
-        first step leaves it to the runner (0 taken, nothing appended or failed: the
-        runner's own step computes it again and fails the row as ever)."""
+    def run(self, num_steps: int, output: ModelRunnerOutput, stops: StopTokens) -> int:
+        """Take up to `num_steps` steps, from each request's latest token, while the fast
+        path serves them, up to the first that samples one of `stops`; the number taken,
+        a failed one included (the rest go through the runner's step). A failed row in
+        the first step leaves that step to the runner (0 taken, nothing appended or
+        failed: the runner's own step computes it again and fails the row as ever)."""
         states = self.states
         # The scheduler appended each request's blocks (a multi-step's lookahead ones too)
         # to its table.
         table = make_block_table_array([s.block_ids[0] for s in states])
-        base = np.array([s.num_computed_tokens for s in states], dtype=np.int64) + ahead
+        base = np.array([len(s.token_ids) - 1 for s in states], dtype=np.int64)
         rows = np.arange(len(states))
         taken = 0
         while taken < num_steps:
@@ -160,7 +156,7 @@ class GreedyDecodeLoop:
             steps = self._forward(batch, num_steps - taken, stops)
             for tokens in steps:
                 if min(tokens) < 0:
-                    if taken == 0 and ahead == 0:
+                    if taken == 0:
                         return 0
                     _fail(output, [i for i, t in enumerate(tokens) if t < 0])
                     return taken + 1

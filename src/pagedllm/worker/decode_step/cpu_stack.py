@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -71,6 +71,9 @@ from pagedllm.worker.decode_step.cpu_stack_layers import (
     shared_shape,
     stack_layer,
 )
+
+if TYPE_CHECKING:
+    from pagedllm.layers.embedding import GreedyTail
 
 
 def _library() -> Any:
@@ -365,7 +368,8 @@ class _GreedyCall:
         entry.slots, entry.block_tables = self.slots.ctypes.data, self.tables.ctypes.data
         entry.max_blocks = max_blocks
         self._head: GreedyHead | None = None
-        self._tail: tuple[Any, ...] | None = None
+        self._tail: GreedyTail | None = None  # (kept alive while its pointers are used)
+        self._tail_arguments: tuple[Any, ...] | None = None
 
     def tail_arguments(self, head: GreedyHead) -> tuple[Any, ...] | None:
         """The C call's arguments for `head`'s greedy tail at these rows (None where the
@@ -375,14 +379,13 @@ class _GreedyCall:
         once the head has taken a larger one for more rows (one buffer of these rows'
         size at most, until a call of another row count replaces these arrays)."""
         if head is not self._head:
-            tail = head.greedy_tail(self.hidden)
-            self._tail = None if tail is None else (
+            tail = self._tail = head.greedy_tail(self.hidden)
+            self._tail_arguments = None if tail is None else (
                 ctypes.byref(tail.matrix), tail.weight.shape[0], tail.weight.data_ptr(),
                 tail.k, tail.scratch.data_ptr(),
-                tail,  # (kept alive with its pointers: not an argument)
             )
             self._head = head
-        return None if self._tail is None else self._tail[:-1]
+        return self._tail_arguments
 
     def fits(self, rows: int, steps: int, table_columns: int) -> bool:
         """Whether these arrays serve a call of `rows` rows, `steps` steps and a block
