@@ -204,6 +204,8 @@ static inline __attribute__((always_inline)) void half_tile(
             sums[2 * r] = a->sums[e * 2];
             sums[2 * r + 1] = a->sums[e * 2 + 1];
         }
+        /* the first half reads the panel from memory; the second finds it in L1 */
+        if (t == 0 && half == 0) stream_ahead(codes + g * group_bytes, group_bytes);
         __m256i dot0[MAX_TILE_TOKENS], dot1[MAX_TILE_TOKENS];
         group_dots(R, INT8, codes + g * group_bytes, half, xq, sums, dot0, dot1);
         const __m256 d = load_scales(FMT, dm, g * dm_stride + 8 * half);

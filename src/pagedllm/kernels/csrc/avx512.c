@@ -82,6 +82,7 @@ static inline __attribute__((always_inline)) void tile(
     const int64_t first = q8_entry(a, t, 0);
     for (int64_t g = 0; g < a->G; g++) {
         const uint8_t *group = codes + g * group_bytes;
+        if (t == 0) stream_ahead(group, group_bytes);
         __m512i w[8];
         if (INT8) {
             for (int j = 0; j < 8; j++) w[j] = _mm512_loadu_si512(group + j * 64);
