@@ -65,7 +65,7 @@ def _without_loop(monkeypatch, tiny_llama_dir, kv_cache_dtype: str, prompts: lis
                   lengths: list[int]) -> list[list[int]]:
     """The tokens of the runner's own steps, one at a time (no greedy loop)."""
     with monkeypatch.context() as patch:
-        patch.setattr(ModelRunner, "_greedy_loop", lambda self, request_ids: None)
+        patch.setattr(ModelRunner, "_greedy_loop", lambda self, states: None)
         return _tokens(_llm(tiny_llama_dir, kv_cache_dtype, 1), prompts, lengths)
 
 
@@ -142,6 +142,37 @@ def test_a_first_step_the_loop_finds_not_finite_is_the_runners_own(
     assert llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_manager.usage == 0.0
 
 
+
+def test_a_first_extra_step_the_loop_finds_not_finite_is_the_runners_own(
+    tiny_llama_dir, monkeypatch
+):
+    """The same rule where the loop begins a multi-step's extra steps (after the runner's
+    own first step): a row its first step marks non-finite leaves that step to the runner
+    instead of failing the request. Faked on the first two calls: the first (the whole
+    step) sends the group's first step to the runner, the second (the extra steps) its
+    second; the rows are finite, so every request still gets the true tokens."""
+    lengths = [9, 9]
+    want = _without_loop(monkeypatch, tiny_llama_dir, "int8", PROMPTS[:2], lengths)
+    original = CpuDecodeStack.greedy_steps
+    faked: list[list[int]] = []
+
+    def failing_twice(self, batch, steps, head, stop_ids=None):
+        result = original(self, batch, steps, head, stop_ids)
+        if result and len(faked) < 2:
+            faked.append(result[0])
+            return [[-1, *result[0][1:]]]  # the call returns at a non-finite row
+        return result
+
+    monkeypatch.setattr(CpuDecodeStack, "greedy_steps", failing_twice)
+    llm = _llm(tiny_llama_dir, "int8", 4)
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in lengths]
+    outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS[:2]], params,
+                           use_tqdm=False)
+    assert len(faked) == 2
+    assert [(list(o.outputs[0].token_ids), o.outputs[0].finish_reason) for o in outputs] == [
+        (tokens, "length") for tokens in want]
+    assert llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_manager.usage == 0.0
+
 # -- whole steps beside everything else a batch may hold ------------------------------------
 
 
@@ -189,7 +220,7 @@ def test_whole_steps_beside_prompts_chunks_and_preemption(
                    num_scheduler_steps=steps, **{"max_model_len": 128, **engine})
 
     with monkeypatch.context() as patch:
-        patch.setattr(ModelRunner, "_greedy_loop", lambda self, request_ids: None)
+        patch.setattr(ModelRunner, "_greedy_loop", lambda self, states: None)
         want = _outputs(engine_of(), MIXED_PROMPTS, MIXED_PARAMS)
     assert not loop_steps
     llm = engine_of()
@@ -219,7 +250,7 @@ def test_the_kept_arrays_as_tables_and_rows_change(
                    max_model_len=512, block_size=4, **kwargs)
 
     with monkeypatch.context() as patch:
-        patch.setattr(ModelRunner, "_greedy_loop", lambda self, request_ids: None)
+        patch.setattr(ModelRunner, "_greedy_loop", lambda self, states: None)
         want = _tokens(engine_of(), prompts, lengths)
     made: list[tuple[int, int]] = []
     original = cpu_stack._GreedyCall.__init__
