@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import importlib.util
 import socket
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -526,6 +527,17 @@ def _bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def serving_stack() -> tuple[str, str]:
+    """uvicorn's event loop and HTTP parser: uvloop and httptools (C; dependencies, as in
+    vLLM's install) where importable, else asyncio's own loop and the pure-Python h11. Every
+    streamed token is a write on its client's connection, so their cost is the API
+    process's largest per token; measured in BENCHMARKS.md, "The API server's event loop"."""
+    has = importlib.util.find_spec
+    loop = "uvloop" if has("uvloop") is not None else "asyncio"
+    http = "httptools" if has("httptools") is not None else "h11"
+    return loop, http
+
+
 def run_server(server_args: ServerArgs, engine_args: EngineArgs) -> None:
     """Load the engine and serve until interrupted (SIGTERM drains first: drain.py)."""
     sock = _bind_socket(server_args.host, server_args.port)
@@ -536,15 +548,16 @@ def run_server(server_args: ServerArgs, engine_args: EngineArgs) -> None:
     )
     try:
         app = build_app(engine, server_args, engine_args.model or DEFAULT_MODEL)
+        loop, http = serving_stack()
         config = uvicorn.Config(
-            app, log_level=server_args.uvicorn_log_level,
+            app, loop=loop, http=http, log_level=server_args.uvicorn_log_level,
             timeout_keep_alive=server_args.timeout_keep_alive, timeout_graceful_shutdown=5,
         )
         server = DrainingServer(config, app.state, engine.get_num_unfinished_requests,
                                 server_args.shutdown_timeout)
         app.state.uvicorn_server = server
-        logger.info("Serving %s on http://%s:%d (OpenAI-compatible API under /v1).",
-                    names[0], server_args.host, server_args.port)
+        logger.info("Serving %s on http://%s:%d (OpenAI-compatible API under /v1; %s, %s).",
+                    names[0], server_args.host, server_args.port, loop, http)
         server.run(sockets=[sock])
     finally:
         engine.shutdown()  # idempotent; the lifespan normally did it already
