@@ -290,6 +290,18 @@ def load_average() -> list[float] | None:
         return None
 
 
+def time_calls(fn: Callable[[], Any], repeats: int) -> dict[str, float]:
+    """Milliseconds per call of `fn`: median, min, max, spread over `repeats` calls after
+    one untimed call."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return summarize(times)
+
+
 def summarize(values: list[float]) -> dict[str, float]:
     """Median, min, max and the spread (max - min) as a percentage of the median."""
     if not values:

@@ -16,10 +16,9 @@ instead of through whole engine runs (BENCHMARKS.md, "Where a batched decode ste
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
-from common import format_stat, machine_info, new_parser, summarize, write_json
+from common import format_stat, machine_info, new_parser, time_calls, write_json
 
 NUM_BLOCKS, BLOCK_SIZE, NUM_KV_HEADS, NUM_HEADS, HEAD_SIZE = 2912, 16, 3, 9, 64
 
@@ -59,17 +58,6 @@ def step_calls(requests: int, context: int, layers: int, seed: int = 0) -> tuple
     return cold, hot
 
 
-def time_step(step: Any, repeats: int) -> dict[str, float]:
-    """Milliseconds per step (all layers' calls): median, min, max over `repeats`."""
-    step()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        step()
-        times.append((time.perf_counter() - start) * 1e3)
-    return summarize(times)
-
-
 def main(argv: list[str] | None = None) -> None:
     """Time the cold and hot steps, print them with the bytes read and the rate."""
     parser = new_parser(__doc__)
@@ -91,7 +79,7 @@ def main(argv: list[str] | None = None) -> None:
     megabytes = args.layers * args.requests * args.context * NUM_KV_HEADS * HEAD_SIZE * 4 / 1e6
     results = {}
     for name, step in (("cold", cold), ("hot", hot)):
-        stats = time_step(step, args.repeats)
+        stats = time_calls(step, args.repeats)  # ms per step: all layers' calls
         rate = megabytes / stats["median"]  # MB per ms = GB/s
         results[name] = {"ms": stats, "gb_per_s": rate}
         print(f"{name}: {format_stat(stats, 2)} ms a step of {args.layers} layers, "

@@ -18,16 +18,12 @@ over the dense baseline.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-from typing import Any
-
 from common import (
     format_stat,
     machine_info,
     new_parser,
     positive_int_list,
-    summarize,
+    time_calls,
     write_json,
 )
 
@@ -39,17 +35,6 @@ SHAPES = (
     ("down", 1536, 576),
     ("lm_head", 576, 49152),
 )
-
-
-def time_calls(fn: Callable[[], Any], repeats: int) -> dict[str, float]:
-    """Milliseconds per call of `fn`: median, min, max, spread over `repeats` calls."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1e3)
-    return summarize(times)
 
 
 def measure_shape(in_features: int, out_features: int, tokens: int, repeats: int) -> dict:

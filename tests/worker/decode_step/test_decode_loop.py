@@ -116,6 +116,23 @@ def test_the_loop_ends_at_a_stop_token(tiny_llama_dir, loop_steps, monkeypatch):
     assert loop_steps == [index]  # indices 1..index, then the call returned
 
 
+def _first_calls_not_finite(monkeypatch, calls: int) -> list[list[int]]:
+    """Make the loop's first `calls` calls that step report their first step's first row
+    non-finite (the call returns there); returns the true first steps they hid."""
+    original = CpuDecodeStack.greedy_steps
+    faked: list[list[int]] = []
+
+    def failing(self, batch, steps, head, stop_ids=None):
+        result = original(self, batch, steps, head, stop_ids)
+        if result and len(faked) < calls:
+            faked.append(result[0])
+            return [[-1, *result[0][1:]]]  # the call returns at a non-finite row
+        return result
+
+    monkeypatch.setattr(CpuDecodeStack, "greedy_steps", failing)
+    return faked
+
+
 def test_a_first_step_the_loop_finds_not_finite_is_the_runners_own(
     tiny_llama_dir, monkeypatch
 ):
@@ -125,22 +142,11 @@ def test_a_first_step_the_loop_finds_not_finite_is_the_runners_own(
     result: the tiny model's rows are finite, so the redone step gives the true tokens."""
     lengths = [6, 6]
     want = _without_loop(monkeypatch, tiny_llama_dir, "int8", PROMPTS[:2], lengths)
-    original = CpuDecodeStack.greedy_steps
-    faked: list[list[int]] = []
-
-    def failing_once(self, batch, steps, head, stop_ids=None):
-        result = original(self, batch, steps, head, stop_ids)
-        if result and not faked:
-            faked.append(result[0])
-            return [[-1, *result[0][1:]]]  # the call returns at a non-finite row
-        return result
-
-    monkeypatch.setattr(CpuDecodeStack, "greedy_steps", failing_once)
+    faked = _first_calls_not_finite(monkeypatch, 1)
     llm = _llm(tiny_llama_dir, "int8", 1)
     assert _tokens(llm, PROMPTS[:2], lengths) == want
     assert faked
     assert llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_manager.usage == 0.0
-
 
 
 def test_a_first_extra_step_the_loop_finds_not_finite_is_the_runners_own(
@@ -153,17 +159,7 @@ def test_a_first_extra_step_the_loop_finds_not_finite_is_the_runners_own(
     second; the rows are finite, so every request still gets the true tokens."""
     lengths = [9, 9]
     want = _without_loop(monkeypatch, tiny_llama_dir, "int8", PROMPTS[:2], lengths)
-    original = CpuDecodeStack.greedy_steps
-    faked: list[list[int]] = []
-
-    def failing_twice(self, batch, steps, head, stop_ids=None):
-        result = original(self, batch, steps, head, stop_ids)
-        if result and len(faked) < 2:
-            faked.append(result[0])
-            return [[-1, *result[0][1:]]]  # the call returns at a non-finite row
-        return result
-
-    monkeypatch.setattr(CpuDecodeStack, "greedy_steps", failing_twice)
+    faked = _first_calls_not_finite(monkeypatch, 2)
     llm = _llm(tiny_llama_dir, "int8", 4)
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in lengths]
     outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS[:2]], params,
@@ -173,9 +169,8 @@ def test_a_first_extra_step_the_loop_finds_not_finite_is_the_runners_own(
         (tokens, "length") for tokens in want]
     assert llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_manager.usage == 0.0
 
+
 # -- whole steps beside everything else a batch may hold ------------------------------------
-
-
 
 
 def _outputs(llm: LLM, prompts: list[list[int]], params: list[SamplingParams]) -> list[tuple]:
