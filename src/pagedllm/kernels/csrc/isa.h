@@ -121,13 +121,14 @@ static inline void q8_record_group(const Q8Activations *a, int64_t t, int64_t g,
 
 /* A tile that starts a call's tokens (t == 0) reads its panel's codes from memory, once a
  * step at decode: those codes are prefetched STREAM_AHEAD_GROUPS groups ahead with the
- * non-temporal hint, so the weights streaming through do not evict what the rest of the step
- * (the KV cache, the activations, the engine's Python between steps) keeps in the caches.
- * Measured on Zen 5 (step_breakdown.py --single-stream): a batch-1 step's median 4% shorter
- * (7% with the avx2 variant); the temporal hint made it longer. Later tiles of the same
- * panel find the codes in L1 (prefill steps unchanged). The address is computed as an
- * integer: past the last panel it lies outside the weights, which a prefetch may name (it
- * never faults) but a pointer may not. */
+ * non-temporal hint. Measured on Zen 5 (step_breakdown.py --single-stream): a batch-1
+ * step's median 4% shorter (7% with the avx2 variant); the temporal hint made it longer.
+ * The hint does not keep the rest of the step cached there: a 96 MB read with it evicts the
+ * engine's Python as a plain read does (BENCHMARKS.md, "Why a streamed step's Python costs
+ * what it does"), so the gain is the codes asked for early; which cache level it spares
+ * was not isolated. Later tiles of the same panel find the codes in L1 (prefill steps
+ * unchanged). The address is computed as an integer: past the last panel it lies outside
+ * the weights, which a prefetch may name (it never faults) but a pointer may not. */
 #define STREAM_AHEAD_GROUPS 16
 
 /* always_inline: as a function of its own, gcc judges a body of prefetches free of effects
