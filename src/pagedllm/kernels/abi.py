@@ -36,7 +36,7 @@ class StackDims(ctypes.Structure):
     """kernels.h StackDims: the decoder stack's shapes, its KV caches' geometry, its MLP
     (gated or plain, and the activation: STACK_SILU / STACK_GELU_TANH / STACK_RELU) and
     norm kind (RMSNorm or LayerNorm), the final norm's weights and the token embedding
-    (NULL: the caller's)."""
+    (NULL: the caller's) with its scale (0: none)."""
 
     _fields_ = [
         *((name, _I64) for name in (
@@ -44,7 +44,7 @@ class StackDims(ctypes.Structure):
             "num_blocks", "block_size", "kv_bf16", "activation", "gated", "layer_norm",
         )),
         ("eps", _F32), ("scale", _F32), ("final_norm", _PTR), ("final_norm_bias", _PTR),
-        ("embedding", _PTR), ("vocab_size", _I64),
+        ("embedding", _PTR), ("vocab_size", _I64), ("embedding_scale", _F32),
     ]
 
 
@@ -218,11 +218,11 @@ FUNCTIONS: tuple[Function, ...] = (
         ctypes.c_int,
     ),
     # decode_greedy_steps(dims, layers, T, steps, input_ids, hidden, residual, positions,
-    # group, seq_lens, token_rows, lora, head, N, weight, k, scratch, tokens, steps_done,
-    # stop_ids, stop_width)
+    # groups, num_groups, seq_lens, token_rows, lora, head, N, weight, k, scratch, tokens,
+    # steps_done, stop_ids, stop_width)
     Function(
         "decode_greedy_steps",
-        (_PTR, _PTR, _I64, _I64, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR,
+        (_PTR, _PTR, _I64, _I64, _PTR, _PTR, _PTR, _PTR, _PTR, _I64, _PTR, _PTR, _PTR, _PTR,
          _I64, _PTR, _I64, _PTR, _PTR, _PTR, _PTR, _I64),
         ctypes.c_int,
     ),

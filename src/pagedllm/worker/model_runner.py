@@ -158,13 +158,11 @@ class ModelRunner:
 
     def _greedy_loop(self, states: list[CachedRequestState]) -> GreedyDecodeLoop | None:
         """The greedy loop (worker/multi_step.py) for a decode step of `states` when every
-        request samples its plain argmax, the decode-step fast path and one KV cache group
-        without a window serve the step, and no hook acts on a decode step; else None."""
-        groups = self.kv_cache_groups
+        request samples its plain argmax, the decode-step fast path serves the step, and
+        no hook acts on a decode step; else None."""
         custom = self.sampling.custom
         if (
-            self.decode_step is None
-            or len(groups) != 1 or groups[0].sliding_window is not None
+            self.decode_step is None or not self.kv_cache_groups
             or any(hook.per_step for hook in self.hooks)
             or (custom is not None and not custom.argmax_invariant)
         ):
@@ -172,7 +170,7 @@ class ModelRunner:
         if not all(only_argmax(state) for state in states):
             return None
         return GreedyDecodeLoop(states, self.decode_step, cast("CausalLM", self.model),
-                                self.block_size)
+                                self.block_size, self.kv_cache_groups)
 
     def _execute_step(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """Run one step and return the sampled tokens per request."""

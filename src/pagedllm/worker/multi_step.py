@@ -31,9 +31,14 @@ from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
+from pagedllm.core.kv_cache_groups import KVCacheGroupSpec
 from pagedllm.core.sched_output import CachedRequestData, SchedulerOutput
 from pagedllm.logger import init_logger
-from pagedllm.worker.block_table import compute_slot_mapping, make_block_table_array
+from pagedllm.worker.block_table import (
+    compute_slot_mapping,
+    make_block_table_array,
+    null_skipped_blocks,
+)
 from pagedllm.worker.decode_step.base import DecodeBatch, DecodeStep
 from pagedllm.worker.input_batch import CachedRequestState
 from pagedllm.worker.outputs import ModelRunnerOutput
@@ -125,13 +130,16 @@ class GreedyDecodeLoop:
         states: the step's requests, in batch order (they hold the first step's token).
         decode_step: the platform's decode-step fast path.
         model: the causal LM (its `compute_greedy_tokens` and `greedy_tail`).
-        block_size: tokens per KV block (one KV cache group, no sliding window).
+        block_size: tokens per KV block.
+        groups: the model's KV cache groups (a windowed model's sliding-window layers
+            keep their own block table).
     """
 
     states: list[CachedRequestState]
     decode_step: DecodeStep
     model: CausalLM
     block_size: int
+    groups: Sequence[KVCacheGroupSpec]
 
     def run(self, num_steps: int, output: ModelRunnerOutput, stops: StopTokens) -> int:
         """Take up to `num_steps` steps, from each request's latest token, while the fast
@@ -140,17 +148,17 @@ class GreedyDecodeLoop:
         the first step leaves that step to the runner (0 taken, nothing appended or
         failed: the runner's own step computes it again and fails the row as ever)."""
         states = self.states
-        # The scheduler appended each request's blocks (a multi-step's lookahead ones too)
-        # to its table.
-        table = make_block_table_array([s.block_ids[0] for s in states])
         base = np.array([len(s.token_ids) - 1 for s in states], dtype=np.int64)
+        tables = self._block_tables(base)
         rows = np.arange(len(states))
         taken = 0
         while taken < num_steps:
             positions = base + taken
-            slots = compute_slot_mapping(table, rows, positions, self.block_size)
+            slots = [compute_slot_mapping(table, rows, positions, self.block_size)
+                     for table in tables]
             input_ids = np.array([s.token_ids[-1] for s in states], dtype=np.int64)
-            batch = DecodeBatch(input_ids, positions, slots, table)
+            batch = DecodeBatch(input_ids, positions, slots[0], tables[0],
+                                tuple(zip(slots[1:], tables[1:], strict=True)))
             if not self.decode_step.serves(batch):
                 break
             steps = self._forward(batch, num_steps - taken, stops)
@@ -165,6 +173,20 @@ class GreedyDecodeLoop:
                 if stops.hit(tokens):
                     return taken
         return taken
+
+    def _block_tables(self, context_lens: np.ndarray) -> list[np.ndarray]:
+        """Each group's table of the requests' blocks, as the runner's own step makes it:
+        the scheduler appended each request's blocks (a multi-step's lookahead ones too);
+        in a window's table the blocks wholly behind the first step's window point at the
+        null block (the scheduler may have given them away; no step reads them, as the
+        window only moves forward)."""
+        tables = []
+        for group_id, group in enumerate(self.groups):
+            table = make_block_table_array([s.block_ids[group_id] for s in self.states])
+            if group.sliding_window is not None:
+                null_skipped_blocks(table, context_lens, group.sliding_window, self.block_size)
+            tables.append(table)
+        return tables
 
     def _forward(self, batch: DecodeBatch, steps: int, stops: StopTokens) -> list[list[int]]:
         """The tokens of up to `steps` steps from `batch`: all of them in one call where

@@ -92,6 +92,36 @@ def test_the_loop_gives_one_step_at_a_times_tokens(
     assert loop_steps and max(loop_steps) == 5  # a multi-step's steps all in the call
 
 
+@pytest.mark.parametrize("arch, kv_cache_dtype", [("gemma3", "int8"), ("gemma3", "auto"),
+                                                  ("mistral_window", "auto")])
+def test_windowed_models_take_the_loop(
+    tiny_arch_checkpoint, loop_steps, monkeypatch, arch, kv_cache_dtype
+):
+    """Gemma 3 (three KV cache groups, two of them 6-token windows; its embeddings scaled
+    in the call) and Mistral (a 5-token window in one group), 4-token blocks: contexts
+    run far past the windows, whose tables point the blocks left behind at the null
+    block. A step alone and a multi-step's steps in the C call give the runner's own
+    steps' tokens."""
+    path = str(tiny_arch_checkpoint(arch))
+    lengths = [40, 23, 33, 29]
+
+    def tokens(num_scheduler_steps: int) -> list[list[int]]:
+        llm = LLM(path, dtype="bfloat16", quantization="int4", max_model_len=256,
+                  block_size=4, kv_cache_dtype=kv_cache_dtype,
+                  num_scheduler_steps=num_scheduler_steps)
+        return _tokens(llm, PROMPTS, lengths)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(ModelRunner, "_greedy_loop", lambda self, states: None)
+        want = tokens(1)
+    assert not loop_steps
+    assert tokens(1) == want
+    assert loop_steps and set(loop_steps) == {1}
+    loop_steps.clear()
+    assert tokens(8) == want
+    assert max(loop_steps) == 8
+
+
 def test_more_rows_than_a_tile_and_blocks_crossed(tiny_llama_dir, loop_steps, monkeypatch):
     # 40 tokens of 16-token blocks: several multi-steps write into blocks the scheduler
     # allocated as lookahead slots.
@@ -250,9 +280,9 @@ def test_the_kept_arrays_as_tables_and_rows_change(
     made: list[tuple[int, int]] = []
     original = cpu_stack._GreedyCall.__init__
 
-    def recording(self, dims, rows, steps, max_blocks):
+    def recording(self, dims, rows, steps, num_groups, max_blocks):
         made.append((rows, max_blocks))
-        original(self, dims, rows, steps, max_blocks)
+        original(self, dims, rows, steps, num_groups, max_blocks)
 
     monkeypatch.setattr(cpu_stack._GreedyCall, "__init__", recording)
     assert _tokens(engine_of(), prompts, lengths) == want

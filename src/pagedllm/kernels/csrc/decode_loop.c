@@ -15,8 +15,11 @@
 
 /* `steps` decode steps of T requests (token t is request t). input_ids, positions [T] int64
  * and seq_lens [T] int32 hold the first step's inputs and are advanced in place;
- * group: KV cache group 0, whose `block_tables` [T, max_blocks] int32 cover every step's
- * position and whose `slots` [T] int64 is the caller's buffer, written here each step;
+ * groups: the model's `num_groups` KV cache groups (a windowed model's sliding-window
+ * layers keep their own), each of whose `block_tables` [T, max_blocks] int32 cover every
+ * step's position (a window's blocks wholly behind it may be the null block: its layers
+ * never read them) and whose `slots` [T] int64 is the caller's buffer, written here each
+ * step;
  * token_rows [T] is 0..T-1. head, N, k, weight, scratch: greedy_head_bf16's. tokens
  * [steps, T] out. *steps_done: the steps whose tokens are in `tokens`.
  * stop_ids [T, stop_width] (-1: none; NULL when stop_width is 0): each row's tokens that
@@ -27,25 +30,31 @@
  * states was not finite (that step's tokens hold -1 there and count in *steps_done). */
 int decode_greedy_steps(const StackDims *d, const StackLayer *layers, int64_t T,
                         int64_t steps, int64_t *input_ids, uint16_t *hidden, float *residual,
-                        int64_t *positions, const StackGroup *group, int32_t *seq_lens,
-                        const int32_t *token_rows,
+                        int64_t *positions, const StackGroup *groups, int64_t num_groups,
+                        int32_t *seq_lens, const int32_t *token_rows,
                         const StackLoRAStep *lora, const StackMatrix *head, int64_t N,
                         const uint16_t *weight, int64_t k, uint16_t *scratch,
                         int64_t *tokens, int64_t *steps_done, const int64_t *stop_ids,
                         int64_t stop_width) {
     *steps_done = 0;
     if (d->embedding == NULL || d->final_norm == NULL) return 17;
-    int64_t *slots = (int64_t *)group->slots; /* the caller's buffer, the stack reads it */
-    const int64_t bs = d->block_size, max_blocks = group->max_blocks;
+    const int64_t bs = d->block_size;
     for (int64_t s = 0; s < steps; s++) {
         int64_t max_seq_len = 1;
-        for (int64_t t = 0; t < T; t++) {
-            const int64_t pos = positions[t];
-            slots[t] = (int64_t)group->block_tables[t * max_blocks + pos / bs] * bs + pos % bs;
+        for (int64_t t = 0; t < T; t++)
             if (seq_lens[t] > max_seq_len) max_seq_len = seq_lens[t];
+        for (int64_t g = 0; g < num_groups; g++) {
+            /* slots: the caller's buffer, which the stack reads */
+            int64_t *slots = (int64_t *)groups[g].slots;
+            const int32_t *tables = groups[g].block_tables;
+            const int64_t max_blocks = groups[g].max_blocks;
+            for (int64_t t = 0; t < T; t++) {
+                const int64_t pos = positions[t];
+                slots[t] = (int64_t)tables[t * max_blocks + pos / bs] * bs + pos % bs;
+            }
         }
         int failed = decode_stack_bf16(d, layers, T, input_ids, hidden, residual, positions,
-                                       group, seq_lens, token_rows, max_seq_len, lora, NULL);
+                                       groups, seq_lens, token_rows, max_seq_len, lora, NULL);
         if (failed) return failed;
         int64_t *out = tokens + s * T;
         failed = greedy_head_bf16(head, T, N, d->hidden, hidden, d->hidden, weight, k, out,

@@ -189,6 +189,10 @@ int decode_stack_bf16(const StackDims *d, const StackLayer *layers, int64_t T,
             if (input_ids[t] < 0 || input_ids[t] >= d->vocab_size) return 3;
         for (int64_t t = 0; t < T; t++)
             memcpy(hidden + t * H, d->embedding + input_ids[t] * H, sizeof(uint16_t) * H);
+        const float scale = d->embedding_scale;
+        if (scale != 0.f) /* two bfloat16 values' product is exact in float32: one rounding */
+            for (int64_t i = 0; i < T * H; i++)
+                hidden[i] = float_to_bf16(bf16_to_float(hidden[i]) * scale);
     }
     Buffers b;
     void *base = buffers_alloc(d, T, &b);

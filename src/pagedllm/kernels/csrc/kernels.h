@@ -161,9 +161,12 @@ typedef struct {
      * output when not NULL; its bias (LayerNorm) may be NULL */
     const uint16_t *final_norm, *final_norm_bias;
     /* the token embedding [vocab_size, hidden] bfloat16 the call looks its input_ids up in
-     * (a plain lookup: no scale, no learned positions), or NULL: hidden holds them */
+     * (no learned positions), or NULL: hidden holds them */
     const uint16_t *embedding;
     int64_t vocab_size;
+    /* the looked-up rows times this bfloat16 value, rounded to bfloat16 as torch's
+     * bfloat16 product (Gemma's sqrt(hidden)); 0: no scale */
+    float embedding_scale;
 } StackDims;
 
 
@@ -276,7 +279,8 @@ PAGEDLLM_API int decode_stack_bf16(const StackDims *d, const StackLayer *layers,
 PAGEDLLM_API int decode_greedy_steps(const StackDims *d, const StackLayer *layers, int64_t T,
                                      int64_t steps, int64_t *input_ids, uint16_t *hidden,
                                      float *residual, int64_t *positions,
-                                     const StackGroup *group, int32_t *seq_lens,
+                                     const StackGroup *groups, int64_t num_groups,
+                                     int32_t *seq_lens,
                                      const int32_t *token_rows,
                                      const StackLoRAStep *lora, const StackMatrix *head,
                                      int64_t N, const uint16_t *weight, int64_t k,

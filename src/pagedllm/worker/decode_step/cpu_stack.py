@@ -154,8 +154,9 @@ class CpuDecodeStack(DecodeStep):
         self.dims.final_norm, self.dims.final_norm_bias = final_norm_pointers(
             decoder.norm, first
         )
-        table = plain_embedding(decoder)
-        if table is not None:
+        embedding = plain_embedding(decoder)
+        if embedding is not None:
+            table, self.dims.embedding_scale = embedding
             self.dims.embedding, self.dims.vocab_size = table.data_ptr(), table.shape[0]
         self.table = (StackLayer * len(self.layers))()
         for entry, layer, kv_cache, group in zip(
@@ -248,22 +249,24 @@ class CpuDecodeStack(DecodeStep):
     ) -> list[list[int]] | None:
         """`steps` greedy decode steps in one C call (csrc/decode_loop.c: the stack, the
         LM head's greedy tail, the argmax fed back), where the call looks the embeddings
-        up and applies the final norm itself, the model has one KV cache group and the
-        head's C tail serves; else None. The call stops after a step with a non-finite
-        row (-1 there: the last step returned), or where a row sampled one of its
-        `stop_ids` (DecodeStep.greedy_steps)."""
+        up and applies the final norm itself and the head's C tail serves; else None.
+        Every KV cache group goes in (a windowed model's sliding-window layers keep their
+        own table; blocks wholly behind a window may be the null block there: never
+        read). The call stops after a step with a non-finite row (-1 there: the last
+        step returned), or where a row sampled one of its `stop_ids`
+        (DecodeStep.greedy_steps)."""
         dims = self.dims
-        if not (dims.embedding and dims.final_norm) or self.num_groups != 1 or (
-            batch.requests is not None
-        ):
+        if not (dims.embedding and dims.final_norm) or batch.requests is not None:
             return None
         num_rows = batch.num_rows
+        groups = batch.groups
+        columns = max(table.shape[1] for _, table in groups)
         call = self._greedy_call
-        if call is None or not call.fits(num_rows, steps, batch.groups[0][1].shape[1]):
+        if call is None or not call.fits(num_rows, steps, len(groups), columns):
             call = self._greedy_call = None  # (the old arrays freed first)
             call = self._greedy_call = _GreedyCall(  # room for a context twice as long
-                dims, num_rows, max(steps, _GREEDY_STEPS),
-                max(2 * batch.groups[0][1].shape[1], _GREEDY_BLOCKS))
+                dims, num_rows, max(steps, _GREEDY_STEPS), len(groups),
+                max(2 * columns, _GREEDY_BLOCKS))
         tail = call.tail_arguments(head)
         if tail is None:
             return None
@@ -273,7 +276,7 @@ class CpuDecodeStack(DecodeStep):
         failed = self.library.decode_greedy_steps(
             call.dims, self.table, num_rows, steps, call.input_ids_pointer,
             call.hidden_pointer, call.residual_pointer, call.positions_pointer,
-            call.group, call.seq_lens_pointer, call.token_rows_pointer,
+            call.groups, call.num_groups, call.seq_lens_pointer, call.token_rows_pointer,
             None if lora_step is None else ctypes.byref(lora_step),
             *tail, call.tokens_pointer, call.done_reference,
             None if stops is None else stops.ctypes.data,
@@ -336,11 +339,14 @@ class _GreedyCall:
 
     Args:
         dims: the stack's dimensions; rows: the batch rows; steps: room for this many
-        steps' tokens; max_blocks: block table columns (the C call's row stride).
+        steps' tokens; num_groups: the KV cache groups; max_blocks: block table columns
+        (the C call's row stride, every group's).
     """
 
-    def __init__(self, dims: StackDims, rows: int, steps: int, max_blocks: int) -> None:
+    def __init__(self, dims: StackDims, rows: int, steps: int, num_groups: int,
+                 max_blocks: int) -> None:
         self.rows, self.steps, self.max_blocks = rows, steps, max_blocks
+        self.num_groups = num_groups
         self.dims = ctypes.byref(dims)
         hidden = dims.hidden
         # The call advances ids, positions and sequence lengths in place, and writes each
@@ -349,8 +355,9 @@ class _GreedyCall:
         self.positions = np.zeros(rows, dtype=np.int64)
         self.seq_lens = np.zeros(rows, dtype=np.int32)
         self.token_rows = np.arange(rows, dtype=np.int32)  # decode-only: token t is row t
-        self.slots = np.zeros(rows, dtype=np.int64)
-        self.tables = np.zeros((rows, max_blocks), dtype=np.int32)
+        # Each group's slots (written by the call each step) and block table.
+        self.slots = np.zeros((num_groups, rows), dtype=np.int64)
+        self.tables = np.zeros((num_groups, rows, max_blocks), dtype=np.int32)
         self.tokens = np.zeros((steps, rows), dtype=np.int64)
         self.done = ctypes.c_int64(0)
         self.hidden = torch.empty(rows, hidden, dtype=torch.bfloat16)
@@ -363,10 +370,11 @@ class _GreedyCall:
         self.token_rows_pointer = self.token_rows.ctypes.data
         self.tokens_pointer = self.tokens.ctypes.data
         self.done_reference = ctypes.byref(self.done)
-        self.group = (StackGroup * 1)()
-        entry = self.group[0]
-        entry.slots, entry.block_tables = self.slots.ctypes.data, self.tables.ctypes.data
-        entry.max_blocks = max_blocks
+        self.groups = (StackGroup * num_groups)()
+        for group, entry in enumerate(self.groups):
+            entry.slots = self.slots[group].ctypes.data
+            entry.block_tables = self.tables[group].ctypes.data
+            entry.max_blocks = max_blocks
         self._head: GreedyHead | None = None
         self._tail: GreedyTail | None = None  # (kept alive while its pointers are used)
         self._tail_arguments: tuple[Any, ...] | None = None
@@ -387,20 +395,21 @@ class _GreedyCall:
             self._head = head
         return self._tail_arguments
 
-    def fits(self, rows: int, steps: int, table_columns: int) -> bool:
-        """Whether these arrays serve a call of `rows` rows, `steps` steps and a block
-        table of `table_columns` columns."""
-        return rows == self.rows and steps <= self.steps and table_columns <= self.max_blocks
+    def fits(self, rows: int, steps: int, num_groups: int, table_columns: int) -> bool:
+        """Whether these arrays serve a call of `rows` rows, `steps` steps and
+        `num_groups` block tables of at most `table_columns` columns."""
+        return (rows == self.rows and steps <= self.steps and num_groups == self.num_groups
+                and table_columns <= self.max_blocks)
 
     def load(self, batch: DecodeBatch) -> None:
-        """Write a decode-only batch (one KV cache group) into the arrays."""
-        slot_mapping, block_table = batch.groups[0]
+        """Write a decode-only batch into the arrays."""
         self.input_ids[:] = batch.input_ids
         self.positions[:] = batch.positions
         np.add(batch.positions, 1, out=self.seq_lens, casting="unsafe")
-        self.slots[:] = slot_mapping
-        columns = block_table.shape[1]
-        self.tables[:, :columns] = block_table  # (columns past them: never read)
+        for group, (slot_mapping, block_table) in enumerate(batch.groups):
+            self.slots[group] = slot_mapping
+            # (columns past the table's: never read)
+            self.tables[group, :, : block_table.shape[1]] = block_table
 
 
 def _int32(values: np.ndarray) -> torch.Tensor:

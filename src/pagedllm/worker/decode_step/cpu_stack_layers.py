@@ -172,17 +172,25 @@ def max_stack_tokens(
     return min(limits) if limits else None
 
 
-def plain_embedding(decoder: DecoderModel) -> torch.Tensor | None:
-    """The token embedding table [vocab, hidden] when the model's embedding is a plain
-    lookup the C loop can do (bfloat16, one rank, no scale, no learned positions)."""
+def plain_embedding(decoder: DecoderModel) -> tuple[torch.Tensor, float] | None:
+    """The token embedding table [vocab, hidden] and its scale (0.0: none) when the
+    model's embedding is a lookup the C loop can do (bfloat16, one rank, at most a
+    bfloat16 scale as Gemma's, no learned positions)."""
     embed = decoder.embed_tokens
     weight = embed.weight
     if type(embed) is not VocabParallelEmbedding or embed.tp_group.world_size != 1:
         return None
-    if decoder.embed_scale is not None or decoder.embed_positions is not None:
+    if decoder.embed_positions is not None:
         return None
     plain = weight.dtype == torch.bfloat16 and weight.is_cpu and weight.is_contiguous()
-    return weight if plain else None
+    scale = decoder.embed_scale
+    if scale is None:
+        return (weight, 0.0) if plain else None
+    # A bfloat16 scale is exact as the C struct's float32 (torch's bfloat16 product of
+    # two bfloat16 values, which the call rounds alike).
+    if scale.dtype != torch.bfloat16 or scale.numel() != 1 or float(scale) == 0.0:
+        return None
+    return (weight, float(scale)) if plain else None
 
 
 def final_norm_pointers(norm: nn.Module | None, layer: DecoderLayer) -> tuple[int | None,
