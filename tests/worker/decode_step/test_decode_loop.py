@@ -122,6 +122,31 @@ def test_windowed_models_take_the_loop(
     assert max(loop_steps) == 8
 
 
+def test_a_hybrid_model_in_the_loop_short_of_blocks(tiny_arch_checkpoint, loop_steps,
+                                                    monkeypatch):
+    """Gemma 3 with few KV blocks (25 of 4 tokens for four requests of up to 29): its
+    windows give blocks back between the loop's calls and other requests take them, and
+    requests are preempted and computed again. The loop's tokens are the runner's own
+    steps' under the same grouping, and every block comes back."""
+    path = str(tiny_arch_checkpoint("gemma3"))
+    lengths = [20, 15, 18, 17]
+
+    def engine() -> LLM:
+        return LLM(path, dtype="bfloat16", quantization="int4", max_model_len=32,
+                   block_size=4, num_gpu_blocks_override=25, num_scheduler_steps=8)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(ModelRunner, "_greedy_loop", lambda self, states: None)
+        want = _tokens(engine(), PROMPTS, lengths)
+    assert not loop_steps
+    llm = engine()
+    assert _tokens(llm, PROMPTS, lengths) == want
+    assert loop_steps
+    scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+    assert scheduler.num_preemptions > 0
+    assert scheduler.kv_cache_manager.usage == 0.0
+
+
 def test_more_rows_than_a_tile_and_blocks_crossed(tiny_llama_dir, loop_steps, monkeypatch):
     # 40 tokens of 16-token blocks: several multi-steps write into blocks the scheduler
     # allocated as lookahead slots.

@@ -334,7 +334,7 @@ _GREEDY_STEPS, _GREEDY_BLOCKS = 8, 64
 class _GreedyCall:
     """greedy_steps' arrays for a number of rows, kept from call to call: a batch-1 step's
     host work between two kernel calls is mostly first touches on caches the weights went
-    through, so fewer objects a call (no tensors made, pointers and the group's entry
+    through, so fewer objects a call (no tensors made, pointers and the groups' entries
     written once) is less of it.
 
     Args:
@@ -406,9 +406,9 @@ class _GreedyCall:
         self.input_ids[:] = batch.input_ids
         self.positions[:] = batch.positions
         np.add(batch.positions, 1, out=self.seq_lens, casting="unsafe")
-        for group, (slot_mapping, block_table) in enumerate(batch.groups):
-            self.slots[group] = slot_mapping
-            # (columns past the table's: never read)
+        # (the call writes every step's slots from the tables; columns past a table's
+        # own are never read)
+        for group, (_, block_table) in enumerate(batch.groups):
             self.tables[group, :, : block_table.shape[1]] = block_table
 
 

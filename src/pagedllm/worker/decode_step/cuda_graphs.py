@@ -155,9 +155,10 @@ class DecodeGraphs(DecodeStep):
         raise ValueError(f"{num_reqs} requests exceed the largest capture size.")
 
     def serves(self, batch: DecodeBatch) -> bool:
-        """Whether a decode step of this size and block table width can replay a graph."""
+        """Whether a decode step of this size and block table width can replay a graph
+        (of one KV cache group: the graphs read one table)."""
         return (
-            0 < batch.num_rows <= self.max_batch_size
+            0 < batch.num_rows <= self.max_batch_size and not batch.more_groups
             and batch.block_table.shape[1] <= self.buffers.block_tables.shape[1]
         )
 
