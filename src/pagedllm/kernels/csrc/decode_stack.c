@@ -184,7 +184,7 @@ int decode_stack_bf16(const StackDims *d, const StackLayer *layers, int64_t T,
     const int64_t H = d->hidden, D = d->head_size, I = d->intermediate;
     const int64_t q_size = d->num_heads * D, kv_size = d->num_kv_heads * D;
     const int64_t qkv_size = q_size + 2 * kv_size;
-    if (d->embedding != NULL) { /* the embeddings of input_ids, as torch.embedding */
+    if (d->embedding != NULL) { /* input_ids' embeddings as torch.embedding, then scaled */
         for (int64_t t = 0; t < T; t++)
             if (input_ids[t] < 0 || input_ids[t] >= d->vocab_size) return 3;
         for (int64_t t = 0; t < T; t++)
