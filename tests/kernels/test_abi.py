@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import re
+from typing import Any
 
 import pytest
 
@@ -56,24 +57,35 @@ def test_abi_declares_every_header_function_with_its_types():
         assert declared[name] == types, name
 
 
-@pytest.mark.parametrize("struct", [
-    abi.PagedDims, abi.StackDims, abi.StackWeight, abi.StackMatrix, abi.StackMoE, abi.StackLayer,
-    abi.StackGroup, abi.StackLoRA, abi.StackLoRAStep,
-])
-def test_structs_have_the_header_fields_in_order(struct):
-    name = struct.__name__
+def _header_fields(name: str) -> list[tuple[str, Any]]:
+    """The (name, ctypes type) of each field of the header's struct `name`, in order: a
+    pointer as abi.py declares them (a void pointer), an array as its element's type times
+    its length, a struct as abi.py's class of that name."""
     body = re.search(r"typedef struct \{([^{}]*)\} " + name + ";", HEADER).group(1)  # type: ignore[union-attr]
     body = re.sub(r"/\*.*?\*/", "", body, flags=re.S)
-    fields = []
-    for declaration in body.split(";"):
-        words = re.sub(r"\[\d+\]", "", declaration).replace("*", " ").replace(",", " ").split()
-        if words:
-            # "int64_t a, b" / "const uint16_t *a, *b": the names follow the type words.
-            fields += [w for w in words if w not in ("const", "int64_t", "int32_t", "uint16_t",
-                                                      "uint8_t", "int8_t", "float",
-                                                      "StackLoRA", "StackWeight",
-                                                      "StackMatrix", "StackMoE", "char", "void")]
-    assert [f for f, _ in struct._fields_] == fields
+    fields: list[tuple[str, Any]] = []
+    for declaration in filter(str.strip, body.split(";")):
+        words = declaration.replace("const ", " ").split(None, 1)
+        base = _C_TYPES.get(words[0]) or getattr(abi, words[0], None)
+        # "int64_t a, b" / "const uint16_t *a, *b" / "StackWeight parts[2]"
+        for declarator in words[1].split(","):
+            match = re.fullmatch(r"\s*(\*?)\s*(\w+)(?:\[(\d+)\])?\s*", declarator)
+            assert match, declarator
+            pointer, field, length = match.groups()
+            kind = ctypes.c_void_p if pointer else base
+            assert kind is not None, (name, declaration)
+            fields.append((field, kind * int(length) if length else kind))
+    return fields
+
+
+@pytest.mark.parametrize("struct", [
+    abi.PagedDims, abi.StackDims, abi.StackWeight, abi.StackMatrix, abi.StackMoE, abi.StackLayer,
+    abi.StackGroup, abi.StackPrefills, abi.StackLoRA, abi.StackLoRAStep,
+])
+def test_structs_have_the_header_fields_in_order_with_their_types(struct):
+    """Names, order and types (so sizes and offsets) as the header declares them: a
+    field of another type or order would read another field's bytes in C."""
+    assert list(struct._fields_) == _header_fields(struct.__name__)
 
 
 def test_loaded_library_carries_the_declarations():
