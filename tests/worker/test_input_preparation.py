@@ -8,7 +8,11 @@ import torch
 from pagedllm.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
 from pagedllm.request import RequestData
 from pagedllm.sampling_params import SamplingParams
-from pagedllm.worker.block_table import compute_slot_mapping, make_block_table_array
+from pagedllm.worker.block_table import (
+    compute_slot_mapping,
+    group_block_tables,
+    make_block_table_array,
+)
 from pagedllm.worker.model_runner import ModelRunner
 
 
@@ -21,6 +25,19 @@ def test_slot_mapping():
     table = make_block_table_array([[5, 2], [7]])
     slots = compute_slot_mapping(table, np.array([0, 0, 1]), np.array([3, 4, 1]), block_size=4)
     assert slots.tolist() == [5 * 4 + 3, 2 * 4 + 0, 7 * 4 + 1]
+
+
+def test_a_windows_table_points_the_blocks_behind_it_at_the_null_block():
+    """Two groups (full attention, an 8-token window) of 4-token blocks, contexts 13 and 5:
+    the window's table drops the blocks wholly before position 13 - 8 + 1 = 6 (block 0),
+    the full group's keeps all; the step's positions take their slots from kept blocks."""
+    block_ids = [([1, 2, 3, 4], [11, 12, 13, 14]), ([5, 6], [15, 16])]
+    context_lens = np.array([13, 5])
+    full, window = group_block_tables(block_ids, [None, 8], context_lens, block_size=4)
+    assert full.tolist() == [[1, 2, 3, 4], [5, 6, 0, 0]]
+    assert window.tolist() == [[0, 12, 13, 14], [15, 16, 0, 0]]
+    slots = compute_slot_mapping(window, np.array([0, 1]), context_lens, block_size=4)
+    assert slots.tolist() == [14 * 4 + 1, 16 * 4 + 1]
 
 
 def _new(

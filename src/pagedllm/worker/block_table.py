@@ -6,6 +6,8 @@ the KV cache manager never hands out, so padded gathers read finite (zero) value
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 
@@ -16,6 +18,25 @@ def make_block_table_array(block_tables: list[list[int]]) -> np.ndarray:
     for row, block_ids in enumerate(block_tables):
         table[row, : len(block_ids)] = block_ids
     return table
+
+
+def group_block_tables(
+    block_ids: Sequence[Sequence[list[int]]],  # [num_reqs][num_groups] each group's ids
+    windows: Sequence[int | None],  # [num_groups] each group's sliding window, or None
+    context_lens: np.ndarray,  # [num_reqs] tokens cached before the step
+    block_size: int,
+) -> list[np.ndarray]:
+    """Each KV cache group's [num_reqs, max_num_blocks] table of a step. In a window's
+    table the blocks wholly behind each request's window point at the null block
+    (null_skipped_blocks); the step's positions, at or past the context length, all lie
+    in blocks it keeps, so their slots come from the same table."""
+    tables = []
+    for group, window in enumerate(windows):
+        table = make_block_table_array([ids[group] for ids in block_ids])
+        if window is not None:
+            null_skipped_blocks(table, context_lens, window, block_size)
+        tables.append(table)
+    return tables
 
 
 def compute_slot_mapping(

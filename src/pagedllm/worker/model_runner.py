@@ -32,11 +32,7 @@ from pagedllm.distributed.parallel_state import get_pp_group, get_tp_group
 from pagedllm.layers.forward_context import ForwardContext
 from pagedllm.logger import init_logger
 from pagedllm.spec_decode.verify import AttentionRows, split_verify_rows
-from pagedllm.worker.block_table import (
-    compute_slot_mapping,
-    make_block_table_array,
-    null_skipped_blocks,
-)
+from pagedllm.worker.block_table import compute_slot_mapping, group_block_tables
 from pagedllm.worker.decode_step.base import DecodeBatch, DecodeStep, StepRequests
 from pagedllm.worker.input_batch import CachedRequestState, StepInputs
 from pagedllm.worker.model_forward import ForwardInputs, make_model_forward
@@ -275,16 +271,12 @@ class ModelRunner:
             offsets = np.arange(num_tokens) - np.repeat(query_start_loc[:-1], query_lens)
             positions = context_lens[req_indices] + offsets
             input_ids = _input_ids(states, context_lens, query_lens, drafts_of, num_tokens)
-        block_tables, slot_mappings = [], []
         groups = self.kv_cache_groups if self.model_forward.uses_kv_cache else ()
-        for group_id, group in enumerate(groups):
-            table = make_block_table_array([s.block_ids[group_id] for s in states])
-            slot_mappings.append(
-                compute_slot_mapping(table, req_indices, positions, self.block_size)
-            )
-            if group.sliding_window is not None:
-                null_skipped_blocks(table, context_lens, group.sliding_window, self.block_size)
-            block_tables.append(table)
+        block_tables = group_block_tables([s.block_ids for s in states],
+                                          [g.sliding_window for g in groups], context_lens,
+                                          self.block_size)
+        slot_mappings = [compute_slot_mapping(table, req_indices, positions, self.block_size)
+                         for table in block_tables]
         ends = context_lens + query_lens
         pooling_rows = [i for i, s in enumerate(states) if s.pooling_params is not None]
         sample_rows = [

@@ -34,11 +34,7 @@ import numpy as np
 from pagedllm.core.kv_cache_groups import KVCacheGroupSpec
 from pagedllm.core.sched_output import CachedRequestData, SchedulerOutput
 from pagedllm.logger import init_logger
-from pagedllm.worker.block_table import (
-    compute_slot_mapping,
-    make_block_table_array,
-    null_skipped_blocks,
-)
+from pagedllm.worker.block_table import compute_slot_mapping, group_block_tables
 from pagedllm.worker.decode_step.base import DecodeBatch, DecodeStep
 from pagedllm.worker.input_batch import CachedRequestState
 from pagedllm.worker.outputs import ModelRunnerOutput
@@ -149,7 +145,12 @@ class GreedyDecodeLoop:
         failed: the runner's own step computes it again and fails the row as ever)."""
         states = self.states
         base = np.array([len(s.token_ids) - 1 for s in states], dtype=np.int64)
-        tables = self._block_tables(base)
+        # The scheduler appended each request's blocks (a multi-step's lookahead ones too);
+        # the first step's windows hold for the later ones (a window only moves forward,
+        # and the scheduler frees nothing during the group).
+        tables = group_block_tables([s.block_ids for s in states],
+                                    [g.sliding_window for g in self.groups], base,
+                                    self.block_size)
         rows = np.arange(len(states))
         taken = 0
         while taken < num_steps:
@@ -173,20 +174,6 @@ class GreedyDecodeLoop:
                 if stops.hit(tokens):
                     return taken
         return taken
-
-    def _block_tables(self, context_lens: np.ndarray) -> list[np.ndarray]:
-        """Each group's table of the requests' blocks, as the runner's own step makes it:
-        the scheduler appended each request's blocks (a multi-step's lookahead ones too);
-        in a window's table the blocks wholly behind the first step's window point at the
-        null block (the scheduler may have given them away; no step reads them, as the
-        window only moves forward)."""
-        tables = []
-        for group_id, group in enumerate(self.groups):
-            table = make_block_table_array([s.block_ids[group_id] for s in self.states])
-            if group.sliding_window is not None:
-                null_skipped_blocks(table, context_lens, group.sliding_window, self.block_size)
-            tables.append(table)
-        return tables
 
     def _forward(self, batch: DecodeBatch, steps: int, stops: StopTokens) -> list[list[int]]:
         """The tokens of up to `steps` steps from `batch`: all of them in one call where

@@ -7,6 +7,8 @@ run without it (same engine, same weights) must agree bit for bit: tokens and lo
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from pagedllm import LLM, SamplingParams, kernels
@@ -182,6 +184,12 @@ def _check_against_the_layer_loop(llm: LLM, stack_calls: list[int]) -> None:
     stack = _runner(llm).decode_step
     assert isinstance(stack, CpuDecodeStack)
     assert stack.dims.final_norm  # the model's final norm runs in the same call
+    # ... and the embeddings are looked up (and scaled: Gemma) in it, but for learned
+    # positions (GPT-2, OPT), which the caller adds
+    assert bool(stack.dims.embedding) == (stack.decoder.embed_positions is None)
+    scale = stack.decoder.embed_scale
+    if scale is not None:  # Gemma's sqrt(96) in bfloat16 (9.8125): the product rounds
+        assert stack.dims.embedding_scale == float(scale) and math.frexp(float(scale))[0] != 0.5
     with_stack = _generate(llm, PROMPTS)
     assert stack_calls and max(stack_calls) == len(PROMPTS)
     assert _generate_without_stack(llm, PROMPTS) == with_stack

@@ -4,8 +4,8 @@
  * calls) would otherwise cost about as much as a tenth of a batch-1 step.
  *
  * Each step is exactly what the runner's own step does on this path: the slot of every
- * request's position from its block table, decode_stack_bf16 (embedding lookup and final
- * norm in the call), greedy_head_bf16 on its output, and the argmax fed back as the next
+ * request's position from each KV cache group's block table, decode_stack_bf16 (embedding
+ * lookup and final norm in the call), greedy_head_bf16 on its output, and the argmax fed back as the next
  * step's input one position further.
  */
 #include <stddef.h>
