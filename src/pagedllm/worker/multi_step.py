@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
-from pagedllm.core.kv_cache_groups import KVCacheGroupSpec
 from pagedllm.core.sched_output import CachedRequestData, SchedulerOutput
 from pagedllm.logger import init_logger
 from pagedllm.worker.block_table import compute_slot_mapping, group_block_tables
@@ -40,6 +39,7 @@ from pagedllm.worker.input_batch import CachedRequestState
 from pagedllm.worker.outputs import ModelRunnerOutput
 
 if TYPE_CHECKING:
+    from pagedllm.core.kv_cache_groups import KVCacheGroupSpec
     from pagedllm.models.interfaces import CausalLM
 
 logger = init_logger(__name__)

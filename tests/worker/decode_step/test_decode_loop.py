@@ -5,6 +5,9 @@ vector variant, with either KV cache, and the loop really taking the steps."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 import pytest
 
 from pagedllm import LLM, SamplingParams, kernels
@@ -61,12 +64,21 @@ def loop_steps(monkeypatch) -> list[int]:
     return taken
 
 
+T = TypeVar("T")
+
+
+def _loop_off(monkeypatch, run: Callable[[], T]) -> T:
+    """`run()`'s result with the greedy loop off: the runner's own steps take them all."""
+    with monkeypatch.context() as patch:
+        patch.setattr(ModelRunner, "_greedy_loop", lambda self, states: None)
+        return run()
+
+
 def _without_loop(monkeypatch, tiny_llama_dir, kv_cache_dtype: str, prompts: list[list[int]],
                   lengths: list[int]) -> list[list[int]]:
     """The tokens of the runner's own steps, one at a time (no greedy loop)."""
-    with monkeypatch.context() as patch:
-        patch.setattr(ModelRunner, "_greedy_loop", lambda self, states: None)
-        return _tokens(_llm(tiny_llama_dir, kv_cache_dtype, 1), prompts, lengths)
+    return _loop_off(
+        monkeypatch, lambda: _tokens(_llm(tiny_llama_dir, kv_cache_dtype, 1), prompts, lengths))
 
 
 def _llm(tiny_llama_dir, kv_cache_dtype: str, num_scheduler_steps: int) -> LLM:
@@ -111,9 +123,7 @@ def test_windowed_models_take_the_loop(
                   num_scheduler_steps=num_scheduler_steps)
         return _tokens(llm, PROMPTS, lengths)
 
-    with monkeypatch.context() as patch:
-        patch.setattr(ModelRunner, "_greedy_loop", lambda self, states: None)
-        want = tokens(1)
+    want = _loop_off(monkeypatch, lambda: tokens(1))
     assert not loop_steps
     assert tokens(1) == want
     assert loop_steps and set(loop_steps) == {1}
@@ -135,9 +145,7 @@ def test_a_hybrid_model_in_the_loop_short_of_blocks(tiny_arch_checkpoint, loop_s
         return LLM(path, dtype="bfloat16", quantization="int4", max_model_len=32,
                    block_size=4, num_gpu_blocks_override=25, num_scheduler_steps=8)
 
-    with monkeypatch.context() as patch:
-        patch.setattr(ModelRunner, "_greedy_loop", lambda self, states: None)
-        want = _tokens(engine(), PROMPTS, lengths)
+    want = _loop_off(monkeypatch, lambda: _tokens(engine(), PROMPTS, lengths))
     assert not loop_steps
     llm = engine()
     assert _tokens(llm, PROMPTS, lengths) == want
@@ -269,9 +277,7 @@ def test_whole_steps_beside_prompts_chunks_and_preemption(
         return LLM(str(tiny_llama_dir), dtype="bfloat16", quantization="int4",
                    num_scheduler_steps=steps, **{"max_model_len": 128, **engine})
 
-    with monkeypatch.context() as patch:
-        patch.setattr(ModelRunner, "_greedy_loop", lambda self, states: None)
-        want = _outputs(engine_of(), MIXED_PROMPTS, MIXED_PARAMS)
+    want = _loop_off(monkeypatch, lambda: _outputs(engine_of(), MIXED_PROMPTS, MIXED_PARAMS))
     assert not loop_steps
     llm = engine_of()
     assert _outputs(llm, MIXED_PROMPTS, MIXED_PARAMS) == want
@@ -299,9 +305,7 @@ def test_the_kept_arrays_as_tables_and_rows_change(
         return LLM(str(tiny_llama_dir), dtype="bfloat16", quantization="int4",
                    max_model_len=512, block_size=4, **kwargs)
 
-    with monkeypatch.context() as patch:
-        patch.setattr(ModelRunner, "_greedy_loop", lambda self, states: None)
-        want = _tokens(engine_of(), prompts, lengths)
+    want = _loop_off(monkeypatch, lambda: _tokens(engine_of(), prompts, lengths))
     made: list[tuple[int, int]] = []
     original = cpu_stack._GreedyCall.__init__
 

@@ -89,10 +89,10 @@ class DecodeStep(ABC):
         """Up to `steps` decode steps of the decode-only `batch` in a row, each feeding its
         rows' argmax (`head`'s) to the next one position further, where the path can take
         them at once (a multi-step's extra steps: worker/multi_step.py); call after
-        `serves`. `stop_ids` [rows, width]
-        int64 (-1: none): each row's tokens that end its request; the steps end with the
-        first that samples one. Returns each step's tokens (a last step with a non-finite
-        row holds -1 there), or None (the default) where it cannot."""
+        `serves`. `stop_ids` [rows, width] int64 (-1: none): each row's tokens that end
+        its request; the steps end with the first that samples one. Returns each step's
+        tokens (a last step with a non-finite row holds -1 there), or None (the default)
+        where it cannot."""
         return None
 
 

@@ -182,15 +182,16 @@ def plain_embedding(decoder: DecoderModel) -> tuple[torch.Tensor, float] | None:
         return None
     if decoder.embed_positions is not None:
         return None
-    plain = weight.dtype == torch.bfloat16 and weight.is_cpu and weight.is_contiguous()
+    if not (weight.dtype == torch.bfloat16 and weight.is_cpu and weight.is_contiguous()):
+        return None
     scale = decoder.embed_scale
     if scale is None:
-        return (weight, 0.0) if plain else None
+        return weight, 0.0
     # A bfloat16 scale is exact as the C struct's float32 (torch's bfloat16 product of
     # two bfloat16 values, which the call rounds alike).
     if scale.dtype != torch.bfloat16 or scale.numel() != 1 or float(scale) == 0.0:
         return None
-    return (weight, float(scale)) if plain else None
+    return weight, float(scale)
 
 
 def final_norm_pointers(norm: nn.Module | None, layer: DecoderLayer) -> tuple[int | None,
